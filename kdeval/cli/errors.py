@@ -1,0 +1,20 @@
+"""Exit codes shared by every command: 0 done, 1 some cells failed, 2 bad input."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator
+
+import typer
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@contextlib.contextmanager
+def bad_input() -> Iterator[None]:
+    """Turn ``ValueError``/``FileNotFoundError`` into a one-line message on stderr and exit code 2."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT) from None

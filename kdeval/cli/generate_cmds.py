@@ -1,0 +1,95 @@
+"""`kdeval generate` and `kdeval policies`: try one policy on one prompt; list the registered policies."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kdeval.cli.errors import bad_input
+
+console = Console()
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    """``["window=32", "pool=max"]`` → dict; a malformed item is bad input naming it."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param: expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_prompt_ids(tokenizer, text: str, chat: bool):
+    """Token ids ``[1, L]`` for ``text``, through the chat template when asked and the tokenizer has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        return ids
+    return tokenizer(text, return_tensors="pt").input_ids
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def generate(
+        model: str = typer.Option("smollm2-135m", help="model name: smollm2-135m, random:llama-tiny, a hub id or path"),
+        policy: str = typer.Option("keydiff", help="eviction policy (see `kdeval policies`)"),
+        budget: Optional[int] = typer.Option(None, help="N: tokens kept per layer per KV head (omit: no eviction)"),
+        chunk: int = typer.Option(128, help="B: prefill chunk size"),
+        prompt: Optional[str] = typer.Option(None, help="prompt text"),
+        prompt_file: Optional[Path] = typer.Option(None, help="read the prompt from this file"),
+        max_new_tokens: int = typer.Option(64, help="tokens to generate"),
+        param: list[str] = typer.Option([], "--param", help="policy parameter key=value (repeatable)"),
+        store: str = typer.Option("slot", help="KV store: slot (in place, default) or gather (reference)"),
+        dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+        device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
+        chat: bool = typer.Option(True, help="wrap the prompt in the model's chat template when it has one"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """Run one prompt through the chunked engine and print the answer and the run's stats."""
+        from kdeval.baselines import get_policy
+        from kdeval.keydiff import Engine, EngineConfig, load_model
+
+        with bad_input():
+            if (prompt is None) == (prompt_file is None):
+                raise ValueError("prompt: give exactly one of --prompt or --prompt-file")
+            if prompt_file is not None and not prompt_file.is_file():
+                raise ValueError(f"--prompt-file: no such file: {prompt_file}")
+            text = prompt if prompt is not None else prompt_file.read_text()
+            pol = get_policy(policy, **parse_params(param))
+            config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store)
+            lm = load_model(model, dtype=dtype, device=device)
+            ids = build_prompt_ids(lm.tokenizer, text, chat)
+            engine = Engine(lm.model, pol, config)
+            result = engine.generate(ids, eos_token_id=lm.tokenizer.eos_token_id)
+        answer = lm.tokenizer.decode(result.tokens[0], skip_special_tokens=True)
+        stats = result.stats.to_dict()
+        if as_json:
+            print(json.dumps({"model": model, "policy": policy, "params": pol.params(), "budget": budget,
+                              "chunk": chunk, "answer": answer, "stats": stats}))
+            return
+        console.print(f"[bold]answer[/bold]: {answer}")
+        table = Table(show_header=False)
+        for k, v in stats.items():
+            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else f"{v:,}")
+        console.print(table)
+
+    @app.command()
+    def policies(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+        """List every registered eviction policy with its rule and parameters."""
+        from kdeval.baselines import list_policies
+
+        infos = list_policies()
+        if as_json:
+            print(json.dumps([i.to_dict() for i in infos], indent=2))
+            return
+        table = Table("policy", "rule", "parameters (default)", "attention")
+        for i in infos:
+            params = ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-"
+            table.add_row(i.name, i.rule, params, "yes" if i.needs_attention else "no")
+        console.print(table)

@@ -1,0 +1,189 @@
+"""Budgeted KV caches the engine evicts from, plugged into transformers as a ``Cache``.
+
+Both stores keep, per layer, the cached ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``, the
+absolute ``positions`` ``[batch, kv_heads, tokens]`` of those tokens and any per-token policy state. During a
+chunk's forward the chunk's ``t`` tokens are appended after the ``n`` cached ones, so the valid tokens are always
+slots ``[0, n + t)`` with the chunk last: the causal mask transformers builds from the cache length (all of the
+cache, causal within the chunk) is therefore right, whatever order the older tokens sit in.
+
+- :class:`SlotLayer` (``store="slot"``, default): one buffer of ``budget + chunk`` slots allocated once and
+  written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
+  the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order is not position order.
+- :class:`GatherLayer` (``store="gather"``): transformers' growing ``DynamicLayer``; eviction gathers the kept
+  tokens into new tensors in position order. Simple, and the reference the slot store is checked against.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+def _expand(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``index [b, h, k]`` → ``[b, h, k, *like.shape[3:]]`` for gather/scatter along dim 2."""
+    return index.view(*index.shape, *([1] * (like.dim() - 3))).expand(*index.shape, *like.shape[3:])
+
+
+class _BudgetLayerMixin:
+    """Bookkeeping shared by both stores: committed length, pending chunk, positions and policy state."""
+
+    length: int
+    pending: int
+
+    def _init_budget(self, state_names: tuple[str, ...]) -> None:
+        self.length = 0
+        self.pending = 0
+        self.state_names = state_names
+        self.next_positions: torch.Tensor | None = None
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class SlotLayer(_BudgetLayerMixin, DynamicLayer):
+    """A fixed buffer of ``capacity`` slots (grown only for the full cache), written in place."""
+
+    is_croppable = False
+
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = ()):
+        DynamicLayer.__init__(self)
+        self.capacity = capacity
+        self._init_budget(state_names)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        dev = key_states.device
+        self.dtype, self.device = key_states.dtype, dev
+        self.keys = torch.zeros(b, h, self.capacity, d, dtype=key_states.dtype, device=dev)
+        self.values = torch.zeros(b, h, self.capacity, value_states.shape[-1], dtype=value_states.dtype, device=dev)
+        self.positions = torch.zeros(b, h, self.capacity, dtype=torch.long, device=dev)
+        self.state = {n: torch.zeros(b, h, self.capacity, dtype=torch.float32, device=dev) for n in self.state_names}
+        self.is_initialized = True
+
+    def _grow(self, need: int) -> None:
+        new_cap = max(need, 2 * self.capacity)
+
+        def grown(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros(*t.shape[:2], new_cap, *t.shape[3:])
+            out[:, :, : self.length] = t[:, :, : self.length]
+            return out
+
+        self.keys, self.values, self.positions = grown(self.keys), grown(self.values), grown(self.positions)
+        self.state = {n: grown(s) for n, s in self.state.items()}
+        self.capacity = new_cap
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[2]
+        start, end = self.length, self.length + t
+        if end > self.capacity:
+            self._grow(end)
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
+        self.positions[:, :, start:end] = self.next_positions
+        for s in self.state.values():
+            s[:, :, start:end] = 0.0
+        self.pending = t
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The valid tokens (cached + pending chunk): keys, positions, state (views, writable)."""
+        m = self.length + self.pending
+        return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
+
+    def evict(self, drop: torch.Tensor | None) -> None:
+        """Commit the pending chunk and free the slots ``drop [b, h, k]`` (``None``: keep everything).
+
+        With ``m`` valid slots and ``k`` to drop, the kept tokens must end in slots ``[0, m - k)``. Dropped slots
+        below ``m - k`` are holes; the chunk-tail slots ``[m - k, m)`` that survive move into those holes.
+        """
+        m = self.length + self.pending
+        self.pending = 0
+        if drop is None or drop.shape[-1] == 0:
+            self.length = m
+            return
+        k = drop.shape[-1]
+        keep_n = m - k
+        dst = drop.sort(dim=-1).values  # holes first (< keep_n), then dropped tail slots
+        in_tail = dst >= keep_n
+        n_holes = (~in_tail).sum(dim=-1, keepdim=True)
+        tail_dropped = torch.zeros_like(dst).scatter_add_(-1, (dst - keep_n).clamp(min=0), in_tail.long())
+        movers = keep_n + torch.argsort(tail_dropped.clamp(max=1), dim=-1, stable=True)  # survivors first
+        slot = torch.arange(k, device=dst.device)
+        src = torch.where(slot < n_holes, movers, dst)  # past the holes: copy a dropped tail slot onto itself
+        for buf in (self.keys, self.values, self.positions, *self.state.values()):
+            moved = buf.gather(2, _expand(src, buf))
+            buf.scatter_(2, _expand(dst, buf), moved)
+        self.length = keep_n
+
+
+class GatherLayer(_BudgetLayerMixin, DynamicLayer):
+    """transformers' growing layer; eviction gathers the kept tokens (position order) into new tensors."""
+
+    def __init__(self, state_names: tuple[str, ...] = ()):
+        DynamicLayer.__init__(self)
+        self._init_budget(state_names)
+        self.positions: torch.Tensor | None = None
+        self.state: dict[str, torch.Tensor] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = DynamicLayer.update(self, key_states, value_states)
+        b, h, t = key_states.shape[:3]
+        new_pos = self.next_positions.expand(b, h, t)
+        self.positions = new_pos.clone() if self.positions is None else torch.cat([self.positions, new_pos], dim=2)
+        zeros = torch.zeros(b, h, t, dtype=torch.float32, device=key_states.device)
+        self.state = {n: torch.cat([self.state[n], zeros], 2) if n in self.state else zeros.clone() for n in self.state_names}
+        self.pending = t
+        return keys, values
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        return self.keys, self.positions, self.state
+
+    def evict(self, drop: torch.Tensor | None) -> None:
+        m = self.length + self.pending
+        self.pending = 0
+        if drop is None or drop.shape[-1] == 0:
+            self.length = m
+            return
+        b, h = drop.shape[:2]
+        keep_mask = torch.ones(b, h, m, dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
+        keep = keep_mask.nonzero()[:, -1].view(b, h, m - drop.shape[-1])  # row-major: ascending slots
+        self.keys = self.keys.gather(2, _expand(keep, self.keys))
+        self.values = self.values.gather(2, _expand(keep, self.values))
+        self.positions = self.positions.gather(2, keep)
+        self.state = {n: s.gather(2, keep) for n, s in self.state.items()}
+        self.length = keep.shape[-1]
+
+
+class BudgetCache(Cache):
+    """A transformers ``Cache`` of :class:`SlotLayer` or :class:`GatherLayer`, one per decoder layer."""
+
+    def __init__(self, num_layers: int, store: str, capacity: int, state_names: tuple[str, ...] = ()):
+        if store == "slot":
+            layers = [SlotLayer(capacity, state_names) for _ in range(num_layers)]
+        elif store == "gather":
+            layers = [GatherLayer(state_names) for _ in range(num_layers)]
+        else:
+            raise ValueError(f"store: expected 'slot' or 'gather', got {store!r}")
+        super().__init__(layers=layers)
+        self.store = store
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def begin_chunk(self, positions: torch.Tensor) -> None:
+        """Set the absolute positions ``[t]`` of the chunk the next forward writes."""
+        pos = positions.view(1, 1, -1)
+        for layer in self.layers:
+            layer.next_positions = pos
+
+    def nbytes(self) -> int:
+        """Bytes held by the key/value tensors (allocated buffers, not just valid slots)."""
+        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)

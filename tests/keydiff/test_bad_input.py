@@ -1,0 +1,65 @@
+"""Bad input gets a ValueError naming the parameter and the limit; unsupported models are refused up front."""
+import pytest
+from transformers import AutoConfig
+
+from kdeval.keydiff import Engine, EngineConfig, UnsupportedModelError, get_policy, load_model
+from kdeval.keydiff.models import check_supported
+from kdeval.keydiff.registry import UnknownPolicyError
+
+from .helpers import prompt, tiny
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"budget": 0}, "budget"), ({"budget": -5}, "budget"), ({"chunk_size": 0}, "chunk_size"),
+    ({"chunk_size": -1}, "chunk_size"), ({"store": "ring"}, "store"), ({"max_new_tokens": -1}, "max_new_tokens"),
+])
+def test_engine_config_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        EngineConfig(**kwargs)
+
+
+def test_budget_below_protected_tokens():
+    with pytest.raises(ValueError, match=r"budget: must be >= the 10 tokens"):
+        Engine(tiny().model, get_policy("keydiff", n_sink_tokens=10), EngineConfig(budget=5))
+
+
+def test_prompt_longer_than_context():
+    eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=64))
+    with pytest.raises(ValueError, match=r"prompt: 4100 tokens .* exceed the model's context of 4096"):
+        eng.generate(prompt(4090), max_new_tokens=10)
+
+
+def test_policy_parameters_validated():
+    with pytest.raises(ValueError, match=r"window_fraction: must be in \[0, 1\)"):
+        get_policy("keydiff", window_fraction=1.5)
+    with pytest.raises(ValueError, match=r"anchor: expected one of"):
+        get_policy("keydiff", anchor="median")
+    with pytest.raises(ValueError, match=r"windw: unknown parameter for policy 'keydiff'"):
+        get_policy("keydiff", windw=3)
+    with pytest.raises(UnknownPolicyError, match=r"did you mean 'keydiff'"):
+        get_policy("keydif")
+    assert get_policy("keydiff", window_fraction="0.25").window_fraction == 0.25
+
+
+def test_sliding_window_model_refused_before_weights_load():
+    with pytest.raises(UnsupportedModelError, match=r"sliding"):
+        load_model("random:qwen2-tiny", overrides={"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0})
+
+
+@pytest.mark.parametrize("model_type,kwargs,reason", [
+    ("mamba", {}, "no KV cache"),
+    ("deepseek_v3", {"num_hidden_layers": 2}, "latent attention"),
+    ("gemma2", {"num_hidden_layers": 2}, "layer types"),
+    ("t5", {}, "encoder-decoder"),
+    ("mistral", {}, "sliding_window=4096"),
+])
+def test_unsupported_architectures(model_type, kwargs, reason):
+    config = AutoConfig.for_model(model_type, **kwargs)
+    with pytest.raises(UnsupportedModelError, match=reason):
+        check_supported(config, model_type)
+
+
+def test_supported_architectures_pass():
+    for model_type in ("llama", "qwen2"):
+        check_supported(AutoConfig.for_model(model_type), model_type)
+    check_supported(AutoConfig.for_model("mistral", sliding_window=None), "mistral")

@@ -1,0 +1,40 @@
+"""After every chunk and every decode step each layer holds exactly min(N, seen) tokens."""
+import pytest
+
+from kdeval.keydiff import Engine, EngineConfig, get_policy
+
+from .helpers import prompt, tiny
+
+
+@pytest.mark.parametrize("store", ["slot", "gather"])
+@pytest.mark.parametrize("budget,chunk", [(24, 8), (24, 10), (50, 64), (7, 3)])
+def test_cache_holds_min_budget_seen(store, budget, chunk):
+    lm = tiny()
+    seen_lengths = []
+
+    def check(state):
+        for layer in state.cache.layers:
+            keys, positions, _ = layer.view()
+            assert keys.shape[2] == min(budget, state.seen)
+            assert positions.shape[2] == min(budget, state.seen)
+            # every position held is one the model has seen, and none twice
+            assert int(positions.max()) < state.seen
+            for row in positions.reshape(-1, positions.shape[-1]):
+                assert len(set(row.tolist())) == row.numel()
+        seen_lengths.append(state.seen)
+        assert state.peak_kv_tokens <= budget + chunk
+
+    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=chunk, store=store), on_step=check)
+    res = eng.generate(prompt(70), max_new_tokens=5)
+    n_chunks = -(-70 // chunk)
+    assert len(seen_lengths) == n_chunks + len(res.tokens[0]) - 1
+    assert res.stats.kept_tokens == min(budget, 70 + len(res.tokens[0]) - 1)
+
+
+def test_slot_store_never_reallocates_under_budget():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=32, chunk_size=16))
+    state = eng.prefill(prompt(200))
+    for layer in state.cache.layers:
+        assert layer.capacity == 48
+        assert layer.keys.shape[2] == 48
