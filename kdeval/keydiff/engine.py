@@ -243,7 +243,14 @@ class Engine:
                 continue
             scores = self.policy.score(keys, ctx)
             scores = protect(scores, positions, state.seen, self.policy.n_sink(), self.policy.n_recent(budget))
-            drop = torch.topk(scores, m - budget, dim=-1, largest=False, sorted=False).indices
+            if self.policy.ties:
+                # Scores with exact ties (pooled ones): select in position order so the kept set does not
+                # depend on which slot a token happens to occupy.
+                order = positions.argsort(dim=-1)
+                pick = torch.topk(scores.gather(-1, order), m - budget, dim=-1, largest=False, sorted=False).indices
+                drop = order.gather(-1, pick)
+            else:
+                drop = torch.topk(scores, m - budget, dim=-1, largest=False, sorted=False).indices
             layer.evict(drop)
         if capture is not None:
             capture.clear()

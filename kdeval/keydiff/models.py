@@ -29,7 +29,7 @@ from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
 SMOLLM2 = "smollm2-135m"
 RANDOM_PREFIX = "random:"
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Architectures whose cache is not a per-layer DynamicCache of full-attention keys.
 _UNSUPPORTED_TYPES = {

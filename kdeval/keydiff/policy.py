@@ -55,6 +55,8 @@ class Policy:
     evicts: ClassVar[bool] = True
     #: Names of per-token float32 state tensors the engine keeps for this policy (see ``ScoreContext.state``).
     slot_state: ClassVar[tuple[str, ...]] = ()
+    #: ``True`` when scores often tie exactly (e.g. max-pooled): the engine then breaks ties by position.
+    ties: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()

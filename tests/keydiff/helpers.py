@@ -9,9 +9,9 @@ from kdeval.keydiff.models import LoadedModel, load_model
 
 
 @functools.lru_cache(maxsize=None)
-def tiny(name: str = "random:llama-tiny", kv_heads: int | None = None) -> LoadedModel:
+def tiny(name: str = "random:llama-tiny", kv_heads: int | None = None, dtype: str = "float32") -> LoadedModel:
     overrides = {"num_key_value_heads": kv_heads} if kv_heads else None
-    return load_model(name, device="cpu", overrides=overrides)
+    return load_model(name, device="cpu", overrides=overrides, dtype=dtype)
 
 
 def prompt(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:

@@ -1,0 +1,163 @@
+"""Engine benchmark: one-pass prefill vs chunked full cache vs chunked KeyDiff, and every policy side by side.
+
+Each case runs in a fresh subprocess (so peak memory is that case's alone): prefill time, and the peak RSS
+above the RSS after the model loaded (sampled every 2 ms), with the KV-cache bytes the engine holds at its peak.
+
+    python bench/engine.py                 # full CPU run, writes the engine section of bench/RESULTS.md
+    python bench/engine.py --quick         # small lengths, prints only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+BEGIN, END = "<!-- engine:begin -->", "<!-- engine:end -->"
+
+
+# ---------------------------------------------------------------- one case, in its own process
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _Sampler(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak, self.stop = 0, False
+
+    def run(self) -> None:
+        while not self.stop:
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.002)
+
+
+def run_case(case: dict) -> dict:
+    import torch
+
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff import Engine, EngineConfig, load_model
+
+    torch.manual_seed(0)
+    overrides = {"max_position_embeddings": 16384} if case["model"].startswith("random:") else None
+    lm = load_model(case["model"], device="cpu", overrides=overrides)
+    L = case["L"]
+    vocab = lm.model.config.vocab_size
+    ids = torch.randint(min(100, vocab - 1), vocab - 1, (1, L))
+    with torch.inference_mode():
+        lm.model(ids[:, :64], logits_to_keep=1)  # warm-up
+    base = _rss()
+    sampler = _Sampler()
+    sampler.start()
+    kv_bytes = 0
+    start = time.perf_counter()
+    with torch.inference_mode():
+        if case["mode"] == "onepass":
+            out = lm.model(ids, use_cache=True, logits_to_keep=1)
+            kv_bytes = sum(l.keys.numel() * l.keys.element_size() * 2 for l in out.past_key_values.layers)
+            del out
+        else:
+            budget = case.get("budget")
+            engine = Engine(lm.model, get_policy(case["policy"]), EngineConfig(budget=budget, chunk_size=case["B"]))
+            state = engine.prefill(ids)
+            kv_bytes = state.cache.nbytes()
+    elapsed = time.perf_counter() - start
+    sampler.stop = True
+    sampler.join()
+    return {**case, "time_s": elapsed, "peak_extra_mib": max(0, sampler.peak - base) / 2**20,
+            "kv_mib": kv_bytes / 2**20, "threads": torch.get_num_threads()}
+
+
+def spawn(case: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- the grid and the tables
+
+
+def scaling_cases(model: str, lengths: list[int], B: int) -> list[dict]:
+    cases = []
+    for L in lengths:
+        cases.append({"model": model, "L": L, "mode": "onepass"})
+        cases.append({"model": model, "L": L, "mode": "chunked", "policy": "full", "B": B})
+        cases.append({"model": model, "L": L, "mode": "chunked", "policy": "keydiff", "budget": L // 4, "B": B})
+    return cases
+
+
+def scaling_table(rows: list[dict]) -> str:
+    lines = ["| model | L | mode | time s | ratio to one-pass | peak extra RSS MiB | KV cache MiB |", "|---|---|---|---|---|---|---|"]
+    onepass = {(r["model"], r["L"]): r["time_s"] for r in rows if r["mode"] == "onepass"}
+    for r in rows:
+        mode = "one-pass prefill" if r["mode"] == "onepass" else (
+            f"chunked {r['policy']} B={r['B']}" + (f" N={r['budget']}" if r.get("budget") else ""))
+        ratio = r["time_s"] / onepass[(r["model"], r["L"])]
+        lines.append(f"| {r['model']} | {r['L']} | {mode} | {r['time_s']:.2f} | {ratio:.2f}x | {r['peak_extra_mib']:.0f} | {r['kv_mib']:.1f} |")
+    return "\n".join(lines)
+
+
+def policy_table(rows: list[dict]) -> str:
+    ref = next(r["time_s"] for r in rows if r["policy"] == "keydiff")
+    lines = ["| policy | time s | ratio to keydiff | peak extra RSS MiB | KV cache MiB |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['policy']} | {r['time_s']:.2f} | {r['time_s'] / ref:.2f}x | {r['peak_extra_mib']:.0f} | {r['kv_mib']:.1f} |")
+    return "\n".join(lines)
+
+
+def write_section(text: str) -> None:
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in old:
+        pre, rest = old.split(BEGIN, 1)
+        new = pre + block + rest.split(END, 1)[1]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(new)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--policies", default="keydiff,full,sink,tova,h2o,snapkv,knorm,random")
+    args = ap.parse_args()
+    if args.case:
+        print(json.dumps(run_case(json.loads(args.case))))
+        return
+    lengths = [512, 1024] if args.quick else [2048, 4096, 8192]
+    B = 128
+    sections = []
+    for model in ("random:llama-tiny", "smollm2-135m"):
+        rows = [spawn(c) for c in scaling_cases(model, lengths, B)]
+        sections.append(scaling_table(rows))
+        print(sections[-1], flush=True)
+    L = lengths[-1]
+    prow = []
+    for p in args.policies.split(","):
+        case = {"model": "smollm2-135m", "L": L, "mode": "chunked", "policy": p, "B": B}
+        if p != "full":
+            case["budget"] = L // 4
+        prow.append(spawn(case))
+    sections.append(f"Policies, chunked, smollm2-135m, L={L}, N={L // 4}, B={B}:\n\n" + policy_table(prow))
+    print(sections[-1], flush=True)
+    if not args.quick:
+        import platform
+
+        import torch
+
+        header = (f"## Engine (CPU)\n\n`python bench/engine.py` on {platform.machine()}, {os.cpu_count()} cores, "
+                  f"torch {torch.__version__}, float32, batch 1, SDPA, {time.strftime('%Y-%m-%d')}.\n")
+        write_section(header + "\n" + "\n\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()

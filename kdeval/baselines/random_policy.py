@@ -1,0 +1,38 @@
+"""Random eviction (a sanity baseline), seeded and reproducible.
+
+Each token's score is a hash of (seed, layer, KV head, eviction step, absolute position), so a run is
+deterministic and does not depend on where a token sits in the cache's slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.registry import register
+
+_M = 2147483647  # 2^31 - 1, the Park-Miller modulus: products stay inside int64
+
+
+def position_hash(positions: torch.Tensor, salt: int) -> torch.Tensor:
+    """``positions`` (int64, any shape) → float32 pseudo-random values in [0, 1)."""
+    x = (positions * 1000003 + salt) % _M
+    for _ in range(3):
+        x = (x * 48271) % _M
+        x = x ^ (x >> 11)
+    return x.float() / _M
+
+
+@register
+@dataclass
+class Random(Policy):
+    name = "random"
+    rule = "evict uniformly at random (seeded)"
+
+    seed: int = 0
+
+    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+        heads = torch.arange(keys.shape[1], device=keys.device).view(1, -1, 1)
+        salt = (self.seed * 7919 + ctx.layer_idx * 104729 + ctx.step * 15485863) % _M
+        return position_hash(ctx.positions + heads * (1 << 40), salt)

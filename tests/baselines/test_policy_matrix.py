@@ -1,0 +1,95 @@
+"""The matrix every registered policy must pass (KeyDiff's variants and every baseline)."""
+import pytest
+import torch
+
+from kdeval.baselines import get_policy, policy_names
+from kdeval.keydiff import Engine, EngineConfig
+
+from ..keydiff.helpers import kept_positions, prompt, tiny
+
+EVICTING = [n for n in policy_names() if n != "full"]
+BUDGET = 40  # >= every policy's protected tokens at its defaults (snapkv's window is 32)
+
+
+def run(policy, store="slot", kv_heads=2, chunk=16, batch=1, n=90, new=6, seed=0, check=None):
+    lm = tiny("random:llama-tiny", kv_heads)
+    eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=BUDGET, chunk_size=chunk, store=store), on_step=check)
+    return eng.generate(prompt(n, batch=batch, seed=seed), max_new_tokens=new)
+
+
+def test_registry_has_every_policy():
+    assert set(policy_names()) >= {"full", "keydiff", "sink", "tova", "h2o", "snapkv", "knorm", "random"}
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+@pytest.mark.parametrize("kv_heads", [2, 8])  # GQA 4:1 and 1:1
+@pytest.mark.parametrize("chunk", [15, 30])  # 90 = 3 x 30; 15 ...; decode steps after
+def test_budget_invariant_every_step(policy, kv_heads, chunk):
+    steps = []
+
+    def check(state):
+        for layer in state.cache.layers:
+            keys, positions, _ = layer.view()
+            assert keys.shape[1] == kv_heads
+            assert keys.shape[2] == min(BUDGET, state.seen)
+            assert int(positions.max()) < state.seen
+            flat = positions.reshape(-1, positions.shape[-1])
+            assert all(len(set(row.tolist())) == row.numel() for row in flat)
+        steps.append(state.seen)
+
+    res = run(policy, kv_heads=kv_heads, chunk=chunk, check=check)
+    assert res.stats.peak_kv_tokens <= BUDGET + chunk
+    assert len(steps) == -(-90 // chunk) + len(res.tokens[0]) - 1
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_chunk_size_not_dividing_prompt(policy):
+    res = run(policy, chunk=17, n=91)
+    assert res.state.cache.length == BUDGET
+    assert res.stats.prompt_tokens == 91
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_deterministic(policy):
+    a, b = run(policy), run(policy)
+    assert a.tokens == b.tokens
+    for pa, pb in zip(kept_positions(a.state), kept_positions(b.state)):
+        assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_batch_of_two_equals_each_alone(policy):
+    both = run(policy, batch=2, seed=7)
+    for r in range(2):
+        lm = tiny("random:llama-tiny", 2)
+        eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=BUDGET, chunk_size=16))
+        alone = eng.generate(prompt(90, batch=2, seed=7)[r : r + 1], max_new_tokens=6)
+        assert alone.tokens[0] == both.tokens[r]
+        for pa, pb in zip(kept_positions(alone.state), kept_positions(both.state)):
+            assert torch.equal(pa[0], pb[r])
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+@pytest.mark.parametrize("kv_heads", [2, 8])
+def test_slot_store_equals_gather_store(policy, kv_heads):
+    """The in-place store keeps the same tokens and yields the same logits as the plain gather path.
+
+    float64: in float32 the permuted summation order (~1e-7) can flip near-tied scores of a random model.
+    """
+    lm = tiny("random:llama-tiny", kv_heads, "float64")
+    ids = prompt(90, seed=11)
+    states = []
+    for store in ("slot", "gather"):
+        eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=BUDGET, chunk_size=16, store=store))
+        states.append(eng.prefill(ids, collect_logits=True))
+    slot, gather = states
+    for ps, pg in zip(kept_positions(slot), kept_positions(gather)):
+        assert torch.equal(ps, pg)
+    assert (slot.logits - gather.logits).abs().max().item() < 1e-9
+
+
+def test_random_depends_on_seed():
+    a = run("random")
+    lm = tiny("random:llama-tiny", 2)
+    b = Engine(lm.model, get_policy("random", seed=1), EngineConfig(budget=BUDGET, chunk_size=16)).generate(prompt(90), max_new_tokens=6)
+    assert any(not torch.equal(x, y) for x, y in zip(kept_positions(a.state), kept_positions(b.state)))
