@@ -1,0 +1,174 @@
+"""The task interface: samples, scores, errors, stable ids and prompt hashes.
+
+A *task* is one benchmark subset (``longbench.hotpotqa``, ``ruler.niah_single_1``, ``needle`` ...).
+It yields :class:`Sample` objects, scores one prediction with :meth:`Task.score`, and turns the
+per-sample rows of a run into headline numbers with :meth:`Task.aggregate`.
+
+A sample's user message is ``prefix + suffix``: ``prefix`` ends with the (long) context and
+``suffix`` holds the question, so samples whose prefix is the same can share one compressed
+context. ``answer_prefix`` is text the assistant turn starts with (RULER's "Answer: ...").
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+
+JSONScalar = str | int | float | bool | None
+
+
+class EvalError(ValueError):
+    """Base class of every error the evaluation suites raise on bad input."""
+
+
+class UnknownTaskError(EvalError, KeyError):
+    """A task name that is not in the registry."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DataNotFoundError(EvalError, FileNotFoundError):
+    """A data file the task needs is missing (the message says which and how to get it)."""
+
+
+class TaskUnavailableError(EvalError):
+    """The task cannot run here (e.g. a hub dataset while offline); callers may skip it."""
+
+
+class ContextTooLongError(EvalError):
+    """A requested length does not fit the model's context."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One evaluation item.
+
+    Attributes:
+        id: stable identifier, equal across runs, models and policies (pairs items).
+        prefix: start of the user message, ending with the long context (shareable part).
+        suffix: rest of the user message (the question); may be empty.
+        references: acceptable answers; the metric takes the best over them.
+        max_new_tokens: generation length the benchmark prescribes.
+        answer_prefix: text placed after the chat template's assistant header.
+        use_chat_template: False when the benchmark says raw completion (e.g. LongBench trec).
+        meta: what the metric or the aggregate needs (``all_classes``, ``length``, ``depth``...).
+    """
+
+    id: str
+    prefix: str
+    suffix: str
+    references: tuple[str, ...]
+    max_new_tokens: int
+    answer_prefix: str = ""
+    use_chat_template: bool = True
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise EvalError("Sample.id must be a non-empty string")
+        if self.max_new_tokens < 1:
+            raise EvalError(f"Sample.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.references, (str, bytes)):
+            raise EvalError("Sample.references must be a sequence of strings, not one string")
+        object.__setattr__(self, "references", tuple(str(r) for r in self.references))
+
+    @property
+    def user_message(self) -> str:
+        """The full user message text (prefix + suffix)."""
+        return self.prefix + self.suffix
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """The score of one prediction: ``score`` in [0, 1] and named sub-scores."""
+
+    score: float
+    sub: Mapping[str, float] = field(default_factory=dict)
+
+
+def stable_id(*parts: Any) -> str:
+    """A readable stable id: the parts joined by ``/`` (e.g. ``needle/L2048/D50``)."""
+    return "/".join(str(p) for p in parts)
+
+
+def prompt_hash(token_ids: Sequence[int]) -> str:
+    """sha256 (first 16 hex digits) of the exact token ids fed to the model."""
+    h = hashlib.sha256()
+    h.update(",".join(str(int(t)) for t in token_ids).encode("ascii"))
+    return h.hexdigest()[:16]
+
+
+def text_hash(text: str) -> str:
+    """sha256 (first 16 hex digits) of a text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def mean(values: Iterable[float]) -> float:
+    """Arithmetic mean; NaN for an empty input."""
+    vals = list(values)
+    return math.fsum(vals) / len(vals) if vals else float("nan")
+
+
+class Task(ABC):
+    """One benchmark subset. Subclasses are dataclasses whose fields are the task's parameters.
+
+    Every instance has a ``name`` (its registry name); ``benchmark`` names its suite. What
+    ``kdeval tasks`` lists (metric, data source) lives in the registry's TaskSpec.
+    """
+
+    name: str
+    benchmark: ClassVar[str] = ""
+    #: True when samples are generated per tokenizer (synthetic lengths): samples() needs a builder.
+    needs_tokenizer: ClassVar[bool] = False
+
+    @abstractmethod
+    def samples(self, builder: Any = None) -> list[Sample]:
+        """The task's samples; synthetic tasks size them with ``builder`` (a PromptBuilder)."""
+
+    @abstractmethod
+    def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
+        """Score one prediction against its references (``meta`` as in :class:`Sample`)."""
+
+    def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Headline numbers from per-sample rows (default: 100 x mean score, rounded to 2)."""
+        return {"score": round(100.0 * mean(float(r["score"]) for r in rows), 2), "n": len(rows)}
+
+    def check_context(self, max_context: int) -> None:
+        """Raise :class:`ContextTooLongError` when the task asks for more than ``max_context``."""
+
+    def params(self) -> dict[str, Any]:
+        """The task's parameters (its dataclass fields) as JSON-able values."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name.startswith("_"):
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else (str(v) if hasattr(v, "__fspath__") else v)
+        return out
+
+
+def group_mean(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], value: str) -> dict[str, float]:
+    """Mean of ``value`` per combination of ``keys``, as ``{"k1=v1,k2=v2": mean}``."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        label = ",".join(f"{k}={row_field(r, k)}" for k in keys)
+        groups[label].append(float(r[value]))
+    return {k: mean(v) for k, v in sorted(groups.items())}
+
+
+def row_field(row: Mapping[str, Any], key: str) -> Any:
+    """``row[key]``, else the key in the row's ``meta`` dict or ``meta_json`` text, else None."""
+    if row.get(key) is not None:
+        return row[key]
+    meta = row.get("meta") or row.get("meta_json") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    return meta.get(key)

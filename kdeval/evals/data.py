@@ -1,0 +1,57 @@
+"""Where task data lives: the data directory (``--data-dir`` or ``KDEVAL_DATA_DIR``) and its files."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from kdeval.evals.base import DataNotFoundError
+
+ENV_VAR = "KDEVAL_DATA_DIR"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The data directory: ``data_dir`` if given, else ``$KDEVAL_DATA_DIR``, else None."""
+    if data_dir is not None and str(data_dir) != "":
+        return Path(data_dir).expanduser()
+    env = os.environ.get(ENV_VAR)
+    return Path(env).expanduser() if env else None
+
+
+def find_data_file(data_dir: str | os.PathLike[str] | None, relative: str) -> Path | None:
+    """``<data dir>/<relative>`` when it exists, else None."""
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        return None
+    path = root / relative
+    return path if path.is_file() else None
+
+
+def require_data_file(data_dir: str | os.PathLike[str] | None, relative: str, how_to_get: str) -> Path:
+    """``<data dir>/<relative>``, or a :class:`DataNotFoundError` naming the file and how to get it."""
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        raise DataNotFoundError(
+            f"no data directory: pass --data-dir (data_dir=...) or set {ENV_VAR}; "
+            f"looked for <data dir>/{relative}. {how_to_get}"
+        )
+    path = root / relative
+    if not path.is_file():
+        raise DataNotFoundError(f"data file not found: {path}. {how_to_get}")
+    return path
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSON-lines file (blank lines skipped); errors name the file and line."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataNotFoundError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataNotFoundError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            yield row

@@ -1,0 +1,94 @@
+"""MATH-500: the answer is the last ``\\boxed{}`` of the generation, graded by math equivalence.
+
+Data: ``<data dir>/math500/test.jsonl`` (rows: problem, solution, answer, subject, level,
+unique_id) or, with ``source="hub"``, the hub dataset ``HuggingFaceH4/MATH-500``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, group_mean, mean, row_field
+from kdeval.evals.data import read_jsonl, require_data_file
+from kdeval.evals.hub import hub_rows
+from kdeval.evals.metrics.math_equiv import last_boxed, math_equal
+
+#: the instruction the Qwen2.5-Math / DeepSeek-R1 evaluations append to each problem
+INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+DATA_FILE = "math500/test.jsonl"
+_HOW_TO_GET = (
+    "It is the MATH-500 test split (prm800k math_splits/test.jsonl, also hub HuggingFaceH4/MATH-500); "
+    "put it at <data dir>/math500/test.jsonl or pass source='hub' when online."
+)
+
+
+@dataclass
+class Math500Task(Task):
+    """MATH-500 with chain-of-thought generation.
+
+    Args:
+        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
+        source: ``"local"`` or ``"hub"``.
+        limit: keep only the first ``limit`` problems.
+        max_new_tokens: generation budget for the reasoning and the answer.
+    """
+
+    data_dir: str | None = None
+    source: str = "local"
+    limit: int | None = None
+    max_new_tokens: int = 1024
+
+    benchmark: ClassVar[str] = "math500"
+
+    def __post_init__(self) -> None:
+        if self.source not in ("local", "hub"):
+            raise EvalError(f"source: expected 'local' or 'hub', got {self.source!r}")
+        if self.limit is not None and self.limit < 1:
+            raise EvalError(f"limit: expected a positive integer or None, got {self.limit}")
+        if self.max_new_tokens < 1:
+            raise EvalError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens}")
+        self.name = "math500"
+        if self.source == "local":
+            require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The dataset rows."""
+        if self.source == "local":
+            rows = list(read_jsonl(require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)))
+        else:
+            rows = hub_rows("HuggingFaceH4/MATH-500", None, "test", "task math500")
+        return rows[: self.limit] if self.limit is not None else rows
+
+    def samples(self, builder: Any = None) -> list[Sample]:
+        """One sample per problem; id = the row's unique_id."""
+        out = []
+        for i, r in enumerate(self.rows()):
+            for key in ("problem", "answer"):
+                if key not in r:
+                    raise EvalError(f"math500: row {i} has no field {key!r}")
+            out.append(Sample(
+                id=f"math500/{r.get('unique_id') or i}",
+                prefix=r["problem"],
+                suffix=INSTRUCTION,
+                references=(r["answer"],),
+                max_new_tokens=self.max_new_tokens,
+                meta={"subject": r.get("subject"), "level": r.get("level")},
+            ))
+        return out
+
+    def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
+        """1 when the last boxed answer equals a reference; sub-score ``has_boxed``."""
+        answer = last_boxed(prediction)
+        ok = any(math_equal(answer, ref) for ref in references)
+        return ScoreResult(score=1.0 if ok else 0.0, sub={"has_boxed": 0.0 if answer is None else 1.0})
+
+    def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Accuracy (%), boxed rate (%), and accuracy per level."""
+        out: dict[str, Any] = {
+            "accuracy": round(100.0 * mean(float(r["score"]) for r in rows), 2),
+            "boxed_rate": round(100.0 * mean(float(r.get("has_boxed", 0.0)) for r in rows), 2),
+            "n": len(rows),
+        }
+        if any(row_field(r, "level") is not None for r in rows):
+            out["accuracy_by_level"] = {k: round(100 * v, 2) for k, v in group_mean(rows, ["level"], "score").items()}
+        return out

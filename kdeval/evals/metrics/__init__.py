@@ -1,0 +1,1 @@
+"""Metrics: LongBench's official scorers, RULER string match, math equivalence, ROUGE-L recall."""

@@ -1,0 +1,137 @@
+"""Needle-in-a-haystack: a grid of context lengths x needle depths (heatmap output).
+
+Haystack: Paul Graham essays (``<data dir>/haystack/PaulGrahamEssays.json``), or, when they are
+absent (``haystack="auto"``) or asked for (``"noise"``), a synthetic noise haystack of repeated
+simple sentences. The needle is the classic "best thing to do in San Francisco" sentence, placed
+at ``depth`` percent of the context (moved back to a sentence end when one is within 2% of the
+context, else to a word boundary). Lengths follow :mod:`kdeval.evals.synthetic`.
+
+Score: 1 when the normalized answer appears in the prediction; sub-score ROUGE-L recall.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, mean
+from kdeval.evals.metrics.text import contains_answer, rouge_l_recall
+from kdeval.evals.synthetic import NOISE_SENTENCES, check_fits, check_lengths, essay_words, fit_units, take_words
+
+NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
+QUESTION = "What is the best thing to do in San Francisco?"
+ANSWER = "eat a sandwich and sit in Dolores Park on a sunny day"
+INTRO = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct.\n\n<document>\n"
+QUESTION_SUFFIX = "\n</document>\n\nQuestion: " + QUESTION + " Don't give information outside the document or repeat your findings."
+ANSWER_PREFIX = "The best thing to do in San Francisco is"
+
+
+def insert_at_depth(text: str, needle: str, depth: float) -> tuple[str, int]:
+    """Insert ``needle`` at ``depth`` percent of ``text``; returns (new text, needle char index)."""
+    if depth <= 0:
+        return needle + " " + text, 0
+    if depth >= 100:
+        return text + " " + needle, len(text) + 1
+    target = int(len(text) * depth / 100)
+    window = max(1, len(text) // 50)
+    cut = text.rfind(". ", max(0, target - window), target + 1)
+    if cut >= 0:
+        cut += 2  # after ". "
+    else:
+        cut = text.rfind(" ", 0, target + 1) + 1  # word boundary (0 when none)
+    return text[:cut] + needle + " " + text[cut:], cut
+
+
+@dataclass
+class NeedleTask(Task):
+    """Needle in a haystack over ``lengths`` x ``depths``.
+
+    Args:
+        lengths: target lengths in tokens (prompt + max_new_tokens).
+        depths: needle depths in percent of the context (0 = start, 100 = end).
+        haystack: ``"auto"`` (essays when present, else noise), ``"essay"`` or ``"noise"``.
+        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
+        max_new_tokens: generation length.
+    """
+
+    lengths: Sequence[int] = (1024, 2048, 4096)
+    depths: Sequence[float] = (0, 25, 50, 75, 100)
+    haystack: str = "auto"
+    data_dir: str | None = None
+    max_new_tokens: int = 32
+    _words: list[str] | None = field(default=None, init=False, repr=False)
+
+    benchmark: ClassVar[str] = "needle"
+    needs_tokenizer: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        self.name = "needle"
+        self.lengths = check_lengths(self.lengths)
+        self.depths = tuple(float(d) for d in ([self.depths] if isinstance(self.depths, (int, float)) else self.depths))
+        if not self.depths or any(d < 0 or d > 100 for d in self.depths):
+            raise EvalError(f"depths: expected percentages in [0, 100], got {list(self.depths)}")
+        if self.haystack not in ("auto", "essay", "noise"):
+            raise EvalError(f"haystack: expected 'auto', 'essay' or 'noise', got {self.haystack!r}")
+        if self.max_new_tokens < 1:
+            raise EvalError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens}")
+        if self.haystack != "noise":
+            self._words = essay_words(self.data_dir, required=self.haystack == "essay")
+        self.haystack_used = "essay" if self._words is not None else "noise"
+
+    def check_context(self, max_context: int) -> None:
+        check_fits(self.lengths, max_context, self.name)
+
+    def _units(self, n: int) -> str:
+        if self._words is not None:
+            return " ".join(take_words(self._words, n))
+        return " ".join(NOISE_SENTENCES[i % len(NOISE_SENTENCES)] for i in range(n))
+
+    def _make(self, length: int, depth: float, n: int) -> Sample:
+        context, at = insert_at_depth(self._units(n), NEEDLE, depth)
+        d = int(depth) if float(depth).is_integer() else depth
+        return Sample(
+            id=f"needle/L{length}/D{d}",
+            prefix=INTRO + context,
+            suffix=QUESTION_SUFFIX,
+            answer_prefix=ANSWER_PREFIX,
+            references=(ANSWER,),
+            max_new_tokens=self.max_new_tokens,
+            meta={"length": length, "depth": d, "haystack": self.haystack_used,
+                  "needle_char": len(INTRO) + at, "context_chars": len(context)},
+        )
+
+    def samples(self, builder: Any = None) -> list[Sample]:
+        """One sample per (length, depth), sized with ``builder`` (a PromptBuilder)."""
+        if builder is None:
+            raise EvalError("needle: samples are sized per tokenizer; pass builder=PromptBuilder(tokenizer, max_context)")
+        out = []
+        for length in self.lengths:
+            for depth in self.depths:
+                s, _ = fit_units(lambda n: self._make(length, depth, n), builder.count, length)
+                out.append(s)
+        return out
+
+    def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
+        """Contains (0/1) and ROUGE-L recall, best over references."""
+        contains = max(float(contains_answer(prediction, r)) for r in references)
+        recall = max(rouge_l_recall(prediction, r) for r in references)
+        return ScoreResult(score=contains, sub={"rouge_l_recall": recall})
+
+    def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Overall contains / ROUGE-L recall (%) and a ``grid`` of cells for a heatmap."""
+        cells: dict[tuple[int, float], list[Mapping[str, Any]]] = {}
+        for r in rows:
+            meta = r.get("meta") or {}
+            key = (int(r.get("length", meta.get("length", 0))), float(r.get("depth", meta.get("depth", 0))))
+            cells.setdefault(key, []).append(r)
+        grid = [
+            {"length": k[0], "depth": k[1],
+             "contains": round(100 * mean(float(x["score"]) for x in v), 2),
+             "rouge_l_recall": round(100 * mean(float(x.get("rouge_l_recall", 0.0)) for x in v), 2)}
+            for k, v in sorted(cells.items())
+        ]
+        return {
+            "contains": round(100 * mean(float(r["score"]) for r in rows), 2),
+            "rouge_l_recall": round(100 * mean(float(r.get("rouge_l_recall", 0.0)) for r in rows), 2),
+            "n": len(rows),
+            "grid": grid,
+        }

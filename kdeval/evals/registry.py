@@ -1,0 +1,137 @@
+"""The flat registry of tasks: name -> TaskSpec (benchmark, metric, data source, factory).
+
+Names: ``needle``, ``phonebook``, ``math500``, ``ruler.<task>`` (13), ``longbench.<task>`` (21).
+Suites ``ruler`` and ``longbench`` expand to their tasks (:func:`expand`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from kdeval.evals.base import EvalError, Task, UnknownTaskError
+from kdeval.evals.longbench import LONGBENCH_TASKS, LongBenchTask
+from kdeval.evals.math500 import Math500Task
+from kdeval.evals.metrics.longbench import DATASET2METRIC
+from kdeval.evals.needle import NeedleTask
+from kdeval.evals.phonebook import PhonebookTask
+from kdeval.evals.ruler import CONFIGS as RULER_CONFIGS
+from kdeval.evals.ruler import RulerTask
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What ``kdeval tasks`` shows about a task, and how to build it."""
+
+    name: str
+    benchmark: str
+    metric: str
+    source: str
+    cls: type[Task]
+    fixed: tuple[tuple[str, Any], ...] = ()  # constructor arguments the name implies (e.g. subset)
+
+    def params(self) -> dict[str, Any]:
+        """The parameters a user may set, with their defaults."""
+        fixed = dict(self.fixed)
+        out = {}
+        for f in dataclasses.fields(self.cls):
+            if f.init and f.name not in fixed and not f.name.startswith("_"):
+                default = f.default if f.default is not dataclasses.MISSING else None
+                out[f.name] = list(default) if isinstance(default, tuple) else default
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able description."""
+        return {"name": self.name, "benchmark": self.benchmark, "metric": self.metric, "source": self.source,
+                "params": self.params()}
+
+    def build(self, **params: Any) -> Task:
+        """The task with ``params`` (unknown parameter names are an error naming the allowed ones)."""
+        allowed = self.params()
+        for key in params:
+            if key not in allowed:
+                hint = difflib.get_close_matches(key, list(allowed), n=1)
+                did = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise EvalError(f"{key}: unknown parameter for task {self.name!r}{did} (parameters: {', '.join(allowed)})")
+        try:
+            return self.cls(**dict(self.fixed), **params)
+        except TypeError as e:  # wrong types that dataclass validation did not catch
+            raise EvalError(f"task {self.name!r}: bad parameters {params}: {e}") from None
+
+
+def _specs() -> dict[str, TaskSpec]:
+    specs = [
+        TaskSpec("needle", "needle", "contains + rouge_l_recall", "<data dir>/haystack/PaulGrahamEssays.json (noise haystack if absent)", NeedleTask),
+        TaskSpec("phonebook", "phonebook", "exact_match", "synthetic", PhonebookTask),
+        TaskSpec("math500", "math500", "math_equivalence (last \\boxed{})", "<data dir>/math500/test.jsonl or hub HuggingFaceH4/MATH-500", Math500Task),
+    ]
+    for t, cfg in RULER_CONFIGS.items():
+        if cfg["task"] == "qa":
+            src = f"<data dir>/ruler/{cfg['dataset']}.json or hub ({'rajpurkar/squad_v2' if cfg['dataset'] == 'squad' else 'hotpotqa/hotpot_qa'})"
+            metric = "string_match_part"
+        else:
+            src = "synthetic" + (" + <data dir>/haystack/PaulGrahamEssays.json" if cfg.get("type_haystack") == "essay" else "")
+            metric = "string_match_all"
+        specs.append(TaskSpec(f"ruler.{t}", "ruler", metric, src, RulerTask, (("task", t),)))
+    for t in LONGBENCH_TASKS:
+        specs.append(TaskSpec(f"longbench.{t}", "longbench", DATASET2METRIC[t].__name__,
+                              f"<data dir>/longbench/{t}.jsonl or hub THUDM/LongBench", LongBenchTask, (("subset", t),)))
+    return {s.name: s for s in specs}
+
+
+REGISTRY: dict[str, TaskSpec] = _specs()
+SUITES: dict[str, tuple[str, ...]] = {
+    "ruler": tuple(n for n in REGISTRY if n.startswith("ruler.")),
+    "longbench": tuple(n for n in REGISTRY if n.startswith("longbench.")),
+}
+
+
+def task_names() -> list[str]:
+    """Every registered task name."""
+    return list(REGISTRY)
+
+
+def _unknown(name: str) -> UnknownTaskError:
+    candidates = list(REGISTRY) + list(SUITES)
+    hint = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+    did = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
+    return UnknownTaskError(f"unknown task {name!r}{did} (run `kdeval tasks` for the list)")
+
+
+def get_spec(name: str) -> TaskSpec:
+    """The spec of task ``name`` (UnknownTaskError with suggestions otherwise)."""
+    if name not in REGISTRY:
+        raise _unknown(name)
+    return REGISTRY[name]
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Build task ``name`` with ``params`` (validated; data presence is checked here)."""
+    return get_spec(name).build(**params)
+
+
+def get_scorer(name: str) -> Task:
+    """Task ``name`` built for scoring only: no data files are read or checked."""
+    spec = get_spec(name)
+    if spec.cls is RulerTask:
+        return spec.build(verify_data=False)
+    if spec.cls is NeedleTask:
+        return spec.build(haystack="noise")
+    if spec.cls in (LongBenchTask, Math500Task):
+        return spec.build(source="hub")  # the hub is only contacted by samples()
+    return spec.build()
+
+
+def expand(names: list[str] | tuple[str, ...] | str) -> list[str]:
+    """Task names with suites (``ruler``, ``longbench``) expanded; unknown names raise."""
+    out: list[str] = []
+    for n in [names] if isinstance(names, str) else names:
+        if n in SUITES:
+            out.extend(SUITES[n])
+        elif n in REGISTRY:
+            out.append(n)
+        else:
+            raise _unknown(n)
+    return out
+

@@ -1,0 +1,143 @@
+"""The RULER task: one of the 13 configs of RULER's synthetic.yaml, at one or more lengths.
+
+Samples are generated per tokenizer (through a PromptBuilder) so that prompt (chat template
+included) + tokens_to_generate fits each target length (see :mod:`kdeval.evals.synthetic`);
+they are deterministic in (task, length, index, seed). Metric: string_match_all, or
+string_match_part for qa_1/qa_2; the headline is 100 x the mean, per length and overall.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, group_mean, mean
+from kdeval.evals.metrics.string_match import postprocess_pred, string_match_all, string_match_part
+from kdeval.evals.ruler.generators import Generated, _vt_text, make_cwe, make_fwe, make_niah, make_vt
+from kdeval.evals.ruler.qa import QAPool, load_pool, make_qa
+from kdeval.evals.ruler.templates import CONFIGS, TASKS
+from kdeval.evals.synthetic import check_fits, check_lengths, essay_words, fit_units
+
+
+@dataclass
+class RulerTask(Task):
+    """A RULER task.
+
+    Args:
+        task: ``niah_single_1`` ... ``niah_multiquery``, ``vt``, ``cwe``, ``fwe``, ``qa_1``, ``qa_2``.
+        lengths: target lengths in tokens (prompt + tokens to generate).
+        num_samples: samples per length.
+        seed: base seed; sample ``i`` at length ``L`` uses its own stream derived from it.
+        data_dir: data directory (essays; QA files).
+        source: for qa_1/qa_2, ``"local"`` or ``"hub"``.
+        verify_data: load (and so check) the essays / QA data now; False for scoring-only use.
+    """
+
+    task: str
+    lengths: Sequence[int] = (4096,)
+    num_samples: int = 10
+    seed: int = 42
+    data_dir: str | None = None
+    source: str = "local"
+    verify_data: bool = True
+    _essay: list[str] | None = field(default=None, init=False, repr=False)
+    _pool: QAPool | None = field(default=None, init=False, repr=False)
+
+    benchmark: ClassVar[str] = "ruler"
+    needs_tokenizer: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.task not in CONFIGS:
+            raise EvalError(f"task: unknown RULER task {self.task!r}; expected one of {', '.join(CONFIGS)}")
+        if self.num_samples < 1:
+            raise EvalError(f"num_samples: expected a positive integer, got {self.num_samples}")
+        if self.source not in ("local", "hub"):
+            raise EvalError(f"source: expected 'local' or 'hub', got {self.source!r}")
+        self.lengths = check_lengths(self.lengths)
+        self.name = f"ruler.{self.task}"
+        self.cfg = CONFIGS[self.task]
+        if self.verify_data:
+            self._load_data()
+
+    def _load_data(self) -> None:
+        """Load the essay haystack / QA pool this task needs (errors before any model loads)."""
+        if self.cfg.get("type_haystack") == "essay" and self._essay is None:
+            self._essay = essay_words(self.data_dir, required=True)
+        if self.cfg["task"] == "qa" and self._pool is None:  # TaskUnavailableError (skip) when absent
+            self._pool = load_pool(self.cfg["dataset"], self.data_dir, self.source)
+
+    @property
+    def tokens_to_generate(self) -> int:
+        """RULER's generation length for this task."""
+        return TASKS[self.cfg["task"]]["tokens_to_generate"]
+
+    def check_context(self, max_context: int) -> None:
+        check_fits(self.lengths, max_context, self.name)
+
+    def _generate(self, n: int, length: int, index: int, icl_units: int) -> Generated:
+        rng = random.Random(f"{self.seed}/{self.task}/{length}/{index}")
+        kind = self.cfg["task"]
+        if kind == "niah":
+            return make_niah(rng, n, self.cfg, self._essay)
+        if kind == "variable_tracking":
+            return make_vt(rng, n, self.cfg, icl_units)
+        if kind == "common_words_extraction":
+            return make_cwe(rng, n, self.cfg, length, self.seed)
+        if kind == "freq_words_extraction":
+            return make_fwe(rng, n, self.cfg, length, self.tokens_to_generate)
+        assert self._pool is not None
+        return make_qa(rng, n, self._pool, index)
+
+    def _sample(self, n: int, length: int, index: int, icl_units: int) -> Sample:
+        g = self._generate(n, length, index, icl_units)
+        return Sample(
+            id=f"{self.name}/L{length}/{index}", prefix=g.prefix, suffix=g.suffix, answer_prefix=g.answer_prefix,
+            references=tuple(g.outputs), max_new_tokens=self.tokens_to_generate,
+            meta={"length": length, "index": index, **g.meta},
+        )
+
+    def _icl_units(self, builder: Any, length: int) -> int:
+        """Noise units of variable tracking's worked example: ~min(500, length/8) tokens, at least 1."""
+        if self.cfg["task"] != "variable_tracking":
+            return 0
+        budget = min(500, length // 8)
+        n = self.cfg["num_hops"] + 1  # the chain needs that many noise lines to sit between
+        while n < 64:
+            p, s, a, names = _vt_text(random.Random(0), n + 1, self.cfg, icl=True)
+            if len(builder.encode(p + s + a + " " + " ".join(names))) > budget:
+                break
+            n += 1
+        return n
+
+    def samples(self, builder: Any = None) -> list[Sample]:
+        """``num_samples`` samples per length, each fitted to its length with ``builder``."""
+        if builder is None:
+            raise EvalError(f"{self.name}: samples are generated per tokenizer; pass builder=PromptBuilder(tokenizer, max_context)")
+        self._load_data()
+        out = []
+        min_units = 10 if self.cfg["task"] == "common_words_extraction" else (
+            self.cfg.get("num_hops", 0) + 1 if self.cfg["task"] == "variable_tracking" else 1)
+        if self.cfg["task"] == "niah":
+            min_units = max(min_units, max(self.cfg["num_needle_k"], self.cfg["num_needle_q"]) * self.cfg["num_needle_v"])
+        for length in self.lengths:
+            icl = self._icl_units(builder, length)
+            for i in range(self.num_samples):
+                s, _ = fit_units(lambda n: self._sample(n, length, i, icl), builder.count, length,
+                                 min_units=min_units + (16 if self.cfg["task"] == "freq_words_extraction" else 0))
+                out.append(s)
+        return out
+
+    def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
+        """string_match_all (part for QA) on RULER's cleaned prediction."""
+        if not references:
+            raise EvalError(f"{self.name}: field 'references' must be a non-empty list")
+        fn = string_match_part if self.cfg["task"] == "qa" else string_match_all
+        return ScoreResult(score=fn(postprocess_pred(prediction), list(references)))
+
+    def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """100 x mean score, overall and per length."""
+        return {
+            "score": round(100.0 * mean(float(r["score"]) for r in rows), 2),
+            "n": len(rows),
+            "by_length": {k: round(100 * v, 2) for k, v in group_mean(rows, ["length"], "score").items()},
+        }

@@ -1,0 +1,175 @@
+"""Running one task: (model, policy, budget, chunk size, task, samples) -> per-sample rows.
+
+Rows are flat dicts of JSON-able scalars and lists (:class:`EvalRow`), ready for Parquet.
+Consecutive samples whose prompt prefix (the context) is identical share one prefill: the context
+is compressed once and every question continues from a fork of that state.
+
+    lm = load_model("random:llama-tiny")
+    task = get_task("needle", lengths=[600], depths=[50], haystack="noise")
+    rows = run_task(lm, task, policy="keydiff", budget=256, chunk_size=64)
+    headline = aggregate(task, rows)
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable, Mapping, Sequence, TypedDict
+
+import torch
+
+from kdeval.evals.base import EvalError, Sample, Task
+from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
+from kdeval.evals.scoring import score_row_fields
+
+
+class EvalRow(TypedDict):
+    """One scored sample of one run (the Parquet row schema).
+
+    Metric sub-scores (e.g. ``rouge_l_recall``, ``has_boxed``) are added as extra float columns
+    named after the sub-score; ``length`` and ``depth`` are copied out of ``meta`` when present.
+    """
+
+    task: str                  # registry name, e.g. "ruler.niah_single_1"
+    id: str                    # stable sample id (pairs runs item by item)
+    prompt_hash: str           # sha256[:16] of the exact prompt token ids
+    prompt_tokens: int         # prompt length fed to the model
+    truncated: bool            # middle truncation happened
+    removed_tokens: int        # tokens removed by the truncation
+    chat_template: bool        # the chat template was applied
+    context_shared: bool       # the context prefill was shared with other questions
+    shared_prefill_s: float    # seconds of the shared context prefill (0.0 when not shared)
+    prediction: str            # decoded generation (special tokens skipped)
+    generated_tokens: int      # number of generated tokens (eos excluded)
+    references: list[str]      # acceptable answers
+    score: float               # the task's per-sample score in [0, 1]
+    ttft_s: float              # time to first token of this generate call
+    decode_s: float            # decoding time
+    peak_memory_bytes: int     # engine-reported peak memory during the call
+    peak_kv_tokens: int        # most tokens held in the KV cache per layer
+    kept_tokens: int           # tokens in the cache at the end
+    length: int | None         # target length (synthetic tasks)
+    depth: float | None        # needle depth in percent (needle, phonebook)
+    meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
+
+
+def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any:
+    if isinstance(policy, str):
+        from kdeval.keydiff.registry import get_policy
+
+        return get_policy(policy, **dict(policy_params or {}))
+    if policy_params:
+        raise EvalError("policy_params: only allowed with a policy name, not a policy object")
+    return policy
+
+
+def _groups(samples: Sequence[Sample], prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
+    """Runs of consecutive sample indices whose prefix token ids are identical."""
+    group: list[int] = []
+    for i, p in enumerate(prompts):
+        if group and prompts[group[0]].prefix_ids != p.prefix_ids:
+            yield group
+            group = []
+        group.append(i)
+    if group:
+        yield group
+
+
+def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
+         shared: bool, shared_s: float) -> dict[str, Any]:
+    meta = dict(sample.meta)
+    row: dict[str, Any] = {
+        "task": task.name,
+        "id": sample.id,
+        "prompt_hash": prompt.hash,
+        "prompt_tokens": prompt.n_tokens,
+        "truncated": prompt.truncated,
+        "removed_tokens": prompt.removed_tokens,
+        "chat_template": prompt.used_chat_template,
+        "context_shared": shared,
+        "shared_prefill_s": float(shared_s),
+        "prediction": text,
+        "generated_tokens": int(n_gen),
+        "references": list(sample.references),
+        "ttft_s": float(stats.get("ttft_s", 0.0)),
+        "decode_s": float(stats.get("decode_s", 0.0)),
+        "peak_memory_bytes": int(stats.get("peak_memory_bytes", 0)),
+        "peak_kv_tokens": int(stats.get("peak_kv_tokens", 0)),
+        "kept_tokens": int(stats.get("kept_tokens", 0)),
+        "length": meta.pop("length", None),
+        "depth": meta.pop("depth", None),
+        "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),
+    }
+    row.update(score_row_fields(task, text, sample.references, sample.meta))
+    return row
+
+
+def build_prompts(task: Task, builder: PromptBuilder, sample_ids: Sequence[str] | None = None,
+                  limit: int | None = None) -> tuple[list[Sample], list[BuiltPrompt]]:
+    """The task's samples (optionally a subset) and their tokenized prompts, without a model."""
+    samples = task.samples(builder)
+    if sample_ids is not None:
+        wanted = set(sample_ids)
+        unknown = wanted - {s.id for s in samples}
+        if unknown:
+            raise EvalError(f"sample_ids: {sorted(unknown)[:3]} are not samples of {task.name}")
+        samples = [s for s in samples if s.id in wanted]
+    if limit is not None:
+        samples = samples[:limit]
+    return samples, [builder.build(s) for s in samples]
+
+
+def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mapping[str, Any] | None = None,
+             budget: int | None = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
+             limit: int | None = None, chat: str = "auto", share_context: bool = True) -> list[dict[str, Any]]:
+    """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
+
+    Args:
+        lm: the loaded model (``model``, ``tokenizer``, ``max_context``).
+        task: a task from :func:`kdeval.evals.registry.get_task`.
+        policy: a policy name for ``kdeval.keydiff.registry.get_policy`` or a policy object.
+        policy_params: parameters for a policy given by name.
+        budget: KV budget in tokens (None: no eviction).
+        chunk_size: prefill chunk size.
+        sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
+        chat: ``"auto"`` / ``"never"`` / ``"always"`` chat-template use (see PromptBuilder).
+        share_context: compress a shared context once for consecutive questions on it.
+    """
+    from kdeval.keydiff.engine import Engine, EngineConfig
+
+    task.check_context(lm.max_context)
+    builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)
+    samples, prompts = build_prompts(task, builder, sample_ids, limit)
+    engine = Engine(lm.model, _resolve_policy(policy, policy_params), EngineConfig(budget=budget, chunk_size=chunk_size))
+    eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
+    device = next(lm.model.parameters()).device
+    rows: list[dict[str, Any]] = []
+    for group in _groups(samples, prompts):
+        shared = share_context and len(group) > 1
+        state, shared_s = None, 0.0
+        if shared:
+            t0 = time.perf_counter()
+            state = engine.prefill(torch.tensor([list(prompts[group[0]].prefix_ids)], device=device))
+            shared_s = time.perf_counter() - t0
+        for i in group:
+            s, p = samples[i], prompts[i]
+            ids = list(p.suffix_ids) if shared else p.ids
+            res = engine.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
+                                  eos_token_id=eos, state=state.fork() if shared else None)
+            gen = res.tokens[0]
+            rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s))
+    return rows
+
+
+def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The task's headline numbers from its rows (plus mean latency and peak memory)."""
+    if not rows:
+        raise EvalError(f"rows: expected at least one row to aggregate for {task.name}")
+    out = dict(task.aggregate(rows))
+    for key in ("ttft_s", "decode_s"):
+        vals = [float(r[key]) for r in rows if r.get(key) is not None]
+        if vals:
+            out[f"mean_{key}"] = sum(vals) / len(vals)
+    mems = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
+    if mems:
+        out["max_peak_memory_bytes"] = max(mems)
+    return out

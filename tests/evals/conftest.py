@@ -1,0 +1,48 @@
+"""Tiny tokenizers for the evaluation tests (no model download, no engine)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte (ids 3..258), BOS=1 added by default, no chat template."""
+
+    chat_template = None
+    bos_token_id = 1
+    eos_token_id = 2
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return ([self.bos_token_id] + ids) if add_special_tokens else ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return bytes(i - 3 for i in ids if i >= 3).decode("utf-8", errors="replace")
+
+
+class ChatByteTokenizer(ByteTokenizer):
+    """ByteTokenizer with a simple chat template."""
+
+    chat_template = "<user>{content}</user><assistant>"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+@pytest.fixture
+def byte_tok() -> ByteTokenizer:
+    return ByteTokenizer()
+
+
+@pytest.fixture
+def chat_tok() -> ChatByteTokenizer:
+    return ChatByteTokenizer()
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return FIXTURES
