@@ -85,23 +85,30 @@ def one_pass_compress(model, ids, budget):
     return cache
 
 
-def exactness(model, device: str, L: int, budget: int, B: int, policies: list[str]) -> list[dict]:
+def exactness(model, device: str, L: int, budget: int, B: int, policies: list[str], graphs: bool) -> list[dict]:
+    """Slot store vs gather store, and (on CUDA) graph-captured vs plain steps: same tokens, same kept sets."""
     ids = torch.randint(100, model.config.vocab_size - 1, (1, L), device=device)
     rows = []
+    variants = [("gather", False), ("slot", False)] + ([("slot", True)] if graphs else [])
     for name in policies:
         got = {}
-        for store in ("slot", "gather"):
-            eng = Engine(model, get_policy(name), EngineConfig(budget=budget, chunk_size=B, store=store))
-            res = eng.generate(ids, max_new_tokens=16)
-            pos = [l.view()[1].sort(-1).values.cpu() for l in res.state.cache.layers]
-            got[store] = (res.tokens[0], pos)
-        same_tokens = got["slot"][0] == got["gather"][0]
-        same_kept = all(torch.equal(a, b) for a, b in zip(got["slot"][1], got["gather"][1]))
-        rows.append({"policy": name, "same_tokens": same_tokens, "same_kept": same_kept})
+        for store, g in variants:
+            cfg = EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
+                               cuda_graphs=g and name != "full")
+            res = Engine(model, get_policy(name), cfg).generate(ids, max_new_tokens=16)
+            got[(store, g)] = (res.tokens[0], [l.view()[1].sort(-1).values.cpu() for l in res.state.cache.layers])
+        ref = got[("gather", False)]
+        for key, (tokens, kept) in got.items():
+            if key == ("gather", False):
+                continue
+            rows.append({"policy": name, "variant": f"{key[0]}{'+graphs' if key[1] else ''}",
+                         "same_tokens": tokens == ref[0],
+                         "same_kept": all(torch.equal(a, b) for a, b in zip(kept, ref[1]))})
     return rows
 
 
-def timing(model, shape: str, device: str, lengths, chunks, budget, policies, deadline) -> list[dict]:
+def timing(model, shape: str, device: str, lengths, cases, budget, deadline) -> list[dict]:
+    """``cases``: (policy, B, graphs) triples timed at every length, after one-pass and one-pass + compress."""
     rows = []
 
     def add(row):
@@ -117,13 +124,14 @@ def timing(model, shape: str, device: str, lengths, chunks, budget, policies, de
         add({"shape": shape, "L": L, "mode": "one-pass", "time_s": t, "peak_gib": m})
         t, m = measure(lambda: one_pass_compress(model, ids, budget), device)
         add({"shape": shape, "L": L, "mode": "one-pass+keydiff-compress", "time_s": t, "peak_gib": m})
-        for B in chunks:
-            for name in policies:
-                if time.time() > deadline:
-                    return rows
-                eng = Engine(model, get_policy(name), EngineConfig(budget=None if name == "full" else budget, chunk_size=B))
-                t, m = measure(lambda: eng.prefill(ids), device)
-                add({"shape": shape, "L": L, "mode": f"chunked {name}", "B": B, "N": budget, "time_s": t, "peak_gib": m})
+        for name, B, graphs in cases:
+            if time.time() > deadline:
+                return rows
+            cfg = EngineConfig(budget=None if name == "full" else budget, chunk_size=B, cuda_graphs=graphs)
+            eng = Engine(model, get_policy(name), cfg)
+            t, m = measure(lambda: eng.prefill(ids), device)
+            mode = f"chunked {name}" + (" +graphs" if graphs else "")
+            add({"shape": shape, "L": L, "mode": mode, "B": B, "N": budget, "time_s": t, "peak_gib": m})
     return rows
 
 
@@ -146,33 +154,36 @@ def main() -> None:
     deadline = start + 60 * args.minutes
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policies = ["keydiff", "full", "tova", "snapkv"]
+    policies = ["keydiff", "full", "tova", "snapkv", "h2o"]
+    gpu = not args.cpu
+    all_b = [(p, b, g) for b in (64, 128, 256, 1024) for p, g in (("keydiff", False), ("keydiff", gpu))]
+    per_policy = [("full", 128, False), ("tova", 128, gpu), ("snapkv", 128, gpu), ("h2o", 128, gpu)]
     if args.cpu:
         device, dtype = "cpu", torch.float32
-        plan = [("cpu-tiny", [1024, 2048], [64, 128], 256)]
+        plan = [("cpu-tiny", [1024, 2048], [("keydiff", 64, False), ("keydiff", 128, False)] + per_policy, 256)]
         exact = ("cpu-tiny", 600, 128, 64)
     else:
         device, dtype = "cuda", torch.bfloat16
-        plan = [("llama-3.2-3b", [16384, 32768, 65536], [128], 8192),
-                ("llama-3.2-3b", [32768], [64, 256, 1024], 8192),
-                ("llama-3.1-8b", [32768], [128], 8192)]
+        plan = [("llama-3.2-3b", [32768], all_b + per_policy, 8192),
+                ("llama-3.2-3b", [16384, 65536], [("keydiff", 128, True), ("keydiff", 128, False)], 8192),
+                ("llama-3.1-8b", [32768], [("keydiff", 128, True), ("keydiff", 128, False), ("full", 128, False)], 8192)]
         exact = ("llama-3.2-3b", 4096, 256, 1024)
     report: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                     "torch": torch.__version__}
     # float32 and 4 layers: in bf16 the permuted summation order can flip near-tied scores of random weights
     model = build(exact[0], device, torch.float32, 131072, layers=4)
-    report["exactness"] = exactness(model, device, exact[1], exact[3], exact[2], policies)
+    report["exactness"] = exactness(model, device, exact[1], exact[3], exact[2], policies, gpu)
     print(json.dumps(report["exactness"]), flush=True)
     rows: list[dict] = []
     current = None
-    for shape, lengths, chunks, budget in plan:
+    for shape, lengths, cases, budget in plan:
         if shape != current:
             model = None
             if device == "cuda":
                 torch.cuda.empty_cache()
             model = build(shape, device, dtype, 131072)
             current = shape
-        rows += timing(model, shape, device, lengths, chunks, budget, policies, deadline)
+        rows += timing(model, shape, device, lengths, cases, budget, deadline)
     report["timing"] = rows
     report["elapsed_s"] = time.time() - start
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))

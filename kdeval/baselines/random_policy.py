@@ -29,6 +29,7 @@ def position_hash(positions: torch.Tensor, salt: int) -> torch.Tensor:
 class Random(Policy):
     name = "random"
     rule = "evict uniformly at random (seeded)"
+    graph_safe = False  # the step number salts the hash
 
     seed: int = 0
 

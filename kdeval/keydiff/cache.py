@@ -173,6 +173,7 @@ class BudgetCache(Cache):
             raise ValueError(f"store: expected 'slot' or 'gather', got {store!r}")
         super().__init__(layers=layers)
         self.store = store
+        self.graphs: dict = {}  # (batch, chunk) -> CapturedStep bound to these buffers
 
     @property
     def length(self) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from kdeval.keydiff.attention import CAPTURE_IMPL, AttentionCapture, attention_implementation
 from kdeval.keydiff.cache import BudgetCache
+from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy, ScoreContext, protect
 
@@ -30,6 +31,10 @@ class EngineConfig:
     chunk_size: int = 128
     max_new_tokens: int = 32
     store: str = "slot"
+    #: capture the steady-state chunk step and decode step as CUDA graphs (``None``: the default, off until
+    #: proven on a GPU); ``emulate_graphs`` runs the same static-buffer path without CUDA, for tests.
+    cuda_graphs: bool | None = None
+    emulate_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
@@ -73,7 +78,12 @@ class PrefillState:
     chunk_logits: list[torch.Tensor] = field(default_factory=list)  # [batch, t, vocab] per chunk, if collected
 
     def fork(self) -> "PrefillState":
-        return PrefillState(copy.deepcopy(self.cache), self.seen, self.last_logits.clone(), self.prefill_s,
+        graphs, self.cache.graphs = self.cache.graphs, {}  # captured graphs are bound to these buffers
+        try:
+            cache = copy.deepcopy(self.cache)
+        finally:
+            self.cache.graphs = graphs
+        return PrefillState(cache, self.seen, self.last_logits.clone(), self.prefill_s,
                             self.peak_kv_tokens, self.steps)
 
     @property
@@ -107,6 +117,12 @@ class Engine:
             policy.check_budget(config.budget)
         self.need = policy.attention_need() if self.evicting else None
         self.device = next(model.parameters()).device
+        graphs = config.cuda_graphs
+        if graphs is None:  # auto: on where it applies and is proven (see bench/RESULTS.md)
+            graphs = False
+        if graphs and (self.device.type != "cuda" and not config.emulate_graphs):
+            raise ValueError("cuda_graphs: needs a CUDA device (the model is on %s)" % self.device.type)
+        self.use_graphs = bool(graphs) and self.evicting and config.store == "slot" and policy.graph_safe
 
     # ------------------------------------------------------------------ public API
 
@@ -206,43 +222,72 @@ class Engine:
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
         """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget."""
         t = ids.shape[1]
-        positions = torch.arange(state.seen, state.seen + t, device=self.device)
-        state.cache.begin_chunk(positions)
+        graph = self._graph_for(state, ids, all_logits)
+        if graph is not None:
+            logits = graph.run(ids, state.seen)
+        else:
+            positions = torch.arange(state.seen, state.seen + t, device=self.device)
+            logits = self._device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits)
+        state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + (t if self.evicting else 0))
+        state.seen += t
+        state.steps += 1
+        if self.on_step is not None:
+            self.on_step(state)
+        return logits
+
+    def _device_step(self, cache: BudgetCache, ids: torch.Tensor, positions: torch.Tensor,
+                     seen_after: int | torch.Tensor, steps: int, all_logits: bool) -> torch.Tensor:
+        """Forward + eviction with no host synchronisation: capturable as one CUDA graph in steady state.
+
+        ``positions [t]`` and ``seen_after`` (an int, or a 0-d device tensor under graphs) are the only inputs
+        that change from chunk to chunk.
+        """
+        t = ids.shape[1]
+        cache.begin_chunk(positions)
         capture = AttentionCapture(self.need) if self.need is not None else None
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         with attention_implementation(self.model, CAPTURE_IMPL if capture is not None else None):
             out = self.model(
                 input_ids=ids,
                 position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),
-                past_key_values=state.cache,
+                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
-        state.seen += t
-        state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)
-        self._evict(state, t, capture)
-        state.steps += 1
-        if self.on_step is not None:
-            self.on_step(state)
+        self._evict(cache, t, seen_after, steps, capture)
         return out.logits
 
-    def _evict(self, state: PrefillState, t: int, capture: AttentionCapture | None) -> None:
+    def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):
+        """The captured step for this cache and chunk shape, when graphs apply (steady state); else ``None``."""
+        if not self.use_graphs or all_logits or state.cache.length != self.config.budget:
+            return None
+        t = ids.shape[1]
+        if t not in (self.config.chunk_size, 1):
+            return None
+        key = (ids.shape[0], t)
+        graph = state.cache.graphs.get(key)
+        if graph is None:
+            graph = CapturedStep(self, state.cache, ids.shape[0], t)
+            state.cache.graphs[key] = graph
+        return graph
+
+    def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
+               capture: AttentionCapture | None) -> None:
         budget = self.config.budget
-        for idx, layer in enumerate(state.cache.layers):
+        for idx, layer in enumerate(cache.layers):
             m = layer.length + layer.pending
             if not self.evicting:
                 layer.evict(None)
                 continue
             keys, positions, pstate = layer.view()
-            ctx = ScoreContext(idx, positions, state.seen, t, capture.by_layer.get(idx) if capture else None,
-                               pstate, state.steps)
+            ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
             self.policy.observe(ctx)
             if m <= budget:
                 layer.evict(None)
                 continue
             scores = self.policy.score(keys, ctx)
-            scores = protect(scores, positions, state.seen, self.policy.n_sink(), self.policy.n_recent(budget))
+            scores = protect(scores, positions, seen, self.policy.n_sink(), self.policy.n_recent(budget))
             if self.policy.ties:
                 # Scores with exact ties (pooled ones): select in position order so the kept set does not
                 # depend on which slot a token happens to occupy.

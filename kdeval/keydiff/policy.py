@@ -26,7 +26,8 @@ class ScoreContext:
     """What a policy may look at besides the keys, for one layer at one eviction step.
 
     - ``positions``: ``[batch, kv_heads, tokens]`` absolute positions of the cached tokens.
-    - ``seen``: tokens processed so far, this chunk included (the next position is ``seen``).
+    - ``seen``: tokens processed so far, this chunk included (the next position is ``seen``); an int, or a
+      0-d device tensor when the step runs as a CUDA graph.
     - ``n_new``: tokens of the current chunk; they are the last ``n_new`` of the ``tokens`` axis.
     - ``attention``: for policies with an :class:`AttentionNeed`, the attention probabilities of the captured
       queries summed over those queries, ``[batch, kv_heads, group, tokens]`` float32 (``group`` = query heads per
@@ -38,7 +39,7 @@ class ScoreContext:
 
     layer_idx: int
     positions: torch.Tensor
-    seen: int
+    seen: int | torch.Tensor
     n_new: int
     attention: torch.Tensor | None = None
     state: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -57,6 +58,8 @@ class Policy:
     slot_state: ClassVar[tuple[str, ...]] = ()
     #: ``True`` when scores often tie exactly (e.g. max-pooled): the engine then breaks ties by position.
     ties: ClassVar[bool] = False
+    #: ``False`` when scoring depends on host-side values that change per step (graphs would freeze them).
+    graph_safe: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,7 +102,8 @@ class Policy:
         return asdict(self)
 
 
-def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int, n_sink: int, n_recent: int) -> torch.Tensor:
+def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int | torch.Tensor, n_sink: int,
+            n_recent: int) -> torch.Tensor:
     """Return ``scores`` with the sink and recent positions raised to +inf so they are always kept."""
     if n_sink <= 0 and n_recent <= 0:
         return scores
