@@ -1,0 +1,52 @@
+"""`kdeval generate` and `kdeval policies` through the real Typer app."""
+import json
+
+from typer.testing import CliRunner
+
+from kdeval.cli.app import app
+
+runner = CliRunner()
+
+
+def test_generate_json_on_tiny_model():
+    res = runner.invoke(app, ["generate", "--model", "random:llama-tiny", "--policy", "snapkv", "--budget", "40",
+                              "--chunk", "16", "--prompt", "x" * 120, "--max-new-tokens", "4", "--param", "window=8",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["params"]["window"] == 8
+    assert out["stats"]["prompt_tokens"] == 120
+    assert out["stats"]["kept_tokens"] == 40
+    assert out["stats"]["peak_kv_tokens"] <= 40 + 16
+
+
+def test_generate_reads_prompt_file(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("hello " * 20)
+    res = runner.invoke(app, ["generate", "--model", "random:qwen2-tiny", "--prompt-file", str(f), "--max-new-tokens", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["stats"]["prompt_tokens"] == 120
+
+
+def test_generate_bad_input_exit_2():
+    cases = [
+        (["--budget", "0", "--prompt", "x"], "budget: must be a positive number"),
+        (["--policy", "keydif", "--prompt", "x"], "did you mean 'keydiff'"),
+        (["--param", "window", "--policy", "snapkv", "--prompt", "x"], "--param: expected key=value"),
+        (["--param", "window=0", "--policy", "snapkv", "--prompt", "x"], "window: must be > 0"),
+        ([], "give exactly one of --prompt or --prompt-file"),
+        (["--prompt-file", "/nonexistent/p.txt"], "no such file"),
+    ]
+    for extra, message in cases:
+        res = runner.invoke(app, ["generate", "--model", "random:llama-tiny", *extra])
+        assert res.exit_code == 2, (extra, res.output)
+        assert message in res.stderr, (extra, res.stderr)
+
+
+def test_policies_json_lists_every_policy_with_params():
+    res = runner.invoke(app, ["policies", "--json"])
+    assert res.exit_code == 0
+    infos = {p["name"]: p for p in json.loads(res.stdout)}
+    assert {"full", "keydiff", "sink", "tova", "h2o", "snapkv", "knorm", "random"} <= set(infos)
+    assert {"name": "window", "type": "int", "default": 32} in infos["snapkv"]["params"]
+    assert infos["tova"]["needs_attention"] and not infos["keydiff"]["needs_attention"]
