@@ -1,0 +1,133 @@
+"""Scheduler benchmark with a stub workload of known cost (no models, no GPU).
+
+Measures, on simulated Ray clusters (``ray.cluster_utils.Cluster``, loopback):
+
+1. per-cell scheduling overhead: zero-cost cells on one worker, time per cell between the first and
+   the last completion (start-up excluded): dispatch + ``ray.wait`` + Parquet write + index writes;
+2. throughput with 1 vs 2 simulated nodes (one 1-CPU worker per node), cells of a known cost;
+3. model loads: two models, two workers, many cells -> loads must be <= workers x models, not cells.
+
+    python bench/scheduler.py            # ~1-2 minutes; prints a Markdown table
+    python bench/scheduler.py --out bench/out/scheduler.md
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from kdeval.cluster.stub import StubWorkload  # noqa: E402
+from kdeval.jobs import service  # noqa: E402
+from kdeval.jobs.validate import parse_grid  # noqa: E402
+from kdeval.storage import RunIndex  # noqa: E402
+
+GRID = """
+name: bench
+models: {models}
+policies: [full, keydiff]
+budgets: {budgets}
+chunk_sizes: [32]
+tasks: [{{name: needle, lengths: [256], samples: 4}}]
+resources: {{workers: {workers}}}
+"""
+
+
+def grid_text(n_cells_per_model: int, workers: int, models: list[str]) -> str:
+    """A grid with ``n_cells_per_model`` cells per model: 1 full + (n-1) keydiff budgets."""
+    budgets = list(range(64, 64 + n_cells_per_model - 1))
+    return GRID.format(models=models, budgets=budgets, workers=workers)
+
+
+#: (seconds since start, cells done) at each completion of the last run_grid call.
+TIMELINE: list[tuple[float, int]] = []
+
+
+def run_grid(text: str, workload: StubWorkload, tmp: Path) -> tuple[float, object]:
+    """Record and execute one grid in a fresh index; returns (seconds, RunOutcome)."""
+    idx = RunIndex.open(tmp / f"{time.monotonic_ns()}.sqlite")
+    run_id, _ = service.create_run(idx, parse_grid(text), text, tmp / "results")
+    TIMELINE.clear()
+    t0 = time.perf_counter()
+
+    def on_progress(p) -> None:
+        if not TIMELINE or TIMELINE[-1][1] != p.done:
+            TIMELINE.append((time.perf_counter() - t0, p.done))
+
+    out = service.execute_run(idx, run_id, workload=workload, on_progress=on_progress)
+    wall = time.perf_counter() - t0
+    assert out.failed == 0 and out.left == 0, out
+    idx.close()
+    return wall, out
+
+
+def steady_throughput() -> float:
+    """Cells per second between the first and the last completion (start-up excluded)."""
+    done = [(t, n) for t, n in TIMELINE if n > 0]
+    (t1, n1), (t2, n2) = done[0], done[-1]
+    return (n2 - n1) / (t2 - t1) if t2 > t1 else float("nan")
+
+
+def with_cluster(n_nodes: int, fn):
+    """Run ``fn()`` connected to a fresh simulated cluster of ``n_nodes`` 1-CPU nodes."""
+    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False))
+    for _ in range(n_nodes):
+        c.add_node(num_cpus=1)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        return fn()
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cost", type=float, default=0.25, help="seconds per cell for the throughput runs")
+    ap.add_argument("--cells", type=int, default=24, help="cells for the throughput runs")
+    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="kdeval-bench-"))
+    lines = ["| measurement | value |", "|---|---|"]
+
+    wall, _ = with_cluster(1, lambda: run_grid(grid_text(100, 1, ["stub:0"]), StubWorkload(cost_s=0.0), tmp))
+    first_done = next(t for t, n in TIMELINE if n > 0)
+    lines.append(f"per-cell scheduling overhead (100 zero-cost cells, 1 worker, steady state) | "
+                 f"{1000 / steady_throughput():.1f} ms")
+    lines.append(f"run start-up until the first cell is done (Ray worker start, index) | {first_done:.2f} s")
+
+    thr = {}
+    for nodes in (1, 2):
+        text = grid_text(args.cells, nodes, ["stub:0"])
+        wall, out = with_cluster(nodes, lambda: run_grid(text, StubWorkload(cost_s=args.cost), tmp))
+        thr[nodes] = steady_throughput()
+        if nodes == 1:
+            lines.append(f"per-cell overhead with {args.cost:g} s cells (1 / steady throughput - cost) | "
+                         f"{(1 / thr[1] - args.cost) * 1000:.1f} ms")
+        ideal = args.cells * args.cost / nodes
+        lines.append(f"{nodes} node(s) x 1 worker, {args.cells} cells x {args.cost:g} s | "
+                     f"{wall:.2f} s wall incl. start-up ({ideal:.2f} s of work per worker); steady "
+                     f"{thr[nodes]:.2f} cells/s (ideal {nodes / args.cost:.2f})")
+    lines.append(f"steady throughput 2 nodes / 1 node | {thr[2] / thr[1]:.2f}x (ideal 2x)")
+
+    models = ["stub:0", "stub:0.0"]  # two distinct model ids
+    text = grid_text(16, 2, models)
+    wall, out = with_cluster(2, lambda: run_grid(text, StubWorkload(cost_s=0.05, load_cost_s=0.2), tmp))
+    lines.append(f"model loads, 2 workers x 2 models, {out.attempts} cells | {out.model_loads} "
+                 f"(bound 4; per worker {out.model_loads_by_worker})")
+    table = "\n".join(ln if ln.startswith("|") else f"| {ln} |" for ln in lines)
+    print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("## Scheduler (bench/scheduler.py)\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""`kdeval submit / status / cancel / resume / ls / rescore` — the service commands.
+
+Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish), 2 bad input
+(an invalid grid, an unknown run); an invalid grid writes nothing.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from kdeval.jobs import service
+from kdeval.jobs.errors import GridError
+from kdeval.jobs.scheduler import RunProgress
+from kdeval.jobs.validate import load_grid
+from kdeval.storage import (
+    DEFAULT_DB_PATH, CellState, RunIndex, RunState, age_seconds, db_url, sqlite_path, to_jsonable,
+)
+
+out = Console()
+err = Console(stderr=True)
+
+DB_HELP = f"Index database: a path or a SQLAlchemy URL (default {DEFAULT_DB_PATH})."
+TERMINAL = {RunState.DONE.value, RunState.FAILED.value, RunState.CANCELLED.value}
+
+
+def _open(db: Optional[str], *, must_exist: bool = True) -> RunIndex:
+    """Open the index; read-only commands never create a missing SQLite file."""
+    path = sqlite_path(db_url(db, make_dirs=False))
+    if must_exist and path is not None and not path.is_file():
+        err.print(f"no index at {path} (nothing submitted yet?); pass --db to use another one")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return RunIndex.open(db)
+
+
+def _run_or_exit(index: RunIndex, ref: str):
+    run = index.get_run(ref)
+    if run is None:
+        err.print(f"error: no run '{ref}' (or the prefix is ambiguous); see `kdeval ls`")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return run
+
+
+def _exit_code(index: RunIndex, run_id: str) -> int:
+    run = index.get_run(run_id)
+    return EXIT_OK if run is not None and run.state == RunState.DONE.value else EXIT_FAILED
+
+
+def _execute(index: RunIndex, run_id: str, address: Optional[str], total: int) -> int:
+    """Run the scheduler with a rich progress bar; print the status table; return the exit code."""
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("failed {task.fields[failed]}  running {task.fields[running]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task(run_id, total=total, failed=0, running=0)
+
+        def on_progress(p: RunProgress) -> None:
+            bar.update(task, total=p.total, completed=p.done + p.failed, failed=p.failed, running=p.running)
+
+        try:
+            outcome = service.execute_run(index, run_id, address=address, on_progress=on_progress)
+        except (ConnectionError, service.RunBusyError) as e:
+            err.print(f"error: {e}", markup=False)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:
+            index.recover_orphans(run_id)
+            index.set_run_state(run_id, RunState.CANCELLED, "interrupted (Ctrl-C)")
+            err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
+            return EXIT_FAILED
+    if outcome.message:
+        err.print(f"[yellow]{outcome.message}[/]")
+    out.print(_status_table(index, run_id))
+    return _exit_code(index, run_id)
+
+
+def _counts_line(counts: dict[str, int]) -> str:
+    order = [s.value for s in CellState]
+    return "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+
+
+def _runs_table(index: RunIndex) -> Table:
+    t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD)
+    for col in ("run", "name", "state", "done", "failed", "left", "created"):
+        t.add_column(col, no_wrap=col != "name", min_width=len(col))
+    for r in index.list_runs():
+        c = r.counts
+        left = c.get("pending", 0) + c.get("running", 0)
+        t.add_row(r.id, r.name, r.state, str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
+                  r.created_at.strftime("%m-%d %H:%M"))
+    return t
+
+
+def _headline(summary: dict | None) -> str:
+    """The cell's headline numbers: scalar metrics, not counts, latencies or nested tables."""
+    if not summary:
+        return ""
+    skip = ("n", "grid")
+    vals = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+            if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))]
+    return " ".join(vals[:3])
+
+
+def _status_table(index: RunIndex, run_id: str) -> Table:
+    """One run: title with per-state counts, one row per cell (worker@node, time, score or error)."""
+    run = index.get_run(run_id)
+    cells = index.run_cells(run.id)
+    caption = run.message
+    if run.state == RunState.RUNNING.value and not service.driver_alive(run):
+        caption = (f"driver pid {run.driver_pid} on {run.driver_host} not seen for "
+                   f"{age_seconds(run.heartbeat_at) or 0:.0f}s: `kdeval resume {run.id}` continues the run")
+    models = sorted({c.model for c in cells})
+    one_model = len(models) == 1
+    title = f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {run.state} — {_counts_line(run.counts)}"
+    t = Table(title=title, caption=caption or None, box=box.SIMPLE_HEAD)
+    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state", "worker@node", "s"]
+    for col in cols:
+        t.add_column(col, no_wrap=True, min_width=len(col))
+    t.add_column("score / error", overflow="fold", min_width=16)
+    for c in cells:
+        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
+        where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
+        state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
+        nb = f"{'-' if c.budget is None else c.budget}/{c.chunk_size}"
+        row = [c.id[:8]] + ([] if one_model else [c.model]) + [
+            c.policy, nb, c.task, state, where, f"{c.duration_s:.1f}" if c.duration_s is not None else "",
+            detail or ""]
+        t.add_row(*row)
+    return t
+
+
+def _status_json(index: RunIndex, run_id: str | None) -> str:
+    if run_id is None:
+        return json.dumps({"runs": [to_jsonable(r, drop=("grid_yaml",)) for r in index.list_runs()]}, indent=2)
+    run = index.get_run(run_id)
+    cells = [dict(to_jsonable(c, drop=("spec",)), error_line=c.error_line) for c in index.run_cells(run.id)]
+    return json.dumps({"run": to_jsonable(run, drop=("grid_yaml",)), "cells": cells}, indent=2)
+
+
+def _detach_local(index: RunIndex, run_id: str, db: Optional[str]) -> None:
+    """Start this run's driver as a background process on this machine (log next to the results)."""
+    entry = [sys.executable, "-m", "kdeval.cli.service_cmds", "resume", run_id, "--db", db_url(db)]
+    log = Path(index.get_run(run_id).results_dir) / f"driver-{run_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(entry, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    out.print(f"run {run_id} started in the background (pid {proc.pid}, log {log}); "
+              f"follow it with `kdeval status {run_id} --watch`")
+
+
+#: Where a detached Ray job keeps the index and results on the cluster's head node by default.
+CLUSTER_DB, CLUSTER_RESULTS = "~/.kdeval/index.sqlite", "~/.kdeval/results"
+
+
+def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]) -> tuple[str, dict]:
+    """Entrypoint and runtime_env of the Ray job that runs ``kdeval submit`` on the cluster.
+
+    The grid file travels in the job's working_dir; ``--db``/``--results-dir`` are paths on the head
+    node (default ``~/.kdeval/...``), since the driver — the only writer of the index — runs there."""
+    staging = Path(tempfile.mkdtemp(prefix="kdeval-job-"))
+    shutil.copy(grid_file, staging / "grid.yaml")
+    entry = " ".join(["kdeval", "submit", "grid.yaml", "--db", shlex.quote(db or CLUSTER_DB),
+                      "--results-dir", shlex.quote(str(results_dir or CLUSTER_RESULTS)), "--address", "auto"])
+    return entry, {"working_dir": str(staging)}
+
+
+def _detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Path], address: str) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    if "://" not in address:  # a GCS address host:port -> the head's job server
+        address = f"http://{address.split(':')[0]}:8265"
+    entry, runtime_env = ray_job_spec(grid_file, db, results_dir)
+    try:
+        job = JobSubmissionClient(address).submit_job(entrypoint=entry, runtime_env=runtime_env)
+    finally:  # the working_dir is uploaded by submit_job
+        shutil.rmtree(runtime_env["working_dir"], ignore_errors=True)
+    out.print(f"submitted Ray job {job} to {address}: {entry}\n"
+              f"follow it with `ray job logs --follow {job} --address {address}`")
+
+
+def submit(
+    grid_file: Path = typer.Argument(..., help="Grid YAML file (see examples/)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help=f"Where per-cell Parquet files go (default {service.DEFAULT_RESULTS_DIR})."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: host:port, 'auto', or with --detach the job server http://head:8265 (default: start Ray locally)."),
+    detach: bool = typer.Option(False, "--detach", help="Return at once: with --address the driver runs as a Ray job on the cluster, else as a background process here."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the cells and which are already done; write nothing."),
+) -> None:
+    """Validate a grid, record a run and execute its cells (cells already done are reused)."""
+    try:
+        grid, text = load_grid(grid_file)
+    except GridError as e:
+        err.print(str(e), markup=False, highlight=False)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if dry_run:
+        path = sqlite_path(db_url(db, make_dirs=False))
+        exists = path is None or path.is_file()
+        p = service.plan(RunIndex.open(db), grid) if exists else service.Plan(service.expand(grid), set())
+        t = Table(title=f"{grid.name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
+        for col in ("cell", "state", "spec"):
+            t.add_column(col)
+        for c in p.cells:
+            t.add_row(c.id[:10], "done" if c.id in p.done else "to run", c.describe())
+        out.print(t)
+        raise typer.Exit(EXIT_OK)
+    if detach and address and address != "auto":
+        _detach_ray_job(grid_file, db, results_dir, address)  # the run is recorded on the cluster
+        raise typer.Exit(EXIT_OK)
+    results_dir = results_dir or service.DEFAULT_RESULTS_DIR
+    index = _open(db, must_exist=False)
+    run_id, p = service.create_run(index, grid, text, results_dir)
+    out.print(f"run [bold]{run_id}[/]: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
+    if detach:
+        _detach_local(index, run_id, db)
+        raise typer.Exit(EXIT_OK)
+    raise typer.Exit(_execute(index, run_id, address, len(p.cells)))
+
+
+def resume(
+    run: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address."),
+) -> None:
+    """Finish a run: retry failed and lost cells, never recompute done ones."""
+    index = _open(db)
+    r = _run_or_exit(index, run)
+    if service.driver_alive(r):
+        err.print(f"error: run {r.id} is still being run by pid {r.driver_pid} on {r.driver_host}; "
+                  f"`kdeval cancel {r.id}` first")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    raise typer.Exit(_execute(index, r.id, address, r.n_cells))
+
+
+def status(
+    run: Optional[str] = typer.Argument(None, help="Run id or prefix (default: all runs)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    watch: bool = typer.Option(False, "--watch", help="Refresh every second until the run ends."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Per-run and per-state counts; a run's cells with worker/node and failures with their error."""
+    index = _open(db)
+    run_id = _run_or_exit(index, run).id if run else None
+    if as_json:
+        print(_status_json(index, run_id))
+        raise typer.Exit(EXIT_OK)
+    render = (lambda: _status_table(index, run_id)) if run_id else (lambda: _runs_table(index))
+    if not watch:
+        out.print(render())
+        raise typer.Exit(EXIT_OK)
+    with Live(render(), console=out, refresh_per_second=2) as live:
+        while True:
+            time.sleep(1.0)
+            live.update(render())
+            if run_id and index.get_run(run_id).state in TERMINAL:
+                break
+    raise typer.Exit(_exit_code(index, run_id) if run_id else EXIT_OK)
+
+
+def ls(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> None:
+    """List runs, newest first."""
+    out.print(_runs_table(_open(db)))
+
+
+def cancel(
+    run: str = typer.Argument(..., help="Run id or prefix."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """Cancel a run: its driver stops dispatching at its next heartbeat and kills its workers."""
+    index = _open(db)
+    r = _run_or_exit(index, run)
+    before = service.cancel_run(index, r.id)
+    if before in TERMINAL:
+        out.print(f"run {r.id} already {before}")
+    else:
+        out.print(f"run {r.id} cancelled (was {before}); `kdeval resume {r.id}` continues it")
+
+
+def rescore(
+    run: str = typer.Argument(..., help="Run id or prefix."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """Recompute every stored prediction's score with the current metric code."""
+    from kdeval.jobs.rescore import rescore_run
+
+    index = _open(db)
+    r = _run_or_exit(index, run)
+    try:
+        report = rescore_run(index, r.id)
+    except ValueError as e:
+        err.print(f"error: {e}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    out.print(f"rescored {report.cells} cells ({report.rows} rows, {report.changed} scores changed)")
+    if report.skipped:
+        out.print(f"skipped {len(report.skipped)} cells: " + "; ".join(report.skipped[:5]))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the service commands to the main app."""
+    app.command("submit")(submit)
+    app.command("status")(status)
+    app.command("cancel")(cancel)
+    app.command("resume")(resume)
+    app.command("ls")(ls)
+    app.command("rescore")(rescore)
+
+
+def main() -> None:
+    """``python -m kdeval.cli.service_cmds`` (the detached driver's entry point)."""
+    app = typer.Typer(add_completion=False, no_args_is_help=True)
+    register(app)
+    app()
+
+
+if __name__ == "__main__":
+    main()

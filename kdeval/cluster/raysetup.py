@@ -1,0 +1,71 @@
+"""Connecting to Ray and describing worker resources.
+
+``connect()`` starts a local Ray by default (loopback, no dashboard) or joins ``address``
+(``auto`` or ``ray://host:10001``). Workers ask for ``num_cpus``, ``num_gpus`` and, when the grid
+names one, an ``accelerator_type`` (Ray's ``accelerator_type:A100`` node resource), so an A100 grid
+never lands on an H100 node. CPU-only workers are used when no GPU is asked for.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+NAMESPACE = "kdeval"
+
+
+@dataclass(frozen=True)
+class WorkerResources:
+    """Resources of one worker actor."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    accelerator_type: str | None = None
+
+    def actor_options(self) -> dict[str, Any]:
+        """Options for ``ActorClass.options(...)``. No Ray-level restarts: the scheduler replaces
+        dead workers and requeues their cells itself."""
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
+                                "max_restarts": 0, "max_task_retries": 0}
+        if self.accelerator_type:
+            opts["accelerator_type"] = self.accelerator_type
+        return opts
+
+    def describe(self) -> str:
+        acc = f" on {self.accelerator_type}" if self.accelerator_type else ""
+        return f"{self.num_cpus:g} CPU, {self.num_gpus:g} GPU{acc}"
+
+
+def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: bool = True) -> None:
+    """Start or join Ray once per process (a no-op when already connected)."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": not quiet,
+                              "configure_logging": True, "logging_level": "WARNING"}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    except ConnectionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
+        where = f"at {address}" if address else "locally"
+        raise ConnectionError(f"cannot start or reach Ray {where}: {e}") from e
+
+
+def missing_resources(res: WorkerResources) -> str | None:
+    """Why no node in the cluster can ever host a worker (None when some node can), for messages."""
+    total = ray.cluster_resources()
+    if res.num_gpus > 0 and total.get("GPU", 0) < res.num_gpus:
+        return f"no GPU in the cluster (workers ask for {res.num_gpus:g} GPU each)"
+    if res.accelerator_type and f"accelerator_type:{res.accelerator_type}" not in total:
+        have = sorted(k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:"))
+        return (f"no node offers accelerator_type {res.accelerator_type}"
+                f" (available: {', '.join(have) or 'none'})")
+    if total.get("CPU", 0) < res.num_cpus:
+        return f"workers ask for {res.num_cpus:g} CPU but the cluster has {total.get('CPU', 0):g}"
+    return None

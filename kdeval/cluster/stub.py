@@ -1,0 +1,90 @@
+"""A model-free workload of known cost: scheduler tests, the scheduler benchmark, cluster smoke runs.
+
+Grids reach it through model ids ``stub:<seconds per cell>``; tests construct it directly to inject
+faults (a policy whose cells raise, or raise an out-of-memory error).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+from kdeval.cluster.workload import CellResult, CellTask
+
+STUB_PREFIX = "stub:"
+
+
+class StubOutOfMemoryError(RuntimeError):
+    """Stands in for ``torch.OutOfMemoryError`` in fault-injection tests."""
+
+
+@dataclass(frozen=True)
+class StubModel:
+    """What a stub 'load' returns."""
+
+    key: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class StubWorkload:
+    """Sleep ``cost_s`` per cell (default: the number in ``stub:<s>``, else 0) and emit one row per sample.
+
+    ``fail_policies`` raise ``RuntimeError``; ``oom_policies`` raise :class:`StubOutOfMemoryError`;
+    ``crash_policies`` kill the worker process (``os._exit``) — every time, or only on a cell's first
+    attempt when ``crash_marker_dir`` is set (a marker file per cell remembers the crash);
+    ``load_cost_s`` is paid per model load.
+    """
+
+    cost_s: float | None = None
+    load_cost_s: float = 0.0
+    fail_policies: tuple[str, ...] = ()
+    oom_policies: tuple[str, ...] = ()
+    crash_policies: tuple[str, ...] = ()
+    crash_marker_dir: str | None = None
+    peak_memory_bytes: int = 1 << 20
+
+    def load(self, task: CellTask) -> StubModel:
+        if self.load_cost_s:
+            time.sleep(self.load_cost_s)
+        return StubModel(key=task.model_key, pid=os.getpid())
+
+    def _cost(self, task: CellTask) -> float:
+        if self.cost_s is not None:
+            return self.cost_s
+        if task.model_id.startswith(STUB_PREFIX):
+            return float(task.model_id[len(STUB_PREFIX):])
+        return 0.0
+
+    def _maybe_crash(self, task: CellTask) -> None:
+        if self.crash_marker_dir is not None:
+            marker = os.path.join(self.crash_marker_dir, f"crashed-{task.cell_id}")
+            if os.path.exists(marker):
+                return
+            open(marker, "w").close()
+        os._exit(1)
+
+    def run(self, handle: StubModel, task: CellTask) -> CellResult:
+        assert handle.key == task.model_key, "worker handed a cell of another model"
+        if task.policy in self.fail_policies:
+            raise RuntimeError(f"stub failure injected for policy '{task.policy}'")
+        if task.policy in self.crash_policies:
+            self._maybe_crash(task)
+        if task.policy in self.oom_policies:
+            raise StubOutOfMemoryError("CUDA out of memory (stub): tried to allocate 2.00 GiB")
+        time.sleep(self._cost(task))
+        rows = []
+        for i in range(task.samples):
+            sid = f"{task.task}/{task.length}/{task.seed}/{i}"
+            h = int(hashlib.sha256(f"{task.cell_id}/{sid}".encode()).hexdigest()[:8], 16)
+            rows.append({
+                "id": sid, "prompt_hash": f"{h:016x}", "prompt_tokens": task.length or 0,
+                "truncated": False, "prediction": f"answer-{h % 7}", "references": [f"answer-{i % 7}"],
+                "score": float(h % 7 == i % 7), "ttft_s": 0.0, "decode_s": 0.0,
+                "peak_memory_bytes": self.peak_memory_bytes, "peak_kv_tokens": task.budget or 0,
+                "kept_tokens": task.budget or 0,
+            })
+        score = 100.0 * sum(r["score"] for r in rows) / max(len(rows), 1)
+        return CellResult(rows=rows, summary={"score": round(score, 2), "n": len(rows)},
+                          peak_memory_bytes=self.peak_memory_bytes)

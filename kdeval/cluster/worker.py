@@ -1,0 +1,95 @@
+"""The worker actor: holds one loaded model and runs cells with it, one at a time.
+
+A worker never touches the index: it returns a :class:`CellOutcome` (rows included) to the driver.
+Errors raised by the cell's own code (including out-of-memory) come back as ``ok=False`` with the
+traceback; only the death of the process or node surfaces as a Ray error.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from kdeval.cluster.workload import CellOutcome, CellTask, WorkerInfo, Workload
+
+
+def _is_oom(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return "OutOfMemory" in name or "out of memory" in str(exc).lower()
+
+
+def _free_accelerator_memory() -> None:
+    gc.collect()
+    torch = __import__("sys").modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class CellWorker:
+    """Plain class wrapped by :func:`worker_actor_class`; testable without Ray."""
+
+    def __init__(self, workload: Workload, name: str) -> None:
+        self.workload = workload
+        self.name = name
+        self.loaded_key: str | None = None
+        self.handle: Any = None
+        self.model_loads = 0
+        try:
+            ctx = ray.get_runtime_context()
+            self.node_id = ctx.get_node_id() or "local"
+        except Exception:  # noqa: BLE001 - outside Ray
+            self.node_id = "local"
+        try:
+            self.node_ip = ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001
+            self.node_ip = "127.0.0.1"
+
+    def info(self) -> WorkerInfo:
+        """Identity and counters (also the 'ready' probe the scheduler waits on)."""
+        return WorkerInfo(name=self.name, node_id=self.node_id, node_ip=self.node_ip, pid=os.getpid(),
+                          model_loads=self.model_loads, loaded_model=self.loaded_key)
+
+    def _ensure_model(self, task: CellTask) -> None:
+        if self.loaded_key == task.model_key:
+            return
+        self.handle, self.loaded_key = None, None
+        _free_accelerator_memory()
+        self.handle = self.workload.load(task)
+        self.loaded_key = task.model_key
+        self.model_loads += 1
+
+    def run_cell(self, task: CellTask) -> CellOutcome:
+        """Run one cell; never raises for the cell's own errors."""
+        t0 = time.perf_counter()
+        try:
+            self._ensure_model(task)
+            result = self.workload.run(self.handle, task)
+        except Exception as exc:  # noqa: BLE001 - every cell error is reported, not raised
+            oom = _is_oom(exc)
+            if oom:
+                _free_accelerator_memory()
+            return CellOutcome(
+                cell_id=task.cell_id, ok=False, worker=self.name, node=self.node_id,
+                duration_s=time.perf_counter() - t0, model_loads=self.model_loads,
+                error="".join(traceback.format_exception(exc, limit=8)).strip(), out_of_memory=oom,
+            )
+        return CellOutcome(
+            cell_id=task.cell_id, ok=True, worker=self.name, node=self.node_id,
+            duration_s=time.perf_counter() - t0, model_loads=self.model_loads, rows=result.rows,
+            summary=result.summary, peak_memory_bytes=result.peak_memory_bytes,
+        )
+
+
+_ACTOR_CLASS = None
+
+
+def worker_actor_class():
+    """``CellWorker`` as a Ray actor class (created once, on first use)."""
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is None:
+        _ACTOR_CLASS = ray.remote(CellWorker)
+    return _ACTOR_CLASS

@@ -1,0 +1,84 @@
+"""The contract between the scheduler and a worker: what a cell asks for and what it returns.
+
+A *workload* is a picklable object with two methods, ``load(task) -> handle`` (load the model a cell
+needs) and ``run(handle, task) -> CellResult`` (run the cell). The worker actor calls ``load`` only when
+the model changes, so a model is loaded once per (worker, model). :class:`kdeval.cluster.execute.
+EvalWorkload` runs real evaluations; :class:`kdeval.cluster.stub.StubWorkload` costs a known time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class CellTask:
+    """One cell as the worker sees it (built by ``kdeval.jobs`` from a cell spec)."""
+
+    cell_id: str
+    model_id: str
+    dtype: str
+    attn_implementation: str
+    revision: str | None
+    policy: str
+    policy_params: dict[str, Any]
+    budget: int | None
+    chunk_size: int
+    task: str
+    length: int | None
+    samples: int
+    seed: int
+    task_params: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int | None = None
+    temperature: float = 0.0
+
+    @property
+    def model_key(self) -> str:
+        """Cells with the same key share a loaded model."""
+        return f"{self.model_id}|{self.revision}|{self.dtype}|{self.attn_implementation}"
+
+
+@dataclass
+class CellResult:
+    """What a workload's ``run`` returns: flat per-sample rows and the cell's headline numbers."""
+
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    peak_memory_bytes: int | None = None
+
+
+@dataclass
+class CellOutcome:
+    """What the worker actor returns for one cell (never raises for the cell's own errors)."""
+
+    cell_id: str
+    ok: bool
+    worker: str
+    node: str
+    duration_s: float
+    model_loads: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None
+    error: str | None = None
+    out_of_memory: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where a worker lives and what it has done."""
+
+    name: str
+    node_id: str
+    node_ip: str
+    pid: int
+    model_loads: int
+    loaded_model: str | None
+
+
+class Workload(Protocol):
+    """See the module docstring."""
+
+    def load(self, task: CellTask) -> Any: ...
+
+    def run(self, handle: Any, task: CellTask) -> CellResult: ...

@@ -1,0 +1,52 @@
+"""Grid validation errors: each names the field path and the expected form."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class GridIssue:
+    """One problem in a grid file, e.g. ``GridIssue("policies[2].params.window", "must be > 0")``."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class GridError(ValueError):
+    """A grid file is invalid; ``issues`` lists every problem found."""
+
+    def __init__(self, issues: Iterable[GridIssue], source: str | None = None) -> None:
+        self.issues = list(issues)
+        self.source = source
+        super().__init__(format_grid_error(self))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def join_path(parts: Iterable[str | int]) -> str:
+    """``("policies", 2, "params", "window")`` -> ``policies[2].params.window``."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out
+
+
+def format_grid_error(err: GridError) -> str:
+    """Human-readable text for the CLI: a header and one line per issue."""
+    where = f" in {err.source}" if err.source else ""
+    n = len(err.issues)
+    lines = [f"invalid grid{where}: {n} problem{'s' if n != 1 else ''}"]
+    lines += [f"  {issue}" for issue in err.issues]
+    return "\n".join(lines)

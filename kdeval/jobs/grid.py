@@ -1,0 +1,133 @@
+"""The grid file schema (pydantic) — what ``kdeval submit grid.yaml`` accepts.
+
+Example (see ``examples/*.yaml``)::
+
+    name: smoke
+    models:
+      - random:llama-tiny                      # shorthand for {id: random:llama-tiny}
+      - {id: smollm2-135m, dtype: float32, attn_implementation: sdpa, revision: null}
+    policies:
+      - full                                   # budget-independent: one cell per model x chunk x task
+      - {name: keydiff}
+      - {name: sink, params: {sink_tokens: 4}}
+    budgets: [256, 512]                        # absolute tokens kept per layer and KV head
+    chunk_sizes: [64]
+    tasks:
+      - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
+    generation: {max_new_tokens: null, temperature: 0.0}
+    resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
+    retries: {max_attempts: 3, cell_timeout_s: null}
+
+Only identity-free settings (resources, retries, name) may change without changing cell ids.
+Validation errors are :class:`kdeval.jobs.errors.GridError`; see :func:`kdeval.jobs.validate.load_grid`.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DType = Literal["float32", "float16", "bfloat16"]
+AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors (typos must not silently fall back to defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """A model: a known name (``smollm2-135m``, ``random:llama-tiny``), a hub id or a local path.
+
+    ``stub:<seconds>`` names a model-free stub workload of that cost per cell (cluster smoke tests and
+    the scheduler benchmark). Remote code is never trusted from a grid file.
+    """
+
+    id: str = Field(min_length=1)
+    dtype: DType = "float32"
+    attn_implementation: AttnImpl = "sdpa"
+    revision: str | None = None
+
+
+class PolicySpec(_Strict):
+    """An eviction policy by registry name and its parameters (validated by the policy itself)."""
+
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskSpec(_Strict):
+    """A task: registry name, prompt lengths (synthetic tasks), samples per cell, seeds."""
+
+    name: str = Field(min_length=1)
+    lengths: list[int] | None = Field(default=None, min_length=1)
+    samples: int = Field(default=8, ge=1, le=100_000)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive_lengths(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(x < 1 for x in v):
+            raise ValueError("every length must be >= 1 token")
+        return v
+
+
+class GenerationSpec(_Strict):
+    """Decoding settings shared by all cells (None = what the task prescribes)."""
+
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+
+
+class ResourceSpec(_Strict):
+    """Workers: how many, and what each holds (GPUs pinned by Ray's ``accelerator_type``)."""
+
+    workers: int = Field(default=1, ge=1, le=4096)
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=0.0, ge=0)
+    accelerator_type: str | None = None
+
+
+class RetrySpec(_Strict):
+    """Attempt caps and an optional per-cell time limit."""
+
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    cell_timeout_s: float | None = Field(default=None, gt=0)
+
+
+def _shorthand(key: str):
+    def convert(v: Any) -> Any:
+        if isinstance(v, list):
+            return [{key: x} if isinstance(x, str) else x for x in v]
+        return v
+    return convert
+
+
+class GridSpec(_Strict):
+    """A whole grid file."""
+
+    name: str = Field(default="grid", min_length=1, max_length=200)
+    models: list[ModelSpec] = Field(min_length=1)
+    policies: list[PolicySpec] = Field(min_length=1)
+    budgets: list[int] = Field(default_factory=list)
+    chunk_sizes: list[int] = Field(min_length=1)
+    tasks: list[TaskSpec] = Field(min_length=1)
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    retries: RetrySpec = Field(default_factory=RetrySpec)
+
+    _models_shorthand = field_validator("models", mode="before")(classmethod(lambda cls, v: _shorthand("id")(v)))
+    _policies_shorthand = field_validator("policies", mode="before")(classmethod(lambda cls, v: _shorthand("name")(v)))
+    _tasks_shorthand = field_validator("tasks", mode="before")(classmethod(lambda cls, v: _shorthand("name")(v)))
+
+    @field_validator("budgets", "chunk_sizes")
+    @classmethod
+    def _positive_ints(cls, v: list[int]) -> list[int]:
+        bad = [x for x in v if x < 1]
+        if bad:
+            raise ValueError(f"every value must be a positive number of tokens (got {bad[0]})")
+        if len(set(v)) != len(v):
+            raise ValueError("values must be distinct")
+        return v

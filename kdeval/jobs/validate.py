@@ -1,0 +1,160 @@
+"""Load and validate a grid file: YAML (safe_load) -> unknown-key check -> pydantic -> registry checks.
+
+Every problem is collected into one :class:`GridError` whose issues name the field path
+(``policies[2].params.window: must be > 0``) and the expected form, with "did you mean" for typos.
+"""
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kdeval.jobs import registries
+from kdeval.jobs.errors import GridError, GridIssue, did_you_mean, join_path
+from kdeval.jobs.grid import GridSpec
+
+_FORBIDDEN = {
+    "trust_remote_code": "is not accepted in grid files: remote model code never runs from a grid",
+}
+
+
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(BaseModel class, is_list) of a field annotation, or (None, False)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (list, tuple) and args:
+        inner, _ = _model_of(args[0])
+        return inner, True
+    if args:  # Optional / Union
+        for a in args:
+            m, lst = _model_of(a)
+            if m is not None:
+                return m, lst
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    return None, False
+
+
+def _unknown_keys(raw: Any, cls: type[BaseModel], path: list[str | int]) -> list[GridIssue]:
+    """Unknown keys anywhere in ``raw`` (checked against ``cls``), with suggestions."""
+    if not isinstance(raw, dict):
+        return []
+    issues: list[GridIssue] = []
+    fields = cls.model_fields
+    for key, value in raw.items():
+        here = path + [str(key)]
+        if key in _FORBIDDEN:
+            issues.append(GridIssue(join_path(here), _FORBIDDEN[key]))
+        elif key not in fields:
+            issues.append(GridIssue(join_path(here), f"unknown field{did_you_mean(key, fields)}; "
+                                                     f"expected one of {', '.join(fields)}"))
+        else:
+            sub, is_list = _model_of(fields[key].annotation)
+            if sub is None:
+                continue
+            if is_list and isinstance(value, list):
+                for i, item in enumerate(value):
+                    issues += _unknown_keys(item, sub, here + [i])
+            elif not is_list:
+                issues += _unknown_keys(value, sub, here)
+    return issues
+
+
+def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
+    out = []
+    for e in err.errors():
+        if e["type"] == "extra_forbidden":
+            continue  # reported with a suggestion by _unknown_keys
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if e["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):
+            msg = f"{msg} (got {e['input']!r})"
+        out.append(GridIssue(join_path(e["loc"]), msg))
+    return out
+
+
+def _names(raw: dict, key: str, field: str) -> list[tuple[int, str, dict]]:
+    """(index, name, params) of list entries given as a string or a mapping with a string ``field``."""
+    out = []
+    items = raw.get(key)
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                out.append((i, item, {}))
+            elif isinstance(item, dict) and isinstance(item.get(field), str):
+                params = item.get("params")
+                out.append((i, item[field], params if isinstance(params, dict) else {}))
+    return out
+
+
+def _registry_issues(raw: dict) -> list[GridIssue]:
+    """Unknown model/policy/task names and bad policy params (checked on the raw mapping, so they are
+    reported even when other fields fail schema validation)."""
+    issues: list[GridIssue] = []
+    for i, name, _ in _names(raw, "models", "id"):
+        issues += registries.check_model(i, name)
+    for i, name, params in _names(raw, "policies", "name"):
+        issues += registries.check_policy(i, name, params)
+    for i, name, params in _names(raw, "tasks", "name"):
+        issues += registries.check_task(i, name, params)
+    return issues
+
+
+def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
+    issues: list[GridIssue] = []
+    if any(p.name != "full" for p in grid.policies) and not grid.budgets:
+        issues.append(GridIssue("budgets", "required when a policy other than 'full' is listed "
+                                           "(a list of positive token counts, e.g. [256, 512])"))
+    if grid.generation.temperature != 0.0:
+        issues.append(GridIssue("generation.temperature",
+                                f"only 0.0 (greedy decoding) is supported, got {grid.generation.temperature}"))
+    res = grid.resources
+    if res.accelerator_type and res.gpus_per_worker <= 0:
+        issues.append(GridIssue("resources.gpus_per_worker",
+                                f"must be > 0 when accelerator_type is set (got {res.gpus_per_worker})"))
+    seen: set[tuple[str, str]] = set()
+    for i, p in enumerate(grid.policies):
+        key = (p.name, repr(sorted(p.params.items())))
+        if key in seen:
+            issues.append(GridIssue(f"policies[{i}]", f"duplicate of an earlier entry for '{p.name}'"))
+        seen.add(key)
+    return issues
+
+
+def parse_grid(text: str, source: str | None = None) -> GridSpec:
+    """Validate grid YAML text; raises :class:`GridError` listing every problem."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise GridError([GridIssue("", f"not valid YAML: {where}{getattr(e, 'problem', None) or e}")], source)
+    if not isinstance(raw, dict):
+        raise GridError([GridIssue("", "expected a mapping at the top level (models:, policies:, budgets:, "
+                                       f"chunk_sizes:, tasks: ...), got {type(raw).__name__}")], source)
+    issues = _unknown_keys(raw, GridSpec, [])
+    try:
+        grid = GridSpec.model_validate(raw)
+    except ValidationError as e:
+        raise GridError(issues + _pydantic_issues(e) + _registry_issues(raw), source) from None
+    issues += _registry_issues(raw)
+    issues += _semantic_issues(grid)
+    if issues:
+        raise GridError(issues, source)
+    return grid
+
+
+def load_grid(path: str | Path) -> tuple[GridSpec, str]:
+    """Read and validate a grid file; returns the spec and its text. Raises :class:`GridError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GridError([GridIssue("", f"cannot read grid file: {e}")], str(path)) from None
+    return parse_grid(text, str(path)), text

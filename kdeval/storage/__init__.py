@@ -1,0 +1,37 @@
+"""Storage: the SQL index of runs/cells/attempts and per-cell Parquet files. Imports nothing of kdeval.
+
+Public API (used by the CLI and reports)::
+
+    from kdeval.storage import RunIndex
+    idx = RunIndex.open(db)            # path, SQLAlchemy URL, or None (.kdeval/index.sqlite)
+    idx.list_runs()                    # [RunView] newest first, with per-state cell counts
+    idx.get_run(ref)                   # RunView by id or unique prefix (None if unknown)
+    idx.run_cells(run_id, states=None) # [CellView] in grid order (spec, state, summary, error, ...)
+    idx.cell_attempts(cell_id)         # [AttemptView] every attempt (done / failed / lost / timeout)
+    idx.read_cell_table(cell_id)       # pyarrow.Table of the cell's per-sample rows
+    idx.read_cell_rows(cell_id)        # the same as list[dict]
+
+Schema: see :mod:`kdeval.storage.models` (tables ``runs``, ``cells``, ``run_cells``, ``attempts``).
+``CellView.spec`` is the cell's full spec as JSON (``model``, ``policy``, ``policy_params``, ``budget``
+(None for ``full``), ``chunk_size``, ``task`` {name, data_version, length, samples, seed, params},
+``generation``, ``kdeval_version``); ``CellView.summary`` the task's aggregate (JSON).
+Per-sample rows: one Parquet file per done cell (``<results_dir>/cells/<id[:2]>/<id>.parquet``) whose
+columns are the evals runner's ``EvalRow`` (``kdeval/evals/runner.py``: id, prompt_hash, prompt_tokens,
+truncated, prediction, references, score, ttft_s, decode_s, peak_memory_bytes, peak_kv_tokens,
+kept_tokens, length, depth, meta_json, ...) plus the metric's sub-score columns.
+"""
+from kdeval.storage.db import DEFAULT_DB_PATH, db_url, make_engine, sqlite_path
+from kdeval.storage.index import RunIndex, age_seconds, state_counts
+from kdeval.storage.models import AttemptState, CellState, RunState
+from kdeval.storage.parquet import (
+    clean_temp_files, list_result_files, list_temp_files, read_cell_rows, read_cell_table,
+    write_cell_rows,
+)
+from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
+
+__all__ = [
+    "DEFAULT_DB_PATH", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds", "state_counts",
+    "AttemptState", "CellState", "RunState", "clean_temp_files", "list_result_files",
+    "list_temp_files", "read_cell_rows", "read_cell_table", "write_cell_rows", "AttemptView",
+    "CellRecord", "CellView", "RunView", "to_jsonable",
+]

@@ -1,0 +1,268 @@
+"""The run index: one object to read (CLI, reports) and — from the driver only — write runs, cells, attempts.
+
+Reading::
+
+    idx = RunIndex.open("results/index.sqlite")      # or a SQLAlchemy URL
+    for run in idx.list_runs(): ...                  # RunView, newest first
+    cells = idx.run_cells(run.id)                    # CellView, grid order
+    table = idx.read_cell_table(cells[0].id)         # pyarrow.Table of per-sample rows
+
+Every write is its own short transaction, so SQLite readers in WAL mode never see half a change.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from kdeval.storage.db import make_engine, make_session_factory
+from kdeval.storage.models import (
+    Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, utcnow,
+)
+from kdeval.storage.parquet import read_cell_rows, read_cell_table
+from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
+
+
+class RunIndex:
+    """Access to the index database (see :mod:`kdeval.storage.models` for the schema)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._sessions = make_session_factory(engine)
+
+    @classmethod
+    def open(cls, db: str | Path | None = None) -> "RunIndex":
+        """Open (creating tables if needed) the index at ``db``: a path, a URL, or None for the default."""
+        return cls(make_engine(db))
+
+    def session(self) -> Session:
+        """A new ORM session (use as a context manager)."""
+        return self._sessions()
+
+    def close(self) -> None:
+        """Release the engine's connections."""
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ reading
+    def _counts(self, s: Session, run_id: str) -> dict[str, int]:
+        rows = s.execute(
+            select(Cell.state, func.count())
+            .join(RunCell, RunCell.cell_id == Cell.id)
+            .where(RunCell.run_id == run_id)
+            .group_by(Cell.state)
+        ).all()
+        return {state: n for state, n in rows}
+
+    def list_runs(self) -> list[RunView]:
+        """All runs, newest first, with per-state cell counts."""
+        with self.session() as s:
+            runs = s.scalars(select(Run).order_by(Run.created_at.desc())).all()
+            return [RunView.of(r, self._counts(s, r.id)) for r in runs]
+
+    def resolve_run_id(self, ref: str) -> str | None:
+        """A full run id from an id or a unique prefix of one; None when none or ambiguous."""
+        with self.session() as s:
+            if s.get(Run, ref) is not None:
+                return ref
+            ids = s.scalars(select(Run.id).where(Run.id.startswith(ref, autoescape=True))).all()
+        return ids[0] if len(ids) == 1 else None
+
+    def get_run(self, run_id: str) -> RunView | None:
+        """One run (by id or unique prefix), or None."""
+        rid = self.resolve_run_id(run_id)
+        if rid is None:
+            return None
+        with self.session() as s:
+            return RunView.of(s.get(Run, rid), self._counts(s, rid))
+
+    def run_cells(self, run_id: str, states: Iterable[str] | None = None) -> list[CellView]:
+        """The cells of a run in grid order, optionally only those in ``states``."""
+        q = (
+            select(Cell).join(RunCell, RunCell.cell_id == Cell.id)
+            .where(RunCell.run_id == run_id).order_by(RunCell.position)
+        )
+        if states is not None:
+            q = q.where(Cell.state.in_([str(getattr(x, "value", x)) for x in states]))
+        with self.session() as s:
+            return [CellView.of(c) for c in s.scalars(q).all()]
+
+    def get_cell(self, cell_id: str) -> CellView | None:
+        """One cell by id, or None."""
+        with self.session() as s:
+            c = s.get(Cell, cell_id)
+            return CellView.of(c) if c is not None else None
+
+    def cell_attempts(self, cell_id: str) -> list[AttemptView]:
+        """Every attempt at a cell, oldest first."""
+        with self.session() as s:
+            rows = s.scalars(select(Attempt).where(Attempt.cell_id == cell_id).order_by(Attempt.id))
+            return [AttemptView.of(a) for a in rows.all()]
+
+    def run_attempts(self, run_id: str) -> list[AttemptView]:
+        """Every attempt made by a run, oldest first."""
+        with self.session() as s:
+            rows = s.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.id))
+            return [AttemptView.of(a) for a in rows.all()]
+
+    def cell_states(self, cell_ids: Sequence[str]) -> dict[str, str]:
+        """State of each known cell among ``cell_ids`` (unknown ids are absent)."""
+        out: dict[str, str] = {}
+        ids = list(cell_ids)
+        with self.session() as s:
+            for i in range(0, len(ids), 500):
+                q = select(Cell.id, Cell.state).where(Cell.id.in_(ids[i:i + 500]))
+                out.update({cid: st for cid, st in s.execute(q).all()})
+        return out
+
+    def read_cell_table(self, cell_id: str) -> pa.Table:
+        """A done cell's per-sample rows as a pyarrow Table (raises ``LookupError`` if not done)."""
+        cell = self.get_cell(cell_id)
+        if cell is None or cell.state != CellState.DONE.value or not cell.result_path:
+            raise LookupError(f"cell {cell_id} has no stored results")
+        return read_cell_table(cell.results_dir, cell.result_path)
+
+    def read_cell_rows(self, cell_id: str) -> list[dict[str, Any]]:
+        """A done cell's per-sample rows as a list of dicts."""
+        cell = self.get_cell(cell_id)
+        if cell is None or cell.state != CellState.DONE.value or not cell.result_path:
+            raise LookupError(f"cell {cell_id} has no stored results")
+        return read_cell_rows(cell.results_dir, cell.result_path)
+
+    # ------------------------------------------------------------------ writing (driver only)
+    def create_run(
+        self, run_id: str, *, name: str, grid_yaml: str, grid_hash: str, results_dir: str,
+        kdeval_version: str, cells: Sequence[CellRecord],
+    ) -> None:
+        """Create a run and link its cells, inserting the cells not yet known (others are reused)."""
+        with self.session() as s, s.begin():
+            s.add(Run(id=run_id, name=name, grid_yaml=grid_yaml, grid_hash=grid_hash,
+                      results_dir=results_dir, kdeval_version=kdeval_version, n_cells=len(cells),
+                      state=RunState.PENDING.value))
+            known = set(self.cell_states([c.id for c in cells]).keys())
+            for pos, c in enumerate(cells):
+                if c.id not in known:
+                    s.add(Cell(id=c.id, spec=c.spec, model=c.model, policy=c.policy, budget=c.budget,
+                               chunk_size=c.chunk_size, task=c.task, state=CellState.PENDING.value))
+                    known.add(c.id)
+                s.add(RunCell(run_id=run_id, cell_id=c.id, position=pos))
+
+    def set_run_state(self, run_id: str, state: RunState, message: str | None = None) -> None:
+        """Set a run's state (``finished_at`` for terminal states)."""
+        values: dict[str, Any] = {"state": state.value}
+        if message is not None:
+            values["message"] = message
+        if state in (RunState.DONE, RunState.FAILED, RunState.CANCELLED):
+            values["finished_at"] = utcnow()
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(**values))
+
+    def start_driver(self, run_id: str, host: str, pid: int) -> None:
+        """Mark a run running under this driver."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(
+                state=RunState.RUNNING.value, started_at=now, heartbeat_at=now,
+                driver_host=host, driver_pid=pid, finished_at=None, message=None))
+
+    def heartbeat(self, run_id: str) -> str:
+        """Record that the driver is alive; returns the run's current state (to notice a cancel)."""
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=utcnow()))
+            return s.scalar(select(Run.state).where(Run.id == run_id))
+
+    def recover_orphans(self, run_id: str) -> int:
+        """After a driver died: its running attempts become lost, its running cells pending again."""
+        with self.session() as s, s.begin():
+            ids = select(RunCell.cell_id).where(RunCell.run_id == run_id)
+            n = s.execute(update(Attempt).where(
+                Attempt.cell_id.in_(ids), Attempt.state == AttemptState.RUNNING.value,
+            ).values(state=AttemptState.LOST.value, finished_at=utcnow(),
+                     error="driver died while the attempt was running")).rowcount
+            s.execute(update(Cell).where(
+                Cell.id.in_(ids), Cell.state == CellState.RUNNING.value,
+            ).values(state=CellState.PENDING.value))
+        return int(n or 0)
+
+    def start_attempt(self, run_id: str, cell_id: str, worker: str | None, node: str | None) -> int:
+        """Record a new attempt at a cell (cell → running); returns the attempt id."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            cell = s.get(Cell, cell_id)
+            cell.n_attempts += 1
+            cell.state = CellState.RUNNING.value
+            cell.worker, cell.node, cell.started_at = worker, node, now
+            cell.error = None
+            att = Attempt(cell_id=cell_id, run_id=run_id, number=cell.n_attempts, worker=worker,
+                          node=node, started_at=now, state=AttemptState.RUNNING.value)
+            s.add(att)
+            s.flush()
+            return att.id
+
+    def finish_attempt_done(
+        self, attempt_id: int, *, results_dir: str, result_path: str, n_rows: int,
+        summary: dict[str, Any], duration_s: float, peak_memory_bytes: int | None,
+        worker: str | None, node: str | None,
+    ) -> None:
+        """Mark an attempt and its cell done (call only after the Parquet file is in place)."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            att = s.get(Attempt, attempt_id)
+            att.state, att.finished_at, att.duration_s = AttemptState.DONE.value, now, duration_s
+            att.peak_memory_bytes, att.worker, att.node = peak_memory_bytes, worker, node
+            cell = s.get(Cell, att.cell_id)
+            cell.state, cell.finished_at, cell.duration_s = CellState.DONE.value, now, duration_s
+            cell.results_dir, cell.result_path, cell.n_rows = results_dir, result_path, n_rows
+            cell.summary, cell.peak_memory_bytes = summary, peak_memory_bytes
+            cell.worker, cell.node, cell.error = worker, node, None
+
+    def finish_attempt_failed(
+        self, attempt_id: int, *, state: AttemptState, error: str, final: bool,
+        duration_s: float | None = None, peak_memory_bytes: int | None = None,
+        worker: str | None = None, node: str | None = None,
+    ) -> None:
+        """Record a failed/lost/timed-out attempt; the cell becomes failed if ``final`` else pending."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            att = s.get(Attempt, attempt_id)
+            att.state, att.finished_at, att.error = state.value, now, error
+            att.duration_s, att.peak_memory_bytes = duration_s, peak_memory_bytes
+            if worker is not None:
+                att.worker, att.node = worker, node
+            cell = s.get(Cell, att.cell_id)
+            cell.state = CellState.FAILED.value if final else CellState.PENDING.value
+            cell.error = error
+            if final:
+                cell.finished_at = now
+
+    def reset_cells(self, cell_ids: Sequence[str], from_states: Iterable[CellState]) -> int:
+        """Put cells in ``from_states`` back to pending (resume retries failed cells)."""
+        with self.session() as s, s.begin():
+            n = s.execute(update(Cell).where(
+                Cell.id.in_(list(cell_ids)), Cell.state.in_([x.value for x in from_states]),
+            ).values(state=CellState.PENDING.value)).rowcount
+        return int(n or 0)
+
+    def set_cell_summary(self, cell_id: str, summary: dict[str, Any]) -> None:
+        """Replace a cell's summary scores (``kdeval rescore``)."""
+        with self.session() as s, s.begin():
+            s.execute(update(Cell).where(Cell.id == cell_id).values(summary=summary))
+
+
+def state_counts(cells: Iterable[CellView]) -> dict[str, int]:
+    """Per-state counts of a list of cells."""
+    return dict(Counter(c.state for c in cells))
+
+
+def age_seconds(ts: datetime | None) -> float | None:
+    """Seconds since a stored (naive UTC or aware) timestamp."""
+    if ts is None:
+        return None
+    now = utcnow()
+    if ts.tzinfo is None:
+        now = now.replace(tzinfo=None)
+    return (now - ts).total_seconds()

@@ -1,0 +1,139 @@
+"""SQLAlchemy 2 models of the run index: runs, cells, the run↔cell link and attempts.
+
+Schema (one SQL database, SQLite by default):
+
+* ``runs`` — one row per ``kdeval submit``: the grid text, its state, when it ran and which driver.
+* ``cells`` — one row per *distinct* cell, keyed by its content hash (``cells.id``). A cell is shared by
+  every run whose grid contains it, so a resubmitted grid finds its done cells here and runs none of them.
+  It carries the latest outcome: state, timings, worker/node, peak memory, summary scores (JSON), error,
+  and the Parquet file holding its per-sample rows (``result_path``, relative to the results directory).
+* ``run_cells`` — which cells a run contains, in grid order.
+* ``attempts`` — every execution attempt of a cell (also the lost ones, when a worker or node died),
+  with its own state, worker, node, timings and error.
+
+Only the driver (the scheduler process) writes; readers (``kdeval status``, reports) only read.
+"""
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    """Timezone-aware current UTC time (stored naive-UTC by SQLite)."""
+    return datetime.now(timezone.utc)
+
+
+class RunState(str, enum.Enum):
+    """Lifecycle of a run."""
+
+    PENDING = "pending"  # created, no driver yet (or --dry-run never starts one)
+    RUNNING = "running"  # a driver is scheduling its cells
+    DONE = "done"  # every cell done
+    FAILED = "failed"  # finished, some cells failed
+    CANCELLED = "cancelled"  # ``kdeval cancel``: the driver stops dispatching and exits
+
+
+class CellState(str, enum.Enum):
+    """Lifecycle of a cell (shared by all runs that contain it)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class AttemptState(str, enum.Enum):
+    """Outcome of one attempt at a cell."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"  # the cell's own code raised (error text recorded)
+    LOST = "lost"  # the worker, its node or the driver died; the cell was requeued
+    TIMEOUT = "timeout"  # exceeded the grid's per-cell time limit; the worker was replaced
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the index schema."""
+
+
+class Run(Base):
+    """One submitted grid."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16), default=RunState.PENDING.value)
+    grid_yaml: Mapped[str] = mapped_column(Text)
+    grid_hash: Mapped[str] = mapped_column(String(64))
+    results_dir: Mapped[str] = mapped_column(Text)
+    kdeval_version: Mapped[str] = mapped_column(String(32))
+    n_cells: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    driver_host: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    driver_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Cell(Base):
+    """One distinct cell (model × policy × budget × chunk × task), keyed by its content hash."""
+
+    __tablename__ = "cells"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spec: Mapped[dict] = mapped_column(JSON)  # the full cell spec, enough to rerun it
+    model: Mapped[str] = mapped_column(String(300))
+    policy: Mapped[str] = mapped_column(String(100))
+    budget: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None for ``full``
+    chunk_size: Mapped[int] = mapped_column(Integer)
+    task: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16), default=CellState.PENDING.value)
+    n_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    summary: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # metric name -> value
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    results_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # where its Parquet file lives
+    result_path: Mapped[str | None] = mapped_column(Text, nullable=True)  # relative to results_dir
+    n_rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class RunCell(Base):
+    """Membership of a cell in a run."""
+
+    __tablename__ = "run_cells"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    cell_id: Mapped[str] = mapped_column(ForeignKey("cells.id"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+
+
+class Attempt(Base):
+    """One attempt at running a cell."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (Index("ix_attempts_cell", "cell_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cell_id: Mapped[str] = mapped_column(ForeignKey("cells.id"))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    number: Mapped[int] = mapped_column(Integer)  # 1-based, per cell
+    state: Mapped[str] = mapped_column(String(16), default=AttemptState.RUNNING.value)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

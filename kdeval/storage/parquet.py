@@ -1,0 +1,86 @@
+"""Per-cell Parquet files of per-sample rows.
+
+Layout: ``<results_dir>/cells/<cell_id[:2]>/<cell_id>.parquet``. A file is written to
+``_tmp-<cell_id>-<pid>.parquet`` in the same directory, fsynced, then ``os.replace``-d into place; only
+after that does the driver mark the cell done in the index. A crash leaves at worst a temp file, which
+readers ignore and :func:`clean_temp_files` removes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TMP_PREFIX = "_tmp-"
+
+
+def cell_relpath(cell_id: str) -> str:
+    """Path of a cell's Parquet file relative to the results directory."""
+    return f"cells/{cell_id[:2]}/{cell_id}.parquet"
+
+
+def _to_table(rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if not rows:
+        return pa.table({"id": pa.array([], type=pa.string())})
+    keys: dict[str, None] = {}
+    for row in rows:  # union of keys in first-seen order: a column missing in some rows becomes null
+        keys.update(dict.fromkeys(row))
+    return pa.table({k: [row.get(k) for row in rows] for k in keys})
+
+
+def write_cell_rows(results_dir: str | Path, cell_id: str, rows: list[dict[str, Any]] | pa.Table) -> str:
+    """Atomically write a cell's rows; returns the path relative to ``results_dir``."""
+    rel = cell_relpath(cell_id)
+    final = Path(results_dir) / rel
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f"{TMP_PREFIX}{cell_id}-{os.getpid()}.parquet"
+    table = _to_table(rows)
+    with open(tmp, "wb") as fh:
+        pq.write_table(table, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    return rel
+
+
+def read_cell_table(results_dir: str | Path, result_path: str) -> pa.Table:
+    """Read a cell's per-sample rows as a pyarrow Table (``result_path`` as stored in the index)."""
+    return pq.read_table(Path(results_dir) / result_path)
+
+
+def read_cell_rows(results_dir: str | Path, result_path: str) -> list[dict[str, Any]]:
+    """Read a cell's per-sample rows as a list of dicts."""
+    return read_cell_table(results_dir, result_path).to_pylist()
+
+
+def list_result_files(results_dir: str | Path) -> list[Path]:
+    """All finished cell files (temp files excluded)."""
+    root = Path(results_dir) / "cells"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith(TMP_PREFIX))
+
+
+def list_temp_files(results_dir: str | Path) -> list[Path]:
+    """Leftover temp files (a writer died between write and rename)."""
+    root = Path(results_dir) / "cells"
+    if not root.is_dir():
+        return []
+    return sorted(root.rglob(f"{TMP_PREFIX}*.parquet"))
+
+
+def clean_temp_files(results_dir: str | Path) -> int:
+    """Delete leftover temp files; returns how many were removed."""
+    removed = 0
+    for path in list_temp_files(results_dir):
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed

@@ -1,0 +1,133 @@
+"""Typed, session-independent snapshots of index rows, returned by :class:`kdeval.storage.index.RunIndex`."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kdeval.storage.models import Attempt, Cell, Run
+
+
+def to_jsonable(view: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A view as a JSON-able dict (datetimes as ISO-8601 UTC strings)."""
+    out = {}
+    for k, v in asdict(view).items():
+        if k in drop:
+            continue
+        out[k] = v.isoformat() + ("Z" if v.tzinfo is None else "") if isinstance(v, datetime) else v
+    return out
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """What the index needs to insert a new cell: its id, full spec (JSON-able) and query columns."""
+
+    id: str
+    spec: dict[str, Any]
+    model: str
+    policy: str
+    budget: int | None
+    chunk_size: int
+    task: str
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run and the count of its cells per state (``{"done": 3, "pending": 1, ...}``)."""
+
+    id: str
+    name: str
+    state: str
+    n_cells: int
+    counts: dict[str, int]
+    results_dir: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    driver_host: str | None
+    driver_pid: int | None
+    message: str | None
+    grid_yaml: str = field(repr=False, default="")
+
+    @classmethod
+    def of(cls, run: Run, counts: dict[str, int]) -> "RunView":
+        return cls(
+            id=run.id, name=run.name, state=run.state, n_cells=run.n_cells, counts=dict(counts),
+            results_dir=run.results_dir, created_at=run.created_at, started_at=run.started_at,
+            finished_at=run.finished_at, heartbeat_at=run.heartbeat_at, driver_host=run.driver_host,
+            driver_pid=run.driver_pid, message=run.message, grid_yaml=run.grid_yaml,
+        )
+
+
+@dataclass(frozen=True)
+class CellView:
+    """A cell's identity columns and latest outcome."""
+
+    id: str
+    model: str
+    policy: str
+    budget: int | None
+    chunk_size: int
+    task: str
+    state: str
+    n_attempts: int
+    worker: str | None
+    node: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    peak_memory_bytes: int | None
+    summary: dict[str, Any] | None
+    error: str | None
+    results_dir: str | None
+    result_path: str | None
+    n_rows: int | None
+    spec: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def of(cls, cell: Cell) -> "CellView":
+        return cls(
+            id=cell.id, model=cell.model, policy=cell.policy, budget=cell.budget,
+            chunk_size=cell.chunk_size, task=cell.task, state=cell.state, n_attempts=cell.n_attempts,
+            worker=cell.worker, node=cell.node, started_at=cell.started_at,
+            finished_at=cell.finished_at, duration_s=cell.duration_s,
+            peak_memory_bytes=cell.peak_memory_bytes,
+            summary=dict(cell.summary) if cell.summary else None, error=cell.error,
+            results_dir=cell.results_dir, result_path=cell.result_path, n_rows=cell.n_rows,
+            spec=dict(cell.spec or {}),
+        )
+
+    @property
+    def error_line(self) -> str | None:
+        """The last non-empty line of the error (the exception message), for tables."""
+        if not self.error:
+            return None
+        lines = [ln for ln in self.error.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else None
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt at a cell."""
+
+    id: int
+    cell_id: str
+    run_id: str
+    number: int
+    state: str
+    worker: str | None
+    node: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    duration_s: float | None
+    peak_memory_bytes: int | None
+    error: str | None
+
+    @classmethod
+    def of(cls, a: Attempt) -> "AttemptView":
+        return cls(
+            id=a.id, cell_id=a.cell_id, run_id=a.run_id, number=a.number, state=a.state,
+            worker=a.worker, node=a.node, started_at=a.started_at, finished_at=a.finished_at,
+            duration_s=a.duration_s, peak_memory_bytes=a.peak_memory_bytes, error=a.error,
+        )

@@ -1,0 +1,38 @@
+"""Shared helpers of the service tests: submit a stub grid, inspect the index and the Parquet files."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from kdeval.jobs import service
+from kdeval.jobs.validate import parse_grid
+from kdeval.storage import RunIndex, list_result_files, list_temp_files
+
+
+def new_run(db: Path, results: Path, text: str) -> tuple[RunIndex, str, service.Plan]:
+    """Open the index, validate ``text`` and record a run."""
+    idx = RunIndex.open(db)
+    grid = parse_grid(text)
+    run_id, plan = service.create_run(idx, grid, text, results)
+    return idx, run_id, plan
+
+
+def assert_results_consistent(idx: RunIndex, run_id: str, results: Path, samples: int) -> None:
+    """Every done cell has exactly one Parquet file with ``samples`` distinct rows; no temp files."""
+    done = idx.run_cells(run_id, states=["done"])
+    files = list_result_files(results)
+    assert len(files) == len(done)
+    assert list_temp_files(results) == []
+    for cell in done:
+        table = pq.read_table(Path(cell.results_dir) / cell.result_path)
+        assert table.num_rows == samples == cell.n_rows
+        assert len(set(table.column("id").to_pylist())) == samples  # no duplicate rows
+        done_attempts = [a for a in idx.cell_attempts(cell.id) if a.state == "done"]
+        assert len(done_attempts) == 1  # done exactly once
+
+
+def attempt_states(idx: RunIndex, run_id: str) -> Counter:
+    """How many attempts of the run ended in each state."""
+    return Counter(a.state for a in idx.run_attempts(run_id))

@@ -1,0 +1,47 @@
+"""``kdeval submit --detach`` (local): returns at once; a background driver finishes the run."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import typer
+from typer.testing import CliRunner
+
+from kdeval.cli import service_cmds
+from kdeval.storage import RunIndex
+
+from .conftest import stub_grid
+
+
+def test_detached_submit_finishes_in_background(paths, monkeypatch):
+    monkeypatch.chdir(paths["tmp"])
+    app = typer.Typer()
+    service_cmds.register(app)
+    grid = paths["tmp"] / "g.yaml"
+    grid.write_text(stub_grid(workers=1))
+    t0 = time.monotonic()
+    res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]),
+                                   "--results-dir", str(paths["results"]), "--detach"])
+    assert res.exit_code == 0, res.output
+    pid = int(re.search(r"pid (\d+)", res.output).group(1))
+    try:
+        idx = RunIndex.open(paths["db"])
+        run_id = idx.list_runs()[0].id
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and idx.get_run(run_id).state not in ("done", "failed"):
+            time.sleep(0.3)
+        run = idx.get_run(run_id)
+        assert run.state == "done" and run.counts == {"done": 5}, run
+        assert run.driver_pid == pid
+    finally:
+        try:
+            os.kill(pid, signal.SIGTERM)  # the background driver we started, if still alive
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    assert time.monotonic() - t0 < 120
