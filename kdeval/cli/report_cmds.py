@@ -1,0 +1,131 @@
+"""`kdeval report` and `kdeval nightly`: paired deltas with CIs, report files, the regression gate.
+
+Exit codes: 0 ok; 1 a regression was found, or some cells failed / are missing; 2 bad input.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
+from kdeval.jobs.reports import Report, ReportOptions, build_report
+from kdeval.jobs.reports import formats
+from kdeval.jobs.reports.output import parse_formats, write_report
+from kdeval.jobs.reports.terminal import cells_table, perf_table, scores_table
+from kdeval.storage import DEFAULT_DB_PATH, RunIndex
+
+out = Console(width=200)
+err = Console(stderr=True)
+
+DB_HELP = f"Index database: a path or a SQLAlchemy URL (default {DEFAULT_DB_PATH})."
+RESULTS_HELP = "Where the Parquet files are, when moved since the run (default: as recorded in the index)."
+
+
+def print_report(report: Report, console: Console = out, detail: bool = False) -> None:
+    """The terminal tables of a report."""
+    console.print(scores_table(report, detail=detail))
+    if report.perf:
+        console.print(perf_table(report.perf, report.meta.compare))
+    bad = cells_table(report)
+    if bad is not None:
+        console.print(bad)
+
+
+def show_comparison(index: RunIndex, runs: list[str], out_dir: str | Path, *, compare: str = "full",
+                    console: Console | None = None, resamples: int = 2000) -> Path:
+    """Print the comparison tables of ``runs`` against ``compare`` and the path of the HTML report
+    written to ``out_dir/report.html`` (with ``report.json``); returns that path. ``make demo`` ends here."""
+    console = console or out
+    rep = build_report(index, runs, ReportOptions(compare=compare, resamples=resamples))
+    print_report(rep, console)
+    paths = write_report(rep, out_dir, ["html", "json"], title=f"kdeval report: {', '.join(rep.meta.runs)}")
+    console.print(f"HTML report: {paths['html'].resolve()}", highlight=False)
+    return paths["html"]
+
+
+def _latest_run(index: RunIndex) -> list[str]:
+    runs = index.list_runs()
+    if not runs:
+        raise ValueError("the index has no runs; `kdeval submit grid.yaml` first")
+    return [runs[0].id]
+
+
+def report(
+    runs: Optional[List[str]] = typer.Argument(None, help="Run ids or prefixes (default: the newest run)."),
+    compare: str = typer.Option("full", "--compare", help="'full' (the full cache of the same run) or a run id."),
+    fmt: str = typer.Option("table", "--format", help="table, md, csv, json, html (comma-separated for several)."),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out", help="Directory for the report files. Without it one md/json/csv format goes to stdout "
+                            "(csv: the scores table) and html goes to .kdeval/reports/<run>/."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help=RESULTS_HELP),
+    resamples: int = typer.Option(2000, "--resamples", help="Bootstrap resamples for the CIs."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    detail: bool = typer.Option(False, "--detail", help="Terminal table: also per length / depth / level rows."),
+) -> None:
+    """Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."""
+    with bad_input():
+        fmts = parse_formats(fmt)
+        index = RunIndex.open(db)
+        run_ids = list(runs) if runs else _latest_run(index)
+        rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
+                                                        results_dir=results_dir))
+    files = [f for f in fmts if f != "table"]
+    if files and out_dir is None and files != ["html"] and len(files) == 1:
+        text = {"md": formats.to_markdown, "json": formats.to_json,
+                "csv": lambda r: formats.csv_text(r, "scores")}[files[0]](rep)
+        sys.stdout.write(text)
+    else:
+        if "table" in fmts:
+            print_report(rep, detail=detail)
+        if files:
+            target = out_dir or Path(".kdeval") / "reports" / rep.meta.runs[0]
+            for name, path in write_report(rep, target, files).items():
+                out.print(f"{name}: {path}", highlight=False)
+    raise typer.Exit(EXIT_FAILED if rep.n_incomplete_cells else EXIT_OK)
+
+
+def nightly(
+    nightly_file: Path = typer.Argument(..., help="Grid file with a nightly: section (see examples/nightly.yaml)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    results_dir: Path = typer.Option(Path(".kdeval") / "results", "--results-dir", help="Where per-cell Parquet files go."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare with this run (overrides nightly.baseline)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Gate this existing run instead of running the grid."),
+) -> None:
+    """Run (or resume) the grid, compare it with the last passing nightly, exit 1 on a regression."""
+    from kdeval.jobs import nightly as nightly_job
+
+    with bad_input():
+        nf = nightly_job.load_nightly(nightly_file)
+        index = RunIndex.open(db)
+        try:
+            outcome = nightly_job.run_nightly(index, nf, results_dir=results_dir, address=address,
+                                              report_dir=out_dir, baseline=baseline, existing_run=run)
+        except (ConnectionError, LookupError, nightly_job.service.RunBusyError) as e:  # no cluster, no run, busy
+            raise ValueError(str(e)) from None
+    print_report(outcome.report)
+    g = outcome.gate
+    verb = "resumed" if outcome.resumed else "ran"
+    out.print(f"nightly {nf.grid.name}: {verb if run is None else 'gated'} run {outcome.run}; baseline "
+              f"{g.baseline or 'none yet (this run becomes the baseline if it passes)'}; "
+              f"{g.checked} tracked numbers checked", highlight=False)
+    for f in g.regressions:
+        out.print(f"[bold red]REGRESSION[/] {f.describe()}", highlight=False)
+    if g.failed_cells:
+        out.print(f"[bold red]{len(g.failed_cells)} cell(s) failed or missing[/]", highlight=False)
+    for name, path in outcome.files.items():
+        out.print(f"{name}: {path}", highlight=False)
+    out.print("[bold green]PASS[/]" if g.passed else "[bold red]FAIL[/]")
+    raise typer.Exit(outcome.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `report` and `nightly` to the main app."""
+    app.command("report")(report)
+    app.command("nightly")(nightly)

@@ -1,0 +1,294 @@
+"""Aggregation: runs in the index -> a :class:`~kdeval.jobs.reports.model.Report`.
+
+``compare="full"``: every cell is compared with the ``full`` cell of the same model × chunk × task
+instance in the same runs. ``compare=<run id>``: with the cell of the same slot (model, policy, budget,
+chunk, task instance) in that run (before/after a change). Either way the delta is paired by sample id:
+only samples present on both sides count, and each row says how many were left out.
+
+    report = build_report(index, ["20261129-..."], ReportOptions(compare="full", resamples=2000))
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from kdeval.jobs.reports.metrics import MetricDef, metric_defs
+from kdeval.jobs.reports.model import CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
+from kdeval.jobs.reports.samples import FULL, LoadedCell, Samples, Slot, load_run
+from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
+from kdeval.storage import RunIndex
+
+Config = tuple[str, str, int, int]  # model, policy label, budget (-1: none), chunk
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """How to compare: the reference ("full" or a run id) and the bootstrap settings."""
+
+    compare: str = FULL
+    resamples: int = 2000
+    seed: int = 0
+    confidence: float = 0.95
+    results_dir: str | Path | None = None  # where Parquet files are, when moved since the run
+
+    def __post_init__(self) -> None:
+        if self.resamples < 0:
+            raise ValueError(f"--resamples must be >= 0, got {self.resamples}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"--confidence must be in (0, 1), got {self.confidence}")
+
+
+def cell_state(cells: list[LoadedCell], expected: int | None = None) -> str:
+    """State of a group of cells: ok (all done), partial, failed, pending, or missing (none at all).
+
+    ``expected``: how many cells the group should have (more than present → the rest are missing)."""
+    expected = len(cells) if expected is None else max(expected, len(cells))
+    if not cells:
+        return State.MISSING
+    done = sum(c.done for c in cells)
+    if done == expected:
+        return State.OK
+    if done:
+        return State.PARTIAL
+    if any(c.view.state == "failed" or c.view.state == "done" for c in cells):
+        return State.FAILED  # "done" here: done in the index, but its file could not be read
+    return State.PENDING
+
+
+def _samples(cells: list[LoadedCell]) -> Samples:
+    return Samples.concat([c.samples for c in cells if c.samples is not None])
+
+
+def _resolve_runs(index: RunIndex, refs: list[str]) -> list[str]:
+    out = []
+    for ref in refs:
+        run_id = index.resolve_run_id(ref)
+        if run_id is None:
+            raise ValueError(f"no run '{ref}' (or the prefix is ambiguous); see `kdeval ls`")
+        out.append(run_id)
+    return out
+
+
+def _load(index: RunIndex, run_ids: list[str], results_dir, notes: list[str]) -> dict[Slot, LoadedCell]:
+    """Cells of the runs by slot (the first run listed wins when two runs hold the same slot)."""
+    by_slot: dict[Slot, LoadedCell] = {}
+    for run_id in run_ids:
+        for cell in load_run(index, run_id, results_dir):
+            kept = by_slot.get(cell.slot)
+            if kept is None:
+                by_slot[cell.slot] = cell
+            elif kept.view.id != cell.view.id:
+                notes.append(f"{cell.slot.task} {cell.slot.policy}: run {run_id} has another cell for a slot "
+                             f"of run {kept.run}; using {kept.run}'s")
+    return by_slot
+
+
+class _Comparer:
+    """Builds the rows of one report from the cells and their reference cells."""
+
+    def __init__(self, own: dict[Slot, LoadedCell], ref: dict[Slot, LoadedCell], by_full: bool,
+                 options: ReportOptions) -> None:
+        self.own, self.ref, self.by_full, self.opt = own, ref, by_full, options
+
+    def ref_slot(self, slot: Slot) -> Slot:
+        return Slot(slot.model, FULL, -1, slot.chunk, slot.task) if self.by_full else slot
+
+    def is_reference(self, config: Config) -> bool:
+        return self.by_full and config[1] == FULL
+
+    # ---------------------------------------------------------------- grouping
+    def configs(self) -> dict[Config, list[Slot]]:
+        """Slots per configuration: this run's, plus (comparing runs) those only the reference has."""
+        out: dict[Config, list[Slot]] = defaultdict(list)
+        slots = set(self.own) | (set() if self.by_full else set(self.ref))
+        for slot in sorted(slots):
+            out[slot.config].append(slot)
+        return out
+
+    # ---------------------------------------------------------------- scores
+    def metric_rows(self, config: Config, slots: list[Slot]) -> list[MetricRow]:
+        own_cells = [self.own[s] for s in slots if s in self.own]
+        ref_cells = {s: self.ref.get(self.ref_slot(s)) for s in slots}
+        own = _samples(own_cells)
+        ref = _samples([c for c in ref_cells.values() if c is not None])
+        tasks = {c.task for c in own_cells} | {c.task for c in ref_cells.values() if c is not None}
+        rows = []
+        for d in metric_defs(tasks, Samples.concat([own, ref])):
+            rows.append(self._metric_row(config, d, slots, own, ref, ref_cells))
+        return rows
+
+    def _metric_row(self, config: Config, d: MetricDef, slots: list[Slot], own: Samples, ref: Samples,
+                    ref_cells: dict[Slot, LoadedCell | None]) -> MetricRow:
+        model, policy, budget, chunk = config
+        mine = [s for s in slots if self._task_of(s, ref_cells) in d.tasks]
+        own_cells = [self.own[s] for s in mine if s in self.own]
+        state = cell_state(own_cells, expected=len(mine))
+        sel = own.take(d.select(own)) if len(own) else own
+        value = stratified_mean(sel.score, sel.task if d.stratified else None) * 100 if len(sel) else None
+        base = dict(level=d.level, benchmark=d.benchmark, metric=d.metric, model=model, policy=policy,
+                    budget=None if budget < 0 else budget, chunk=chunk, length=d.length,
+                    depth=rounded(d.depth, "depth"), subset=d.subset, state=state, n=len(sel),
+                    value=rounded(value, "value"))
+        if self.is_reference(config):
+            return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
+        refs = [ref_cells[s] for s in mine if ref_cells.get(s) is not None]
+        ref_state = cell_state(refs, expected=len(mine))
+        rsel = ref.take(d.select(ref)) if len(ref) else ref
+        ref_value = stratified_mean(rsel.score, rsel.task if d.stratified else None) * 100 if len(rsel) else None
+        paired = _pair(sel, rsel)
+        # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
+        dropped = paired.dropped if len(sel) and len(rsel) else 0
+        row = dict(base, ref_state=ref_state, ref_value=rounded(ref_value, "ref_value"),
+                   n_paired=paired.n, n_dropped=dropped)
+        if paired.n == 0:
+            why = "no reference cell" if ref_state == State.MISSING else "no paired samples"
+            return MetricRow(**row, note=why if (len(sel) or len(rsel)) else "")
+        ci = paired_bootstrap(paired.diffs * 100, paired.strata if d.stratified else None,
+                              resamples=self.opt.resamples, seed=self.opt.seed, confidence=self.opt.confidence)
+        note = f"{dropped} unpaired sample(s) left out" if dropped else ""
+        return MetricRow(**row, delta=rounded(ci.estimate, "delta"), ci_low=rounded(ci.low, "ci_low"),
+                         ci_high=rounded(ci.high, "ci_high"), note=note)
+
+    def _task_of(self, slot: Slot, ref_cells: dict[Slot, LoadedCell | None]) -> str:
+        cell = self.own.get(slot) or ref_cells.get(slot)
+        return cell.task if cell is not None else slot.task.split("@")[0].split("#")[0]
+
+    # ---------------------------------------------------------------- perf and cell states
+    def perf_row(self, slot: Slot) -> PerfRow:
+        cell = self.own.get(slot)
+        ref = None if (self.by_full and slot.policy == FULL) else self.ref.get(self.ref_slot(slot))
+        mine, theirs = _perf(cell), _perf(ref)
+        state = cell_state([cell] if cell else [])
+
+        def ratio(key: str, name: str) -> float | None:
+            a, b = mine.get(key), theirs.get(key)
+            return rounded(a / b, name) if a is not None and b not in (None, 0) else None
+
+        return PerfRow(
+            model=slot.model, policy=slot.policy, budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task,
+            state=state, n=len(cell.samples) if cell and cell.samples is not None else 0,
+            prompt_tokens=rounded(mine.get("prompt_tokens"), "prompt_tokens"),
+            ttft_median_s=rounded(mine.get("ttft"), "ttft_median_s"),
+            decode_tok_s=rounded(mine.get("decode"), "decode_tok_s"),
+            peak_memory_bytes=_int(mine.get("memory")), peak_kv_tokens=_int(mine.get("kv")),
+            ttft_ratio=ratio("ttft", "ttft_ratio"), decode_ratio=ratio("decode", "decode_ratio"),
+            memory_ratio=ratio("memory", "memory_ratio"), kv_ratio=ratio("kv", "kv_ratio"),
+        )
+
+    def cell_rows(self, compare_run: str) -> list[CellRow]:
+        """Cells not done, and cells missing; ``run`` is the run that holds (or lacks) the cell."""
+        rows: list[CellRow] = []
+        for slot, cell in sorted(self.own.items()):
+            if not cell.done:
+                rows.append(_cell_row(cell.run, cell, slot, "failed" if cell.view.state == "done" else cell.view.state))
+        missing = set()
+        for slot in sorted(self.own):
+            rs = self.ref_slot(slot)
+            if rs not in self.ref and rs not in missing:
+                missing.add(rs)
+                lacking = self.own[slot].run if self.by_full else compare_run
+                why = "no full-cache cell to compare with" if self.by_full else "not in the reference run"
+                rows.append(_cell_row(lacking, None, rs, State.MISSING, why))
+        if not self.by_full:
+            first = next(iter(self.own.values())).run if self.own else ""
+            for slot, cell in sorted(self.ref.items()):
+                if slot not in self.own:
+                    rows.append(_cell_row(first, None, slot, State.MISSING, f"only in reference run {cell.run}"))
+                elif not cell.done:
+                    rows.append(_cell_row(cell.run, cell, slot, cell.view.state))
+        return rows
+
+
+@dataclass(frozen=True)
+class _Paired:
+    n: int
+    dropped: int
+    diffs: np.ndarray
+    strata: np.ndarray
+
+
+def _pair(own: Samples, ref: Samples) -> _Paired:
+    """Differences own − ref of the samples present on both sides (matched by key)."""
+    ref_at = {k: i for i, k in enumerate(ref.key)}
+    own_at = {k: i for i, k in enumerate(own.key)}
+    common = sorted(set(own_at) & set(ref_at))
+    dropped = len(set(own_at) ^ set(ref_at))
+    oi = np.array([own_at[k] for k in common], dtype=int)
+    ri = np.array([ref_at[k] for k in common], dtype=int)
+    diffs = own.score[oi] - ref.score[ri] if common else np.array([], dtype=float)
+    return _Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object))
+
+
+def _median(values: np.ndarray | None) -> float | None:
+    if values is None:
+        return None
+    v = values[~np.isnan(values)]
+    return float(np.median(v)) if v.size else None
+
+
+def _max(values: np.ndarray | None) -> float | None:
+    if values is None:
+        return None
+    v = values[~np.isnan(values)]
+    return float(v.max()) if v.size else None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _perf(cell: LoadedCell | None) -> dict[str, float | None]:
+    """Median TTFT, median decode tokens/s, max peak memory and KV tokens, median prompt length."""
+    if cell is None or cell.perf is None:
+        return {}
+    p = cell.perf
+    gen, dec = p["generated_tokens"], p["decode_s"]
+    ok = ~np.isnan(gen) & ~np.isnan(dec) & (dec > 0)
+    memory = _max(p["peak_memory_bytes"])
+    if memory is None and cell.view.peak_memory_bytes is not None:
+        memory = float(cell.view.peak_memory_bytes)
+    return {"ttft": _median(p["ttft_s"]), "decode": _median(gen[ok] / dec[ok]) if ok.any() else None,
+            "memory": memory, "kv": _max(p["peak_kv_tokens"]), "prompt_tokens": _median(p["prompt_tokens"])}
+
+
+def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: str = "") -> CellRow:
+    return CellRow(run=run, cell=cell.view.id if cell else "", model=slot.model, policy=slot.policy,
+                   budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task, state=state,
+                   error=error or (cell.error if cell else ""))
+
+
+def build_report(index: RunIndex, runs: list[str], options: ReportOptions = ReportOptions()) -> Report:
+    """The report of ``runs`` (ids or unique prefixes) against ``options.compare``.
+
+    Raises ``ValueError`` for an unknown run or bad options."""
+    if not runs:
+        raise ValueError("no run given and the index has no runs")
+    run_ids = _resolve_runs(index, runs)
+    notes: list[str] = []
+    own = _load(index, run_ids, options.results_dir, notes)
+    by_full = options.compare == FULL
+    if by_full:
+        ref, compare = own, FULL
+    else:
+        compare = _resolve_runs(index, [options.compare])[0]
+        if compare in run_ids:
+            raise ValueError(f"--compare {compare}: the reference run is also one of the runs reported")
+        ref = _load(index, [compare], options.results_dir, notes)
+    cmp = _Comparer(own, ref, by_full, options)
+    scores: list[MetricRow] = []
+    for config, slots in sorted(cmp.configs().items()):
+        scores.extend(cmp.metric_rows(config, slots))
+    perf = [cmp.perf_row(slot) for slot in sorted(own)]
+    cells = cmp.cell_rows(compare)
+    dropped = sum(r.n_dropped for r in scores if r.level == "task")
+    if dropped:
+        notes.append(f"pairing by sample id left out {dropped} sample(s) present on one side only "
+                     f"(see n_dropped per row)")
+    meta = ReportMeta(runs=run_ids, compare=compare, resamples=options.resamples, seed=options.seed,
+                      confidence=options.confidence,
+                      created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes)
+    return Report(meta=meta, scores=scores, perf=perf, cells=cells)

@@ -1,0 +1,170 @@
+"""The report's result schema: typed rows of three tables, and the report that holds them.
+
+* :class:`MetricRow` — one score: a task (``level="task"``), a benchmark headline such as
+  ``ruler.avg`` (``"benchmark"``) or a slice of one (``"detail"``: a length, a needle depth, a
+  LongBench-E bucket, a Math-500 level), for one model × policy × budget × chunk. Scores are in
+  points (100 × mean per-sample score); ``delta`` is paired by sample id against the reference
+  (the ``full`` cell, or the same cell of another run), with a bootstrap CI.
+* :class:`PerfRow` — speed and memory of one cell (one task instance: task, length, seed).
+* :class:`CellRow` — every cell that is not done (failed, pending, running) or missing: shown, never
+  dropped.
+
+Every float is rounded when the row is built (:data:`DIGITS`), so each output format prints the same
+numbers and parses back to equal rows (:func:`row_from_dict`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+#: Decimal digits kept per float field (points: 2 as LongBench prints them; seconds and ratios finer).
+DIGITS: dict[str, int] = {
+    "value": 2, "ref_value": 2, "delta": 2, "ci_low": 2, "ci_high": 2, "depth": 2,
+    "ttft_median_s": 5, "decode_tok_s": 2, "prompt_tokens": 0,
+    "ttft_ratio": 3, "decode_ratio": 3, "memory_ratio": 3, "kv_ratio": 3,
+}
+
+
+class State:
+    """Row states (plain strings so that every output format carries them as they are)."""
+
+    OK = "ok"                # every cell of the group is done
+    PARTIAL = "partial"      # some cells done, others failed/pending: numbers from the done ones
+    FAILED = "failed"        # no cell done, at least one failed
+    PENDING = "pending"      # no cell done yet, none failed
+    MISSING = "missing"      # not in this run (the reference has it), or no reference cell at all
+    REFERENCE = "reference"  # ref_state of the full cache's own rows (they are the reference)
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One score of one configuration, with its paired delta against the reference."""
+
+    level: str                 # "task" | "benchmark" | "detail"
+    benchmark: str             # "ruler", "longbench", "needle", "math500", "phonebook" (or the task name)
+    metric: str                # task name ("ruler.vt") or headline ("ruler.avg")
+    model: str
+    policy: str                # policy name, with its params when it has any: "sink(sink_tokens=8)"
+    budget: int | None         # None for the full cache
+    chunk: int
+    length: int | None = None  # slice: target prompt length
+    depth: float | None = None  # slice: needle depth (%)
+    subset: str | None = None  # slice: "0-4k" (LongBench-E), "level 3" (Math-500)
+    state: str = State.OK
+    n: int = 0                 # samples behind ``value``
+    value: float | None = None  # points
+    ref_state: str | None = None  # state of the reference group ("ok", "failed", "missing", ...)
+    ref_value: float | None = None  # the reference's value (all of its samples)
+    n_paired: int = 0          # samples present in both (the delta's sample)
+    n_dropped: int = 0         # samples present in only one of the two (left out of the delta)
+    delta: float | None = None  # mean paired difference, this − reference (points)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PerfRow:
+    """Speed and memory of one cell, and their ratio to the reference cell."""
+
+    model: str
+    policy: str
+    budget: int | None
+    chunk: int
+    task: str                  # task instance label, e.g. "needle@1024#s0"
+    state: str = State.OK
+    n: int = 0
+    prompt_tokens: float | None = None  # median prompt length
+    ttft_median_s: float | None = None
+    decode_tok_s: float | None = None   # median over samples of generated tokens / decode seconds
+    peak_memory_bytes: int | None = None  # max over samples (the cell's, when rows lack it)
+    peak_kv_tokens: int | None = None
+    ttft_ratio: float | None = None     # this / reference
+    decode_ratio: float | None = None
+    memory_ratio: float | None = None
+    kv_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """A cell that is not done, or is missing from this run: shown as such."""
+
+    run: str                   # the run that holds the cell, or that lacks it (state "missing")
+    cell: str                  # cell id ("" for a missing one)
+    model: str
+    policy: str
+    budget: int | None
+    chunk: int
+    task: str
+    state: str                 # failed | pending | running | missing
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ReportMeta:
+    """What the report compares and how."""
+
+    runs: list[str]
+    compare: str               # "full" or the reference run id
+    resamples: int
+    seed: int
+    confidence: float
+    created: str               # ISO-8601 UTC
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything ``kdeval report`` prints or writes."""
+
+    meta: ReportMeta
+    scores: list[MetricRow]
+    perf: list[PerfRow]
+    cells: list[CellRow]
+
+    @property
+    def n_incomplete_cells(self) -> int:
+        """Cells of the reported runs not done (failed, pending, running) or missing; exit 1 when any."""
+        return sum(1 for c in self.cells if c.run in self.meta.runs)
+
+
+RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow)
+TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow}
+
+
+def rounded(value: float | None, name: str) -> float | None:
+    """``value`` rounded to the digits of field ``name`` (None and NaN stay None)."""
+    if value is None or value != value:
+        return None
+    return round(float(value), DIGITS.get(name, 4))
+
+
+def row_to_dict(row: Any) -> dict[str, Any]:
+    """A row as a flat dict (field order kept)."""
+    return {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
+
+
+def _coerce(text: Any, annotation: str) -> Any:
+    """A field value read back from text (CSV/Markdown/HTML cells) or JSON."""
+    if text is None or text == "":
+        return "" if annotation == "str" else None
+    if annotation.startswith("int"):
+        return int(text)
+    if annotation.startswith("float"):
+        return float(text)
+    return str(text)
+
+
+def row_from_dict(cls: type[RowT], data: dict[str, Any]) -> RowT:
+    """The row of type ``cls`` from a dict of (possibly text) values; unknown keys are an error."""
+    names = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown columns {sorted(unknown)}")
+    return cls(**{k: _coerce(v, names[k]) for k, v in data.items()})
+
+
+def format_value(value: Any) -> str:
+    """How every text format prints a value: '' for None, else ``str`` (floats are pre-rounded)."""
+    return "" if value is None else str(value)

@@ -1,0 +1,183 @@
+"""Reading a run's cells and their per-sample rows into typed, column-oriented sample tables.
+
+A cell is placed by its :class:`Slot` (model, policy label, budget, chunk, task instance); the
+sample key that pairs two cells is ``"<task instance>|<sample id>"``, so samples of different lengths
+or seeds never pair with each other.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from kdeval.storage import CellState, CellView, RunIndex, read_cell_table
+
+FULL = "full"
+
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """Where a cell sits in a grid, independent of run and code version."""
+
+    model: str
+    policy: str          # policy label (name plus params)
+    budget: int          # -1 for budget-free policies (sorts first)
+    chunk: int
+    task: str            # task instance label: "needle@1024#s0"
+
+    @property
+    def config(self) -> tuple[str, str, int, int]:
+        """(model, policy, budget, chunk): one line of a plot or table."""
+        return (self.model, self.policy, self.budget, self.chunk)
+
+    @property
+    def budget_or_none(self) -> int | None:
+        return None if self.budget < 0 else self.budget
+
+
+def policy_label(view: CellView) -> str:
+    """``name`` or ``name(k=v,...)`` from the cell's spec."""
+    params = (view.spec or {}).get("policy_params") or {}
+    if not params:
+        return view.policy
+    return f"{view.policy}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")"
+
+
+def task_name(view: CellView) -> str:
+    """Registry task name of a cell (``needle`` from ``needle@1024#s0`` when the spec lacks it)."""
+    task = (view.spec or {}).get("task") or {}
+    if isinstance(task, dict) and task.get("name"):
+        return str(task["name"])
+    return view.task.split("@")[0].split("#")[0]
+
+
+def slot_of(view: CellView) -> Slot:
+    """The slot of a cell."""
+    return Slot(view.model, policy_label(view), -1 if view.budget is None else int(view.budget),
+                int(view.chunk_size), view.task)
+
+
+def benchmark_of(task: str) -> str:
+    """The benchmark a task belongs to (from the evals registry; the task name when unknown)."""
+    from kdeval.evals.registry import REGISTRY
+
+    spec = REGISTRY.get(task)
+    return spec.benchmark if spec is not None else task
+
+
+@dataclass
+class Samples:
+    """Per-sample columns of one or more cells (same length arrays)."""
+
+    key: np.ndarray        # "<task instance>|<sample id>" (str)
+    task: np.ndarray       # registry task name (str)
+    score: np.ndarray      # per-sample score in [0, 1] (float)
+    length: np.ndarray     # target length (float, NaN when none)
+    depth: np.ndarray      # needle depth (float, NaN when none)
+    subset: np.ndarray     # "level 3" / "" (str)
+    prompt_tokens: np.ndarray  # float, NaN when absent
+
+    def __len__(self) -> int:
+        return int(self.key.size)
+
+    def take(self, idx: np.ndarray) -> "Samples":
+        """The samples at ``idx`` (indices or a boolean mask)."""
+        return Samples(**{name: getattr(self, name)[idx] for name in self.__dataclass_fields__})
+
+    @staticmethod
+    def concat(parts: list["Samples"]) -> "Samples":
+        """All samples of ``parts`` (an empty table for none)."""
+        if not parts:
+            return Samples(*(np.array([], dtype=d) for d in (object, object, float, float, float, object, float)))
+        return Samples(**{name: np.concatenate([getattr(p, name) for p in parts])
+                          for name in Samples.__dataclass_fields__})
+
+
+@dataclass
+class LoadedCell:
+    """A cell of a run: where it sits, its index view, and (when done) its samples and perf columns."""
+
+    run: str
+    slot: Slot
+    view: CellView
+    task: str                           # registry task name
+    samples: Samples | None = None      # None unless done and readable
+    perf: dict[str, np.ndarray] | None = None
+    error: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.samples is not None
+
+
+def _column(table: pa.Table, name: str, default: float = np.nan) -> np.ndarray:
+    if name not in table.column_names:
+        return np.full(table.num_rows, default, dtype=float)
+    return np.array([default if v is None else float(v) for v in table.column(name).to_pylist()], dtype=float)
+
+
+def _meta_values(table: pa.Table, key: str) -> list[Any]:
+    """``key`` from each row's ``meta_json`` (None where absent)."""
+    if "meta_json" not in table.column_names:
+        return [None] * table.num_rows
+    out = []
+    for text in table.column("meta_json").to_pylist():
+        try:
+            meta = json.loads(text) if text else {}
+        except (TypeError, ValueError):
+            meta = {}
+        out.append(meta.get(key) if isinstance(meta, dict) else None)
+    return out
+
+
+def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
+    """The sample columns of one cell's rows."""
+    n = table.num_rows
+    ids = [str(x) for x in table.column("id").to_pylist()] if "id" in table.column_names else [str(i) for i in range(n)]
+    length = _column(table, "length")
+    if np.isnan(length).all():
+        length = np.array([np.nan if v is None else float(v) for v in _meta_values(table, "length")], dtype=float)
+    levels = table.column("level").to_pylist() if "level" in table.column_names else _meta_values(table, "level")
+    return Samples(
+        key=np.array([f"{instance}|{i}" for i in ids], dtype=object),
+        task=np.array([task] * n, dtype=object),
+        score=_column(table, "score"),
+        length=length,
+        depth=_column(table, "depth"),
+        subset=np.array(["" if v is None else f"level {v}" for v in levels], dtype=object),
+        prompt_tokens=_column(table, "prompt_tokens"),
+    )
+
+
+PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "peak_kv_tokens", "prompt_tokens")
+
+
+def read_table(view: CellView, results_dir: str | Path | None) -> pa.Table:
+    """A done cell's rows; ``results_dir`` overrides where the index says its Parquet file lives."""
+    if not view.result_path:
+        raise LookupError(f"cell {view.id} has no result file")
+    return read_cell_table(results_dir or view.results_dir, view.result_path)
+
+
+def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None) -> list[LoadedCell]:
+    """Every cell of a run, in grid order, with the samples of the done ones.
+
+    A done cell whose Parquet file cannot be read is treated as failed (with the reason)."""
+    cells = []
+    for view in index.run_cells(run_id):
+        cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view),
+                          error=view.error_line or "")
+        if view.state == CellState.DONE.value:
+            try:
+                table = read_table(view, results_dir)
+            except (OSError, LookupError, pa.ArrowException) as e:
+                cell.error = f"result file unreadable: {e}"
+            else:
+                cell.samples = samples_of(table, cell.task, view.task)
+                cell.perf = {c: _column(table, c) for c in PERF_COLUMNS}
+        cells.append(cell)
+    return cells

@@ -1,0 +1,80 @@
+"""Synthetic stored results for the report tests: runs and cells written through the storage API."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kdeval.storage import AttemptState, CellRecord, RunIndex, RunState, write_cell_rows
+
+
+@dataclass
+class FakeCell:
+    """One cell to store: ``rows`` None with ``error`` = a failed cell; ``pending`` = never run."""
+
+    policy: str
+    budget: int | None
+    task: str = "needle"
+    length: int | None = 1024
+    seed: int = 0
+    chunk: int = 64
+    model: str = "m"
+    rows: list[dict[str, Any]] | None = None
+    error: str | None = None
+    pending: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        length = f"@{self.length}" if self.length is not None else ""
+        return f"{self.task}{length}#s{self.seed}"
+
+    def spec(self, version: str) -> dict[str, Any]:
+        return {"model": {"id": self.model}, "policy": self.policy, "policy_params": self.params,
+                "budget": self.budget, "chunk_size": self.chunk,
+                "task": {"name": self.task, "length": self.length, "seed": self.seed}, "kdeval_version": version}
+
+    def cell_id(self, version: str) -> str:
+        canon = json.dumps(self.spec(version), sort_keys=True)
+        return hashlib.sha256(canon.encode()).hexdigest()[:24]
+
+
+def rows(scores: list[float], *, prefix: str = "s", task: str = "needle", length: int | None = 1024,
+         depths: list[float] | None = None, extra: Callable[[int], dict[str, Any]] | None = None,
+         ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per-sample rows with the given scores (ids ``s0, s1, ...`` unless given)."""
+    out = []
+    for i, score in enumerate(scores):
+        row = {"task": task, "id": ids[i] if ids else f"{prefix}{i}", "prompt_hash": f"{i:016x}",
+               "prompt_tokens": length or 100, "truncated": False, "prediction": "p", "references": ["r"],
+               "score": float(score), "ttft_s": 0.5, "decode_s": 2.0, "generated_tokens": 10,
+               "peak_memory_bytes": 1000, "peak_kv_tokens": 256, "kept_tokens": 256,
+               "length": length, "depth": depths[i % len(depths)] if depths else None, "meta_json": "{}"}
+        if extra:
+            row.update(extra(i))
+        out.append(row)
+    return out
+
+
+def store_run(idx: RunIndex, results: Path, run_id: str, cells: list[FakeCell], *, version: str = "v1",
+              grid_hash: str = "grid-hash", name: str = "grid", state: RunState = RunState.DONE) -> str:
+    """Record a run with ``cells`` (done/failed/pending as described) and write their Parquet files."""
+    records = [CellRecord(id=c.cell_id(version), spec=c.spec(version), model=c.model, policy=c.policy,
+                          budget=c.budget, chunk_size=c.chunk, task=c.label) for c in cells]
+    idx.create_run(run_id, name=name, grid_yaml="name: grid\n", grid_hash=grid_hash, results_dir=str(results),
+                   kdeval_version=version, cells=records)
+    for c, rec in zip(cells, records):
+        if c.pending or idx.get_cell(rec.id).state == "done":
+            continue
+        att = idx.start_attempt(run_id, rec.id, "w0", "node0")
+        if c.rows is None:
+            idx.finish_attempt_failed(att, state=AttemptState.FAILED, error=c.error or "boom", final=True)
+            continue
+        rel = write_cell_rows(results, rec.id, c.rows)
+        idx.finish_attempt_done(att, results_dir=str(results), result_path=rel, n_rows=len(c.rows),
+                                summary={"score": 0.0}, duration_s=1.0, peak_memory_bytes=1000,
+                                worker="w0", node="node0")
+    idx.set_run_state(run_id, state)
+    return run_id
