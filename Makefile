@@ -22,8 +22,13 @@ $(STAMP): requirements-ci.txt pyproject.toml
 test: venv
 	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The demo grid: SmolLM2 offline on CPU, local Ray. Reruns reuse the cells already done in .kdeval/demo.
+DEMO := .kdeval/demo
 demo: venv
-	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python -m kdeval.demo
+	@export KDEVAL_DATA_DIR=$(DATA_DIR) COLUMNS=$${COLUMNS:-150}; \
+	$(BIN)/kdeval submit examples/demo.yaml --db $(DEMO)/index.sqlite --results-dir $(DEMO)/results; rc=$$?; \
+	$(BIN)/kdeval report --db $(DEMO)/index.sqlite --compare full --format table,html --out $(DEMO)/report || rc=$$?; \
+	exit $$rc
 
 bench: venv
 	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python bench/engine.py

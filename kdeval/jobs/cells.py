@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-import kdeval
 from kdeval.cluster.workload import CellTask
 from kdeval.jobs.grid import GenerationSpec, GridSpec, ModelSpec
 from kdeval.jobs.registries import task_data_version
+from kdeval.version import code_version
 from kdeval.storage import CellRecord
 
 #: Policies whose result does not depend on the budget.
@@ -95,12 +95,8 @@ class CellSpec(BaseModel):
 
 
 def kdeval_version() -> str:
-    """The running kdeval version (part of every cell id)."""
-    version = getattr(kdeval, "__version__", None)
-    if not version:
-        from importlib.metadata import version as dist_version
-        version = dist_version("kdeval")
-    return str(version)
+    """The running code's version, release + source hash (part of every cell id; see ``kdeval.version``)."""
+    return code_version()
 
 
 def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
