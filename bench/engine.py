@@ -4,8 +4,9 @@ Each case runs in a fresh subprocess (so peak memory is that case's alone): afte
 prompt, the median of ``repeats`` prefill times, the peak RSS above the RSS after warm-up (sampled every 2 ms)
 and the KV-cache bytes held at the end.
 
-    python bench/engine.py                 # full CPU run, writes the engine section of bench/RESULTS.md
-    python bench/engine.py --quick         # small lengths, prints only
+    python bench/engine.py                        # full CPU run, writes the engine section of bench/RESULTS.md
+    python bench/engine.py --parts policies       # one table again (others kept from bench/out/)
+    python bench/engine.py --quick                # small lengths, prints only
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def scaling_cases(model: str, lengths: list[int], B: int, fixed_n: int) -> list[
         cases.append({"model": model, "L": L, "mode": "onepass"})
         cases.append({"model": model, "L": L, "mode": "chunked", "policy": "full", "B": B})
         cases.append({"model": model, "L": L, "mode": "chunked", "policy": "keydiff", "budget": L // 4, "B": B})
-        cases.append({"model": model, "L": L, "mode": "chunked", "policy": "keydiff", "budget": fixed_n, "B": B})
+        if fixed_n != L // 4:
+            cases.append({"model": model, "L": L, "mode": "chunked", "policy": "keydiff", "budget": fixed_n, "B": B})
     return cases
 
 
@@ -134,7 +136,8 @@ def write_section(text: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="small lengths, print only")
+    ap.add_argument("--parts", default="tiny,smollm2,policies", help="which tables to run")
     ap.add_argument("--policies", default="keydiff,full,sink,tova,h2o,snapkv,knorm,random")
     args = ap.parse_args()
     if args.case:
@@ -142,28 +145,40 @@ def main() -> None:
         return
     lengths = [512, 1024] if args.quick else [2048, 4096, 8192]
     B = 128
-    sections = []
-    for model in ("random:llama-tiny", "smollm2-135m"):
-        rows = [spawn(c) for c in scaling_cases(model, lengths, B, lengths[0] // 2)]
-        sections.append(scaling_table(rows))
-        print(sections[-1], flush=True)
-    L = lengths[-1]
-    prow = []
-    for p in args.policies.split(","):
-        case = {"model": "smollm2-135m", "L": L, "mode": "chunked", "policy": p, "B": B}
-        if p != "full":
-            case["budget"] = L // 4
-        prow.append(spawn(case))
-    sections.append(f"Policies, chunked, smollm2-135m, L={L}, N={L // 4}, B={B}:\n\n" + policy_table(prow))
-    print(sections[-1], flush=True)
+    out_dir = HERE / "out"
+    out_dir.mkdir(exist_ok=True)
+    models = {"tiny": "random:llama-tiny", "smollm2": "smollm2-135m"}
+    for part in args.parts.split(","):
+        if part in models:
+            rows = [spawn(c) for c in scaling_cases(models[part], lengths, B, lengths[0] // 2)]
+            text = scaling_table(rows)
+        elif part == "policies":
+            L = lengths[-1]
+            rows = []
+            for p in args.policies.split(","):
+                case = {"model": "smollm2-135m", "L": L, "mode": "chunked", "policy": p, "B": B}
+                if p != "full":
+                    case["budget"] = L // 4
+                rows.append(spawn(case))
+            text = f"Policies, chunked, smollm2-135m, L={L}, N={L // 4}, B={B}:\n\n" + policy_table(rows)
+        else:
+            raise SystemExit(f"--parts: unknown part {part!r}; expected tiny, smollm2 or policies")
+        print(text, flush=True)
+        if not args.quick:
+            (out_dir / f"engine-{part}.md").write_text(text + "\n")
+            (out_dir / f"engine-{part}.json").write_text(json.dumps(rows, indent=1))
     if not args.quick:
         import platform
 
         import torch
 
         header = (f"## Engine (CPU)\n\n`python bench/engine.py` on {platform.machine()}, {os.cpu_count()} cores, "
-                  f"torch {torch.__version__}, float32, batch 1, SDPA, {time.strftime('%Y-%m-%d')}.\n")
-        write_section(header + "\n" + "\n\n".join(sections))
+                  f"torch {torch.__version__}, float32, batch 1, SDPA, {time.strftime('%Y-%m-%d')}. Times are the "
+                  "median of 3 runs (2 at 8K) after a warm-up; peak extra RSS is sampled every 2 ms above the RSS "
+                  "after warm-up (noisy: the allocator keeps freed blocks); KV cache MiB is what the cache holds.\n")
+        parts = [(out_dir / f"engine-{p}.md").read_text() for p in ("tiny", "smollm2", "policies")
+                 if (out_dir / f"engine-{p}.md").exists()]
+        write_section(header + "\n" + "\n\n".join(parts))
 
 
 if __name__ == "__main__":

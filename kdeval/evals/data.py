@@ -42,8 +42,8 @@ def require_data_file(data_dir: str | os.PathLike[str] | None, relative: str, ho
     return path
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a JSON-lines file (blank lines skipped); errors name the file and line."""
+def jsonl_objects(path: Path, error: type[Exception] = DataNotFoundError) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of a JSON-lines file (blank lines skipped); ``error`` names the file and line."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -51,7 +51,13 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataNotFoundError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                raise error(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
-                raise DataNotFoundError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            yield row
+                raise error(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            yield lineno, row
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSON-lines data file (blank lines skipped); errors name the file and line."""
+    for _, row in jsonl_objects(path):
+        yield row

@@ -6,11 +6,11 @@ per-length and heatmap aggregates).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kdeval.evals.base import EvalError, Task
+from kdeval.evals.data import jsonl_objects
 
 
 def score_row_fields(task: Task, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> dict[str, float]:
@@ -27,24 +27,15 @@ def read_predictions(path: str | Path) -> list[dict[str, Any]]:
     if not p.is_file():
         raise EvalError(f"--predictions: file not found: {p}")
     records = []
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise EvalError(f"{p}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            if not isinstance(rec.get("id"), (str, int)):
-                raise EvalError(f"{p}:{lineno}: field 'id' is required (a string)")
-            if not isinstance(rec.get("prediction"), str):
-                raise EvalError(f"{p}:{lineno}: field 'prediction' is required (a string)")
-            refs = rec.get("references")
-            if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
-                raise EvalError(f"{p}:{lineno}: field 'references' must be a non-empty list of strings")
-            records.append(rec)
+    for lineno, rec in jsonl_objects(p, EvalError):
+        if not isinstance(rec.get("id"), (str, int)):
+            raise EvalError(f"{p}:{lineno}: field 'id' is required (a string)")
+        if not isinstance(rec.get("prediction"), str):
+            raise EvalError(f"{p}:{lineno}: field 'prediction' is required (a string)")
+        refs = rec.get("references")
+        if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
+            raise EvalError(f"{p}:{lineno}: field 'references' must be a non-empty list of strings")
+        records.append(rec)
     if not records:
         raise EvalError(f"{p}: no predictions (expected JSON lines with id, prediction, references)")
     return records

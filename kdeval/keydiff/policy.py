@@ -30,8 +30,8 @@ class ScoreContext:
       0-d device tensor when the step runs as a CUDA graph.
     - ``n_new``: tokens of the current chunk; they are the last ``n_new`` of the ``tokens`` axis.
     - ``attention``: for policies with an :class:`AttentionNeed`, the attention probabilities of the captured
-      queries summed over those queries, ``[batch, kv_heads, group, tokens]`` float32 (``group`` = query heads per
-      KV head); ``None`` otherwise.
+      queries summed over those queries, ``[batch, kv_heads, group, tokens]`` (``group`` = query heads per
+      KV head), at least float32; ``None`` otherwise.
     - ``state``: the policy's per-token state (``slot_state`` names), each ``[batch, kv_heads, tokens]`` float32;
       the policy may update it in place and it moves with the tokens it belongs to.
     - ``step``: how many eviction steps ran before this one (chunks and decode steps).
