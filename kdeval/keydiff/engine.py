@@ -222,13 +222,13 @@ class Engine:
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
         """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget."""
         t = ids.shape[1]
+        state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits)
         if graph is not None:
             logits = graph.run(ids, state.seen)
         else:
             positions = torch.arange(state.seen, state.seen + t, device=self.device)
             logits = self._device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits)
-        state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + (t if self.evicting else 0))
         state.seen += t
         state.steps += 1
         if self.on_step is not None:

@@ -38,3 +38,11 @@ def test_slot_store_never_reallocates_under_budget():
     for layer in state.cache.layers:
         assert layer.capacity == 48
         assert layer.keys.shape[2] == 48
+
+
+def test_peak_kv_tokens_is_the_most_held_during_a_forward():
+    lm = tiny()
+    fits = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=100, chunk_size=32)).prefill(prompt(70))
+    assert fits.peak_kv_tokens == 70  # nothing evicted: the whole prompt, never more
+    tight = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=32)).prefill(prompt(70))
+    assert tight.peak_kv_tokens == 64  # 32, then 32 + 32 = 64 (evicted to 40), then 40 + 6 = 46
