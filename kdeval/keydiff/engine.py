@@ -176,10 +176,11 @@ class Engine:
         logits = state.last_logits
         for i in range(max_new):
             nxt = logits.argmax(dim=-1)  # [batch]
+            tokens = nxt.tolist()  # the host needs them (eos); on CUDA this also waits for the device
             if i == 0:
                 t_first = time.perf_counter()
                 ttft = t_first - t0
-            for r, tok in enumerate(nxt.tolist()):
+            for r, tok in enumerate(tokens):
                 if not done[r]:
                     if tok in eos:
                         done[r] = True
