@@ -19,17 +19,14 @@ import threading
 import time
 from pathlib import Path
 
+from kdeval.keydiff.memory import current_rss_bytes
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 BEGIN, END = "<!-- engine:begin -->", "<!-- engine:end -->"
 
 
 # ---------------------------------------------------------------- one case, in its own process
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class _Sampler(threading.Thread):
@@ -39,7 +36,7 @@ class _Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop:
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, current_rss_bytes())
             time.sleep(0.002)
 
 
@@ -67,7 +64,7 @@ def run_case(case: dict) -> dict:
             return engine.prefill(x).cache.nbytes()
 
     once(ids[:, : min(L, 1024)])  # warm-up: the same code path, kernels and allocator on a shorter prompt
-    base = _rss()
+    base = current_rss_bytes()
     sampler = _Sampler()
     sampler.start()
     times = []

@@ -16,17 +16,15 @@ from kdeval.keydiff.policy import Policy, ScoreContext
 from kdeval.keydiff.registry import register
 
 
-def pool_scores(scores: torch.Tensor, kernel: int, pooling: str, positions: torch.Tensor | None = None) -> torch.Tensor:
+def pool_scores(scores: torch.Tensor, kernel: int, pooling: str, order: torch.Tensor | None = None) -> torch.Tensor:
     """``[b, h, n]`` → same shape, pooled with an odd ``kernel`` (stride 1, same padding) along token order.
 
-    Neighbours are neighbours in position: with ``positions [b, h, n]`` (the slot store keeps tokens out of
-    position order) the scores are sorted by position, pooled, and put back.
+    Neighbours are neighbours in position: with ``order [b, h, n]``, the indices that sort the tokens by
+    position (the slot store keeps them out of order), the scores are sorted, pooled, and put back.
     """
     if kernel <= 1:
         return scores
-    order = None
-    if positions is not None:
-        order = positions.argsort(dim=-1)
+    if order is not None:
         scores = scores.gather(-1, order)
     b, h, n = scores.shape
     flat = scores.reshape(b * h, 1, n)
@@ -66,4 +64,4 @@ class SnapKV(Policy):
         return self.window
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        return pool_scores(ctx.attention.mean(dim=2), self.kernel, self.pooling, ctx.positions)
+        return pool_scores(ctx.attention.mean(dim=2), self.kernel, self.pooling, ctx.position_order())

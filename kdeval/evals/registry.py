@@ -6,7 +6,6 @@ Suites ``ruler`` and ``longbench`` expand to their tasks (:func:`expand`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ from kdeval.evals.needle import NeedleTask
 from kdeval.evals.phonebook import PhonebookTask
 from kdeval.evals.ruler import CONFIGS as RULER_CONFIGS
 from kdeval.evals.ruler import RulerTask
+from kdeval.names import suggest
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,7 @@ class TaskSpec:
         allowed = self.params()
         for key in params:
             if key not in allowed:
-                hint = difflib.get_close_matches(key, list(allowed), n=1)
-                did = f"; did you mean {hint[0]!r}?" if hint else ""
+                did = suggest(key, allowed, n=1, cutoff=0.6)
                 raise EvalError(f"{key}: unknown parameter for task {self.name!r}{did} (parameters: {', '.join(allowed)})")
         try:
             return self.cls(**dict(self.fixed), **params)
@@ -94,9 +93,7 @@ def task_names() -> list[str]:
 
 def _unknown(name: str) -> UnknownTaskError:
     candidates = list(REGISTRY) + list(SUITES)
-    hint = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
-    did = f"; did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
-    return UnknownTaskError(f"unknown task {name!r}{did} (run `kdeval tasks` for the list)")
+    return UnknownTaskError(f"unknown task {name!r}{suggest(name, candidates)} (run `kdeval tasks` for the list)")
 
 
 def get_spec(name: str) -> TaskSpec:

@@ -1,9 +1,10 @@
 """Grid validation errors: each names the field path and the expected form."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Iterable
+
+from kdeval.names import close_matches
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class GridError(ValueError):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    close = close_matches(word, choices, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -31,9 +31,9 @@ class EngineConfig:
     chunk_size: int = 128
     max_new_tokens: int = 32
     store: str = "slot"
-    #: capture the steady-state chunk step and decode step as CUDA graphs (``None``: the default, off until
-    #: proven on a GPU); ``emulate_graphs`` runs the same static-buffer path without CUDA, for tests.
-    cuda_graphs: bool | None = None
+    #: capture the steady-state chunk step and decode step as CUDA graphs (off until proven on a GPU);
+    #: ``emulate_graphs`` runs the same static-buffer path without CUDA, for tests.
+    cuda_graphs: bool = False
     emulate_graphs: bool = False
 
     def __post_init__(self) -> None:
@@ -72,7 +72,6 @@ class PrefillState:
     cache: BudgetCache
     seen: int
     last_logits: torch.Tensor  # [batch, vocab] logits of the last prompt token
-    prefill_s: float = 0.0
     peak_kv_tokens: int = 0
     steps: int = 0
     chunk_logits: list[torch.Tensor] = field(default_factory=list)  # [batch, t, vocab] per chunk, if collected
@@ -83,8 +82,7 @@ class PrefillState:
             cache = copy.deepcopy(self.cache)
         finally:
             self.cache.graphs = graphs
-        return PrefillState(cache, self.seen, self.last_logits.clone(), self.prefill_s,
-                            self.peak_kv_tokens, self.steps)
+        return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps)
 
     @property
     def logits(self) -> torch.Tensor:
@@ -117,12 +115,9 @@ class Engine:
             policy.check_budget(config.budget)
         self.need = policy.attention_need() if self.evicting else None
         self.device = next(model.parameters()).device
-        graphs = config.cuda_graphs
-        if graphs is None:  # auto: on where it applies and is proven (see bench/RESULTS.md)
-            graphs = False
-        if graphs and (self.device.type != "cuda" and not config.emulate_graphs):
-            raise ValueError("cuda_graphs: needs a CUDA device (the model is on %s)" % self.device.type)
-        self.use_graphs = bool(graphs) and self.evicting and config.store == "slot" and policy.graph_safe
+        if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
+            raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
+        self.use_graphs = config.cuda_graphs and self.evicting and config.store == "slot" and policy.graph_safe
 
     # ------------------------------------------------------------------ public API
 
@@ -134,17 +129,16 @@ class Engine:
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None, collect_logits: bool = False,
-                memory: PeakMemory | None = None, reserve: int = 0) -> PrefillState:
-        """Feed ``input_ids [batch, L]`` chunk by chunk after ``state`` (a fresh cache if ``None``).
-
-        ``reserve``: tokens that will follow (generation), so a non-evicting cache is allocated once.
-        """
+    def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None,
+                collect_logits: bool = False) -> PrefillState:
+        """Feed ``input_ids [batch, L]`` chunk by chunk after ``state`` (a fresh cache if ``None``)."""
         input_ids = self._check_ids(input_ids, state)
+        return self._prefill(input_ids, state, collect_logits, PeakMemory(self.device), reserve=0)
+
+    def _prefill(self, input_ids: torch.Tensor, state: PrefillState | None, collect_logits: bool,
+                 memory: PeakMemory, reserve: int) -> PrefillState:
+        """``reserve``: tokens that will follow (generation), so a non-evicting cache is allocated once."""
         state = state or self.new_state(input_ids.shape[0], input_ids.shape[1] + reserve)
-        own_memory = memory is None
-        memory = memory or PeakMemory(self.device)
-        start = time.perf_counter()
         B = self.config.chunk_size
         for s in range(0, input_ids.shape[1], B):
             logits = self._step(state, input_ids[:, s : s + B], collect_logits)
@@ -152,9 +146,6 @@ class Engine:
             if collect_logits:
                 state.chunk_logits.append(logits.float().cpu())
             state.last_logits = logits[:, -1, :]
-        state.prefill_s += time.perf_counter() - start
-        if own_memory:
-            memory.sample()
         return state
 
     @torch.inference_mode()
@@ -165,7 +156,7 @@ class Engine:
         input_ids = self._check_ids(input_ids, state, max_new)
         memory = PeakMemory(self.device)
         t0 = time.perf_counter()
-        state = self.prefill(input_ids, state, memory=memory, reserve=max_new)
+        state = self._prefill(input_ids, state, False, memory, reserve=max_new)
         prompt_tokens = state.seen
         eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         batch = input_ids.shape[0]
@@ -292,7 +283,7 @@ class Engine:
             if self.policy.ties:
                 # Scores with exact ties (pooled ones): select in position order so the kept set does not
                 # depend on which slot a token happens to occupy.
-                order = positions.argsort(dim=-1)
+                order = ctx.position_order()
                 pick = torch.topk(scores.gather(-1, order), m - budget, dim=-1, largest=False, sorted=False).indices
                 drop = order.gather(-1, pick)
             else:

@@ -44,6 +44,14 @@ class ScoreContext:
     attention: torch.Tensor | None = None
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     step: int = 0
+    _order: torch.Tensor | None = field(default=None, repr=False)
+
+    def position_order(self) -> torch.Tensor:
+        """``[batch, kv_heads, tokens]`` indices that sort the tokens by position (computed once per step:
+        the slot store keeps tokens out of position order, and pooling and tie-breaking both need it)."""
+        if self._order is None:
+            self._order = self.positions.argsort(dim=-1)
+        return self._order
 
 
 @dataclass

@@ -6,12 +6,12 @@ imports all of them, so callers that need every policy import ``kdeval.baselines
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from dataclasses import dataclass
 from typing import Any
 
 from kdeval.keydiff.policy import Policy
+from kdeval.names import suggest
 
 _REGISTRY: dict[str, type[Policy]] = {}
 
@@ -55,11 +55,6 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 def policy_names() -> list[str]:
     return sorted(_REGISTRY)
-
-
-def suggest(name: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -82,7 +82,7 @@ def test_pool_scores_spreads_a_spike_to_its_neighbours_in_position_order():
     assert pool_scores(scores, 7, "max")[0, 0].tolist() == [0, 1, 1, 1, 1, 1, 1, 1, 0, 0]
     # the same tokens stored out of order: neighbours follow positions, not slots
     perm = torch.tensor([3, 9, 0, 4, 7, 1, 8, 2, 6, 5])
-    pooled = pool_scores(scores[..., perm], 3, "max", positions=perm.view(1, 1, -1))
+    pooled = pool_scores(scores[..., perm], 3, "max", order=perm.view(1, 1, -1).argsort(-1))
     assert {int(perm[i]) for i in range(10) if pooled[0, 0, i] == 1.0} == {3, 4, 5}
 
 
