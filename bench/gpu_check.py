@@ -1,31 +1,30 @@
 """GPU check and timing of the chunked engine, in one short run (fits ~8 minutes of an H200).
 
-1. Exactness first: the slot store and the gather store generate the same tokens and keep the same positions
-   on a Llama-shaped random model, for every policy timed below.
-2. Then timing, side by side in one process: one-pass prefill, one-pass + KeyDiff compression (what kvpress
-   does), and chunked KeyDiff / full / TOVA / SnapKV at several chunk sizes B and prompt lengths L, N = 8K,
-   on Llama-3.2-3B- and Llama-3.1-8B-shaped models with random bf16 weights. Time and peak extra memory
-   (``torch.cuda.max_memory_allocated`` above the weights) per case, ratios to one-pass prefill.
+1. Exactness first: on a 4-layer float64 Llama-3.2-3B-shaped random model the slot store, the static layout
+   run eagerly and the static layout captured as CUDA graphs give the gather store's tokens and kept sets, for
+   every policy timed below. On the full-depth bf16 model the captured graphs give exactly the tokens, kept
+   sets and logits of the same static step run eagerly.
+2. Then timing, side by side in one run: one-pass prefill, one-pass + KeyDiff compression (what kvpress does),
+   and chunked KeyDiff / full / TOVA / SnapKV / H2O / StreamingLLM at several chunk sizes B and prompt lengths
+   L, N = 8K, on Llama-3.2-3B- and Llama-3.1-8B-shaped models with random bf16 weights. Time (a whole request:
+   graph capture included) and peak extra memory (``torch.cuda.max_memory_allocated`` above the weights).
 
-Needs only torch and transformers (no Ray, no datasets). Writes JSON and a markdown table to ``--out`` and,
-with ``--results``, the gpu section of bench/RESULTS.md.
+Each part runs in its own process, so a failure (a capture that breaks the CUDA context, say) is recorded and
+the other parts still run. Needs only torch and transformers (no Ray, no datasets).
 
-    PYTHONPATH=. python bench/gpu_check.py --out $OUT            # on the GPU machine
-    PYTHONPATH=. python bench/gpu_check.py --cpu                   # tiny shapes, to test the script here
+    PYTHONPATH=. python bench/gpu_check.py --out $OUT     # on the GPU machine
+    PYTHONPATH=. python bench/gpu_check.py --cpu          # tiny shapes on the CPU (graphs emulated)
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
-
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.keydiff import keydiff_scores
 
 SHAPES = {
     "llama-3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
@@ -35,112 +34,248 @@ SHAPES = {
     "cpu-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
                      num_key_value_heads=2, head_dim=16, vocab_size=512),
 }
+POLICIES = ["keydiff", "full", "tova", "snapkv", "sink", "h2o"]  # h2o last: its capture failed once (22:08 smoke)
 
 
-def build(shape: str, device: str, dtype: torch.dtype, max_pos: int, layers: int | None = None) -> LlamaForCausalLM:
+def quick_plan() -> list[dict]:
+    """A shorter GPU run (~2 minutes): the checks at one length and the headline 32K and 8K cases."""
+    t3 = dict(shape="llama-3.2-3b", budget=8192)
+    return [
+        dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
+        dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096], budget=1024, B=256),
+        dict(part="time", **t3, lengths=[32768], cases=[
+            ("keydiff", 128, "graphs"), ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"),
+            ("sink", 128, "graphs"), ("tova", 128, "graphs"), ("snapkv", 128, "graphs"), ("h2o", 128, "graphs")]),
+        dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("full", 128, "plain")]),
+    ]
+
+
+def plan(cpu: bool, quick: bool = False) -> list[dict]:
+    """The parts, in order. A case is (policy, B, mode) with mode "graphs" or "plain"."""
+    if quick and not cpu:
+        return quick_plan()
+    if cpu:
+        t = dict(shape="cpu-tiny", budget=256)
+        return [
+            dict(part="exact", shape="cpu-tiny", layers=2, dtype="float64", lengths=[600, 200], budget=256, B=64),
+            dict(part="graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
+            dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 128, "plain"),
+                                                          ("full", 128, "plain"), ("h2o", 128, "graphs")]),
+        ]
+    n = 8192
+    t3 = dict(shape="llama-3.2-3b", budget=n)
+    return [
+        dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096, 900], budget=1024, B=256),
+        dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
+        dict(part="time", **t3, lengths=[32768], cases=[
+            ("keydiff", 128, "graphs"), ("keydiff", 64, "graphs"), ("keydiff", 256, "graphs"),
+            ("keydiff", 1024, "graphs"), ("keydiff", 128, "plain"), ("keydiff", 1024, "plain"),
+            ("full", 128, "plain"), ("full", 1024, "plain")]),
+        dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[
+            ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("tova", 128, "graphs"),
+            ("snapkv", 128, "graphs"), ("tova", 128, "plain")]),
+        dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[("h2o", 128, "graphs"), ("h2o", 128, "plain")]),
+        dict(part="time", **t3, lengths=[8192], cases=[
+            ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("keydiff", 128, "plain"), ("full", 128, "plain")]),
+        dict(part="time", **t3, lengths=[16384, 65536], cases=[("keydiff", 128, "graphs")]),
+        dict(part="time", shape="llama-3.1-8b", budget=n, lengths=[32768], cases=[
+            ("keydiff", 128, "graphs"), ("keydiff", 128, "plain"), ("full", 128, "plain")]),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- child side
+
+
+def build(shape: str, device: str, dtype, layers: int | None = None):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     params = dict(SHAPES[shape])
     if layers:
         params["num_hidden_layers"] = layers
-    config = LlamaConfig(**params, max_position_embeddings=max_pos, rope_theta=500000.0)
+    config = LlamaConfig(**params, max_position_embeddings=131072, rope_theta=500000.0)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     return model.eval()
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
+    """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured)."""
+    from kdeval.keydiff import EngineConfig
+
+    return EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
+                        cuda_graphs=mode in ("graphs", "static-eager") and name != "full",
+                        emulate_graphs=mode == "static-eager" or device == "cpu")
+
+
+def generate(model, name, cfg, ids):
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff import Engine
+
+    res = Engine(model, get_policy(name), cfg).generate(ids, max_new_tokens=16)
+    kept = [layer.view()[1].sort(-1).values.cpu() for layer in res.state.cache.layers]
+    return res.tokens[0], kept, res.state.last_logits.float().cpu(), len(res.state.cache.graphs)
+
+
+def compare(spec: dict, device: str, emit, variants: list[tuple[str, str]]) -> None:
+    """Every variant against the first, for every policy and prompt length of ``spec``."""
+    import torch
+
+    model = build(spec["shape"], device, getattr(torch, spec["dtype"]), spec.get("layers"))
+    for L in spec["lengths"]:
+        ids = torch.randint(100, model.config.vocab_size - 1, (1, L), device=device,
+                            generator=torch.Generator(device).manual_seed(L))
+        for name in POLICIES:
+            got = {}
+            for store, mode in variants:
+                if name == "full" and mode != "plain":
+                    continue
+                try:
+                    got[(store, mode)] = generate(model, name, engine_config(name, spec["budget"], spec["B"], mode, store, device), ids)
+                except Exception as e:  # noqa: BLE001 - recorded, the check goes on
+                    traceback.print_exc()
+                    emit({"part": spec["part"], "L": L, "policy": name, "variant": f"{store}/{mode}", "error": repr(e)[:400]})
+            ref_key = variants[0]
+            if ref_key not in got:
+                continue
+            ref = got[ref_key]
+            for key, (tokens, kept, logits, graphs) in got.items():
+                if key != ref_key:
+                    emit({"part": spec["part"], "L": L, "policy": name, "variant": f"{key[0]}/{key[1]}",
+                          "reference": f"{ref_key[0]}/{ref_key[1]}", "same_tokens": tokens == ref[0],
+                          "same_kept": all(torch.equal(a, b) for a, b in zip(kept, ref[1])),
+                          "max_abs_logit_diff": float((logits - ref[2]).abs().max()), "graphs": graphs})
 
 
 def measure(fn, device: str) -> tuple[float, float]:
-    """(seconds, peak extra GiB above what was allocated before)."""
+    """(seconds, peak GiB allocated above what was allocated before)."""
+    import torch
+
+    gc.collect()  # captured graphs hold their caches in reference cycles
     if device == "cuda":
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    sync(device)
+        torch.cuda.synchronize()
     t = time.perf_counter()
     fn()
-    sync(device)
+    if device == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - t
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if device == "cuda" else 0.0
     return elapsed, peak
 
 
-@torch.inference_mode()
-def one_pass(model, ids):
-    out = model(ids, use_cache=True, logits_to_keep=1)
-    return out.past_key_values
+def timing(spec: dict, device: str, emit, deadline: float) -> None:
+    import torch
 
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff import Engine
+    from kdeval.keydiff.keydiff import keydiff_scores
 
-@torch.inference_mode()
-def one_pass_compress(model, ids, budget):
-    cache = one_pass(model, ids)
-    for layer in cache.layers:
-        keep = keydiff_scores(layer.keys).topk(budget, dim=-1).indices.sort(-1).values
-        idx = keep.unsqueeze(-1).expand(-1, -1, -1, layer.keys.shape[-1])
-        layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
-    return cache
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = build(spec["shape"], device, dtype)
+    budget = spec["budget"]
 
+    @torch.inference_mode()
+    def one_pass(ids):
+        return model(ids, use_cache=True, logits_to_keep=1).past_key_values
 
-def exactness(model, device: str, L: int, budget: int, B: int, policies: list[str], graphs: bool) -> list[dict]:
-    """Slot store vs gather store, and (on CUDA) graph-captured vs plain steps: same tokens, same kept sets."""
-    ids = torch.randint(100, model.config.vocab_size - 1, (1, L), device=device)
-    rows = []
-    variants = [("gather", False), ("slot", False)] + ([("slot", True)] if graphs else [])
-    for name in policies:
-        got = {}
-        for store, g in variants:
-            cfg = EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
-                               cuda_graphs=g and name != "full")
-            res = Engine(model, get_policy(name), cfg).generate(ids, max_new_tokens=16)
-            got[(store, g)] = (res.tokens[0], [l.view()[1].sort(-1).values.cpu() for l in res.state.cache.layers])
-        ref = got[("gather", False)]
-        for key, (tokens, kept) in got.items():
-            if key == ("gather", False):
-                continue
-            rows.append({"policy": name, "variant": f"{key[0]}{'+graphs' if key[1] else ''}",
-                         "same_tokens": tokens == ref[0],
-                         "same_kept": all(torch.equal(a, b) for a, b in zip(kept, ref[1]))})
-    return rows
+    @torch.inference_mode()
+    def one_pass_compress(ids):
+        cache = one_pass(ids)
+        for layer in cache.layers:
+            keep = keydiff_scores(layer.keys).topk(budget, dim=-1).indices.sort(-1).values
+            idx = keep.unsqueeze(-1).expand(-1, -1, -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        return cache
 
-
-def timing(model, shape: str, device: str, lengths, cases, budget, deadline) -> list[dict]:
-    """``cases``: (policy, B, graphs) triples timed at every length, after one-pass and one-pass + compress."""
-    rows = []
-
-    def add(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-
-    for L in lengths:
-        if time.time() > deadline:
-            break
+    base = {"shape": spec["shape"], "N": budget}
+    for L in spec["lengths"]:
         ids = torch.randint(100, model.config.vocab_size - 1, (1, L), device=device)
-        one_pass(model, ids[:, :256])  # warm-up
-        t, m = measure(lambda: one_pass(model, ids), device)
-        add({"shape": shape, "L": L, "mode": "one-pass", "time_s": t, "peak_gib": m})
-        t, m = measure(lambda: one_pass_compress(model, ids, budget), device)
-        add({"shape": shape, "L": L, "mode": "one-pass+keydiff-compress", "time_s": t, "peak_gib": m})
-        for name, B, graphs in cases:
+        one_pass(ids[:, :256])  # warm-up
+        # a short chunked run per case kind, so that first-use costs (kernel loading) are not timed
+        for name in {c[0] for c in spec["cases"]}:
+            Engine(model, get_policy(name), engine_config(name, 256, 64, "plain")).prefill(ids[:, :512])
+        if spec.get("one_pass", True):
+            for mode, fn in (("one-pass", one_pass), ("one-pass+keydiff-compress", one_pass_compress)):
+                try:
+                    t, m = measure(lambda: fn(ids), device)
+                    emit({**base, "part": "time", "L": L, "mode": mode, "time_s": t, "peak_gib": m})
+                except Exception as e:  # noqa: BLE001
+                    traceback.print_exc()
+                    emit({**base, "part": "time", "L": L, "mode": mode, "error": repr(e)[:400]})
+        for name, B, mode in spec["cases"]:
             if time.time() > deadline:
-                return rows
-            cfg = EngineConfig(budget=None if name == "full" else budget, chunk_size=B, cuda_graphs=graphs)
-            eng = Engine(model, get_policy(name), cfg)
-            t, m = measure(lambda: eng.prefill(ids), device)
-            mode = f"chunked {name}" + (" +graphs" if graphs else "")
-            add({"shape": shape, "L": L, "mode": mode, "B": B, "N": budget, "time_s": t, "peak_gib": m})
-    return rows
+                emit({**base, "part": "time", "L": L, "mode": f"chunked {name} {mode}", "B": B, "skipped": "deadline"})
+                continue
+            row = {**base, "part": "time", "L": L, "mode": f"chunked {name} {mode}", "B": B}
+            try:
+                eng = Engine(model, get_policy(name), engine_config(name, budget, B, mode, device=device))
+                t, m = measure(lambda: eng.prefill(ids), device)
+                emit({**row, "time_s": t, "peak_gib": m, "graphs": eng.use_graphs})
+            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                traceback.print_exc()
+                emit({**row, "error": repr(e)[:400]})
+
+
+def child(spec: dict, device: str, out: Path, deadline: float) -> None:
+    import torch
+
+    lines = out.open("a")
+
+    def emit(row: dict) -> None:
+        print(json.dumps(row), flush=True)
+        lines.write(json.dumps(row) + "\n")
+        lines.flush()
+
+    if spec["part"] == "exact":
+        variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager")]
+        if device == "cuda":
+            variants.append(("slot", "graphs"))
+        compare(spec, device, emit, variants)
+    elif spec["part"] == "graphs-vs-eager":
+        compare(spec, device, emit, [("slot", "static-eager"), ("slot", "graphs" if device == "cuda" else "static-eager"),
+                                     ("slot", "plain")])
+    else:
+        timing(spec, device, emit, deadline)
+
+
+# ---------------------------------------------------------------------------------------------- report
 
 
 def table(rows: list[dict]) -> str:
-    base = {(r["shape"], r["L"]): r["time_s"] for r in rows if r["mode"] == "one-pass"}
-    out = ["| shape | L | mode | B | time s | ratio to one-pass | peak extra GiB |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ratio = r["time_s"] / base[(r["shape"], r["L"])]
-        out.append(f"| {r['shape']} | {r['L']} | {r['mode']} | {r.get('B', '-')} | {r['time_s']:.3f} | {ratio:.2f}x | {r['peak_gib']:.2f} |")
+    times = [r for r in rows if r.get("part") == "time"]
+    base = {(r["shape"], r["L"]): r["time_s"] for r in times if r["mode"] == "one-pass" and "time_s" in r}
+    kd = {(r["shape"], r["L"], r["B"]): r["time_s"] for r in times if r["mode"] == "chunked keydiff graphs" and "time_s" in r}
+    out = ["| shape | L | mode | B | time s | ratio to one-pass | ratio to keydiff graphs (same B) | peak extra GiB |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in times:
+        head = f"| {r['shape']} | {r['L']} | {r['mode']} | {r.get('B', '-')} |"
+        if "time_s" not in r:
+            out.append(f"{head} {r.get('error', r.get('skipped', ''))[:90]} | | | |")
+            continue
+        one = base.get((r["shape"], r["L"]))
+        ref = kd.get((r["shape"], r["L"], r.get("B")))
+        ratio = f"{r['time_s'] / one:.2f}x" if one else "-"
+        vs = f"{r['time_s'] / ref:.2f}x" if ref and "B" in r else "-"
+        out.append(f"{head} {r['time_s']:.3f} | {ratio} | {vs} | {r['peak_gib']:.2f} |")
+    checks = [r for r in rows if r.get("part") in ("exact", "graphs-vs-eager")]
+    out += ["", "| check | L | policy | variant | reference | same tokens | same kept | max abs logit diff |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in checks:
+        if "error" in r:
+            out.append(f"| {r['part']} | {r['L']} | {r['policy']} | {r['variant']} | error: {r['error'][:80]} | | | |")
+        else:
+            out.append(f"| {r['part']} | {r['L']} | {r['policy']} | {r['variant']} | {r['reference']} | "
+                       f"{r['same_tokens']} | {r['same_kept']} | {r['max_abs_logit_diff']:.3g} |")
     return "\n".join(out)
 
 
@@ -148,46 +283,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU, to test this script")
     ap.add_argument("--out", default="bench/out")
-    ap.add_argument("--minutes", type=float, default=7.0, help="stop starting new cases after this long")
+    ap.add_argument("--minutes", type=float, default=7.0, help="stop starting new timed cases after this long")
+    ap.add_argument("--quick", action="store_true", help="the short plan (checks at one length, headline cases)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    start = time.time()
-    deadline = start + 60 * args.minutes
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policies = ["keydiff", "full", "tova", "snapkv", "h2o"]
-    gpu = not args.cpu
-    all_b = [(p, b, g) for b in (64, 128, 256, 1024) for p, g in (("keydiff", False), ("keydiff", gpu))]
-    per_policy = [("full", 128, False), ("tova", 128, gpu), ("snapkv", 128, gpu), ("h2o", 128, gpu)]
-    if args.cpu:
-        device, dtype = "cpu", torch.float32
-        plan = [("cpu-tiny", [1024, 2048], [("keydiff", 64, False), ("keydiff", 128, False)] + per_policy, 256)]
-        exact = ("cpu-tiny", 600, 128, 64)
-    else:
-        device, dtype = "cuda", torch.bfloat16
-        plan = [("llama-3.2-3b", [32768], all_b + per_policy, 8192),
-                ("llama-3.2-3b", [16384, 65536], [("keydiff", 128, True), ("keydiff", 128, False)], 8192),
-                ("llama-3.1-8b", [32768], [("keydiff", 128, True), ("keydiff", 128, False), ("full", 128, False)], 8192)]
-        exact = ("llama-3.2-3b", 4096, 256, 1024)
-    report: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                    "torch": torch.__version__}
-    # float32 and 4 layers: in bf16 the permuted summation order can flip near-tied scores of random weights
-    model = build(exact[0], device, torch.float32, 131072, layers=4)
-    report["exactness"] = exactness(model, device, exact[1], exact[3], exact[2], policies, gpu)
-    print(json.dumps(report["exactness"]), flush=True)
-    rows: list[dict] = []
-    current = None
-    for shape, lengths, cases, budget in plan:
-        if shape != current:
-            model = None
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            model = build(shape, device, dtype, 131072)
-            current = shape
-        rows += timing(model, shape, device, lengths, cases, budget, deadline)
-    report["timing"] = rows
-    report["elapsed_s"] = time.time() - start
+    rows_path = out / "gpu_check.jsonl"
+    device = "cpu" if args.cpu else "cuda"
+    if args.child:
+        child(json.loads(args.child), device, rows_path, args.deadline)
+        return
+    start = time.time()
+    deadline = start + 60 * args.minutes
+    rows_path.write_text("")
+    parts = []
+    for spec in plan(args.cpu, args.quick):
+        cmd = [sys.executable, __file__, "--out", str(out), "--child", json.dumps(spec), "--deadline", str(deadline)]
+        if args.cpu:
+            cmd.append("--cpu")
+        t = time.time()
+        rc = subprocess.call(cmd)
+        parts.append({"part": spec["part"], "shape": spec["shape"], "lengths": spec["lengths"], "rc": rc,
+                      "seconds": round(time.time() - t, 1)})
+        print(json.dumps(parts[-1]), flush=True)
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    report = {"device": device, "parts": parts, "rows": rows, "elapsed_s": time.time() - start}
+    if device == "cuda":
+        import torch
+
+        report.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
-    (out / "gpu_check.md").write_text(table(rows))
+    (out / "gpu_check.md").write_text(table(rows) + "\n")
     print(table(rows))
 
 

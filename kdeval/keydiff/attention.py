@@ -7,6 +7,11 @@ forward's keyword arguments (``kdeval_capture=``), also computes the softmax row
 their sum over those queries per layer.
 
 Both interfaces must be registered: without ``AttentionMaskInterface`` the mask would silently be ``None``.
+
+``kdeval_static`` serves the static slot layout (the CUDA-graph step): the engine passes its own boolean mask
+``[1, 1, t, N + t]`` (empty slots hidden, causal within the chunk's tail slots), and attention runs per KV
+head with the ``group`` query heads folded into the query axis, so SDPA takes the mask without the keys and
+values being repeated for every query head.
 """
 from __future__ import annotations
 
@@ -15,11 +20,13 @@ from dataclasses import dataclass
 from typing import Iterator, Literal
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 CAPTURE_IMPL = "kdeval_capture"
+STATIC_IMPL = "kdeval_static"
 
 
 @dataclass(frozen=True)
@@ -44,33 +51,39 @@ class AttentionCapture:
         self.need = need
         self.by_layer: dict[int, torch.Tensor] = {}
 
-    def _probs(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int) -> torch.Tensor:
+    def _probs(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         """Softmax rows of the last ``w`` queries over all ``m`` keys: ``[b, kv_heads, group, w, m]``, at least
-        float32 (half-precision models are scored in float32)."""
+        float32 (half-precision models are scored in float32). ``mask [1, 1, t, m]`` (True: visible) replaces
+        the default "all keys, causal within the chunk" when given."""
         b, hq, t, d = query.shape
         hk, m = key.shape[1], key.shape[2]
         dt = torch.promote_types(query.dtype, torch.float32)
         q = query[:, :, t - w :, :].reshape(b, hk, hq // hk, w, d).to(dt)
         logits = torch.matmul(q, key.to(dt).unsqueeze(2).transpose(-1, -2)) * scaling
-        if w > 1:
+        if mask is not None:
+            rows = mask[:, :, t - w :, :].unsqueeze(2)  # [1, 1, 1, w, m]
+            logits = logits.masked_fill(~rows, float("-inf"))
+        elif w > 1:
             # Row r is the query at cache slot m - w + r; it sees keys up to and including that slot.
             row_slot = torch.arange(m - w, m, device=key.device).unsqueeze(-1)
             hidden = torch.arange(m, device=key.device).unsqueeze(0) > row_slot  # [w, m]
             logits = logits.masked_fill(hidden, float("-inf"))
         return torch.softmax(logits, dim=-1)
 
-    def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+    def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
+               mask: torch.Tensor | None = None) -> None:
         """``query [b, q_heads, t, d]``, ``key [b, kv_heads, m, d]``: the chunk is the last ``t`` of ``m`` keys."""
-        probs = self._probs(query, key, scaling, self.need.rows(query.shape[2]))
+        probs = self._probs(query, key, scaling, self.need.rows(query.shape[2]), mask)
         self.by_layer[layer_idx] = probs.sum(dim=3)
 
     def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float) -> torch.Tensor:
+               scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
         """For ``all`` rows: the chunk's attention output ``[b, t, q_heads, d]`` from the same probabilities the
         policy records, so the chunk's scores are not computed twice (once fused, once here)."""
         b, hq, t, d = query.shape
         hk = key.shape[1]
-        probs = self._probs(query, key, scaling, t)  # [b, hk, g, t, m]
+        probs = self._probs(query, key, scaling, t, mask)  # [b, hk, g, t, m]
         self.by_layer[layer_idx] = probs.sum(dim=3)
         out = torch.matmul(probs, value.to(probs.dtype).unsqueeze(2))  # [b, hk, g, t, d_v]
         return out.reshape(b, hq, t, -1).transpose(1, 2).contiguous().to(query.dtype)
@@ -82,12 +95,14 @@ class AttentionCapture:
 def capture_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """SDPA's output, plus the rows the ``kdeval_capture`` keyword asks for.
 
-    When every row of the chunk is needed (H2O), the output is computed from those rows' probabilities
-    instead of running SDPA as well: the chunk's score matrix is then computed once, not twice.
+    When every row of a chunk is needed (H2O), the output is computed from those rows' probabilities instead
+    of running SDPA as well: the chunk's score matrix is then computed once, not twice. A single query (a
+    decode step) takes SDPA plus the one recorded row, which is cheaper than a probabilities-times-values
+    product.
     """
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if capture is not None and capture.need.kind == "all" and dropout == 0.0:
+    if capture is not None and capture.need.kind == "all" and dropout == 0.0 and query.shape[2] > 1:
         return capture.attend(module.layer_idx, query, key, value, scale), None
     out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if capture is not None:
@@ -95,8 +110,59 @@ def capture_attention_forward(module, query, key, value, attention_mask, dropout
     return out
 
 
+def static_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Attention for the static layout: ``query [b, hq, t, d]`` over ``key``/``value [b, hk, N + t, d]`` with
+    the engine's ``attention_mask [1, 1, t, N + t]`` (bool, True: visible); returns ``[b, t, hq, d]``.
+
+    Once the head is full (``kdeval_cache_full``), the mask is plain lower-right causal and SDPA runs without
+    a mask tensor. Before that (empty head slots to hide):
+
+    The ``g = hq / hk`` query heads of a KV head are folded into the query axis (``[b, hk, g * t, d]``, the
+    mask repeated ``g`` times), so SDPA's masked kernels run without repeating the keys and values.
+    """
+    capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    full = kwargs.get("kdeval_cache_full", False)
+    mask = None if full else attention_mask
+    if capture is not None and capture.need.kind == "all" and query.shape[2] > 1:
+        return capture.attend(module.layer_idx, query, key, value, scale, mask), None
+    b, hq, t, d = query.shape
+    if full:
+        # Every head slot is valid: the mask is "all of the head, causal within the tail", i.e. causal aligned
+        # to the lower right, which SDPA's flash kernel takes without a mask tensor (and with GQA).
+        bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale,
+                                                               enable_gqa=True)
+        if capture is not None:
+            capture.record(module.layer_idx, query, key, scale)
+        return out.transpose(1, 2).contiguous(), None
+    hk = key.shape[1]
+    g = hq // hk
+    folded = kwargs.get("kdeval_folded_mask")
+    if folded is None:
+        folded = attention_mask.expand(1, g, t, attention_mask.shape[-1]).reshape(1, 1, g * t, -1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, hk, g * t, d), key, value, attn_mask=folded, scale=scale)
+    out = out.view(b, hq, t, -1).transpose(1, 2).contiguous()
+    if capture is not None:
+        capture.record(module.layer_idx, query, key, scale, attention_mask)
+    return out, None
+
+
 AttentionInterface.register(CAPTURE_IMPL, capture_attention_forward)
 AttentionMaskInterface.register(CAPTURE_IMPL, sdpa_mask)
+AttentionInterface.register(STATIC_IMPL, static_attention_forward)
+AttentionMaskInterface.register(STATIC_IMPL, sdpa_mask)  # unused: the engine always passes a 4-D mask
+
+
+def static_mask(budget: int, t: int, cached: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The static layout's mask ``[1, 1, t, budget + t]`` (True: visible): the ``cached`` valid head slots
+    ``[0, cached)`` for every query, and the chunk's tail slots ``[budget, budget + t)`` causally."""
+    slots = torch.arange(budget + t, device=device)
+    rows = torch.arange(t, device=device).unsqueeze(-1)
+    head = slots < cached
+    tail = (slots >= budget) & (slots - budget <= rows)
+    return (head | tail).view(1, 1, t, budget + t)
 
 
 @contextlib.contextmanager
@@ -107,7 +173,7 @@ def attention_implementation(model: torch.nn.Module, impl: str | None) -> Iterat
         return
     config = model.config
     before = config._attn_implementation
-    if before not in ("sdpa", CAPTURE_IMPL):
+    if before not in ("sdpa", CAPTURE_IMPL, STATIC_IMPL):
         raise ValueError(
             f"attn_implementation: policies that need attention weights run beside SDPA; the model uses {before!r}"
         )

@@ -9,6 +9,12 @@ cache, causal within the chunk) is therefore right, whatever order the older tok
 - :class:`SlotLayer` (``store="slot"``, default): one buffer of ``budget + chunk`` slots allocated once and
   written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
   the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order is not position order.
+- The slot store's *static* layout (``static_base=N``, used by the captured CUDA-graph step): every chunk of
+  ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction always see all
+  ``N + t`` slots, so every full chunk has the same shapes from the first chunk on. While fewer than ``N``
+  tokens are cached, slots ``[length, N)`` are empty (zero keys, a sentinel position); the engine masks them out
+  of attention and evicts them first, lowest slot first, so the valid tokens stay in ``[0, length)`` with
+  ``length = min(tokens seen, N)``.
 - :class:`GatherLayer` (``store="gather"``): transformers' growing ``DynamicLayer``; eviction gathers the kept
   tokens into new tensors in position order. Simple, and the reference the slot store is checked against.
 """
@@ -45,14 +51,22 @@ class _BudgetLayerMixin:
         return -1
 
 
+#: The position recorded for an empty slot of the static layout: sorts after every real position.
+EMPTY_POSITION = 2**62
+
+
 class SlotLayer(_BudgetLayerMixin, DynamicLayer):
-    """A fixed buffer of ``capacity`` slots (grown only for the full cache), written in place."""
+    """A fixed buffer of ``capacity`` slots (grown only for the full cache), written in place.
+
+    ``static_base`` N selects the static layout (module docstring): chunks land in ``[N, N + t)``.
+    """
 
     is_croppable = False
 
-    def __init__(self, capacity: int, state_names: tuple[str, ...] = ()):
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None):
         DynamicLayer.__init__(self)
         self.capacity = capacity
+        self.static_base = static_base
         self._init_budget(state_names)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -61,7 +75,8 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         self.dtype, self.device = key_states.dtype, dev
         self.keys = torch.zeros(b, h, self.capacity, d, dtype=key_states.dtype, device=dev)
         self.values = torch.zeros(b, h, self.capacity, value_states.shape[-1], dtype=value_states.dtype, device=dev)
-        self.positions = torch.zeros(b, h, self.capacity, dtype=torch.long, device=dev)
+        fill = EMPTY_POSITION if self.static_base is not None else 0
+        self.positions = torch.full((b, h, self.capacity), fill, dtype=torch.long, device=dev)
         self.state = {n: torch.zeros(b, h, self.capacity, dtype=torch.float32, device=dev) for n in self.state_names}
         self.is_initialized = True
 
@@ -81,7 +96,8 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[2]
-        start, end = self.length, self.length + t
+        start = self.length if self.static_base is None else self.static_base
+        end = start + t
         if end > self.capacity:
             self._grow(end)
         self.keys[:, :, start:end] = key_states
@@ -93,8 +109,13 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The valid tokens (cached + pending chunk): keys, positions, state (views, writable)."""
+        """The valid tokens (cached + pending chunk): keys, positions, state (views, writable).
+
+        In the static layout with a chunk pending: all ``N + t`` slots, empty ones included.
+        """
         m = self.length + self.pending
+        if self.static_base is not None and self.pending:
+            m = self.static_base + self.pending
         return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
 
     def evict(self, drop: torch.Tensor | None) -> None:
@@ -102,10 +123,16 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
 
         With ``m`` valid slots and ``k`` to drop, the kept tokens must end in slots ``[0, m - k)``. Dropped slots
         below ``m - k`` are holes; the chunk-tail slots ``[m - k, m)`` that survive move into those holes.
+        In the static layout ``m = N + t`` and exactly ``t`` slots are dropped (empty ones first).
         """
-        m = self.length + self.pending
+        t = self.pending
+        m = self.length + t if self.static_base is None else self.static_base + t
         self.pending = 0
-        if drop is None or drop.shape[-1] == 0:
+        if self.static_base is not None:
+            if drop is None or drop.shape[-1] != t:
+                raise ValueError(f"drop: the static layout frees exactly the chunk's {t} slots per step")
+            self.length = min(self.length + t, self.static_base)
+        elif drop is None or drop.shape[-1] == 0:
             self.length = m
             return
         k = drop.shape[-1]
@@ -120,7 +147,8 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         for buf in (self.keys, self.values, self.positions, *self.state.values()):
             moved = buf.gather(2, _expand(src, buf))
             buf.scatter_(2, _expand(dst, buf), moved)
-        self.length = keep_n
+        if self.static_base is None:
+            self.length = keep_n
 
 
 class GatherLayer(_BudgetLayerMixin, DynamicLayer):
@@ -164,9 +192,13 @@ class GatherLayer(_BudgetLayerMixin, DynamicLayer):
 class BudgetCache(Cache):
     """A transformers ``Cache`` of :class:`SlotLayer` or :class:`GatherLayer`, one per decoder layer."""
 
-    def __init__(self, num_layers: int, store: str, capacity: int, state_names: tuple[str, ...] = ()):
+    def __init__(self, num_layers: int, store: str, capacity: int, state_names: tuple[str, ...] = (),
+                 static_base: int | None = None):
+        if static_base is not None and store != "slot":
+            raise ValueError("static_base: only the slot store has a static layout")
+        self.static_base = static_base
         if store == "slot":
-            layers = [SlotLayer(capacity, state_names) for _ in range(num_layers)]
+            layers = [SlotLayer(capacity, state_names, static_base) for _ in range(num_layers)]
         elif store == "gather":
             layers = [GatherLayer(state_names) for _ in range(num_layers)]
         else:
@@ -184,6 +216,11 @@ class BudgetCache(Cache):
         pos = positions.view(1, 1, -1)
         for layer in self.layers:
             layer.next_positions = pos
+
+    def advance_static(self, t: int) -> None:
+        """Host-side bookkeeping of a replayed static step of ``t`` tokens (what ``evict`` does on a plain call)."""
+        for layer in self.layers:
+            layer.length = min(layer.length + t, self.static_base)
 
     def nbytes(self) -> int:
         """Bytes held by the key/value tensors (allocated buffers, not just valid slots)."""

@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, AttentionCapture, attention_implementation
+from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
+                                     static_mask)
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
@@ -31,9 +32,11 @@ class EngineConfig:
     chunk_size: int = 128
     max_new_tokens: int = 32
     store: str = "slot"
-    #: capture the steady-state chunk step and decode step as CUDA graphs (off until proven on a GPU);
-    #: ``emulate_graphs`` runs the same static-buffer path without CUDA, for tests.
-    cuda_graphs: bool = False
+    #: capture the full-chunk step and the decode step as CUDA graphs (static slot layout); ``None``: on when
+    #: the model is on CUDA (checked on an H200 by bench/gpu_check.py, see bench/RESULTS.md).
+    #: ``emulate_graphs`` runs the same static-layout step with plain calls instead of graph replays (tests
+    #: without CUDA; on CUDA, the eager reference the captured graphs are checked against).
+    cuda_graphs: bool | None = None
     emulate_graphs: bool = False
 
     def __post_init__(self) -> None:
@@ -45,6 +48,18 @@ class EngineConfig:
             raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
         if self.store not in STORES:
             raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
+
+
+def empty_slots_first(scores: torch.Tensor, budget: int, cached: int | torch.Tensor) -> torch.Tensor:
+    """Static layout: give the empty head slots ``[cached, budget)`` of ``scores [b, h, budget + t]`` distinct
+    values below every real score, lowest slot lowest, so eviction frees them first and in slot order (the
+    chunk then moves into ``[cached, cached + t)`` in every layer and head, and the valid slots stay a prefix)."""
+    if scores.dtype not in (torch.float32, torch.float64):
+        scores = scores.float()  # the ranks below need float32's range and precision
+    slots = torch.arange(scores.shape[-1], device=scores.device)
+    empty = (slots >= cached) & (slots < budget)
+    rank = -1e30 * (2.0 - slots.to(scores.dtype) / budget)  # -2e30 at slot 0 rising to -1e30 at slot budget
+    return torch.where(empty, rank, scores)
 
 
 @dataclass
@@ -117,7 +132,10 @@ class Engine:
         self.device = next(model.parameters()).device
         if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
-        self.use_graphs = config.cuda_graphs and self.evicting and config.store == "slot" and policy.graph_safe
+        graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
+        self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
+        #: graphs need the static slot layout (same shapes for every full chunk, from the first one on)
+        self.static = self.use_graphs
 
     # ------------------------------------------------------------------ public API
 
@@ -125,7 +143,8 @@ class Engine:
         """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed)."""
         cap = (self.config.budget + self.config.chunk_size) if self.evicting else max(tokens, self.config.chunk_size)
         state_names = self.policy.slot_state if self.evicting else ()
-        cache = BudgetCache(self.num_layers, self.config.store, cap, state_names)
+        cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
+                            static_base=self.config.budget if self.static else None)
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
@@ -203,6 +222,9 @@ class Engine:
             input_ids = input_ids.unsqueeze(0)
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
+        if state is not None and state.cache.static_base != (self.config.budget if self.static else None):
+            raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
+                             "continue it with the engine that made it")
         total = (state.seen if state else 0) + input_ids.shape[1] + max_new
         if self.max_context and total > self.max_context:
             raise ValueError(
@@ -217,7 +239,7 @@ class Engine:
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits)
         if graph is not None:
-            logits = graph.run(ids, state.seen)
+            logits = graph.run(state.cache, ids, state.seen)
         else:
             positions = torch.arange(state.seen, state.seen + t, device=self.device)
             logits = self._device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits)
@@ -238,7 +260,19 @@ class Engine:
         cache.begin_chunk(positions)
         capture = AttentionCapture(self.need) if self.need is not None else None
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
-        with attention_implementation(self.model, CAPTURE_IMPL if capture is not None else None):
+        impl = CAPTURE_IMPL if capture is not None else None
+        cached = None
+        if cache.static_base is not None:
+            impl = STATIC_IMPL
+            n = cache.static_base
+            cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
+            mask = static_mask(n, t, cached, ids.device)
+            kwargs["attention_mask"] = mask  # a 4-D mask reaches the attention function as it is
+            kwargs["kdeval_cache_full"] = full = cache.length >= n  # host bookkeeping, exact
+            if not full:
+                group = self.model.config.num_attention_heads // self.model.config.num_key_value_heads
+                kwargs["kdeval_folded_mask"] = mask.expand(1, group, t, n + t).reshape(1, 1, group * t, n + t)
+        with attention_implementation(self.model, impl):
             out = self.model(
                 input_ids=ids,
                 position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),
@@ -247,28 +281,30 @@ class Engine:
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
-        self._evict(cache, t, seen_after, steps, capture)
+        self._evict(cache, t, seen_after, steps, capture, cached)
         return out.logits
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):
-        """The captured step for this cache and chunk shape, when graphs apply (steady state); else ``None``."""
-        if not self.use_graphs or all_logits or state.cache.length != self.config.budget:
+        """The captured step for this cache and chunk shape, when graphs apply (static layout); else ``None``."""
+        if not self.use_graphs or all_logits:
             return None
         t = ids.shape[1]
         if t not in (self.config.chunk_size, 1):
             return None
-        key = (ids.shape[0], t)
+        key = (ids.shape[0], t, state.cache.length >= self.config.budget)  # filling and full: two graphs
         graph = state.cache.graphs.get(key)
         if graph is None:
-            graph = CapturedStep(self, state.cache, ids.shape[0], t)
+            graph = CapturedStep(self, ids.shape[0], t)
             state.cache.graphs[key] = graph
         return graph
 
     def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-               capture: AttentionCapture | None) -> None:
+               capture: AttentionCapture | None, cached: int | torch.Tensor | None = None) -> None:
+        """Score and free slots per layer. ``cached``: valid head slots before the chunk (static layout only)."""
         budget = self.config.budget
+        static = cache.static_base is not None
         for idx, layer in enumerate(cache.layers):
-            m = layer.length + layer.pending
+            m = budget + t if static else layer.length + layer.pending
             if not self.evicting:
                 layer.evict(None)
                 continue
@@ -280,11 +316,14 @@ class Engine:
                 continue
             scores = self.policy.score(keys, ctx)
             scores = protect(scores, positions, seen, self.policy.n_sink(), self.policy.n_recent(budget))
+            if static:
+                scores = empty_slots_first(scores, budget, cached)
             if self.policy.ties:
-                # Scores with exact ties (pooled ones): select in position order so the kept set does not
-                # depend on which slot a token happens to occupy.
+                # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (a
+                # stable sort in position order; topk's choice among ties depends on the array's layout), so
+                # the kept set depends neither on which slot a token occupies nor on empty slots.
                 order = ctx.position_order()
-                pick = torch.topk(scores.gather(-1, order), m - budget, dim=-1, largest=False, sorted=False).indices
+                pick = torch.sort(scores.gather(-1, order), dim=-1, stable=True).indices[..., : m - budget]
                 drop = order.gather(-1, pick)
             else:
                 drop = torch.topk(scores, m - budget, dim=-1, largest=False, sorted=False).indices

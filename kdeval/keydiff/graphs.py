@@ -1,12 +1,15 @@
-"""The steady-state step (chunk forward + scoring + eviction) captured once as a CUDA graph and replayed.
+"""The chunk step (chunk forward + scoring + eviction) captured once as a CUDA graph and replayed.
 
-Once a slot cache holds exactly ``budget`` tokens, every full chunk (and every decode step) has the same
-shapes: the chunk is written to slots ``[N, N + t)``, attention runs over ``N + t`` keys with the same mask,
-scoring and ``topk`` see ``N + t`` tokens, and the compaction moves ``t`` slots. Only the token ids, their
-positions and the count of tokens seen change, so they live in static device buffers that are refilled before
-each replay. Python-side bookkeeping of the cache (length == budget before and after) is the same for every
-step, so the capture's own pass through it leaves it right.
+With the static slot layout (kdeval/keydiff/cache.py) every full chunk has the same shapes from the first chunk
+on: the chunk is written to slots ``[N, N + t)``, attention runs over ``N + t`` keys under a mask computed on
+the device from the count of tokens seen, scoring and ``topk`` see ``N + t`` slots, and the compaction moves
+``t`` slots. Only the token ids, their positions and the count of tokens seen change, so they live in static
+device buffers that are refilled before each replay. The Python-side bookkeeping of the cache (its length)
+is advanced by every replay from the host (``BudgetCache.advance_static``), so nothing on the host depends on
+a replayed value.
 
+The first call runs eagerly, on the side stream the capture will use (so lazily created per-stream state such
+as library workspaces exists before capture), and is the warm-up; the second call captures, then replays.
 ``emulate=True`` (tests without CUDA) runs the same buffers through a plain call instead of a graph.
 """
 from __future__ import annotations
@@ -23,42 +26,54 @@ if TYPE_CHECKING:
 class CapturedStep:
     """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1)."""
 
-    def __init__(self, engine: "Engine", cache: "BudgetCache", batch: int, t: int):
-        self.engine, self.cache, self.t = engine, cache, t
+    def __init__(self, engine: "Engine", batch: int, t: int):
+        # The cache is passed to every call, not kept: the cache holds this object (``cache.graphs``), and a
+        # reference cycle would keep the graph's memory pool alive until the garbage collector runs.
+        self.engine, self.t = engine, t
         dev = engine.device
         self.ids = torch.zeros(batch, t, dtype=torch.long, device=dev)
         self.offsets = torch.arange(t, device=dev)
         self.positions = torch.zeros(t, dtype=torch.long, device=dev)
         self.seen_after = torch.zeros((), dtype=torch.long, device=dev)
-        self.emulate = dev.type != "cuda"
+        self.emulate = dev.type != "cuda" or engine.config.emulate_graphs
+        self.stream = None if self.emulate else torch.cuda.Stream(device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.eager_runs = 0
 
-    def _fn(self) -> torch.Tensor:
-        return self.engine._device_step(self.cache, self.ids, self.positions, self.seen_after, 0, False)
+    def _fn(self, cache: "BudgetCache") -> torch.Tensor:
+        return self.engine._device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
 
     def _fill(self, ids: torch.Tensor, seen: int) -> None:
         self.ids.copy_(ids)
         torch.add(self.offsets, seen, out=self.positions)
         self.seen_after.fill_(seen + self.t)
 
-    def run(self, ids: torch.Tensor, seen: int) -> torch.Tensor:
-        """Run one step for ``ids [batch, t]`` starting at position ``seen``; returns logits ``[batch, 1, vocab]``."""
+    def run(self, cache: "BudgetCache", ids: torch.Tensor, seen: int) -> torch.Tensor:
+        """One step of ``cache`` (always the same one) for ``ids [batch, t]`` from position ``seen``; returns
+        logits ``[batch, 1, vocab]``."""
         self._fill(ids, seen)
-        if self.emulate or self.eager_runs == 0:
-            # The first steady-state step runs eagerly (the warm-up for these exact shapes).
+        if self.emulate:
+            return self._fn(cache).clone()
+        if self.eager_runs == 0:
             self.eager_runs += 1
-            return self._fn().clone()
+            current = torch.cuda.current_stream()
+            self.stream.wait_stream(current)
+            with torch.cuda.stream(self.stream):
+                logits = self._fn(cache).clone()
+            current.wait_stream(self.stream)
+            return logits
         if self.graph is None:
-            self._capture()
+            self._capture(cache)  # its Python pass did this step's bookkeeping
+        else:
+            cache.advance_static(self.t)
         self.graph.replay()
         return self.logits.clone()
 
-    def _capture(self) -> None:
+    def _capture(self, cache: "BudgetCache") -> None:
         # The capture records kernels without running them; replay() right after runs this step.
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            self.logits = self._fn()
+        with torch.cuda.graph(graph, stream=self.stream):
+            self.logits = self._fn(cache)
         self.graph = graph

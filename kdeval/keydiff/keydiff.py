@@ -26,14 +26,24 @@ ANCHORS = ("normalized", "mean", "pairwise")
 
 
 def keydiff_scores(keys: torch.Tensor, anchor: str = "normalized") -> torch.Tensor:
-    """``keys [b, h, n, d]`` → ``[b, h, n]`` float32 KeyDiff scores (higher = more distinct = keep)."""
-    k = keys.float()
-    unit = F.normalize(k, dim=-1, eps=1e-6)
+    """``keys [b, h, n, d]`` → ``[b, h, n]`` KeyDiff scores (higher = more distinct = keep), in float32 (float64
+    for float64 keys).
+
+    Computed as ``-(k_i · a) / |k_i|`` with ``a`` the normalized sum of the unit keys (or of the raw keys):
+    one conversion of the keys, their norms, and two matrix-vector products, instead of materialising the unit
+    keys and their elementwise product with the anchor.
+    """
+    k = keys if keys.dtype == torch.float64 else keys.float()
     if anchor == "pairwise":
+        unit = F.normalize(k, dim=-1, eps=1e-6)
         return -torch.matmul(unit, unit.transpose(-1, -2)).sum(dim=-1)
-    centre = unit.mean(dim=2, keepdim=True) if anchor == "normalized" else k.mean(dim=2, keepdim=True)
+    inv_norm = 1.0 / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(1e-6)  # [b, h, n, 1]
+    if anchor == "normalized":
+        centre = torch.matmul(inv_norm.transpose(-1, -2), k)  # [b, h, 1, d]: the sum of the unit keys
+    else:
+        centre = k.sum(dim=2, keepdim=True)
     centre = F.normalize(centre, dim=-1, eps=1e-6)
-    return -(unit * centre).sum(dim=-1)
+    return -(torch.matmul(k, centre.transpose(-1, -2)) * inv_norm).squeeze(-1)
 
 
 @register

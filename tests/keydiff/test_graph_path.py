@@ -1,13 +1,16 @@
-"""The static-buffer step that CUDA graphs capture gives the plain path's tokens, kept sets and logits.
+"""The static-layout step that CUDA graphs capture gives the gather store's tokens, kept sets and logits.
 
 On CPU the path runs emulated (same static buffers, a tensor ``seen``, plain calls instead of replays);
-bench/gpu_check.py checks the real graphs on a GPU.
+bench/gpu_check.py checks the real graphs on a GPU against the same step run eagerly.
 """
 import pytest
 import torch
 
 from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import Engine, EngineConfig
+from kdeval.keydiff.attention import static_mask
+from kdeval.keydiff.cache import EMPTY_POSITION
+from kdeval.keydiff.engine import empty_slots_first
 
 from .helpers import kept_positions, prompt, tiny
 
@@ -15,22 +18,72 @@ GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_s
 
 
 @pytest.mark.parametrize("policy", GRAPH_SAFE)
-def test_emulated_graph_step_equals_plain(policy):
+@pytest.mark.parametrize("length, new_tokens, graphs", [
+    (130, 8, {(1, 16, False), (1, 16, True), (1, 1, True)}),  # fills, then steady chunks and decoding
+    (25, 24, {(1, 16, False), (1, 1, False), (1, 1, True)}),  # the cache fills up while decoding
+])
+def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs):
+    """The static layout (emulated graphs) keeps exactly what the gather store keeps and gives its logits."""
     lm = tiny("random:llama-tiny", 2, "float64")
-    ids = prompt(130, seed=9)
-    results = []
-    for graphs in (False, True):
-        used = []
-        eng = Engine(lm.model, get_policy(policy),
-                     EngineConfig(budget=40, chunk_size=16, cuda_graphs=graphs, emulate_graphs=graphs),
-                     on_step=lambda s: used.append(len(s.cache.graphs)))
-        results.append((eng.generate(ids, max_new_tokens=8), used))
-    (plain, _), (graph, used) = results
-    assert used[-1] == 2  # one captured step for full chunks, one for decoding
-    assert plain.tokens == graph.tokens
-    for a, b in zip(kept_positions(plain.state), kept_positions(graph.state)):
+    ids = prompt(length, seed=9)
+    used = []
+    static = Engine(lm.model, get_policy(policy),
+                    EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True),
+                    on_step=lambda s: used.append(set(s.cache.graphs)))
+    gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, store="gather"))
+    got, ref = static.generate(ids, max_new_tokens=new_tokens), gather.generate(ids, max_new_tokens=new_tokens)
+    assert used[-1] == graphs
+    assert got.tokens == ref.tokens
+    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
         assert torch.equal(a, b)
-    assert torch.allclose(plain.state.last_logits, graph.state.last_logits, atol=1e-9)
+    assert torch.allclose(got.state.last_logits, ref.state.last_logits, atol=1e-9)
+
+
+def test_static_layout_keeps_valid_slots_a_prefix():
+    """Invariant of the static layout: after every step the ``min(seen, N)`` valid tokens fill slots [0, length)
+    and the head slots above them are empty, in every layer and head (batch of 2, GQA 4:1)."""
+    lm = tiny()
+    budget = 40
+
+    def check(state):
+        for layer in state.cache.layers:
+            n = layer.length
+            assert n == min(state.seen, budget)
+            pos = layer.positions
+            assert bool((pos[:, :, :n] < state.seen).all())
+            assert bool((pos[:, :, n:budget] == EMPTY_POSITION).all())
+            held = pos[:, :, :n].sort(-1).values
+            assert bool((held[..., 1:] > held[..., :-1]).all())  # no token held twice
+
+    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=16, cuda_graphs=True,
+                                                              emulate_graphs=True), on_step=check)
+    eng.generate(prompt(70, batch=2), max_new_tokens=5)
+
+
+def test_static_mask_known_answer():
+    mask = static_mask(budget=4, t=2, cached=3, device=torch.device("cpu"))
+    expected = torch.tensor([[1, 1, 1, 0, 1, 0],
+                             [1, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    assert mask.shape == (1, 1, 2, 6)
+    assert torch.equal(mask[0, 0], expected)
+
+
+def test_empty_slots_are_freed_first_lowest_first():
+    scores = torch.tensor([[[0.5, -3.0, 9.0, 9.0, 9.0, 0.1, 0.2]]])  # budget 5, 2 cached, chunk of 2
+    ranked = empty_slots_first(scores, budget=5, cached=2)
+    drop = torch.topk(ranked, 2, dim=-1, largest=False).indices.sort(-1).values
+    assert drop.tolist() == [[[2, 3]]]
+    assert torch.equal(ranked[..., :2], scores[..., :2]) and torch.equal(ranked[..., 5:], scores[..., 5:])
+
+
+def test_state_of_another_layout_refused():
+    lm = tiny()
+    plain = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
+    static = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
+                                                                  emulate_graphs=True))
+    state = plain.prefill(prompt(50))
+    with pytest.raises(ValueError, match=r"state: its cache was laid out by an engine with other"):
+        static.prefill(prompt(10), state=state)
 
 
 def test_graphs_refused_without_cuda():
@@ -44,3 +97,9 @@ def test_random_policy_never_captured():
     assert not eng.use_graphs
     res = eng.generate(prompt(100), max_new_tokens=4)
     assert res.state.cache.graphs == {}
+
+
+def test_graphs_default_off_without_cuda():
+    eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
+    assert eng.config.cuda_graphs is None and not eng.use_graphs and not eng.static
+    assert eng.generate(prompt(100), max_new_tokens=4).state.cache.static_base is None
