@@ -309,7 +309,10 @@ def main() -> None:
                       "seconds": round(time.time() - t, 1)})
         print(json.dumps(parts[-1]), flush=True)
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
-    report = {"device": device, "parts": parts, "rows": rows, "elapsed_s": time.time() - start}
+    from kdeval.version import code_version  # the package's source hash: ties the figures to the code
+
+    report = {"device": device, "code_version": code_version(), "parts": parts, "rows": rows,
+              "elapsed_s": time.time() - start}
     if device == "cuda":
         import torch
 

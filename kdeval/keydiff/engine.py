@@ -251,7 +251,7 @@ class Engine:
 
     def _device_step(self, cache: BudgetCache, ids: torch.Tensor, positions: torch.Tensor,
                      seen_after: int | torch.Tensor, steps: int, all_logits: bool) -> torch.Tensor:
-        """Forward + eviction with no host synchronisation: capturable as one CUDA graph in steady state.
+        """Forward + eviction with no host synchronisation: capturable as one CUDA graph (static layout).
 
         ``positions [t]`` and ``seen_after`` (an int, or a 0-d device tensor under graphs) are the only inputs
         that change from chunk to chunk.
@@ -270,7 +270,8 @@ class Engine:
             kwargs["attention_mask"] = mask  # a 4-D mask reaches the attention function as it is
             kwargs["kdeval_cache_full"] = full = cache.length >= n  # host bookkeeping, exact
             if not full:
-                group = self.model.config.num_attention_heads // self.model.config.num_key_value_heads
+                cfg = self.model.config
+                group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
                 kwargs["kdeval_folded_mask"] = mask.expand(1, group, t, n + t).reshape(1, 1, group * t, n + t)
         with attention_implementation(self.model, impl):
             out = self.model(
