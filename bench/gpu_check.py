@@ -42,10 +42,14 @@ def quick_plan() -> list[dict]:
     t3 = dict(shape="llama-3.2-3b", budget=8192)
     return [
         dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
+        dict(part="fused-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
+             B=256),
         dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096], budget=1024, B=256),
         dict(part="time", **t3, lengths=[32768], cases=[
-            ("keydiff", 128, "graphs"), ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"),
-            ("sink", 128, "graphs"), ("tova", 128, "graphs"), ("snapkv", 128, "graphs"), ("h2o", 128, "graphs")]),
+            ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 1024, "graphs-fused"),
+            ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"), ("sink", 128, "graphs"),
+            ("tova", 128, "graphs"), ("tova", 128, "graphs-fused"), ("snapkv", 128, "graphs"),
+            ("snapkv", 128, "graphs-fused"), ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused")]),
         dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("full", 128, "plain")]),
     ]
 
@@ -59,22 +63,29 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
         return [
             dict(part="exact", shape="cpu-tiny", layers=2, dtype="float64", lengths=[600, 200], budget=256, B=64),
             dict(part="graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
-            dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 128, "plain"),
-                                                          ("full", 128, "plain"), ("h2o", 128, "graphs")]),
+            dict(part="fused-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
+            dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 64, "graphs-fused"),
+                                                          ("keydiff", 128, "plain"), ("full", 128, "plain"),
+                                                          ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
     return [
         dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096, 900], budget=1024, B=256),
         dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
+        dict(part="fused-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
+             B=256),
         dict(part="time", **t3, lengths=[32768], cases=[
-            ("keydiff", 128, "graphs"), ("keydiff", 64, "graphs"), ("keydiff", 256, "graphs"),
-            ("keydiff", 1024, "graphs"), ("keydiff", 128, "plain"), ("keydiff", 1024, "plain"),
+            ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 64, "graphs"),
+            ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"), ("keydiff", 1024, "graphs-fused"),
+            ("keydiff", 128, "plain"), ("keydiff", 1024, "plain"),
             ("full", 128, "plain"), ("full", 1024, "plain")]),
         dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[
             ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("tova", 128, "graphs"),
-            ("snapkv", 128, "graphs"), ("tova", 128, "plain")]),
-        dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[("h2o", 128, "graphs"), ("h2o", 128, "plain")]),
+            ("tova", 128, "graphs-fused"), ("snapkv", 128, "graphs"), ("snapkv", 128, "graphs-fused"),
+            ("tova", 128, "plain")]),
+        dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[
+            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"), ("h2o", 128, "plain")]),
         dict(part="time", **t3, lengths=[8192], cases=[
             ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("keydiff", 128, "plain"), ("full", 128, "plain")]),
         dict(part="time", **t3, lengths=[16384, 65536], cases=[("keydiff", 128, "graphs")]),
@@ -107,12 +118,15 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 
 
 def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
-    """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured)."""
+    """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
+    the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once)."""
     from kdeval.keydiff import EngineConfig
 
+    base = mode.removesuffix("-fused")
     return EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
-                        cuda_graphs=mode in ("graphs", "static-eager") and name != "full",
-                        emulate_graphs=mode == "static-eager" or device == "cpu")
+                        cuda_graphs=base in ("graphs", "static-eager") and name != "full",
+                        emulate_graphs=base == "static-eager" or device == "cpu",
+                        fuse_layers=mode.endswith("-fused"))
 
 
 def generate(model, name, cfg, ids):
@@ -237,10 +251,12 @@ def child(spec: dict, device: str, out: Path, deadline: float) -> None:
         lines.flush()
 
     if spec["part"] == "exact":
-        variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager")]
+        variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"), ("slot", "static-eager-fused")]
         if device == "cuda":
-            variants.append(("slot", "graphs"))
+            variants += [("slot", "graphs"), ("slot", "graphs-fused")]
         compare(spec, device, emit, variants)
+    elif spec["part"] == "fused-graphs-vs-eager":
+        compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
     elif spec["part"] == "graphs-vs-eager":
         compare(spec, device, emit, [("slot", "static-eager"), ("slot", "graphs" if device == "cuda" else "static-eager"),
                                      ("slot", "plain")])
@@ -267,7 +283,7 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['time_s'] / one:.2f}x" if one else "-"
         vs = f"{r['time_s'] / ref:.2f}x" if ref and "B" in r else "-"
         out.append(f"{head} {r['time_s']:.3f} | {ratio} | {vs} | {r['peak_gib']:.2f} |")
-    checks = [r for r in rows if r.get("part") in ("exact", "graphs-vs-eager")]
+    checks = [r for r in rows if r.get("part") in ("exact", "graphs-vs-eager", "fused-graphs-vs-eager")]
     out += ["", "| check | L | policy | variant | reference | same tokens | same kept | max abs logit diff |",
             "|---|---|---|---|---|---|---|---|"]
     for r in checks:

@@ -30,6 +30,7 @@ class Random(Policy):
     name = "random"
     rule = "evict uniformly at random (seeded)"
     graph_safe = False  # the step number salts the hash
+    layer_independent = False  # and so does the layer
 
     seed: int = 0
 

@@ -55,6 +55,23 @@ class _BudgetLayerMixin:
 EMPTY_POSITION = 2**62
 
 
+def compact(buffers, drop: torch.Tensor, keep_n: int) -> None:
+    """Free the slots ``drop [rows, h, k]`` of every buffer ``[rows, h, slots, ...]`` so that the kept tokens
+    fill ``[0, keep_n)``: each dropped slot below ``keep_n`` (a hole) receives one surviving token from the
+    tail ``[keep_n, keep_n + k)``; an O(k) move, no gather of the whole cache."""
+    k = drop.shape[-1]
+    dst = drop.sort(dim=-1).values  # holes first (< keep_n), then dropped tail slots
+    in_tail = dst >= keep_n
+    n_holes = (~in_tail).sum(dim=-1, keepdim=True)
+    tail_dropped = torch.zeros_like(dst).scatter_add_(-1, (dst - keep_n).clamp(min=0), in_tail.long())
+    movers = keep_n + torch.argsort(tail_dropped.clamp(max=1), dim=-1, stable=True)  # survivors first
+    slot = torch.arange(k, device=dst.device)
+    src = torch.where(slot < n_holes, movers, dst)  # past the holes: copy a dropped tail slot onto itself
+    for buf in buffers:
+        moved = buf.gather(2, _expand(src, buf))
+        buf.scatter_(2, _expand(dst, buf), moved)
+
+
 class SlotLayer(_BudgetLayerMixin, DynamicLayer):
     """A fixed buffer of ``capacity`` slots (grown only for the full cache), written in place.
 
@@ -63,16 +80,24 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
 
     is_croppable = False
 
-    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None):
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None,
+                 allocate=None):
+        """``allocate(key_states, value_states)``: where the buffers come from (the cache's layer-fused
+        buffers); by default this layer allocates its own."""
         DynamicLayer.__init__(self)
         self.capacity = capacity
         self.static_base = static_base
+        self.allocate = allocate
         self._init_budget(state_names)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         dev = key_states.device
         self.dtype, self.device = key_states.dtype, dev
+        self.is_initialized = True
+        if self.allocate is not None:
+            self.keys, self.values, self.positions, self.state = self.allocate(key_states, value_states)
+            return
         self.keys = torch.zeros(b, h, self.capacity, d, dtype=key_states.dtype, device=dev)
         self.values = torch.zeros(b, h, self.capacity, value_states.shape[-1], dtype=value_states.dtype, device=dev)
         fill = EMPTY_POSITION if self.static_base is not None else 0
@@ -135,18 +160,8 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         elif drop is None or drop.shape[-1] == 0:
             self.length = m
             return
-        k = drop.shape[-1]
-        keep_n = m - k
-        dst = drop.sort(dim=-1).values  # holes first (< keep_n), then dropped tail slots
-        in_tail = dst >= keep_n
-        n_holes = (~in_tail).sum(dim=-1, keepdim=True)
-        tail_dropped = torch.zeros_like(dst).scatter_add_(-1, (dst - keep_n).clamp(min=0), in_tail.long())
-        movers = keep_n + torch.argsort(tail_dropped.clamp(max=1), dim=-1, stable=True)  # survivors first
-        slot = torch.arange(k, device=dst.device)
-        src = torch.where(slot < n_holes, movers, dst)  # past the holes: copy a dropped tail slot onto itself
-        for buf in (self.keys, self.values, self.positions, *self.state.values()):
-            moved = buf.gather(2, _expand(src, buf))
-            buf.scatter_(2, _expand(dst, buf), moved)
+        keep_n = m - drop.shape[-1]
+        compact((self.keys, self.values, self.positions, *self.state.values()), drop, keep_n)
         if self.static_base is None:
             self.length = keep_n
 
@@ -193,12 +208,19 @@ class BudgetCache(Cache):
     """A transformers ``Cache`` of :class:`SlotLayer` or :class:`GatherLayer`, one per decoder layer."""
 
     def __init__(self, num_layers: int, store: str, capacity: int, state_names: tuple[str, ...] = (),
-                 static_base: int | None = None):
+                 static_base: int | None = None, fused: bool = False):
+        """``fused``: the static layout's layers share buffers ``[layers * batch, kv_heads, slots, ...]`` (layer
+        ``i`` owns rows ``[i * batch, (i + 1) * batch)``), so eviction can treat all layers as one batch."""
         if static_base is not None and store != "slot":
             raise ValueError("static_base: only the slot store has a static layout")
+        if fused and static_base is None:
+            raise ValueError("fused: layer-fused buffers need the static layout")
         self.static_base = static_base
+        self.fused: dict[str, torch.Tensor] | None = None  # the shared buffers, once allocated
+        self._fused_specs = (num_layers, capacity, state_names) if fused else None
         if store == "slot":
-            layers = [SlotLayer(capacity, state_names, static_base) for _ in range(num_layers)]
+            layers = [SlotLayer(capacity, state_names, static_base, self._fused_view(i) if fused else None)
+                      for i in range(num_layers)]
         elif store == "gather":
             layers = [GatherLayer(state_names) for _ in range(num_layers)]
         else:
@@ -210,6 +232,28 @@ class BudgetCache(Cache):
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def _fused_view(self, idx: int):
+        def allocate(key_states: torch.Tensor, value_states: torch.Tensor):
+            num_layers, cap, state_names = self._fused_specs
+            b, h, _, d = key_states.shape
+            dev = key_states.device
+            if self.fused is None:
+                rows = num_layers * b
+                self.fused = {
+                    "keys": torch.zeros(rows, h, cap, d, dtype=key_states.dtype, device=dev),
+                    "values": torch.zeros(rows, h, cap, value_states.shape[-1], dtype=value_states.dtype, device=dev),
+                    "positions": torch.full((rows, h, cap), EMPTY_POSITION, dtype=torch.long, device=dev),
+                    **{f"state.{n}": torch.zeros(rows, h, cap, dtype=torch.float32, device=dev) for n in state_names},
+                }
+            keys = self.fused["keys"]
+            if keys.shape[0] != num_layers * b or keys.shape[1] != h or keys.shape[3] != d:
+                raise ValueError("fused: every layer must have the same batch, KV heads and head size")
+            mine = {name: buf[idx * b : (idx + 1) * b] for name, buf in self.fused.items()}
+            state = {n: mine[f"state.{n}"] for n in state_names}
+            return mine["keys"], mine["values"], mine["positions"], state
+
+        return allocate
 
     def begin_chunk(self, positions: torch.Tensor) -> None:
         """Set the absolute positions ``[t]`` of the chunk the next forward writes."""

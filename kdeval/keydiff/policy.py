@@ -68,6 +68,9 @@ class Policy:
     ties: ClassVar[bool] = False
     #: ``False`` when scoring depends on host-side values that change per step (graphs would freeze them).
     graph_safe: ClassVar[bool] = True
+    #: ``True`` when scores depend on nothing but each batch row's own tensors (not on ``ctx.layer_idx``): the
+    #: engine may then score all layers at once, as one batch of ``layers * batch`` rows (``fuse_layers``).
+    layer_independent: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.validate()

@@ -17,19 +17,22 @@ from .helpers import kept_positions, prompt, tiny
 GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
 @pytest.mark.parametrize("policy", GRAPH_SAFE)
 @pytest.mark.parametrize("length, new_tokens, graphs", [
     (130, 8, {(1, 16, False), (1, 16, True), (1, 1, True)}),  # fills, then steady chunks and decoding
     (25, 24, {(1, 16, False), (1, 1, False), (1, 1, True)}),  # the cache fills up while decoding
 ])
-def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs):
-    """The static layout (emulated graphs) keeps exactly what the gather store keeps and gives its logits."""
+def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs, fused):
+    """The static layout (emulated graphs), layer by layer or all layers at once, keeps exactly what the
+    gather store keeps and gives its logits."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(length, seed=9)
     used = []
     static = Engine(lm.model, get_policy(policy),
-                    EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True),
+                    EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused),
                     on_step=lambda s: used.append(set(s.cache.graphs)))
+    assert static.fused == fused
     gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, store="gather"))
     got, ref = static.generate(ids, max_new_tokens=new_tokens), gather.generate(ids, max_new_tokens=new_tokens)
     assert used[-1] == graphs
@@ -103,3 +106,29 @@ def test_graphs_default_off_without_cuda():
     eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
     assert eng.config.cuda_graphs is None and not eng.use_graphs and not eng.static
     assert eng.generate(prompt(100), max_new_tokens=4).state.cache.static_base is None
+
+
+def test_fused_layers_share_one_buffer_and_batches():
+    """With ``fuse_layers`` every layer's keys are rows of one shared buffer, batch rows stay apart, and the
+    kept sets equal the per-layer path's (batch of 2, GQA 4:1, H2O's per-token state included)."""
+    lm = tiny()
+    ids = prompt(90, batch=2, seed=3)
+    results = []
+    for fused in (False, True):
+        eng = Engine(lm.model, get_policy("h2o"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
+                                                               emulate_graphs=True, fuse_layers=fused))
+        results.append(eng.generate(ids, max_new_tokens=6))
+    per_layer, fused = results
+    shared = fused.state.cache.fused["keys"]
+    for i, layer in enumerate(fused.state.cache.layers):
+        assert layer.keys.data_ptr() == shared[2 * i].data_ptr()
+    assert fused.tokens == per_layer.tokens
+    for a, b in zip(kept_positions(fused.state), kept_positions(per_layer.state)):
+        assert torch.equal(a, b)
+
+
+def test_fuse_layers_needs_a_layer_independent_policy():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("random"), EngineConfig(budget=40, cuda_graphs=True, emulate_graphs=True,
+                                                              fuse_layers=True))
+    assert not eng.fused
