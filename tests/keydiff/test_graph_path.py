@@ -132,3 +132,32 @@ def test_fuse_layers_needs_a_layer_independent_policy():
     eng = Engine(lm.model, get_policy("random"), EngineConfig(budget=40, cuda_graphs=True, emulate_graphs=True,
                                                               fuse_layers=True))
     assert not eng.fused
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
+def test_forked_static_state_continues_like_gather(fused):
+    """A shared prefix prefilled once, forked, then continued (run_task's shared-context path): the forked
+    static cache (its shared buffers too) continues exactly like the gather store's, and the original stays."""
+    lm = tiny("random:llama-tiny", 2, "float64")
+    prefix, suffix = prompt(70, seed=4), prompt(20, seed=5)
+    out = {}
+    for name, cfg in (("gather", EngineConfig(budget=40, chunk_size=16, store="gather")),
+                      ("static", EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
+                                              fuse_layers=fused))):
+        eng = Engine(lm.model, get_policy("keydiff"), cfg)
+        state = eng.prefill(prefix)
+        before = kept_positions(state)
+        fork = state.fork()
+        if fused and name == "static":  # the copy's layers are views of the copy's own shared buffer
+            shared = fork.cache.fused["keys"]
+            assert shared.data_ptr() != state.cache.fused["keys"].data_ptr()
+            assert all(l.keys.data_ptr() == shared[i].data_ptr() for i, l in enumerate(fork.cache.layers))
+        first = eng.generate(suffix, max_new_tokens=5, state=fork)
+        second = eng.generate(suffix, max_new_tokens=5, state=state.fork())
+        assert first.tokens == second.tokens
+        for a, b in zip(before, kept_positions(state)):
+            assert torch.equal(a, b)
+        out[name] = first
+    assert out["static"].tokens == out["gather"].tokens
+    for a, b in zip(kept_positions(out["static"].state), kept_positions(out["gather"].state)):
+        assert torch.equal(a, b)
