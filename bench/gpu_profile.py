@@ -1,5 +1,6 @@
-"""Where the time of one chunk step goes: torch.profiler over a few steady-state static-layout chunk steps
-(run eagerly, so each kernel is attributed), on the Llama-3.2-3B shape, bf16, N = 8K, B = 128.
+"""Where the time of one chunk step goes: torch.profiler over a few steady-state chunk steps on the
+Llama-3.2-3B shape, bf16, N = 8K, B = 128. The static-layout steps run eagerly ("static", per layer or
+"-fused"), so each kernel is attributed. The graph replays ("graphs") give the wall time per chunk.
 
     PYTHONPATH=. python bench/gpu_profile.py --out $OUT      # on the GPU machine
     PYTHONPATH=. python bench/gpu_profile.py --cpu           # tiny shapes, to test this script
@@ -33,9 +34,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ids = torch.randint(100, model.config.vocab_size - 1, (1, budget + 10 * B), device=device)
     report = []
-    for name, mode in (("keydiff", "graphs"), ("sink", "static"), ("keydiff", "static"), ("keydiff", "plain")):
-        cfg = EngineConfig(budget=budget, chunk_size=B, cuda_graphs=mode != "plain",
-                           emulate_graphs=mode != "graphs" or args.cpu)
+    for name, mode in (("keydiff", "graphs"), ("keydiff", "graphs-fused"), ("sink", "static"),
+                       ("keydiff", "static"), ("keydiff", "static-fused"), ("keydiff", "plain")):
+        base = mode.removesuffix("-fused")
+        cfg = EngineConfig(budget=budget, chunk_size=B, cuda_graphs=base != "plain",
+                           emulate_graphs=base != "graphs" or args.cpu, fuse_layers=mode.endswith("-fused"))
         eng = Engine(model, get_policy(name), cfg)
         state = eng.prefill(ids[:, : budget + 2 * B])  # steady state reached
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
