@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
         device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
         chat: bool = typer.Option(True, help="wrap the prompt in the model's chat template when it has one"),
+        graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs",
+                                              help="CUDA graphs for the chunk and decode steps (default: on with CUDA)"),
+        fuse_layers: bool = typer.Option(False, help="with graphs: score and evict all layers at once"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
@@ -62,7 +65,8 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--prompt-file: no such file: {prompt_file}")
             text = prompt if prompt is not None else prompt_file.read_text()
             pol = get_policy(policy, **parse_params(param))
-            config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store)
+            config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
+                                  cuda_graphs=graphs, fuse_layers=fuse_layers)
             lm = load_model(model, dtype=dtype, device=device)
             ids = build_prompt_ids(lm.tokenizer, text, chat)
             engine = Engine(lm.model, pol, config)

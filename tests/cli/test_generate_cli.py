@@ -36,6 +36,7 @@ def test_generate_bad_input_exit_2():
         (["--param", "window=0", "--policy", "snapkv", "--prompt", "x"], "window: must be > 0"),
         ([], "give exactly one of --prompt or --prompt-file"),
         (["--prompt-file", "/nonexistent/p.txt"], "no such file"),
+        (["--graphs", "--budget", "40", "--prompt", "x", "--device", "cpu"], "cuda_graphs: needs a CUDA device"),
     ]
     for extra, message in cases:
         res = runner.invoke(app, ["generate", "--model", "random:llama-tiny", *extra])
