@@ -145,7 +145,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     rows: list[dict[str, Any]] = []
     for group in _groups(samples, prompts):
         shared = share_context and len(group) > 1
-        state, shared_s = None, 0.0
+        state, shared_s, scratch = None, 0.0, None
         if shared:
             t0 = time.perf_counter()
             state = engine.prefill(torch.tensor([list(prompts[group[0]].prefix_ids)], device=device))
@@ -153,8 +153,10 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         for i in group:
             s, p = samples[i], prompts[i]
             ids = list(p.suffix_ids) if shared else p.ids
+            if shared:
+                scratch = state.fork(into=scratch)  # reuses the last fork's buffers (and its CUDA graphs)
             res = engine.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
-                                  eos_token_id=eos, state=state.fork() if shared else None)
+                                  eos_token_id=eos, state=scratch if shared else None)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s))
     return rows

@@ -261,6 +261,30 @@ class BudgetCache(Cache):
         for layer in self.layers:
             layer.next_positions = pos
 
+    def _buffers(self) -> list[torch.Tensor]:
+        if self.fused is not None:
+            return list(self.fused.values())
+        return [b for l in self.layers for b in (l.keys, l.values, l.positions, *l.state.values())]
+
+    def can_copy_from(self, other: "BudgetCache") -> bool:
+        """Whether :meth:`copy_from` applies: both static-layout caches with buffers of the same shapes."""
+        if self.static_base is None or other.static_base != self.static_base or other is self:
+            return False
+        if (self.fused is None) != (other.fused is None):
+            return False
+        if not all(l.is_initialized for l in (*self.layers, *other.layers)):
+            return False
+        mine, theirs = self._buffers(), other._buffers()
+        return len(mine) == len(theirs) and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+
+    def copy_from(self, other: "BudgetCache") -> None:
+        """Overwrite this static cache's buffers and bookkeeping with ``other``'s, in place (same addresses,
+        so graphs captured on this cache stay valid)."""
+        for mine, theirs in zip(self._buffers(), other._buffers()):
+            mine.copy_(theirs)
+        for mine, theirs in zip(self.layers, other.layers):
+            mine.length, mine.pending = theirs.length, theirs.pending
+
     def advance_static(self, t: int) -> None:
         """Host-side bookkeeping of a replayed static step of ``t`` tokens (what ``evict`` does on a plain call)."""
         for layer in self.layers:

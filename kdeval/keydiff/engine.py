@@ -94,7 +94,19 @@ class PrefillState:
     steps: int = 0
     chunk_logits: list[torch.Tensor] = field(default_factory=list)  # [batch, t, vocab] per chunk, if collected
 
-    def fork(self) -> "PrefillState":
+    def fork(self, into: "PrefillState | None" = None) -> "PrefillState":
+        """An independent copy to continue from (this state is left as it is).
+
+        ``into``: an earlier fork of the same static-layout cache (the graph path) whose buffers are
+        overwritten in place and returned, so the CUDA graphs it captured stay valid (they are bound to its
+        buffers). Without it, or when it does not match, the cache is deep-copied and graphs are captured anew.
+        """
+        if into is not None and into is not self and into.cache.can_copy_from(self.cache):
+            into.cache.copy_from(self.cache)
+            into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
+            into.last_logits = self.last_logits.clone()
+            into.chunk_logits = []
+            return into
         graphs, self.cache.graphs = self.cache.graphs, {}  # captured graphs are bound to these buffers
         try:
             cache = copy.deepcopy(self.cache)

@@ -161,3 +161,36 @@ def test_forked_static_state_continues_like_gather(fused):
     assert out["static"].tokens == out["gather"].tokens
     for a, b in zip(kept_positions(out["static"].state), kept_positions(out["gather"].state)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
+def test_fork_into_an_earlier_fork_reuses_its_buffers_and_graphs(fused):
+    """``fork(into=)`` overwrites an earlier fork in place: same results as a fresh deep copy, same buffers,
+    same captured steps (so CUDA graphs need not be captured again for the next question)."""
+    lm = tiny("random:llama-tiny", 2, "float64")
+    eng = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
+                                                            emulate_graphs=True, fuse_layers=fused))
+    state = eng.prefill(prompt(70, seed=4))
+    scratch = state.fork()
+    first = eng.generate(prompt(40, seed=5), max_new_tokens=6, state=scratch)
+    steps, ptr = dict(scratch.cache.graphs), scratch.cache.layers[0].keys.data_ptr()
+    for seed in (6, 7):
+        question = prompt(40, seed=seed)
+        fresh = eng.generate(question, max_new_tokens=6, state=state.fork())
+        reused = eng.generate(question, max_new_tokens=6, state=state.fork(into=scratch))
+        assert reused.state is scratch and scratch.cache.layers[0].keys.data_ptr() == ptr
+        assert all(scratch.cache.graphs[k] is v for k, v in steps.items())
+        assert reused.tokens == fresh.tokens
+        assert reused.stats.kept_tokens == fresh.stats.kept_tokens
+        for a, b in zip(kept_positions(reused.state), kept_positions(fresh.state)):
+            assert torch.equal(a, b)
+    assert first.tokens  # the first question ran on the deep copy the later ones reuse
+
+
+def test_fork_into_other_layouts_deep_copies():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
+    state = eng.prefill(prompt(70))
+    earlier = state.fork()
+    again = state.fork(into=earlier)
+    assert again is not earlier and again.cache is not state.cache
