@@ -241,27 +241,26 @@ def timing(spec: dict, device: str, emit, deadline: float) -> None:
 
 
 def child(spec: dict, device: str, out: Path, deadline: float) -> None:
-    import torch
+    with out.open("a") as lines:
 
-    lines = out.open("a")
+        def emit(row: dict) -> None:
+            print(json.dumps(row), flush=True)
+            lines.write(json.dumps(row) + "\n")
+            lines.flush()
 
-    def emit(row: dict) -> None:
-        print(json.dumps(row), flush=True)
-        lines.write(json.dumps(row) + "\n")
-        lines.flush()
-
-    if spec["part"] == "exact":
-        variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"), ("slot", "static-eager-fused")]
-        if device == "cuda":
-            variants += [("slot", "graphs"), ("slot", "graphs-fused")]
-        compare(spec, device, emit, variants)
-    elif spec["part"] == "fused-graphs-vs-eager":
-        compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
-    elif spec["part"] == "graphs-vs-eager":
-        compare(spec, device, emit, [("slot", "static-eager"), ("slot", "graphs" if device == "cuda" else "static-eager"),
-                                     ("slot", "plain")])
-    else:
-        timing(spec, device, emit, deadline)
+        if spec["part"] == "exact":
+            variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"),
+                        ("slot", "static-eager-fused")]
+            if device == "cuda":
+                variants += [("slot", "graphs"), ("slot", "graphs-fused")]
+            compare(spec, device, emit, variants)
+        elif spec["part"] == "fused-graphs-vs-eager":
+            compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
+        elif spec["part"] == "graphs-vs-eager":
+            graphs = "graphs" if device == "cuda" else "static-eager"
+            compare(spec, device, emit, [("slot", "static-eager"), ("slot", graphs), ("slot", "plain")])
+        else:
+            timing(spec, device, emit, deadline)
 
 
 # ---------------------------------------------------------------------------------------------- report

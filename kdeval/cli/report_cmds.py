@@ -11,17 +11,18 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
+from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
+from kdeval.cli.service_cmds import DB_HELP
 from kdeval.jobs.reports import Report, ReportOptions, build_report
 from kdeval.jobs.reports import formats
 from kdeval.jobs.reports.output import parse_formats, write_report
 from kdeval.jobs.reports.terminal import cells_table, perf_table, scores_table
-from kdeval.storage import DEFAULT_DB_PATH, RunIndex
+from kdeval.jobs.service import DEFAULT_RESULTS_DIR
+from kdeval.storage import RunIndex
 
 out = Console(width=200)
 err = Console(stderr=True)
 
-DB_HELP = f"Index database: a path or a SQLAlchemy URL (default {DEFAULT_DB_PATH})."
 RESULTS_HELP = "Where the Parquet files are, when moved since the run (default: as recorded in the index)."
 
 
@@ -92,7 +93,7 @@ def report(
 def nightly(
     nightly_file: Path = typer.Argument(..., help="Grid file with a nightly: section (see examples/nightly.yaml)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    results_dir: Path = typer.Option(Path(".kdeval") / "results", "--results-dir", help="Where per-cell Parquet files go."),
+    results_dir: Path = typer.Option(DEFAULT_RESULTS_DIR, "--results-dir", help="Where per-cell Parquet files go."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare with this run (overrides nightly.baseline)."),

@@ -25,17 +25,13 @@ def _try_import(name: str):
 def policy_names() -> list[str]:
     """Registered policy names."""
     mod = _try_import("kdeval.baselines")
-    if mod is not None and hasattr(mod, "policy_names"):
-        return [str(n) for n in mod.policy_names()]
-    if mod is not None and hasattr(mod, "list_policies"):
-        return [str(getattr(p, "name", p)) for p in mod.list_policies()]
-    return list(FALLBACK_POLICIES)
+    return list(mod.policy_names()) if mod is not None else list(FALLBACK_POLICIES)
 
 
 def policy_param_error(name: str, params: dict[str, Any]) -> str | None:
     """The policy's own message for bad ``params`` (e.g. ``window: must be > 0``), or None when valid."""
     mod = _try_import("kdeval.baselines")
-    if mod is None or not hasattr(mod, "get_policy"):
+    if mod is None:
         return None
     try:
         mod.get_policy(name, **params)
@@ -47,6 +43,4 @@ def policy_param_error(name: str, params: dict[str, Any]) -> str | None:
 def random_model_names() -> list[str]:
     """Names of the built-in tiny random models."""
     mod = _try_import("kdeval.keydiff.models")
-    if mod is not None and hasattr(mod, "random_model_names"):
-        return list(mod.random_model_names())
-    return list(FALLBACK_RANDOM_MODELS)
+    return list(mod.random_model_names()) if mod is not None else list(FALLBACK_RANDOM_MODELS)

@@ -17,6 +17,7 @@ from typing import Any
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask
 
+
 def task_arguments(task: CellTask, allowed: dict[str, Any]) -> dict[str, Any]:
     """Constructor arguments for the cell's task, given the task's parameter names ``allowed``."""
     args = dict(task.task_params)
@@ -63,5 +64,4 @@ class EvalWorkload:
         rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
                                budget=task.budget, chunk_size=task.chunk_size, limit=task.samples)
         summary = runner.aggregate(evals_task, rows)
-        peaks = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
-        return CellResult(rows=rows, summary=summary, peak_memory_bytes=max(peaks) if peaks else None)
+        return CellResult(rows=rows, summary=summary, peak_memory_bytes=summary.get("max_peak_memory_bytes"))

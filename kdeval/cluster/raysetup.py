@@ -33,10 +33,6 @@ class WorkerResources:
             opts["accelerator_type"] = self.accelerator_type
         return opts
 
-    def describe(self) -> str:
-        acc = f" on {self.accelerator_type}" if self.accelerator_type else ""
-        return f"{self.num_cpus:g} CPU, {self.num_gpus:g} GPU{acc}"
-
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: bool = True) -> None:
     """Start or join Ray once per process (a no-op when already connected)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -24,7 +25,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _free_accelerator_memory() -> None:
     gc.collect()
-    torch = __import__("sys").modules.get("torch")
+    torch = sys.modules.get("torch")  # only when the workload imported it
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
 

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+def model_key(model_id: str, revision: str | None, dtype: str, attn_implementation: str) -> str:
+    """What a worker must have loaded to run a cell: cells with the same key share a loaded model."""
+    return f"{model_id}|{revision}|{dtype}|{attn_implementation}"
+
+
 @dataclass(frozen=True)
 class CellTask:
     """One cell as the worker sees it (built by ``kdeval.jobs`` from a cell spec)."""
@@ -34,8 +39,8 @@ class CellTask:
 
     @property
     def model_key(self) -> str:
-        """Cells with the same key share a loaded model."""
-        return f"{self.model_id}|{self.revision}|{self.dtype}|{self.attn_implementation}"
+        """See :func:`model_key`."""
+        return model_key(self.model_id, self.revision, self.dtype, self.attn_implementation)
 
 
 @dataclass

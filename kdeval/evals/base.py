@@ -17,7 +17,7 @@ import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 JSONScalar = str | int | float | bool | None
 
@@ -78,11 +78,6 @@ class Sample:
             raise EvalError("Sample.references must be a sequence of strings, not one string")
         object.__setattr__(self, "references", tuple(str(r) for r in self.references))
 
-    @property
-    def user_message(self) -> str:
-        """The full user message text (prefix + suffix)."""
-        return self.prefix + self.suffix
-
 
 @dataclass(frozen=True)
 class ScoreResult:
@@ -92,21 +87,11 @@ class ScoreResult:
     sub: Mapping[str, float] = field(default_factory=dict)
 
 
-def stable_id(*parts: Any) -> str:
-    """A readable stable id: the parts joined by ``/`` (e.g. ``needle/L2048/D50``)."""
-    return "/".join(str(p) for p in parts)
-
-
 def prompt_hash(token_ids: Sequence[int]) -> str:
     """sha256 (first 16 hex digits) of the exact token ids fed to the model."""
     h = hashlib.sha256()
     h.update(",".join(str(int(t)) for t in token_ids).encode("ascii"))
     return h.hexdigest()[:16]
-
-
-def text_hash(text: str) -> str:
-    """sha256 (first 16 hex digits) of a text."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def mean(values: Iterable[float]) -> float:
@@ -115,17 +100,34 @@ def mean(values: Iterable[float]) -> float:
     return math.fsum(vals) / len(vals) if vals else float("nan")
 
 
+def percent(values: Iterable[float]) -> float:
+    """``round(100 * mean, 2)``: the headline form of per-sample scores in [0, 1]."""
+    return round(100 * mean(values), 2)
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    """Raise an :class:`EvalError` naming ``name`` when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        expected = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise EvalError(f"{name}: expected {expected}, got {value!r}")
+
+
+def check_positive(name: str, value: Any, allow_none: bool = False) -> None:
+    """Raise an :class:`EvalError` naming ``name`` unless ``value`` is an integer >= 1 (or None if allowed)."""
+    if value is None and allow_none:
+        return
+    if value is None or value < 1:
+        raise EvalError(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {value}")
+
+
 class Task(ABC):
     """One benchmark subset. Subclasses are dataclasses whose fields are the task's parameters.
 
-    Every instance has a ``name`` (its registry name); ``benchmark`` names its suite. What
-    ``kdeval tasks`` lists (metric, data source) lives in the registry's TaskSpec.
+    Every instance has a ``name`` (its registry name). What ``kdeval tasks`` lists (benchmark,
+    metric, data source) lives in the registry's TaskSpec.
     """
 
     name: str
-    benchmark: ClassVar[str] = ""
-    #: True when samples are generated per tokenizer (synthetic lengths): samples() needs a builder.
-    needs_tokenizer: ClassVar[bool] = False
 
     @abstractmethod
     def samples(self, builder: Any = None) -> list[Sample]:
@@ -137,7 +139,7 @@ class Task(ABC):
 
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """Headline numbers from per-sample rows (default: 100 x mean score, rounded to 2)."""
-        return {"score": round(100.0 * mean(float(r["score"]) for r in rows), 2), "n": len(rows)}
+        return {"score": percent(float(r["score"]) for r in rows), "n": len(rows)}
 
     def check_context(self, max_context: int) -> None:
         """Raise :class:`ContextTooLongError` when the task asks for more than ``max_context``."""
@@ -162,6 +164,11 @@ def group_mean(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], value: st
         label = ",".join(f"{k}={row_field(r, k)}" for k in keys)
         groups[label].append(float(r[value]))
     return {k: mean(v) for k, v in sorted(groups.items())}
+
+
+def group_percent(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], value: str = "score") -> dict[str, float]:
+    """:func:`group_mean` in headline form (``round(100 * mean, 2)`` per group)."""
+    return {k: round(100 * v, 2) for k, v in group_mean(rows, keys, value).items()}
 
 
 def row_field(row: Mapping[str, Any], key: str) -> Any:

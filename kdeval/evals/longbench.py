@@ -11,12 +11,13 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from kdeval.evals.base import DataNotFoundError, EvalError, Sample, ScoreResult, Task, mean
+from kdeval.evals.base import DataNotFoundError, EvalError, Sample, ScoreResult, Task, check_choice, check_positive
 from kdeval.evals.data import find_data_file, read_jsonl, resolve_data_dir
 from kdeval.evals.hub import hub_file
-from kdeval.evals.metrics.longbench import DATASET2METRIC, score_sample
+from kdeval.evals.metrics.longbench import DATASET2METRIC, classification_score, score_sample
+from kdeval.evals.prompting import split_at_context
 
 #: official config/dataset2prompt.json (LongBench v1), verbatim
 DATASET2PROMPT: dict[str, str] = {
@@ -64,21 +65,14 @@ _HOW_TO_GET = (
 )
 
 
-def split_template(template: str) -> tuple[str, str]:
-    """Split a prompt template after ``{context}``: (prefix template, suffix template)."""
-    cut = template.index("{context}") + len("{context}")
-    return template[:cut], template[cut:]
-
-
 def render_prompt(dataset: str, context: str, input_: str) -> tuple[str, str]:
     """The official prompt of ``dataset`` split into (prefix ending with the context, suffix)."""
-    prefix_t, suffix_t = split_template(DATASET2PROMPT[dataset])
-    return prefix_t.format(context=context, input=input_), suffix_t.format(context=context, input=input_)
+    return split_at_context(DATASET2PROMPT[dataset], context, input=input_)
 
 
 @dataclass
 class LongBenchTask(Task):
-    """One LongBench v1 task.
+    """One LongBench v1 task (headline: :meth:`Task.aggregate`, ``round(100 * mean, 2)`` as the official scorer).
 
     Args:
         subset: the LongBench dataset name (``hotpotqa``, ``lcc``...).
@@ -92,15 +86,11 @@ class LongBenchTask(Task):
     source: str = "local"
     limit: int | None = None
 
-    benchmark: ClassVar[str] = "longbench"
-
     def __post_init__(self) -> None:
         if self.subset not in DATASET2PROMPT:
             raise EvalError(f"subset: unknown LongBench task {self.subset!r}; expected one of {', '.join(LONGBENCH_TASKS)}")
-        if self.source not in ("local", "hub"):
-            raise EvalError(f"source: expected 'local' or 'hub', got {self.source!r}")
-        if self.limit is not None and self.limit < 1:
-            raise EvalError(f"limit: expected a positive integer or None, got {self.limit}")
+        check_choice("source", self.source, ("local", "hub"))
+        check_positive("limit", self.limit, allow_none=True)
         self.name = f"longbench.{self.subset}"
         if self.source == "local":
             self._local_path()  # fail before any model loads
@@ -149,10 +139,6 @@ class LongBenchTask(Task):
     def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
         """The official per-sample score (first-line rule, max over references)."""
         all_classes = meta.get("all_classes")
-        if DATASET2METRIC[self.subset].__name__ == "classification_score" and not all_classes:
+        if DATASET2METRIC[self.subset] is classification_score and not all_classes:
             raise EvalError(f"{self.name}: field 'all_classes' is required (a list of class names)")
         return ScoreResult(score=score_sample(self.subset, prediction, list(references), all_classes))
-
-    def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        """``round(100 * mean, 2)`` as the official scorer."""
-        return {"score": round(100.0 * mean(float(r["score"]) for r in rows), 2), "n": len(rows)}

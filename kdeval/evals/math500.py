@@ -6,9 +6,11 @@ unique_id) or, with ``source="hub"``, the hub dataset ``HuggingFaceH4/MATH-500``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, group_mean, mean, row_field
+from kdeval.evals.base import (
+    EvalError, Sample, ScoreResult, Task, check_choice, check_positive, group_percent, percent, row_field,
+)
 from kdeval.evals.data import read_jsonl, require_data_file
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.math_equiv import last_boxed, math_equal
@@ -38,15 +40,10 @@ class Math500Task(Task):
     limit: int | None = None
     max_new_tokens: int = 1024
 
-    benchmark: ClassVar[str] = "math500"
-
     def __post_init__(self) -> None:
-        if self.source not in ("local", "hub"):
-            raise EvalError(f"source: expected 'local' or 'hub', got {self.source!r}")
-        if self.limit is not None and self.limit < 1:
-            raise EvalError(f"limit: expected a positive integer or None, got {self.limit}")
-        if self.max_new_tokens < 1:
-            raise EvalError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens}")
+        check_choice("source", self.source, ("local", "hub"))
+        check_positive("limit", self.limit, allow_none=True)
+        check_positive("max_new_tokens", self.max_new_tokens)
         self.name = "math500"
         if self.source == "local":
             require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)
@@ -85,10 +82,10 @@ class Math500Task(Task):
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Accuracy (%), boxed rate (%), and accuracy per level."""
         out: dict[str, Any] = {
-            "accuracy": round(100.0 * mean(float(r["score"]) for r in rows), 2),
-            "boxed_rate": round(100.0 * mean(float(r.get("has_boxed", 0.0)) for r in rows), 2),
+            "accuracy": percent(float(r["score"]) for r in rows),
+            "boxed_rate": percent(float(r.get("has_boxed", 0.0)) for r in rows),
             "n": len(rows),
         }
         if any(row_field(r, "level") is not None for r in rows):
-            out["accuracy_by_level"] = {k: round(100 * v, 2) for k, v in group_mean(rows, ["level"], "score").items()}
+            out["accuracy_by_level"] = group_percent(rows, ["level"])
         return out

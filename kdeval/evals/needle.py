@@ -11,11 +11,11 @@ Score: 1 when the normalized answer appears in the prediction; sub-score ROUGE-L
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, mean
+from kdeval.evals.base import EvalError, Sample, ScoreResult, check_choice, check_positive, percent, row_field
 from kdeval.evals.metrics.text import contains_answer, rouge_l_recall
-from kdeval.evals.synthetic import NOISE_SENTENCES, check_fits, check_lengths, essay_words, fit_units, take_words
+from kdeval.evals.synthetic import NOISE_SENTENCES, SyntheticTask, check_lengths, essay_words, fit_units, take_words
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "What is the best thing to do in San Francisco?"
@@ -42,7 +42,7 @@ def insert_at_depth(text: str, needle: str, depth: float) -> tuple[str, int]:
 
 
 @dataclass
-class NeedleTask(Task):
+class NeedleTask(SyntheticTask):
     """Needle in a haystack over ``lengths`` x ``depths``.
 
     Args:
@@ -60,25 +60,21 @@ class NeedleTask(Task):
     max_new_tokens: int = 32
     _words: list[str] | None = field(default=None, init=False, repr=False)
 
-    benchmark: ClassVar[str] = "needle"
-    needs_tokenizer: ClassVar[bool] = True
-
     def __post_init__(self) -> None:
         self.name = "needle"
         self.lengths = check_lengths(self.lengths)
         self.depths = tuple(float(d) for d in ([self.depths] if isinstance(self.depths, (int, float)) else self.depths))
         if not self.depths or any(d < 0 or d > 100 for d in self.depths):
             raise EvalError(f"depths: expected percentages in [0, 100], got {list(self.depths)}")
-        if self.haystack not in ("auto", "essay", "noise"):
-            raise EvalError(f"haystack: expected 'auto', 'essay' or 'noise', got {self.haystack!r}")
-        if self.max_new_tokens < 1:
-            raise EvalError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens}")
+        check_choice("haystack", self.haystack, ("auto", "essay", "noise"))
+        check_positive("max_new_tokens", self.max_new_tokens)
         if self.haystack != "noise":
             self._words = essay_words(self.data_dir, required=self.haystack == "essay")
-        self.haystack_used = "essay" if self._words is not None else "noise"
 
-    def check_context(self, max_context: int) -> None:
-        check_fits(self.lengths, max_context, self.name)
+    @property
+    def haystack_used(self) -> str:
+        """``"essay"`` or ``"noise"``: the haystack the samples are built from."""
+        return "essay" if self._words is not None else "noise"
 
     def _units(self, n: int) -> str:
         if self._words is not None:
@@ -101,8 +97,7 @@ class NeedleTask(Task):
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per (length, depth), sized with ``builder`` (a PromptBuilder)."""
-        if builder is None:
-            raise EvalError("needle: samples are sized per tokenizer; pass builder=PromptBuilder(tokenizer, max_context)")
+        builder = self.require_builder(builder)
         out = []
         for length in self.lengths:
             for depth in self.depths:
@@ -120,18 +115,17 @@ class NeedleTask(Task):
         """Overall contains / ROUGE-L recall (%) and a ``grid`` of cells for a heatmap."""
         cells: dict[tuple[int, float], list[Mapping[str, Any]]] = {}
         for r in rows:
-            meta = r.get("meta") or {}
-            key = (int(r.get("length", meta.get("length", 0))), float(r.get("depth", meta.get("depth", 0))))
+            key = (int(row_field(r, "length") or 0), float(row_field(r, "depth") or 0))
             cells.setdefault(key, []).append(r)
         grid = [
             {"length": k[0], "depth": k[1],
-             "contains": round(100 * mean(float(x["score"]) for x in v), 2),
-             "rouge_l_recall": round(100 * mean(float(x.get("rouge_l_recall", 0.0)) for x in v), 2)}
+             "contains": percent(float(x["score"]) for x in v),
+             "rouge_l_recall": percent(float(x.get("rouge_l_recall", 0.0)) for x in v)}
             for k, v in sorted(cells.items())
         ]
         return {
-            "contains": round(100 * mean(float(r["score"]) for r in rows), 2),
-            "rouge_l_recall": round(100 * mean(float(r.get("rouge_l_recall", 0.0)) for r in rows), 2),
+            "contains": percent(float(r["score"]) for r in rows),
+            "rouge_l_recall": percent(float(r.get("rouge_l_recall", 0.0)) for r in rows),
             "n": len(rows),
             "grid": grid,
         }

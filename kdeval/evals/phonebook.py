@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, group_mean, mean
-from kdeval.evals.synthetic import check_fits, check_lengths, fit_units
+from kdeval.evals.base import Sample, ScoreResult, check_positive, group_percent, percent
+from kdeval.evals.synthetic import SyntheticTask, check_lengths, fit_units
 
 FIRST = ("James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara Richard Susan Joseph "
          "Jessica Thomas Sarah Charles Karen Daniel Lisa Matthew Nancy Anthony Betty Mark Sandra Donald Ashley Steven "
@@ -36,7 +36,7 @@ def first_phone(text: str) -> str | None:
 
 
 @dataclass
-class PhonebookTask(Task):
+class PhonebookTask(SyntheticTask):
     """Phonebook lookup.
 
     Args:
@@ -53,30 +53,22 @@ class PhonebookTask(Task):
     seed: int = 42
     max_new_tokens: int = 16
 
-    benchmark: ClassVar[str] = "phonebook"
-    needs_tokenizer: ClassVar[bool] = True
-
     def __post_init__(self) -> None:
         self.name = "phonebook"
         self.lengths = check_lengths(self.lengths)
         for f in ("num_books", "questions_per_book", "max_new_tokens"):
-            if int(getattr(self, f)) < 1:
-                raise EvalError(f"{f}: expected a positive integer, got {getattr(self, f)}")
+            check_positive(f, getattr(self, f))
 
-    def check_context(self, max_context: int) -> None:
-        check_fits(self.lengths, max_context, self.name)
-
-    def _book(self, length: int, b: int, n: int) -> tuple[list[tuple[str, str]], random.Random]:
+    def _book(self, length: int, b: int, n: int) -> list[tuple[str, str]]:
         rng = random.Random(f"{self.seed}/phonebook/{length}/{b}")
         names = [f"{f} {l}" for f in FIRST for l in LAST]
         rng.shuffle(names)
         if n > len(names):
             names = [f"{nm} {i // len(names) + 1}" if i >= len(names) else nm for i, nm in enumerate(names * (n // len(names) + 1))]
-        entries = [(names[i], f"{rng.randint(200, 999)}-{rng.randint(200, 999)}-{rng.randint(0, 9999):04d}") for i in range(n)]
-        return entries, rng
+        return [(names[i], f"{rng.randint(200, 999)}-{rng.randint(200, 999)}-{rng.randint(0, 9999):04d}") for i in range(n)]
 
     def _questions(self, length: int, b: int, n: int) -> list[Sample]:
-        entries, _ = self._book(length, b, n)
+        entries = self._book(length, b, n)
         prefix = INTRO + "\n".join(f"{name}: {phone}" for name, phone in entries)
         q = min(self.questions_per_book, n)
         out = []
@@ -92,13 +84,13 @@ class PhonebookTask(Task):
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """``num_books`` books per length, each with its questions (consecutive, same prefix)."""
-        if builder is None:
-            raise EvalError("phonebook: samples are sized per tokenizer; pass builder=PromptBuilder(tokenizer, max_context)")
+        builder = self.require_builder(builder)
         out: list[Sample] = []
         for length in self.lengths:
             for b in range(self.num_books):
                 def longest(n: int, length: int = length, b: int = b) -> Sample:
-                    return max(self._questions(length, b, n), key=builder.count)
+                    # the questions share the book (prefix): compare them without re-tokenizing it
+                    return max(self._questions(length, b, n), key=lambda s: builder.overhead(s) + len(builder.encode(s.suffix)))
                 _, n = fit_units(longest, builder.count, length, min_units=self.questions_per_book)
                 out.extend(self._questions(length, b, n))
         return out
@@ -111,7 +103,7 @@ class PhonebookTask(Task):
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Accuracy (%), overall and per length."""
         return {
-            "accuracy": round(100.0 * mean(float(r["score"]) for r in rows), 2),
+            "accuracy": percent(float(r["score"]) for r in rows),
             "n": len(rows),
-            "by_length": {k: round(100 * v, 2) for k, v in group_mean(rows, ["length"], "score").items()},
+            "by_length": group_percent(rows, ["length"]),
         }

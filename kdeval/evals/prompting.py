@@ -58,6 +58,13 @@ class BuiltPrompt:
         return prompt_hash(self.ids)
 
 
+def split_at_context(template: str, context: str, **fields: str) -> tuple[str, str]:
+    """Fill a ``str.format`` template that has one ``{context}`` field and split it right after the
+    context: (prefix ending with ``context``, suffix). ``context`` itself is never formatted."""
+    head, tail = template.split("{context}", 1)
+    return head.format(**fields) + context, tail.format(**fields)
+
+
 def middle_truncate(prefix: list[int], suffix: list[int], limit: int) -> tuple[list[int], list[int], int]:
     """Keep the first ``limit - limit // 2`` and last ``limit // 2`` tokens of ``prefix + suffix``.
 
@@ -146,12 +153,16 @@ class PromptBuilder:
         return self.has_chat_template
 
     # -- building -----------------------------------------------------------------------------
+    def _frame(self, sample: Sample) -> tuple[bool, list[int], list[int], list[int]]:
+        """(chat template used, ids before the user message, ids after it, answer prefix ids)."""
+        chat = self.uses_chat(sample)
+        head, tail = (self._chat_head, self._chat_tail) if chat else (self._special_prefix, [])
+        return chat, head, tail, self.encode(sample.answer_prefix)
+
     def overhead(self, sample: Sample) -> int:
         """Tokens the prompt has besides the user message (template, answer prefix)."""
-        chat = self.uses_chat(sample)
-        head = self._chat_head if chat else self._special_prefix
-        tail = self._chat_tail if chat else []
-        return len(head) + len(tail) + len(self.encode(sample.answer_prefix))
+        _, head, tail, answer = self._frame(sample)
+        return len(head) + len(tail) + len(answer)
 
     def count(self, sample: Sample) -> int:
         """Untruncated prompt tokens of ``sample``."""
@@ -159,10 +170,7 @@ class PromptBuilder:
 
     def build(self, sample: Sample) -> BuiltPrompt:
         """Tokenize ``sample`` and truncate its user message in the middle when needed."""
-        chat = self.uses_chat(sample)
-        head = self._chat_head if chat else self._special_prefix
-        tail = self._chat_tail if chat else []
-        answer = self.encode(sample.answer_prefix)
+        chat, head, tail, answer = self._frame(sample)
         prefix, suffix = self.encode(sample.prefix), self.encode(sample.suffix)
         removed = 0
         if self.max_context is not None:

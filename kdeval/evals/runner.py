@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import groupby
 from typing import Any, Iterable, Mapping, Sequence, TypedDict
 
 import torch
@@ -62,16 +63,10 @@ def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any
     return policy
 
 
-def _groups(samples: Sequence[Sample], prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
-    """Runs of consecutive sample indices whose prefix token ids are identical."""
-    group: list[int] = []
-    for i, p in enumerate(prompts):
-        if group and prompts[group[0]].prefix_ids != p.prefix_ids:
-            yield group
-            group = []
-        group.append(i)
-    if group:
-        yield group
+def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
+    """Runs of consecutive prompt indices whose prefix token ids are identical."""
+    for _, run in groupby(range(len(prompts)), key=lambda i: prompts[i].prefix_ids):
+        yield list(run)
 
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
@@ -143,9 +138,10 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     rows: list[dict[str, Any]] = []
-    for group in _groups(samples, prompts):
+    scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
+    for group in _groups(prompts):
         shared = share_context and len(group) > 1
-        state, shared_s, scratch = None, 0.0, None
+        state, shared_s = None, 0.0
         if shared:
             t0 = time.perf_counter()
             state = engine.prefill(torch.tensor([list(prompts[group[0]].prefix_ids)], device=device))
@@ -153,10 +149,11 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         for i in group:
             s, p = samples[i], prompts[i]
             ids = list(p.suffix_ids) if shared else p.ids
+            fork = None
             if shared:
-                scratch = state.fork(into=scratch)  # reuses the last fork's buffers (and its CUDA graphs)
+                fork = scratch = state.fork(into=scratch)
             res = engine.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
-                                  eos_token_id=eos, state=scratch if shared else None)
+                                  eos_token_id=eos, state=fork)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s))
     return rows

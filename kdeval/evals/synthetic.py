@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from kdeval.evals.base import ContextTooLongError, DataNotFoundError, EvalError, Sample
+from kdeval.evals.base import ContextTooLongError, DataNotFoundError, EvalError, Sample, Task
 from kdeval.evals.data import find_data_file, require_data_file
 
 #: RULER's noise haystack (one unit)
@@ -18,24 +20,25 @@ NOISE_PARAGRAPH = "The grass is green. The sky is blue. The sun is yellow. Here 
 NOISE_SENTENCES = tuple(s + "." for s in NOISE_PARAGRAPH.rstrip(".").split(". "))
 ESSAY_FILE = "haystack/PaulGrahamEssays.json"
 _ESSAY_HOW = "It is RULER's Paul Graham essay haystack (scripts/data/synthetic/json/PaulGrahamEssays.json): {\"text\": ...}."
-_ESSAY_CACHE: dict[str, list[str]] = {}
+
+
+@lru_cache(maxsize=None)
+def _read_essay_words(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        text = json.load(f).get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise DataNotFoundError(f"{path}: expected a JSON object with a non-empty 'text' string")
+    return re.sub(r"\s+", " ", text).strip().split(" ")
 
 
 def essay_words(data_dir: str | None, required: bool) -> list[str] | None:
-    """The essay haystack split on whitespace (as RULER); None when absent and not ``required``."""
+    """The essay haystack split on whitespace (as RULER), read once per file; None when absent and not ``required``."""
     path = find_data_file(data_dir, ESSAY_FILE)
     if path is None:
         if required:
             require_data_file(data_dir, ESSAY_FILE, _ESSAY_HOW)
         return None
-    key = str(path)
-    if key not in _ESSAY_CACHE:
-        with open(path, encoding="utf-8") as f:
-            text = json.load(f).get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise DataNotFoundError(f"{path}: expected a JSON object with a non-empty 'text' string")
-        _ESSAY_CACHE[key] = re.sub(r"\s+", " ", text).strip().split(" ")
-    return _ESSAY_CACHE[key]
+    return _read_essay_words(path)
 
 
 def take_words(words: Sequence[str], n: int) -> list[str]:
@@ -71,6 +74,21 @@ def check_fits(lengths: Sequence[int], max_context: int, task: str) -> None:
         raise ContextTooLongError(
             f"{task}: lengths {too_long} exceed the model's context ({max_context} tokens); "
             f"expected every length <= {max_context}")
+
+
+class SyntheticTask(Task):
+    """A task whose samples are generated per tokenizer to fit target ``lengths`` (needle, RULER, phonebook)."""
+
+    lengths: tuple[int, ...]
+
+    def check_context(self, max_context: int) -> None:
+        check_fits(self.lengths, max_context, self.name)
+
+    def require_builder(self, builder: Any) -> Any:
+        """``builder``, or an error saying that these samples need one."""
+        if builder is None:
+            raise EvalError(f"{self.name}: samples are sized per tokenizer; pass builder=PromptBuilder(tokenizer, max_context)")
+        return builder
 
 
 def fit_units(make: Callable[[int], Sample], count: Callable[[Sample], int], target: int,

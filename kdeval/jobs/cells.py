@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import product
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from kdeval.cluster.workload import CellTask
-from kdeval.jobs.grid import GenerationSpec, GridSpec, ModelSpec
+from kdeval.cluster.workload import CellTask, model_key
+from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GenerationSpec, GridSpec, ModelSpec
 from kdeval.jobs.registries import task_data_version
 from kdeval.version import code_version
 from kdeval.storage import CellRecord
-
-#: Policies whose result does not depend on the budget.
-BUDGET_FREE_POLICIES = frozenset({"full"})
 
 
 class TaskRef(BaseModel):
@@ -65,9 +63,9 @@ class CellSpec(BaseModel):
 
     @property
     def model_key(self) -> str:
-        """What a worker must have loaded to run this cell (same key = no reload)."""
+        """What a worker must have loaded to run this cell (same key = no reload; = ``to_task().model_key``)."""
         m = self.model
-        return f"{m.id}|{m.revision}|{m.dtype}|{m.attn_implementation}"
+        return model_key(m.id, m.revision, m.dtype, m.attn_implementation)
 
     def to_task(self) -> CellTask:
         """The worker-side description of this cell."""
@@ -103,21 +101,17 @@ def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
     """All distinct cells of a grid, in a stable order (model, chunk, task, policy, budget)."""
     version = version or kdeval_version()
     cells: dict[str, CellSpec] = {}
-    for model in grid.models:
-        for chunk in grid.chunk_sizes:
-            for task in grid.tasks:
-                dv = task_data_version(task.name)
-                for length in task.lengths or [None]:
-                    for seed in task.seeds:
-                        ref = TaskRef(name=task.name, data_version=dv, length=length,
-                                      samples=task.samples, seed=seed, params=dict(task.params))
-                        for pol in grid.policies:
-                            budgets = [None] if pol.name in BUDGET_FREE_POLICIES else list(grid.budgets)
-                            for budget in budgets:
-                                cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
-                                                budget=budget, chunk_size=chunk, task=ref,
-                                                generation=grid.generation, kdeval_version=version)
-                                cells.setdefault(cell.id, cell)
+    for model, chunk, task in product(grid.models, grid.chunk_sizes, grid.tasks):
+        dv = task_data_version(task.name)
+        for length, seed in product(task.lengths or [None], task.seeds):
+            ref = TaskRef(name=task.name, data_version=dv, length=length,
+                          samples=task.samples, seed=seed, params=dict(task.params))
+            for pol in grid.policies:
+                for budget in [None] if pol.name in BUDGET_FREE_POLICIES else grid.budgets:
+                    cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
+                                    budget=budget, chunk_size=chunk, task=ref,
+                                    generation=grid.generation, kdeval_version=version)
+                    cells.setdefault(cell.id, cell)
     return list(cells.values())
 
 

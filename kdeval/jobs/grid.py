@@ -25,10 +25,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 DType = Literal["float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
+
+#: Policies whose result does not depend on the budget (one cell serves every budget).
+BUDGET_FREE_POLICIES = frozenset({"full"})
 
 
 class _Strict(BaseModel):
@@ -97,14 +100,6 @@ class RetrySpec(_Strict):
     cell_timeout_s: float | None = Field(default=None, gt=0)
 
 
-def _shorthand(key: str):
-    def convert(v: Any) -> Any:
-        if isinstance(v, list):
-            return [{key: x} if isinstance(x, str) else x for x in v]
-        return v
-    return convert
-
-
 class GridSpec(_Strict):
     """A whole grid file."""
 
@@ -118,9 +113,14 @@ class GridSpec(_Strict):
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
 
-    _models_shorthand = field_validator("models", mode="before")(classmethod(lambda cls, v: _shorthand("id")(v)))
-    _policies_shorthand = field_validator("policies", mode="before")(classmethod(lambda cls, v: _shorthand("name")(v)))
-    _tasks_shorthand = field_validator("tasks", mode="before")(classmethod(lambda cls, v: _shorthand("name")(v)))
+    @field_validator("models", "policies", "tasks", mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any, info: ValidationInfo) -> Any:
+        """A bare string in these lists is the entry's ``id`` (models) or ``name`` (policies, tasks)."""
+        key = "id" if info.field_name == "models" else "name"
+        if isinstance(v, list):
+            return [{key: x} if isinstance(x, str) else x for x in v]
+        return v
 
     @field_validator("budgets", "chunk_sizes")
     @classmethod

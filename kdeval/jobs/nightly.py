@@ -30,16 +30,15 @@ from typing import Any, Callable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy import select
 
 from kdeval.jobs import service
 from kdeval.jobs.cells import grid_hash
+from kdeval.jobs.errors import join_path
 from kdeval.jobs.grid import GridSpec
 from kdeval.jobs.reports import CellRow, MetricRow, Report, ReportOptions, build_report
 from kdeval.jobs.reports.output import FORMATS, write_report
 from kdeval.jobs.validate import parse_grid
 from kdeval.storage import RunIndex, RunState
-from kdeval.storage.models import Run
 
 HISTORY = "history.jsonl"
 
@@ -109,10 +108,7 @@ def parse_nightly(text: str, source: str = "nightly.yaml") -> NightlyFile:
     try:
         spec = NightlySpec.model_validate(section or {})
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = "nightly" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
-            lines.append(f"{loc}: {err['msg']}")
+        lines = [f"{join_path(['nightly', *err['loc']])}: {err['msg']}" for err in e.errors()]
         raise ValueError(f"{source}: " + "; ".join(lines)) from None
     grid_text = yaml.safe_dump(raw, sort_keys=False)
     return NightlyFile(grid=parse_grid(grid_text, source), grid_text=grid_text, spec=spec)
@@ -215,13 +211,6 @@ def append_history(report_dir: Path, entry: dict[str, Any]) -> None:
         fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
-def _runs_of_grid(index: RunIndex, ghash: str) -> list[tuple[str, str]]:
-    """(run id, state) of every run of a grid, newest first."""
-    with index.session() as s:
-        q = select(Run.id, Run.state).where(Run.grid_hash == ghash).order_by(Run.created_at.desc())
-        return [(rid, st) for rid, st in s.execute(q).all()]
-
-
 def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str, report_dir: Path) -> str | None:
     """The pinned run, else the last passing nightly of this grid, else its newest other done run that
     did not fail a nightly gate (so a regression never becomes tomorrow's baseline)."""
@@ -230,13 +219,14 @@ def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str
         if rid is None:
             raise ValueError(f"nightly.baseline: no run '{spec.baseline}'")
         return rid
-    known = {rid for rid, _ in _runs_of_grid(index, ghash)}
+    runs = index.runs_of_grid(ghash)
+    known = {rid for rid, _ in runs}
     history = read_history(report_dir)
     for entry in reversed(history):
         if entry.get("passed") and entry.get("grid_hash") == ghash and entry["run"] != current and entry["run"] in known:
             return entry["run"]
     failed_gate = {e["run"] for e in history if not e.get("passed")}
-    for rid, state in _runs_of_grid(index, ghash):
+    for rid, state in runs:
         if rid != current and state == RunState.DONE.value and rid not in failed_gate:
             return rid
     return None
@@ -245,7 +235,7 @@ def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str
 def run_to_resume(index: RunIndex, ghash: str, report_dir: Path) -> str | None:
     """The newest run of this grid if it never finished and was never gated (a nightly that died)."""
     gated = {e["run"] for e in read_history(report_dir)}
-    runs = _runs_of_grid(index, ghash)
+    runs = index.runs_of_grid(ghash)
     if not runs:
         return None
     rid, state = runs[0]
@@ -299,9 +289,10 @@ def run_nightly(
         execute(index, run_id, address=address)
     base = choose_baseline(index, spec, ghash, run_id, out_root)
     opts = dict(resamples=spec.resamples, seed=spec.seed, confidence=spec.confidence)
-    vs_full = build_report(index, [run_id], ReportOptions(**opts))
+    cells: dict = {}  # both reports read each cell's Parquet file once
+    vs_full = build_report(index, [run_id], ReportOptions(**opts), cells)
     if base is not None and base != run_id:
-        rep = build_report(index, [run_id], ReportOptions(compare=base, **opts))
+        rep = build_report(index, [run_id], ReportOptions(compare=base, **opts), cells)
         result = gate(rep, spec)
     else:
         rep = vs_full  # no baseline yet: only cells that are not done fail the gate

@@ -1,23 +1,17 @@
 """Names the grid may use: policies and models (through ``kdeval.cluster.catalog``) and tasks
-(``kdeval.evals.registry``, imported lazily; when it is missing task names are not checked).
+(``kdeval.evals.registry``).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from kdeval.cluster import catalog
+from kdeval.cluster.stub import STUB_PREFIX
+from kdeval.evals import registry as task_registry
 from kdeval.jobs.errors import GridIssue, did_you_mean
 
-#: Model-name prefixes with special meaning.
-RANDOM_PREFIX, STUB_PREFIX = "random:", "stub:"
-
-
-def _try_import(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+#: Model-name prefix of the built-in tiny random models (``stub:`` is :data:`STUB_PREFIX`).
+RANDOM_PREFIX = "random:"
 
 
 def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssue]:
@@ -36,22 +30,6 @@ def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssu
     return [GridIssue(f"{path}.params", msg)]
 
 
-def _task_registry():
-    return _try_import("kdeval.evals.registry")
-
-
-def task_names() -> list[str] | None:
-    """Registered task names, or None when the evals registry is not importable."""
-    reg = _task_registry()
-    if reg is None:
-        return None
-    for attr in ("list_tasks", "task_names"):
-        fn = getattr(reg, attr, None)
-        if callable(fn):
-            return list(fn())
-    return None
-
-
 #: Task constructor parameters set by the grid's own fields, not through ``tasks[i].params``.
 GRID_OWNED_TASK_PARAMS = {"lengths": "tasks[i].lengths", "seed": "tasks[i].seeds",
                           "num_samples": "tasks[i].samples", "max_new_tokens": "generation.max_new_tokens"}
@@ -59,17 +37,13 @@ GRID_OWNED_TASK_PARAMS = {"lengths": "tasks[i].lengths", "seed": "tasks[i].seeds
 
 def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> list[GridIssue]:
     """Issues for ``tasks[index]``: an unknown task name (with a suggestion) or unknown parameters."""
-    names = task_names()
-    if names is None:
-        return []
+    names = task_registry.task_names()
     if name not in names:
         return [GridIssue(f"tasks[{index}].name", f"unknown task '{name}'{did_you_mean(name, names)}; "
                                                   "run `kdeval tasks` for the list")]
-    reg = _task_registry()
-    get_spec = getattr(reg, "get_spec", None)
-    if not params or not callable(get_spec):
+    if not params:
         return []
-    allowed = dict(get_spec(name).params())
+    allowed = dict(task_registry.get_spec(name).params())
     issues = []
     for key in params:
         path = f"tasks[{index}].params.{key}"
@@ -83,14 +57,8 @@ def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> l
 
 
 def task_data_version(name: str) -> str:
-    """The data version of a task (part of cell identity); "1" when the registry does not say."""
-    reg = _task_registry()
-    fn = getattr(reg, "data_version", None) if reg is not None else None
-    if callable(fn):
-        try:
-            return str(fn(name))
-        except Exception:  # noqa: BLE001 - unknown task names are reported by check_task
-            return "1"
+    """The data version of a task (part of cell identity): "1" for every task, as the evals registry
+    does not version its data."""
     return "1"
 
 

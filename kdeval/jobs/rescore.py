@@ -10,10 +10,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kdeval.cluster.stub import STUB_PREFIX
+from kdeval.evals.registry import get_scorer
+from kdeval.evals.scoring import score_row_fields
 from kdeval.jobs.cells import CellSpec
-from kdeval.storage import CellState, RunIndex, write_cell_rows
-
-STUB_PREFIX = "stub:"
+from kdeval.storage import CellState, RunIndex, read_cell_rows, write_cell_rows
 
 
 @dataclass
@@ -28,9 +29,7 @@ class RescoreReport:
 
 def task_for(spec: CellSpec) -> Any:
     """The evals task object of a cell, built for scoring only (no data files read)."""
-    from kdeval.evals import registry  # lazy: evals is heavy
-
-    return registry.get_scorer(spec.task.name)
+    return get_scorer(spec.task.name)
 
 
 def _meta(row: dict[str, Any]) -> dict[str, Any]:
@@ -57,13 +56,6 @@ def _aggregate(task: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(aggregate(task, rows))
 
 
-def _score_fields(task: Any, row: dict[str, Any]) -> dict[str, float]:
-    result = task.score(row.get("prediction") or "", list(row.get("references") or []), _meta(row))
-    fields = {"score": float(result.score)}
-    fields.update({k: float(v) for k, v in getattr(result, "sub", {}).items()})
-    return fields
-
-
 def rescore_run(index: RunIndex, run_id: str,
                 task_factory: Callable[[CellSpec], Any] = task_for) -> RescoreReport:
     """Rescore every done cell of ``run_id``; returns counts (cells, rows, changed scores, skipped)."""
@@ -78,9 +70,9 @@ def rescore_run(index: RunIndex, run_id: str,
         except Exception as e:  # noqa: BLE001 - an unknown/unavailable task skips the cell
             report.skipped.append(f"{cell.id[:10]}: {e}")
             continue
-        rows = index.read_cell_rows(cell.id)
+        rows = read_cell_rows(cell.results_dir, cell.result_path)
         for row in rows:
-            fields = _score_fields(task, row)
+            fields = score_row_fields(task, row.get("prediction") or "", row.get("references") or [], _meta(row))
             if row.get("score") is None or abs(float(row["score"]) - fields["score"]) > 1e-12:
                 report.changed += 1
             row.update(fields)

@@ -59,7 +59,7 @@ class RunProgress:
     total: int
     done: int = 0
     failed: int = 0
-    running: int = 0
+    running: int = 0  # cells in flight (set from the scheduler's flights before each callback)
     retried: int = 0
     workers_lost: int = 0
     last: str = ""
@@ -119,7 +119,6 @@ class Scheduler:
         self.replacements = 0
         self.max_replacements = (config.max_replacements if config.max_replacements is not None
                                  else 2 * config.workers + 2)
-        self.attempts = 0
         self.skipped_done = 0
 
     # ------------------------------------------------------------------ workers
@@ -185,12 +184,10 @@ class Scheduler:
             if cell is None:
                 continue
             self.session_attempts[cell.id] += 1
-            self.attempts += 1
             att = self.index.start_attempt(self.run_id, cell.id, slot.name, slot.info.node_id)
             ref = slot.actor.run_cell.remote(cell.to_task())
             slot.busy, slot.loaded_key = True, cell.model_key
             self.flights[ref] = _Flight(slot, cell, att, time.monotonic())
-            self.progress.running += 1
 
     # ------------------------------------------------------------------ outcomes
     def _retry_or_fail(self, f: _Flight, state: AttemptState, error: str) -> None:
@@ -207,7 +204,6 @@ class Scheduler:
 
     def _finish(self, ref: Any) -> None:
         f = self.flights.pop(ref)
-        self.progress.running -= 1
         f.slot.busy = False
         try:
             out: CellOutcome = ray.get(ref, timeout=60)
@@ -255,16 +251,18 @@ class Scheduler:
         for ref, f in list(self.flights.items()):
             if now - f.started > limit:
                 self.flights.pop(ref)
-                self.progress.running -= 1
                 self._retry_or_fail(f, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}")
                 self._lose(f.slot, "cell timeout")
 
     def _cancel(self) -> None:
-        for ref, f in list(self.flights.items()):
+        for f in self.flights.values():
             self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.LOST,
                                              error="run cancelled", final=False)
         self.flights.clear()
-        self.progress.running = 0
+
+    def _report(self) -> None:
+        self.progress.running = len(self.flights)
+        self.on_progress(self.progress)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> RunOutcome:
@@ -284,7 +282,7 @@ class Scheduler:
                 for ref in ready:
                     (self._finish if ref in self.flights else self._started)(ref)
                 self._check_timeouts()
-                self.on_progress(self.progress)
+                self._report()
                 now = time.monotonic()
                 if any(s.info is not None for s in self._live()):
                     t_no_worker = now
@@ -306,8 +304,8 @@ class Scheduler:
                 except Exception:  # noqa: BLE001
                     pass
         left = self._pending_cells() + len(self.flights)
-        self.on_progress(self.progress)
+        self._report()
         return RunOutcome(done=self.progress.done, failed=self.progress.failed, left=left,
-                          attempts=self.attempts, model_loads=sum(loads.values()),
+                          attempts=sum(self.session_attempts.values()), model_loads=sum(loads.values()),
                           workers_lost=self.progress.workers_lost, cancelled=cancelled,
                           message=message, model_loads_by_worker=loads)

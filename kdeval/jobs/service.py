@@ -20,7 +20,7 @@ from kdeval.jobs.cells import CellSpec, expand, grid_hash, kdeval_version
 from kdeval.jobs.grid import GridSpec
 from kdeval.jobs.scheduler import RunOutcome, RunProgress, Scheduler, SchedulerConfig
 from kdeval.jobs.validate import parse_grid
-from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, clean_temp_files
+from kdeval.storage import CellState, CellView, RunIndex, RunState, RunView, age_seconds, clean_temp_files
 
 DEFAULT_RESULTS_DIR = Path(".kdeval") / "results"
 
@@ -37,16 +37,17 @@ class Plan:
         return [c for c in self.cells if c.id not in self.done]
 
 
+def _has_results(view: CellView) -> bool:
+    """A cell done in the index whose Parquet file still exists."""
+    return (view.state == CellState.DONE.value and bool(view.results_dir and view.result_path)
+            and (Path(view.results_dir) / view.result_path).is_file())
+
+
 def _done_ids(index: RunIndex, cells: list[CellSpec]) -> set[str]:
     """Cells done in the index whose Parquet file still exists."""
     states = index.cell_states([c.id for c in cells])
-    out = set()
-    for cid, st in states.items():
-        if st == CellState.DONE.value:
-            view = index.get_cell(cid)
-            if view and view.results_dir and view.result_path and (Path(view.results_dir) / view.result_path).is_file():
-                out.add(cid)
-    return out
+    views = (index.get_cell(cid) for cid, st in states.items() if st == CellState.DONE.value)
+    return {v.id for v in views if v is not None and _has_results(v)}
 
 
 def plan(index: RunIndex, grid: GridSpec) -> Plan:
@@ -131,9 +132,7 @@ def execute_run(
     index.recover_orphans(run_id)
     clean_temp_files(run.results_dir)
     views = index.run_cells(run_id)
-    specs = [CellSpec.model_validate(v.spec) for v in views]
-    done = _done_ids(index, specs)
-    todo = [c for c in specs if c.id not in done]
+    todo = [CellSpec.model_validate(v.spec) for v in views if not _has_results(v)]
     index.reset_cells([c.id for c in todo], [CellState.FAILED, CellState.DONE, CellState.RUNNING])
     if not todo:
         index.start_driver(run_id, socket.gethostname(), os.getpid())

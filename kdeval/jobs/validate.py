@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from kdeval.jobs import registries
 from kdeval.jobs.errors import GridError, GridIssue, did_you_mean, join_path
-from kdeval.jobs.grid import GridSpec
+from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GridSpec
 
 _FORBIDDEN = {
     "trust_remote_code": "is not accepted in grid files: remote model code never runs from a grid",
@@ -73,7 +73,7 @@ def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
             msg = msg[len("Value error, "):]
         if e["type"] == "missing":
             msg = "required field is missing"
-        elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):
+        elif "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {e['input']!r})"
         out.append(GridIssue(join_path(e["loc"]), msg))
     return out
@@ -108,7 +108,7 @@ def _registry_issues(raw: dict) -> list[GridIssue]:
 
 def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     issues: list[GridIssue] = []
-    if any(p.name != "full" for p in grid.policies) and not grid.budgets:
+    if any(p.name not in BUDGET_FREE_POLICIES for p in grid.policies) and not grid.budgets:
         issues.append(GridIssue("budgets", "required when a policy other than 'full' is listed "
                                            "(a list of positive token counts, e.g. [256, 512])"))
     if grid.generation.temperature != 0.0:

@@ -8,10 +8,11 @@ their sum over those queries per layer.
 
 Both interfaces must be registered: without ``AttentionMaskInterface`` the mask would silently be ``None``.
 
-``kdeval_static`` serves the static slot layout (the CUDA-graph step): the engine passes its own boolean mask
-``[1, 1, t, N + t]`` (empty slots hidden, causal within the chunk's tail slots), and attention runs per KV
-head with the ``group`` query heads folded into the query axis, so SDPA takes the mask without the keys and
-values being repeated for every query head.
+``kdeval_static`` serves the static slot layout (the CUDA-graph step). While the head fills, the engine passes
+its own boolean mask (:func:`static_mask`: empty slots hidden, causal within the chunk's tail slots, rows
+repeated per query head of a KV head) and attention runs per KV head with those query heads folded into the
+query axis, so SDPA takes the mask without the keys and values being repeated. Once the head is full no mask
+is passed (its mask function makes none): attention is plain lower-right causal.
 """
 from __future__ import annotations
 
@@ -82,7 +83,6 @@ class AttentionCapture:
         """For ``all`` rows: the chunk's attention output ``[b, t, q_heads, d]`` from the same probabilities the
         policy records, so the chunk's scores are not computed twice (once fused, once here)."""
         b, hq, t, d = query.shape
-        hk = key.shape[1]
         probs = self._probs(query, key, scaling, t, mask)  # [b, hk, g, t, m]
         self.by_layer[layer_idx] = probs.sum(dim=3)
         out = torch.matmul(probs, value.to(probs.dtype).unsqueeze(2))  # [b, hk, g, t, d_v]
@@ -111,23 +111,21 @@ def capture_attention_forward(module, query, key, value, attention_mask, dropout
 
 
 def static_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Attention for the static layout: ``query [b, hq, t, d]`` over ``key``/``value [b, hk, N + t, d]`` with
-    the engine's ``attention_mask [1, 1, t, N + t]`` (bool, True: visible); returns ``[b, t, hq, d]``.
+    """Attention for the static layout: ``query [b, hq, t, d]`` over ``key``/``value [b, hk, N + t, d]``;
+    returns ``[b, t, hq, d]``.
 
-    Once the head is full (``kdeval_cache_full``), the mask is plain lower-right causal and SDPA runs without
-    a mask tensor. Before that (empty head slots to hide):
-
-    The ``g = hq / hk`` query heads of a KV head are folded into the query axis (``[b, hk, g * t, d]``, the
-    mask repeated ``g`` times), so SDPA's masked kernels run without repeating the keys and values.
+    ``attention_mask``: :func:`static_mask` ``[1, 1, g * t, N + t]`` while the head fills, with the ``g = hq /
+    hk`` query heads of a KV head folded into the query axis (``[b, hk, g * t, d]``), so SDPA's masked kernels
+    run without repeating the keys and values; ``None`` once the head is full (plain lower-right causal, no
+    mask tensor).
     """
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    full = kwargs.get("kdeval_cache_full", False)
-    mask = None if full else attention_mask
-    if capture is not None and capture.need.kind == "all" and query.shape[2] > 1:
-        return capture.attend(module.layer_idx, query, key, value, scale, mask), None
     b, hq, t, d = query.shape
-    if full:
+    rows = None if attention_mask is None else attention_mask[:, :, :t]  # one query head's rows [1, 1, t, N + t]
+    if capture is not None and capture.need.kind == "all" and t > 1:
+        return capture.attend(module.layer_idx, query, key, value, scale, rows), None
+    if attention_mask is None:
         # Every head slot is valid: the mask is "all of the head, causal within the tail", i.e. causal aligned
         # to the lower right, which SDPA's flash kernel takes without a mask tensor (and with GQA).
         bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
@@ -137,32 +135,34 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
             capture.record(module.layer_idx, query, key, scale)
         return out.transpose(1, 2).contiguous(), None
     hk = key.shape[1]
-    g = hq // hk
-    folded = kwargs.get("kdeval_folded_mask")
-    if folded is None:
-        folded = attention_mask.expand(1, g, t, attention_mask.shape[-1]).reshape(1, 1, g * t, -1)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, hk, g * t, d), key, value, attn_mask=folded, scale=scale)
+        query.reshape(b, hk, hq // hk * t, d), key, value, attn_mask=attention_mask, scale=scale)
     out = out.view(b, hq, t, -1).transpose(1, 2).contiguous()
     if capture is not None:
-        capture.record(module.layer_idx, query, key, scale, attention_mask)
+        capture.record(module.layer_idx, query, key, scale, rows)
     return out, None
+
+
+def _no_mask(*args, **kwargs) -> None:
+    """The static layout's mask function: the engine passes the mask itself when one is needed."""
+    return None
 
 
 AttentionInterface.register(CAPTURE_IMPL, capture_attention_forward)
 AttentionMaskInterface.register(CAPTURE_IMPL, sdpa_mask)
 AttentionInterface.register(STATIC_IMPL, static_attention_forward)
-AttentionMaskInterface.register(STATIC_IMPL, sdpa_mask)  # unused: the engine always passes a 4-D mask
+AttentionMaskInterface.register(STATIC_IMPL, _no_mask)
 
 
-def static_mask(budget: int, t: int, cached: int | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The static layout's mask ``[1, 1, t, budget + t]`` (True: visible): the ``cached`` valid head slots
-    ``[0, cached)`` for every query, and the chunk's tail slots ``[budget, budget + t)`` causally."""
+def static_mask(budget: int, t: int, cached: int | torch.Tensor, device: torch.device, group: int = 1) -> torch.Tensor:
+    """The static layout's mask ``[1, 1, group * t, budget + t]`` (True: visible): the ``cached`` valid head
+    slots ``[0, cached)`` for every query, and the chunk's tail slots ``[budget, budget + t)`` causally; the
+    ``t`` rows repeated ``group`` times (the query heads of a KV head, folded into the query axis)."""
     slots = torch.arange(budget + t, device=device)
-    rows = torch.arange(t, device=device).unsqueeze(-1)
+    rows = torch.arange(t, device=device).repeat(group).unsqueeze(-1)
     head = slots < cached
     tail = (slots >= budget) & (slots - budget <= rows)
-    return (head | tail).view(1, 1, t, budget + t)
+    return (head | tail).view(1, 1, group * t, budget + t)
 
 
 @contextlib.contextmanager

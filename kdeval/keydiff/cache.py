@@ -55,6 +55,32 @@ class _BudgetLayerMixin:
 EMPTY_POSITION = 2**62
 
 
+class EmptySlots:
+    """Static layout: the empty head slots ``[cached, budget)`` of the ``budget + t`` slots a step scores get
+    distinct scores below every real score, lowest slot lowest, so eviction frees them first and in slot order
+    (the chunk then moves into ``[cached, cached + t)`` in every layer and head: the valid slots stay a prefix).
+
+    Which slots are empty is the same for every layer: computed once per step. The ranks depend only on the
+    shape: ``ranks`` (a dict the engine keeps) caches them per (slots, dtype, device).
+    """
+
+    def __init__(self, budget: int, t: int, cached: int | torch.Tensor, device: torch.device,
+                 ranks: dict | None = None):
+        self.budget = budget
+        self.slots = torch.arange(budget + t, device=device)
+        self.mask = (self.slots >= cached) & (self.slots < budget)  # [budget + t]
+        self.ranks = {} if ranks is None else ranks
+
+    def ranked(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores [rows, h, budget + t]`` with the empty slots' ranks in."""
+        if scores.dtype not in (torch.float32, torch.float64):
+            scores = scores.float()  # the ranks need float32's range and precision
+        key = (scores.shape[-1], scores.dtype, scores.device)
+        if key not in self.ranks:  # -2e30 at slot 0 rising to -1e30 at slot budget
+            self.ranks[key] = -1e30 * (2.0 - self.slots.to(scores.dtype) / self.budget)
+        return torch.where(self.mask, self.ranks[key], scores)
+
+
 def compact(buffers, drop: torch.Tensor, keep_n: int) -> None:
     """Free the slots ``drop [rows, h, k]`` of every buffer ``[rows, h, slots, ...]`` so that the kept tokens
     fill ``[0, keep_n)``: each dropped slot below ``keep_n`` (a hole) receives one surviving token from the
@@ -103,7 +129,6 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         fill = EMPTY_POSITION if self.static_base is not None else 0
         self.positions = torch.full((b, h, self.capacity), fill, dtype=torch.long, device=dev)
         self.state = {n: torch.zeros(b, h, self.capacity, dtype=torch.float32, device=dev) for n in self.state_names}
-        self.is_initialized = True
 
     def _grow(self, need: int) -> None:
         new_cap = max(need, 2 * self.capacity)
@@ -227,7 +252,7 @@ class BudgetCache(Cache):
             raise ValueError(f"store: expected 'slot' or 'gather', got {store!r}")
         super().__init__(layers=layers)
         self.store = store
-        self.graphs: dict = {}  # (batch, chunk) -> CapturedStep bound to these buffers
+        self.graphs: dict = {}  # (batch, t, head full) -> CapturedStep bound to these buffers
 
     @property
     def length(self) -> int:

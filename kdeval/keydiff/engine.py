@@ -16,7 +16,7 @@ import torch
 
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
-from kdeval.keydiff.cache import BudgetCache, compact
+from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy, ScoreContext, protect
@@ -51,18 +51,6 @@ class EngineConfig:
             raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
         if self.store not in STORES:
             raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
-
-
-def empty_slots_first(scores: torch.Tensor, budget: int, cached: int | torch.Tensor) -> torch.Tensor:
-    """Static layout: give the empty head slots ``[cached, budget)`` of ``scores [b, h, budget + t]`` distinct
-    values below every real score, lowest slot lowest, so eviction frees them first and in slot order (the
-    chunk then moves into ``[cached, cached + t)`` in every layer and head, and the valid slots stay a prefix)."""
-    if scores.dtype not in (torch.float32, torch.float64):
-        scores = scores.float()  # the ranks below need float32's range and precision
-    slots = torch.arange(scores.shape[-1], device=scores.device)
-    empty = (slots >= cached) & (slots < budget)
-    rank = -1e30 * (2.0 - slots.to(scores.dtype) / budget)  # -2e30 at slot 0 rising to -1e30 at slot budget
-    return torch.where(empty, rank, scores)
 
 
 @dataclass
@@ -101,7 +89,7 @@ class PrefillState:
         overwritten in place and returned, so the CUDA graphs it captured stay valid (they are bound to its
         buffers). Without it, or when it does not match, the cache is deep-copied and graphs are captured anew.
         """
-        if into is not None and into is not self and into.cache.can_copy_from(self.cache):
+        if into is not None and into.cache.can_copy_from(self.cache):
             into.cache.copy_from(self.cache)
             into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
             into.last_logits = self.last_logits.clone()
@@ -148,10 +136,12 @@ class Engine:
         if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
+        #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
         self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
-        #: graphs need the static slot layout (same shapes for every full chunk, from the first one on)
-        self.static = self.use_graphs
-        self.fused = self.static and config.fuse_layers and policy.layer_independent
+        self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
+        cfg = model.config
+        self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
 
     # ------------------------------------------------------------------ public API
 
@@ -160,7 +150,7 @@ class Engine:
         cap = (self.config.budget + self.config.chunk_size) if self.evicting else max(tokens, self.config.chunk_size)
         state_names = self.policy.slot_state if self.evicting else ()
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
-                            static_base=self.config.budget if self.static else None, fused=self.fused)
+                            static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
@@ -238,7 +228,7 @@ class Engine:
             input_ids = input_ids.unsqueeze(0)
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
-        if state is not None and state.cache.static_base != (self.config.budget if self.static else None):
+        if state is not None and state.cache.static_base != (self.config.budget if self.use_graphs else None):
             raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
                              "continue it with the engine that made it")
         total = (state.seen if state else 0) + input_ids.shape[1] + max_new
@@ -277,18 +267,15 @@ class Engine:
         capture = AttentionCapture(self.need) if self.need is not None else None
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         impl = CAPTURE_IMPL if capture is not None else None
-        cached = None
+        empty = None
         if cache.static_base is not None:
             impl = STATIC_IMPL
             n = cache.static_base
             cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
-            mask = static_mask(n, t, cached, ids.device)
-            kwargs["attention_mask"] = mask  # a 4-D mask reaches the attention function as it is
-            kwargs["kdeval_cache_full"] = full = cache.length >= n  # host bookkeeping, exact
-            if not full:
-                cfg = self.model.config
-                group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-                kwargs["kdeval_folded_mask"] = mask.expand(1, group, t, n + t).reshape(1, 1, group * t, n + t)
+            empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks)
+            if cache.length < n:  # host bookkeeping, exact; a full head needs no mask (lower-right causal)
+                # a 4-D mask reaches the attention function as it is
+                kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
         with attention_implementation(self.model, impl):
             out = self.model(
                 input_ids=ids,
@@ -298,7 +285,7 @@ class Engine:
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
-        self._evict(cache, t, seen_after, steps, capture, cached)
+        self._evict(cache, t, seen_after, steps, capture, empty)
         return out.logits
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):
@@ -316,15 +303,14 @@ class Engine:
         return graph
 
     def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-               capture: AttentionCapture | None, cached: int | torch.Tensor | None = None) -> None:
-        """Score and free slots per layer. ``cached``: valid head slots before the chunk (static layout only)."""
+               capture: AttentionCapture | None, empty: EmptySlots | None = None) -> None:
+        """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise)."""
         if cache.fused is not None:
-            self._evict_fused(cache, t, seen, steps, capture, cached)
+            self._evict_fused(cache, t, seen, steps, capture, empty)
             return
         budget = self.config.budget
-        static = cache.static_base is not None
         for idx, layer in enumerate(cache.layers):
-            m = budget + t if static else layer.length + layer.pending
+            m = budget + t if empty is not None else layer.length + layer.pending
             if not self.evicting:
                 layer.evict(None)
                 continue
@@ -334,16 +320,18 @@ class Engine:
             if m <= budget:
                 layer.evict(None)
                 continue
-            scores = self.policy.score(keys, ctx)
-            scores = protect(scores, positions, seen, self.policy.n_sink(), self.policy.n_recent(budget))
-            if static:
-                scores = empty_slots_first(scores, budget, cached)
-            layer.evict(self._select(scores, ctx, m - budget))
+            layer.evict(self._choose(keys, ctx, m - budget, empty))
         if capture is not None:
             capture.clear()
 
-    def _select(self, scores: torch.Tensor, ctx: ScoreContext, k: int) -> torch.Tensor:
-        """The ``k`` slots to free per row: ``scores [rows, h, slots]`` → ``[rows, h, k]``."""
+    def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, empty: EmptySlots | None) -> torch.Tensor:
+        """The ``k`` slots to free per row of ``keys [rows, h, slots, d]``: the policy's scores, the protected
+        positions raised, empty slots (static layout) lowered, then the ``k`` lowest → ``[rows, h, k]``."""
+        budget = self.config.budget
+        scores = self.policy.score(keys, ctx)
+        scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
+        if empty is not None:
+            scores = empty.ranked(scores)
         if self.policy.ties:
             # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (a
             # stable sort in position order; topk's choice among ties depends on the array's layout), so
@@ -354,7 +342,7 @@ class Engine:
         return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
 
     def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-                     capture: AttentionCapture | None, cached: int | torch.Tensor) -> None:
+                     capture: AttentionCapture | None, empty: EmptySlots) -> None:
         """The static layout's eviction for all layers at once, over the cache's shared buffers: the same
         scoring, protection and selection as :meth:`_evict`, on ``layers * batch`` rows."""
         budget = self.config.budget
@@ -368,10 +356,7 @@ class Engine:
             capture.clear()
         ctx = ScoreContext(-1, positions, seen, t, attention, pstate, steps)
         self.policy.observe(ctx)
-        scores = self.policy.score(keys, ctx)
-        scores = protect(scores, positions, seen, self.policy.n_sink(), self.policy.n_recent(budget))
-        scores = empty_slots_first(scores, budget, cached)
-        compact(list(buffers.values()), self._select(scores, ctx, t), budget)
+        compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
         for layer in cache.layers:
             layer.pending = 0
             layer.length = min(layer.length + t, budget)

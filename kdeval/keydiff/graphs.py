@@ -39,7 +39,7 @@ class CapturedStep:
         self.stream = None if self.emulate else torch.cuda.Stream(device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
-        self.eager_runs = 0
+        self.warmed = False
 
     def _fn(self, cache: "BudgetCache") -> torch.Tensor:
         return self.engine._device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
@@ -55,8 +55,8 @@ class CapturedStep:
         self._fill(ids, seen)
         if self.emulate:
             return self._fn(cache).clone()
-        if self.eager_runs == 0:
-            self.eager_runs += 1
+        if not self.warmed:
+            self.warmed = True
             current = torch.cuda.current_stream()
             self.stream.wait_stream(current)
             with torch.cuda.stream(self.stream):

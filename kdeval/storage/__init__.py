@@ -21,7 +21,7 @@ truncated, prediction, references, score, ttft_s, decode_s, peak_memory_bytes, p
 kept_tokens, length, depth, meta_json, ...) plus the metric's sub-score columns.
 """
 from kdeval.storage.db import DEFAULT_DB_PATH, db_url, make_engine, sqlite_path
-from kdeval.storage.index import RunIndex, age_seconds, state_counts
+from kdeval.storage.index import RunIndex, age_seconds
 from kdeval.storage.models import AttemptState, CellState, RunState
 from kdeval.storage.parquet import (
     clean_temp_files, list_result_files, list_temp_files, read_cell_rows, read_cell_table,
@@ -30,7 +30,7 @@ from kdeval.storage.parquet import (
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
 
 __all__ = [
-    "DEFAULT_DB_PATH", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds", "state_counts",
+    "DEFAULT_DB_PATH", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds",
     "AttemptState", "CellState", "RunState", "clean_temp_files", "list_result_files",
     "list_temp_files", "read_cell_rows", "read_cell_table", "write_cell_rows", "AttemptView",
     "CellRecord", "CellView", "RunView", "to_jsonable",

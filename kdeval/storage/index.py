@@ -11,7 +11,7 @@ Every write is its own short transaction, so SQLite readers in WAL mode never se
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -24,7 +24,7 @@ from kdeval.storage.db import make_engine, make_session_factory
 from kdeval.storage.models import (
     Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, utcnow,
 )
-from kdeval.storage.parquet import read_cell_rows, read_cell_table
+from kdeval.storage.parquet import read_cell_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
 
 
@@ -49,20 +49,32 @@ class RunIndex:
         self.engine.dispose()
 
     # ------------------------------------------------------------------ reading
-    def _counts(self, s: Session, run_id: str) -> dict[str, int]:
-        rows = s.execute(
-            select(Cell.state, func.count())
-            .join(RunCell, RunCell.cell_id == Cell.id)
-            .where(RunCell.run_id == run_id)
-            .group_by(Cell.state)
-        ).all()
-        return {state: n for state, n in rows}
+    def _counts(self, s: Session, run_id: str | None = None) -> dict[str, dict[str, int]]:
+        """Per-state cell counts of one run, or of every run when ``run_id`` is None: {run: {state: n}}."""
+        q = (
+            select(RunCell.run_id, Cell.state, func.count())
+            .join(Cell, RunCell.cell_id == Cell.id)
+            .group_by(RunCell.run_id, Cell.state)
+        )
+        if run_id is not None:
+            q = q.where(RunCell.run_id == run_id)
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for rid, state, n in s.execute(q).all():
+            out[rid][state] = n
+        return out
 
     def list_runs(self) -> list[RunView]:
         """All runs, newest first, with per-state cell counts."""
         with self.session() as s:
             runs = s.scalars(select(Run).order_by(Run.created_at.desc())).all()
-            return [RunView.of(r, self._counts(s, r.id)) for r in runs]
+            counts = self._counts(s)  # one grouped query for every run, not one per run
+            return [RunView.of(r, counts.get(r.id, {})) for r in runs]
+
+    def runs_of_grid(self, grid_hash: str) -> list[tuple[str, str]]:
+        """(run id, state) of every run of one grid, newest first."""
+        with self.session() as s:
+            q = select(Run.id, Run.state).where(Run.grid_hash == grid_hash).order_by(Run.created_at.desc())
+            return [(rid, st) for rid, st in s.execute(q).all()]
 
     def resolve_run_id(self, ref: str) -> str | None:
         """A full run id from an id or a unique prefix of one; None when none or ambiguous."""
@@ -78,7 +90,7 @@ class RunIndex:
         if rid is None:
             return None
         with self.session() as s:
-            return RunView.of(s.get(Run, rid), self._counts(s, rid))
+            return RunView.of(s.get(Run, rid), self._counts(s, rid).get(rid, {}))
 
     def run_cells(self, run_id: str, states: Iterable[str] | None = None) -> list[CellView]:
         """The cells of a run in grid order, optionally only those in ``states``."""
@@ -128,10 +140,7 @@ class RunIndex:
 
     def read_cell_rows(self, cell_id: str) -> list[dict[str, Any]]:
         """A done cell's per-sample rows as a list of dicts."""
-        cell = self.get_cell(cell_id)
-        if cell is None or cell.state != CellState.DONE.value or not cell.result_path:
-            raise LookupError(f"cell {cell_id} has no stored results")
-        return read_cell_rows(cell.results_dir, cell.result_path)
+        return self.read_cell_table(cell_id).to_pylist()
 
     # ------------------------------------------------------------------ writing (driver only)
     def create_run(
@@ -251,11 +260,6 @@ class RunIndex:
         """Replace a cell's summary scores (``kdeval rescore``)."""
         with self.session() as s, s.begin():
             s.execute(update(Cell).where(Cell.id == cell_id).values(summary=summary))
-
-
-def state_counts(cells: Iterable[CellView]) -> dict[str, int]:
-    """Per-state counts of a list of cells."""
-    return dict(Counter(c.state for c in cells))
 
 
 def age_seconds(ts: datetime | None) -> float | None:

@@ -36,14 +36,14 @@ def test_one_run_per_suite(tiny, data_dir, fixtures_dir, name, params):
         params = {**params, "data_dir": str(data_dir)}
     task = get_task(name, **params)
     rows = run_task(tiny, task, "keydiff", budget=128, chunk_size=64)
-    _, prompts = build_prompts(task, PromptBuilder(tiny.tokenizer, tiny.max_context))
+    samples, prompts = build_prompts(task, PromptBuilder(tiny.tokenizer, tiny.max_context))
     assert len(rows) == len(prompts) >= 1
     for row, prompt in zip(rows, prompts):
         assert set(typing.get_type_hints(EvalRow)) <= set(row)
         json.dumps(row)  # flat and JSON-able
         assert row["prompt_hash"] == prompt.hash and row["prompt_tokens"] == prompt.n_tokens
         assert row["kept_tokens"] <= 128 + 64 and 0.0 <= row["score"] <= 1.0 and not row["chat_template"]
-        assert row["generated_tokens"] <= task.samples(PromptBuilder(tiny.tokenizer, tiny.max_context))[0].max_new_tokens
+        assert row["generated_tokens"] <= samples[0].max_new_tokens
     headline = aggregate(task, rows)
     assert headline["n"] == len(rows) and "max_peak_memory_bytes" in headline
 

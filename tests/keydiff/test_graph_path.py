@@ -10,7 +10,7 @@ from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.attention import static_mask
 from kdeval.keydiff.cache import EMPTY_POSITION
-from kdeval.keydiff.engine import empty_slots_first
+from kdeval.keydiff.cache import EmptySlots
 
 from .helpers import kept_positions, prompt, tiny
 
@@ -73,7 +73,7 @@ def test_static_mask_known_answer():
 
 def test_empty_slots_are_freed_first_lowest_first():
     scores = torch.tensor([[[0.5, -3.0, 9.0, 9.0, 9.0, 0.1, 0.2]]])  # budget 5, 2 cached, chunk of 2
-    ranked = empty_slots_first(scores, budget=5, cached=2)
+    ranked = EmptySlots(budget=5, t=2, cached=2, device=scores.device).ranked(scores)
     drop = torch.topk(ranked, 2, dim=-1, largest=False).indices.sort(-1).values
     assert drop.tolist() == [[[2, 3]]]
     assert torch.equal(ranked[..., :2], scores[..., :2]) and torch.equal(ranked[..., 5:], scores[..., 5:])
@@ -104,7 +104,7 @@ def test_random_policy_never_captured():
 
 def test_graphs_default_off_without_cuda():
     eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
-    assert eng.config.cuda_graphs is None and not eng.use_graphs and not eng.static
+    assert eng.config.cuda_graphs is None and not eng.use_graphs
     assert eng.generate(prompt(100), max_new_tokens=4).state.cache.static_base is None
 
 

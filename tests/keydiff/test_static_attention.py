@@ -29,9 +29,8 @@ def test_masked_and_full_head_attention_match_reference(cached):
     budget, t = 6, 3
     q, k, v = inputs(budget, t)
     mask = static_mask(budget, t, cached, torch.device("cpu"))
-    full = cached == budget
-    out, _ = static_attention_forward(SimpleNamespace(layer_idx=0), q, k, v, mask, scaling=0.3,
-                                      kdeval_cache_full=full)
+    passed = None if cached == budget else static_mask(budget, t, cached, torch.device("cpu"), group=3)
+    out, _ = static_attention_forward(SimpleNamespace(layer_idx=0), q, k, v, passed, scaling=0.3)
     want, _ = reference(q, k, v, mask, 0.3)
     assert out.shape == (2, t, 6, 8)
     assert torch.allclose(out, want, atol=1e-12)
@@ -44,7 +43,8 @@ def test_captured_rows_ignore_empty_slots(kind):
     q, k, v = inputs(budget, t)
     mask = static_mask(budget, t, cached, torch.device("cpu"))
     capture = AttentionCapture(AttentionNeed(kind, window=2))
-    out, _ = static_attention_forward(SimpleNamespace(layer_idx=4), q, k, v, mask, scaling=0.3,
+    folded = static_mask(budget, t, cached, torch.device("cpu"), group=3)
+    out, _ = static_attention_forward(SimpleNamespace(layer_idx=4), q, k, v, folded, scaling=0.3,
                                       kdeval_capture=capture)
     want, probs = reference(q, k, v, mask, 0.3)
     assert torch.allclose(out, want, atol=1e-12)

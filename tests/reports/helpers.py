@@ -58,6 +58,15 @@ def rows(scores: list[float], *, prefix: str = "s", task: str = "needle", length
     return out
 
 
+def record_done(idx: RunIndex, run_id: str, cell_id: str, results: str | Path, cell_rows: list[dict[str, Any]]) -> None:
+    """One successful attempt at a cell: its Parquet file written, then the cell marked done."""
+    att = idx.start_attempt(run_id, cell_id, "w0", "node0")
+    rel = write_cell_rows(results, cell_id, cell_rows)
+    idx.finish_attempt_done(att, results_dir=str(results), result_path=rel, n_rows=len(cell_rows),
+                            summary={"score": 0.0}, duration_s=1.0, peak_memory_bytes=1000,
+                            worker="w0", node="node0")
+
+
 def store_run(idx: RunIndex, results: Path, run_id: str, cells: list[FakeCell], *, version: str = "v1",
               grid_hash: str = "grid-hash", name: str = "grid", state: RunState = RunState.DONE) -> str:
     """Record a run with ``cells`` (done/failed/pending as described) and write their Parquet files."""
@@ -68,13 +77,10 @@ def store_run(idx: RunIndex, results: Path, run_id: str, cells: list[FakeCell], 
     for c, rec in zip(cells, records):
         if c.pending or idx.get_cell(rec.id).state == "done":
             continue
-        att = idx.start_attempt(run_id, rec.id, "w0", "node0")
         if c.rows is None:
+            att = idx.start_attempt(run_id, rec.id, "w0", "node0")
             idx.finish_attempt_failed(att, state=AttemptState.FAILED, error=c.error or "boom", final=True)
-            continue
-        rel = write_cell_rows(results, rec.id, c.rows)
-        idx.finish_attempt_done(att, results_dir=str(results), result_path=rel, n_rows=len(c.rows),
-                                summary={"score": 0.0}, duration_s=1.0, peak_memory_bytes=1000,
-                                worker="w0", node="node0")
+        else:
+            record_done(idx, run_id, rec.id, results, c.rows)
     idx.set_run_state(run_id, state)
     return run_id

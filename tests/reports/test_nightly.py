@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from kdeval.cli.app import app
 from kdeval.jobs import nightly as nj
 from kdeval.jobs.reports import ReportOptions, build_report
-from kdeval.storage import RunIndex, write_cell_rows
-from tests.reports.helpers import FakeCell, rows, store_run
+from kdeval.storage import RunIndex
+from tests.reports.helpers import FakeCell, record_done, rows, store_run
 
 SPEC = nj.NightlySpec(tracked=[nj.TrackedMetric(metric="needle", max_drop=5.0)], resamples=1000)
 GOOD = [1.0] * 20
@@ -99,11 +99,7 @@ def _fake_executor(score_of):
         for cell in index.run_cells(run_id):
             if cell.state == "done":
                 continue
-            att = index.start_attempt(run_id, cell.id, "w", "n")
-            rs = rows([score_of(cell.policy, i) for i in range(20)])
-            rel = write_cell_rows(run.results_dir, cell.id, rs)
-            index.finish_attempt_done(att, results_dir=run.results_dir, result_path=rel, n_rows=20, summary={},
-                                      duration_s=0.1, peak_memory_bytes=1, worker="w", node="n")
+            record_done(index, run_id, cell.id, run.results_dir, rows([score_of(cell.policy, i) for i in range(20)]))
         index.set_run_state(run_id, nj.RunState.DONE)
     execute.calls = calls
     return execute
@@ -139,7 +135,7 @@ def test_run_nightly_resumes_an_unfinished_run(tmp_path):
         raise KeyboardInterrupt  # the driver died mid-run: the run stays pending/running
     with pytest.raises(KeyboardInterrupt):
         nj.run_nightly(idx, nf, results_dir=tmp_path / "results", execute=crash)
-    [(crashed, _)] = nj._runs_of_grid(idx, nj.grid_hash(nf.grid))
+    [(crashed, _)] = idx.runs_of_grid(nj.grid_hash(nf.grid))
     ex = _fake_executor(lambda p, i: 1.0)
     outcome = nj.run_nightly(idx, nf, results_dir=tmp_path / "results", execute=ex)
     assert outcome.resumed and outcome.run == crashed and ex.calls == [crashed]

@@ -50,12 +50,16 @@ def normalize_latex(s: str) -> str:
     return s
 
 
+def _timeout() -> int | None:
+    """math-verify's timeouts use SIGALRM, which only the main thread may set."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
 def _parse(expr: str):
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None  # SIGALRM: main thread only
     return parse(f"${expr}$", extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
-                 parsing_timeout=timeout)
+                 parsing_timeout=_timeout())
 
 
 def math_equal(prediction: str | None, gold: str, string_match: bool = True) -> bool:
@@ -69,13 +73,12 @@ def math_equal(prediction: str | None, gold: str, string_match: bool = True) -> 
         return True
     from math_verify import verify
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             g, p = _parse(gold), _parse(prediction)
             if not g or not p:
                 return False
-            return bool(verify(g, p, timeout_seconds=timeout))
+            return bool(verify(g, p, timeout_seconds=_timeout()))
         except Exception:  # noqa: BLE001 - an unparsable answer is not equal
             return False

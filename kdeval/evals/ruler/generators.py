@@ -11,14 +11,13 @@ import math
 import random
 import string
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
+from kdeval.evals.prompting import split_at_context
 from kdeval.evals.ruler.templates import DEPTHS, NEEDLE, TASKS
 from kdeval.evals.ruler.words import ADJECTIVES, NOUNS, base_words, pronounceable_words
 from kdeval.evals.synthetic import NOISE_PARAGRAPH, split_sentences, take_words
-
-_CTX = "\u2063CONTEXT\u2063"
 
 
 @dataclass
@@ -29,12 +28,6 @@ class Generated:
     suffix: str
     answer_prefix: str
     outputs: list[str]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-def _split(template: str, context: str, **kw: Any) -> tuple[str, str]:
-    before, after = template.format(context=_CTX, **kw).split(_CTX)
-    return before + context, after
 
 
 def _random_value(rng: random.Random, kind: str) -> str:
@@ -91,7 +84,7 @@ def make_niah(rng: random.Random, n: int, cfg: dict, essay: Sequence[str] | None
             fixed.append(t)
         template, answer_prefix = fixed
         type_v = kind_v[:-1]
-    prefix, suffix = _split(template, context, type_needle_v=type_v, query=query)
+    prefix, suffix = split_at_context(template, context, type_needle_v=type_v, query=query)
     return Generated(prefix, suffix, answer_prefix.format(type_needle_v=type_v, query=query), answers)
 
 
@@ -121,7 +114,7 @@ def _vt_text(rng: random.Random, n: int, cfg: dict, icl: bool) -> tuple[str, str
             sentences.insert(pos + j, chain[j])
     context = "\n".join(sentences).replace(". \n", ".\n")
     t = TASKS["variable_tracking"]
-    prefix, suffix = _split(t["template"], context, query=value)
+    prefix, suffix = split_at_context(t["template"], context, query=value)
     return prefix, suffix, t["answer_prefix"].format(num_v=cfg["num_hops"] + 1, query=value), vars_[0]
 
 
@@ -163,7 +156,7 @@ def make_cwe(rng: random.Random, n: int, cfg: dict, length: int, seed: int) -> G
         ctx, answer = _cwe_example(rng, n, cfg["freq_cw"], cfg["freq_ucw"], num_cw, seed)
     example = t["template"].format(context=ex_ctx, query="") + t["answer_prefix"] + " " + " ".join(
         f"{i + 1}. {w}" for i, w in enumerate(ex_ans))
-    prefix, suffix = _split(t["template"], ctx, query="")
+    prefix, suffix = split_at_context(t["template"], ctx, query="")
     return Generated(example + "\n" + prefix, suffix, t["answer_prefix"], answer)
 
 
@@ -189,6 +182,6 @@ def make_fwe(rng: random.Random, n: int, cfg: dict, length: int, tokens_to_gener
     sampled = [w for k, w in enumerate(words, 1) for _ in range(int(n * k ** -alpha / z))]
     rng.shuffle(sampled)
     t = TASKS["freq_words_extraction"]
-    prefix, suffix = _split(t["template"], " ".join(sampled), query="")
+    prefix, suffix = split_at_context(t["template"], " ".join(sampled), query="")
     return Generated(prefix, suffix, t["answer_prefix"], words[1:4])
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from kdeval.evals.base import TaskUnavailableError
 from kdeval.evals.data import find_data_file, resolve_data_dir
 from kdeval.evals.hub import hub_rows
-from kdeval.evals.ruler.generators import Generated, _split
+from kdeval.evals.prompting import split_at_context
+from kdeval.evals.ruler.generators import Generated
 from kdeval.evals.ruler.templates import DOCUMENT_PROMPT, TASKS
 
 LOCAL_FILES = {"squad": "ruler/squad.json", "hotpotqa": "ruler/hotpotqa.json"}
@@ -101,5 +102,5 @@ def make_qa(rng: random.Random, n: int, pool: QAPool, index: int) -> Generated:
     rng.shuffle(docs)
     context = "\n\n".join(DOCUMENT_PROMPT.format(i=i + 1, document=d) for i, d in enumerate(docs))
     t = TASKS["qa"]
-    prefix, suffix = _split(t["template"], context, query=qa["query"])
+    prefix, suffix = split_at_context(t["template"], context, query=qa["query"])
     return Generated(prefix, suffix, t["answer_prefix"], list(qa["outputs"]))

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, group_mean, mean
+from kdeval.evals.base import EvalError, Sample, ScoreResult, check_choice, check_positive, group_percent
 from kdeval.evals.metrics.string_match import postprocess_pred, string_match_all, string_match_part
 from kdeval.evals.ruler.generators import Generated, _vt_text, make_cwe, make_fwe, make_niah, make_vt
 from kdeval.evals.ruler.qa import QAPool, load_pool, make_qa
 from kdeval.evals.ruler.templates import CONFIGS, TASKS
-from kdeval.evals.synthetic import check_fits, check_lengths, essay_words, fit_units
+from kdeval.evals.synthetic import SyntheticTask, check_lengths, essay_words, fit_units
 
 
 @dataclass
-class RulerTask(Task):
+class RulerTask(SyntheticTask):
     """A RULER task.
 
     Args:
@@ -43,16 +43,11 @@ class RulerTask(Task):
     _essay: list[str] | None = field(default=None, init=False, repr=False)
     _pool: QAPool | None = field(default=None, init=False, repr=False)
 
-    benchmark: ClassVar[str] = "ruler"
-    needs_tokenizer: ClassVar[bool] = True
-
     def __post_init__(self) -> None:
         if self.task not in CONFIGS:
             raise EvalError(f"task: unknown RULER task {self.task!r}; expected one of {', '.join(CONFIGS)}")
-        if self.num_samples < 1:
-            raise EvalError(f"num_samples: expected a positive integer, got {self.num_samples}")
-        if self.source not in ("local", "hub"):
-            raise EvalError(f"source: expected 'local' or 'hub', got {self.source!r}")
+        check_positive("num_samples", self.num_samples)
+        check_choice("source", self.source, ("local", "hub"))
         self.lengths = check_lengths(self.lengths)
         self.name = f"ruler.{self.task}"
         self.cfg = CONFIGS[self.task]
@@ -70,9 +65,6 @@ class RulerTask(Task):
     def tokens_to_generate(self) -> int:
         """RULER's generation length for this task."""
         return TASKS[self.cfg["task"]]["tokens_to_generate"]
-
-    def check_context(self, max_context: int) -> None:
-        check_fits(self.lengths, max_context, self.name)
 
     def _generate(self, n: int, length: int, index: int, icl_units: int) -> Generated:
         rng = random.Random(f"{self.seed}/{self.task}/{length}/{index}")
@@ -93,7 +85,7 @@ class RulerTask(Task):
         return Sample(
             id=f"{self.name}/L{length}/{index}", prefix=g.prefix, suffix=g.suffix, answer_prefix=g.answer_prefix,
             references=tuple(g.outputs), max_new_tokens=self.tokens_to_generate,
-            meta={"length": length, "index": index, **g.meta},
+            meta={"length": length, "index": index},
         )
 
     def _icl_units(self, builder: Any, length: int) -> int:
@@ -109,21 +101,29 @@ class RulerTask(Task):
             n += 1
         return n
 
+    def _min_units(self) -> int:
+        """The fewest haystack units a sample of this task can be built from."""
+        kind = self.cfg["task"]
+        if kind == "common_words_extraction":
+            return 10
+        if kind == "variable_tracking":
+            return self.cfg["num_hops"] + 1
+        if kind == "freq_words_extraction":
+            return 17  # fewer units round to (almost) no words under the Zipf counts
+        if kind == "niah":
+            return max(self.cfg["num_needle_k"], self.cfg["num_needle_q"]) * self.cfg["num_needle_v"]
+        return 1
+
     def samples(self, builder: Any = None) -> list[Sample]:
         """``num_samples`` samples per length, each fitted to its length with ``builder``."""
-        if builder is None:
-            raise EvalError(f"{self.name}: samples are generated per tokenizer; pass builder=PromptBuilder(tokenizer, max_context)")
+        builder = self.require_builder(builder)
         self._load_data()
+        min_units = self._min_units()
         out = []
-        min_units = 10 if self.cfg["task"] == "common_words_extraction" else (
-            self.cfg.get("num_hops", 0) + 1 if self.cfg["task"] == "variable_tracking" else 1)
-        if self.cfg["task"] == "niah":
-            min_units = max(min_units, max(self.cfg["num_needle_k"], self.cfg["num_needle_q"]) * self.cfg["num_needle_v"])
         for length in self.lengths:
             icl = self._icl_units(builder, length)
             for i in range(self.num_samples):
-                s, _ = fit_units(lambda n: self._sample(n, length, i, icl), builder.count, length,
-                                 min_units=min_units + (16 if self.cfg["task"] == "freq_words_extraction" else 0))
+                s, _ = fit_units(lambda n: self._sample(n, length, i, icl), builder.count, length, min_units=min_units)
                 out.append(s)
         return out
 
@@ -136,8 +136,4 @@ class RulerTask(Task):
 
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """100 x mean score, overall and per length."""
-        return {
-            "score": round(100.0 * mean(float(r["score"]) for r in rows), 2),
-            "n": len(rows),
-            "by_length": {k: round(100 * v, 2) for k, v in group_mean(rows, ["length"], "score").items()},
-        }
+        return {**super().aggregate(rows), "by_length": group_percent(rows, ["length"])}

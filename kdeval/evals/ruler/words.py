@@ -78,11 +78,6 @@ provide pull pump punch puncture punish push question queue race radiate rain ra
 """.split())))
 
 
-def niah_key_words() -> list[str]:
-    """``adjective-noun`` keys, sorted (RULER: every wonderwords adjective-noun pair)."""
-    return sorted({f"{a}-{n}" for a in ADJECTIVES for n in NOUNS})
-
-
 def base_words() -> list[str]:
     """Nouns, adjectives and verbs, sorted and unique."""
     return sorted(set(NOUNS) | set(ADJECTIVES) | set(VERBS))

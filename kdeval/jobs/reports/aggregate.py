@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
-from kdeval.jobs.reports.model import CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
-from kdeval.jobs.reports.samples import FULL, LoadedCell, Samples, Slot, load_run
+from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
+from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, load_run, task_of_label
 from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
 from kdeval.storage import RunIndex
 
@@ -54,7 +54,7 @@ def cell_state(cells: list[LoadedCell], expected: int | None = None) -> str:
         return State.OK
     if done:
         return State.PARTIAL
-    if any(c.view.state == "failed" or c.view.state == "done" for c in cells):
+    if any(c.view.state in ("failed", "done") for c in cells):
         return State.FAILED  # "done" here: done in the index, but its file could not be read
     return State.PENDING
 
@@ -73,11 +73,14 @@ def _resolve_runs(index: RunIndex, refs: list[str]) -> list[str]:
     return out
 
 
-def _load(index: RunIndex, run_ids: list[str], results_dir, notes: list[str]) -> dict[Slot, LoadedCell]:
-    """Cells of the runs by slot (the first run listed wins when two runs hold the same slot)."""
+def _load(index: RunIndex, run_ids: list[str], results_dir, notes: list[str],
+          cache: dict[str, LoadedCell]) -> dict[Slot, LoadedCell]:
+    """Cells of the runs by slot (the first run listed wins when two runs hold the same slot).
+
+    ``cache`` is shared by every load of one report: a cell in several runs is read once."""
     by_slot: dict[Slot, LoadedCell] = {}
     for run_id in run_ids:
-        for cell in load_run(index, run_id, results_dir):
+        for cell in load_run(index, run_id, results_dir, cache):
             kept = by_slot.get(cell.slot)
             if kept is None:
                 by_slot[cell.slot] = cell
@@ -127,8 +130,7 @@ class _Comparer:
         mine = [s for s in slots if self._task_of(s, ref_cells) in d.tasks]
         own_cells = [self.own[s] for s in mine if s in self.own]
         state = cell_state(own_cells, expected=len(mine))
-        sel = own.take(d.select(own)) if len(own) else own
-        value = stratified_mean(sel.score, sel.task if d.stratified else None) * 100 if len(sel) else None
+        sel, value = _selected(own, d)
         base = dict(level=d.level, benchmark=d.benchmark, metric=d.metric, model=model, policy=policy,
                     budget=None if budget < 0 else budget, chunk=chunk, length=d.length,
                     depth=rounded(d.depth, "depth"), subset=d.subset, state=state, n=len(sel),
@@ -137,8 +139,7 @@ class _Comparer:
             return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
         refs = [ref_cells[s] for s in mine if ref_cells.get(s) is not None]
         ref_state = cell_state(refs, expected=len(mine))
-        rsel = ref.take(d.select(ref)) if len(ref) else ref
-        ref_value = stratified_mean(rsel.score, rsel.task if d.stratified else None) * 100 if len(rsel) else None
+        rsel, ref_value = _selected(ref, d)
         paired = _pair(sel, rsel)
         # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
         dropped = paired.dropped if len(sel) and len(rsel) else 0
@@ -155,7 +156,7 @@ class _Comparer:
 
     def _task_of(self, slot: Slot, ref_cells: dict[Slot, LoadedCell | None]) -> str:
         cell = self.own.get(slot) or ref_cells.get(slot)
-        return cell.task if cell is not None else slot.task.split("@")[0].split("#")[0]
+        return cell.task if cell is not None else task_of_label(slot.task)
 
     # ---------------------------------------------------------------- perf and cell states
     def perf_row(self, slot: Slot) -> PerfRow:
@@ -203,6 +204,13 @@ class _Comparer:
         return rows
 
 
+def _selected(samples: Samples, d: MetricDef) -> tuple[Samples, float | None]:
+    """The samples behind metric ``d`` and its value in points (None without samples)."""
+    sel = samples.take(d.select(samples)) if len(samples) else samples
+    value = stratified_mean(sel.score, sel.task if d.stratified else None) * 100 if len(sel) else None
+    return sel, value
+
+
 @dataclass(frozen=True)
 class _Paired:
     n: int
@@ -223,16 +231,12 @@ def _pair(own: Samples, ref: Samples) -> _Paired:
     return _Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object))
 
 
-def _median(values: np.ndarray | None) -> float | None:
-    if values is None:
-        return None
+def _median(values: np.ndarray) -> float | None:
     v = values[~np.isnan(values)]
     return float(np.median(v)) if v.size else None
 
 
-def _max(values: np.ndarray | None) -> float | None:
-    if values is None:
-        return None
+def _max(values: np.ndarray) -> float | None:
     v = values[~np.isnan(values)]
     return float(v.max()) if v.size else None
 
@@ -261,15 +265,18 @@ def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: 
                    error=error or (cell.error if cell else ""))
 
 
-def build_report(index: RunIndex, runs: list[str], options: ReportOptions = ReportOptions()) -> Report:
-    """The report of ``runs`` (ids or unique prefixes) against ``options.compare``.
+def build_report(index: RunIndex, runs: list[str], options: ReportOptions = ReportOptions(),
+                 cache: dict[str, LoadedCell] | None = None) -> Report:
+    """The report of ``runs`` (ids or unique prefixes) against ``options.compare``. ``cache`` (cell id ->
+    loaded cell): pass the same dict to several reports of the same runs so each cell is read once.
 
     Raises ``ValueError`` for an unknown run or bad options."""
     if not runs:
         raise ValueError("no run given and the index has no runs")
     run_ids = _resolve_runs(index, runs)
     notes: list[str] = []
-    own = _load(index, run_ids, options.results_dir, notes)
+    cache = {} if cache is None else cache
+    own = _load(index, run_ids, options.results_dir, notes, cache)
     by_full = options.compare == FULL
     if by_full:
         ref, compare = own, FULL
@@ -277,7 +284,7 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
         compare = _resolve_runs(index, [options.compare])[0]
         if compare in run_ids:
             raise ValueError(f"--compare {compare}: the reference run is also one of the runs reported")
-        ref = _load(index, [compare], options.results_dir, notes)
+        ref = _load(index, [compare], options.results_dir, notes, cache)
     cmp = _Comparer(own, ref, by_full, options)
     scores: list[MetricRow] = []
     for config, slots in sorted(cmp.configs().items()):

@@ -55,10 +55,7 @@ def write_csv(report: Report, out_dir: Path) -> list[Path]:
     for name in TABLES:
         path = out_dir / f"{name}.csv"
         with open(path, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh)
-            w.writerow(_fields(name))
-            for r in _rows(report, name):
-                w.writerow([format_value(v) for v in row_to_dict(r).values()])
+            fh.write(csv_text(report, name))
         paths.append(path)
     return paths
 

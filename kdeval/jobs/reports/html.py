@@ -11,7 +11,7 @@ import base64
 import html
 
 from kdeval.jobs.reports.formats import html_table
-from kdeval.jobs.reports.model import Report
+from kdeval.jobs.reports.model import FULL, Report
 from kdeval.jobs.reports.plots import Plot
 
 _CSS = """
@@ -46,7 +46,7 @@ def _img(plot: Plot) -> str:
 def render_html(report: Report, plots: list[Plot], title: str = "kdeval report") -> str:
     """The complete HTML document."""
     m = report.meta
-    ref = "the full cache (same model × chunk × task)" if m.compare == "full" else f"run {m.compare}"
+    ref = "the full cache (same model × chunk × task)" if m.compare == FULL else f"run {m.compare}"
     meta = [f"runs: {', '.join(m.runs)}", f"compared with: {ref}",
             f"Δ = this − reference in points, paired by sample id; {int(m.confidence * 100)}% CI by paired "
             f"bootstrap ({m.resamples} resamples, seed {m.seed})", f"created: {m.created}"] + list(m.notes)

@@ -77,6 +77,12 @@ def _lengths(samples: Samples, mask: np.ndarray) -> list[float]:
     return sorted({float(v) for v in vals if not np.isnan(v)})
 
 
+def _buckets(samples: Samples, mask: np.ndarray) -> list[tuple[str, Selector]]:
+    """The LongBench-E buckets that hold some of the ``mask``-ed samples: (label, selector)."""
+    return [(label, _bucket_is(low, high)) for label, low, high in LONGBENCH_E_BUCKETS
+            if (mask & (samples.length >= low) & (samples.length < high)).any()]
+
+
 def _task_details(task: str, bench: str, samples: Samples) -> list[MetricDef]:
     """Slices of one task's score."""
     only = frozenset({task})
@@ -95,10 +101,9 @@ def _task_details(task: str, bench: str, samples: Samples) -> list[MetricDef]:
     elif bench == "math500":
         for level in sorted({str(x) for x in samples.subset[mask] if x}):
             out.append(MetricDef("detail", bench, task, only, _and(base, _subset_is(level)), subset=level))
-    elif bench == "longbench" and _lengths(samples, mask):
-        for name, low, high in LONGBENCH_E_BUCKETS:
-            if (mask & (samples.length >= low) & (samples.length < high)).any():
-                out.append(MetricDef("detail", bench, task, only, _and(base, _bucket_is(low, high)), subset=name))
+    elif bench == "longbench":
+        for label, in_bucket in _buckets(samples, mask):
+            out.append(MetricDef("detail", bench, task, only, _and(base, in_bucket), subset=label))
     return out
 
 
@@ -111,10 +116,9 @@ def _benchmark_defs(bench: str, tasks: frozenset[str], samples: Samples) -> list
     if bench == "ruler":
         for length in _lengths(samples, mask):
             out.append(MetricDef("detail", bench, name, tasks, _and(base, _length_is(length)), True, length=int(length)))
-    elif bench == "longbench" and _lengths(samples, mask):
-        for label, low, high in LONGBENCH_E_BUCKETS:
-            if (mask & (samples.length >= low) & (samples.length < high)).any():
-                out.append(MetricDef("detail", bench, name, tasks, _and(base, _bucket_is(low, high)), True, subset=label))
+    elif bench == "longbench":
+        for label, in_bucket in _buckets(samples, mask):
+            out.append(MetricDef("detail", bench, name, tasks, _and(base, in_bucket), True, subset=label))
     return out
 
 

@@ -18,6 +18,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+#: The full-cache policy: the default reference of a report.
+FULL = "full"
+
 #: Decimal digits kept per float field (points: 2 as LongBench prints them; seconds and ratios finer).
 DIGITS: dict[str, int] = {
     "value": 2, "ref_value": 2, "delta": 2, "ci_low": 2, "ci_high": 2, "depth": 2,

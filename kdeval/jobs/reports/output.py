@@ -39,8 +39,9 @@ def write_report(report: Report, out_dir: str | Path, fmts: Iterable[str], title
             written[fmt] = formats.write_csv(report, out)[0]
         elif fmt == "html":
             plots = all_plots(report)
-            for p in plots:
+            if plots:
                 (out / "plots").mkdir(exist_ok=True)
+            for p in plots:
                 (out / "plots" / f"{p.slug}.png").write_bytes(p.png)
             written[fmt] = formats.write_text(out / "report.html", render_html(report, plots, title))
     return written

@@ -15,9 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kdeval.jobs.reports.metrics import AVERAGED
-from kdeval.jobs.reports.model import MetricRow, Report
-
-FULL = "full"
+from kdeval.jobs.reports.model import FULL, MetricRow, Report
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ or seeds never pair with each other.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,6 @@ import numpy as np
 import pyarrow as pa
 
 from kdeval.storage import CellState, CellView, RunIndex, read_cell_table
-
-FULL = "full"
 
 
 @dataclass(frozen=True, order=True)
@@ -47,12 +46,17 @@ def policy_label(view: CellView) -> str:
     return f"{view.policy}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")"
 
 
+def task_of_label(label: str) -> str:
+    """The task name of a task instance label: ``needle`` from ``needle@1024#s0``."""
+    return label.split("@")[0].split("#")[0]
+
+
 def task_name(view: CellView) -> str:
-    """Registry task name of a cell (``needle`` from ``needle@1024#s0`` when the spec lacks it)."""
+    """Registry task name of a cell (from its label when the spec lacks it)."""
     task = (view.spec or {}).get("task") or {}
     if isinstance(task, dict) and task.get("name"):
         return str(task["name"])
-    return view.task.split("@")[0].split("#")[0]
+    return task_of_label(view.task)
 
 
 def slot_of(view: CellView) -> Slot:
@@ -120,17 +124,17 @@ def _column(table: pa.Table, name: str, default: float = np.nan) -> np.ndarray:
     return np.array([default if v is None else float(v) for v in table.column(name).to_pylist()], dtype=float)
 
 
-def _meta_values(table: pa.Table, key: str) -> list[Any]:
-    """``key`` from each row's ``meta_json`` (None where absent)."""
+def _metas(table: pa.Table) -> list[dict[str, Any]]:
+    """Each row's ``meta_json`` parsed (``{}`` where absent or not a JSON object)."""
     if "meta_json" not in table.column_names:
-        return [None] * table.num_rows
+        return [{}] * table.num_rows
     out = []
     for text in table.column("meta_json").to_pylist():
         try:
             meta = json.loads(text) if text else {}
         except (TypeError, ValueError):
             meta = {}
-        out.append(meta.get(key) if isinstance(meta, dict) else None)
+        out.append(meta if isinstance(meta, dict) else {})
     return out
 
 
@@ -139,9 +143,12 @@ def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
     n = table.num_rows
     ids = [str(x) for x in table.column("id").to_pylist()] if "id" in table.column_names else [str(i) for i in range(n)]
     length = _column(table, "length")
-    if np.isnan(length).all():
-        length = np.array([np.nan if v is None else float(v) for v in _meta_values(table, "length")], dtype=float)
-    levels = table.column("level").to_pylist() if "level" in table.column_names else _meta_values(table, "level")
+    need_length = bool(np.isnan(length).all())
+    has_level = "level" in table.column_names
+    metas = _metas(table) if need_length or not has_level else []  # parsed once, only when needed
+    if need_length:
+        length = np.array([np.nan if m.get("length") is None else float(m["length"]) for m in metas], dtype=float)
+    levels = table.column("level").to_pylist() if has_level else [m.get("level") for m in metas]
     return Samples(
         key=np.array([f"{instance}|{i}" for i in ids], dtype=object),
         task=np.array([task] * n, dtype=object),
@@ -163,12 +170,18 @@ def read_table(view: CellView, results_dir: str | Path | None) -> pa.Table:
     return read_cell_table(results_dir or view.results_dir, view.result_path)
 
 
-def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None) -> list[LoadedCell]:
+def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None,
+             cache: dict[str, LoadedCell] | None = None) -> list[LoadedCell]:
     """Every cell of a run, in grid order, with the samples of the done ones.
 
-    A done cell whose Parquet file cannot be read is treated as failed (with the reason)."""
+    A done cell whose Parquet file cannot be read is treated as failed (with the reason). ``cache``
+    (cell id -> loaded cell) is filled and reused, so a cell shared by several runs is read once."""
     cells = []
     for view in index.run_cells(run_id):
+        hit = cache.get(view.id) if cache is not None else None
+        if hit is not None:
+            cells.append(dataclasses.replace(hit, run=run_id))
+            continue
         cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view),
                           error=view.error_line or "")
         if view.state == CellState.DONE.value:
@@ -179,5 +192,7 @@ def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None
             else:
                 cell.samples = samples_of(table, cell.task, view.task)
                 cell.perf = {c: _column(table, c) for c in PERF_COLUMNS}
+        if cache is not None:
+            cache[view.id] = cell
         cells.append(cell)
     return cells

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kdeval.jobs.reports.model import DIGITS, MetricRow, PerfRow, Report, State
+from kdeval.jobs.reports.model import DIGITS, FULL, MetricRow, PerfRow, Report, State
 
 
 def _fmt(value, name: str = "value") -> str:
@@ -52,7 +52,7 @@ def _ci(r: MetricRow) -> str:
 def scores_table(report: Report, detail: bool = False) -> Table:
     """Scores per model × policy × budget × chunk × metric with delta and CI."""
     m = report.meta
-    ref = "the full cache" if m.compare == "full" else f"run {m.compare}"
+    ref = "the full cache" if m.compare == FULL else f"run {m.compare}"
     t = Table(title=f"scores of {', '.join(m.runs)} vs {ref} (points; Δ paired by sample id, "
                     f"{int(m.confidence * 100)}% bootstrap CI)",
               caption="\n".join(m.notes) or None)
