@@ -139,6 +139,22 @@ def test_compare_two_runs_pairs_the_same_slots(store):
     assert perf["keydiff"].ttft_ratio == 1.0 and perf["keydiff"].decode_tok_s == 5.0
 
 
+def test_unreadable_reference_cell_shows_as_failed_not_done(store):
+    idx, res = store
+    base = [1.0] * 4
+    store_run(idx, res, "before", [FakeCell("full", None, rows=rows(base)),
+                                   FakeCell("keydiff", 256, rows=rows(base))], version="v1")
+    store_run(idx, res, "after", [FakeCell("full", None, rows=rows(base)),
+                                  FakeCell("keydiff", 256, rows=rows(base))], version="v2")
+    lost = idx.get_cell(FakeCell("keydiff", 256).cell_id("v1"))
+    assert lost.state == "done"
+    (res / lost.result_path).unlink()
+    rep = build_report(idx, ["after"], ReportOptions(compare="before", resamples=50))
+    assert [(c.run, c.policy, c.state) for c in rep.cells] == [("before", "keydiff", "failed")]
+    assert "result file unreadable" in rep.cells[0].error
+    assert _row(rep, "keydiff").ref_state == "failed"
+
+
 def test_unknown_run_is_bad_input(store):
     idx, _ = store
     with pytest.raises(ValueError, match="no run 'nope'"):

@@ -185,7 +185,7 @@ class _Comparer:
         rows: list[CellRow] = []
         for slot, cell in sorted(self.own.items()):
             if not cell.done:
-                rows.append(_cell_row(cell.run, cell, slot, "failed" if cell.view.state == "done" else cell.view.state))
+                rows.append(_cell_row(cell.run, cell, slot, _not_done_state(cell)))
         missing = set()
         for slot in sorted(self.own):
             rs = self.ref_slot(slot)
@@ -200,8 +200,13 @@ class _Comparer:
                 if slot not in self.own:
                     rows.append(_cell_row(first, None, slot, State.MISSING, f"only in reference run {cell.run}"))
                 elif not cell.done:
-                    rows.append(_cell_row(cell.run, cell, slot, cell.view.state))
+                    rows.append(_cell_row(cell.run, cell, slot, _not_done_state(cell)))
         return rows
+
+
+def _not_done_state(cell: LoadedCell) -> str:
+    """The state shown for a cell without samples: "done" in the index but its file unreadable is a failure."""
+    return State.FAILED if cell.view.state == "done" else cell.view.state
 
 
 def _selected(samples: Samples, d: MetricDef) -> tuple[Samples, float | None]:
