@@ -1,8 +1,12 @@
-"""Close-name suggestions for unknown names ("did you mean …?"), shared by every layer's error messages."""
+"""Names shared by every layer: close-name suggestions for unknown names ("did you mean …?") in error messages,
+and the prefix that marks a random-weight model id (``random:tiny-llama``)."""
 from __future__ import annotations
 
 import difflib
 from typing import Iterable
+
+#: Model ids with this prefix name a random-weight model built locally (no weights to load).
+RANDOM_PREFIX = "random:"
 
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:

@@ -156,6 +156,10 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
                                   eos_token_id=eos, state=fork)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s))
+            if not shared:
+                engine.release(res.state)  # its cache (and CUDA graphs) serves the next request
+        if shared:
+            engine.release(state)
     return rows
 
 

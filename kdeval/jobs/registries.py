@@ -9,9 +9,7 @@ from kdeval.cluster import catalog
 from kdeval.cluster.stub import STUB_PREFIX
 from kdeval.evals import registry as task_registry
 from kdeval.jobs.errors import GridIssue, did_you_mean
-
-#: Model-name prefix of the built-in tiny random models (``stub:`` is :data:`STUB_PREFIX`).
-RANDOM_PREFIX = "random:"
+from kdeval.names import RANDOM_PREFIX  # the built-in tiny random models (``stub:`` is :data:`STUB_PREFIX`)
 
 
 def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssue]:

@@ -310,6 +310,25 @@ class BudgetCache(Cache):
         for mine, theirs in zip(self.layers, other.layers):
             mine.length, mine.pending = theirs.length, theirs.pending
 
+    @property
+    def batch_size(self) -> int | None:
+        """Rows of the batch the buffers were allocated for (``None`` before the first forward)."""
+        layer = self.layers[0]
+        return layer.keys.shape[0] if layer.is_initialized else None
+
+    def reset(self) -> None:
+        """Empty a static-layout cache in place, as freshly allocated (zero keys, values and state, empty
+        positions, length 0), keeping its buffers and so the graphs captured on them (the engine's pool)."""
+        if self.static_base is None or not all(l.is_initialized for l in self.layers):
+            raise ValueError("reset: only an allocated static-layout cache is reset in place")
+        with torch.inference_mode():  # the buffers were allocated during an inference-mode forward
+            for buf in self._buffers():
+                buf.zero_()
+            for buf in [self.fused["positions"]] if self.fused is not None else [l.positions for l in self.layers]:
+                buf.fill_(EMPTY_POSITION)
+        for layer in self.layers:
+            layer.length, layer.pending, layer.next_positions = 0, 0, None
+
     def advance_static(self, t: int) -> None:
         """Host-side bookkeeping of a replayed static step of ``t`` tokens (what ``evict`` does on a plain call)."""
         for layer in self.layers:

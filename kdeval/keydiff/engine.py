@@ -7,9 +7,8 @@ distances.
 """
 from __future__ import annotations
 
-import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -20,6 +19,7 @@ from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy, ScoreContext, protect
+from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 STORES = ("slot", "gather")
 
@@ -53,68 +53,6 @@ class EngineConfig:
             raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
 
 
-@dataclass
-class RunStats:
-    """Per-run figures. Memory: CUDA peak allocated on GPU, peak RSS sampled per chunk on CPU."""
-
-    prompt_tokens: int = 0
-    ttft_s: float = 0.0
-    decode_s: float = 0.0
-    decode_tokens: int = 0
-    decode_tokens_per_s: float = 0.0
-    peak_kv_tokens: int = 0
-    kept_tokens: int = 0
-    peak_memory_bytes: int = 0
-    kv_cache_bytes: int = 0
-
-    def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
-
-
-@dataclass
-class PrefillState:
-    """A prefilled (and compressed) cache that generation can continue from; ``fork`` before reusing it."""
-
-    cache: BudgetCache
-    seen: int
-    last_logits: torch.Tensor  # [batch, vocab] logits of the last prompt token
-    peak_kv_tokens: int = 0
-    steps: int = 0
-    chunk_logits: list[torch.Tensor] = field(default_factory=list)  # [batch, t, vocab] per chunk, if collected
-
-    def fork(self, into: "PrefillState | None" = None) -> "PrefillState":
-        """An independent copy to continue from (this state is left as it is).
-
-        ``into``: an earlier fork of the same static-layout cache (the graph path) whose buffers are
-        overwritten in place and returned, so the CUDA graphs it captured stay valid (they are bound to its
-        buffers). Without it, or when it does not match, the cache is deep-copied and graphs are captured anew.
-        """
-        if into is not None and into.cache.can_copy_from(self.cache):
-            into.cache.copy_from(self.cache)
-            into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
-            into.last_logits = self.last_logits.clone()
-            into.chunk_logits = []
-            return into
-        graphs, self.cache.graphs = self.cache.graphs, {}  # captured graphs are bound to these buffers
-        try:
-            cache = copy.deepcopy(self.cache)
-        finally:
-            self.cache.graphs = graphs
-        return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps)
-
-    @property
-    def logits(self) -> torch.Tensor:
-        """All collected prompt logits ``[batch, prompt_tokens, vocab]`` (``collect_logits=True`` only)."""
-        return torch.cat(self.chunk_logits, dim=1)
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[list[int]]  # generated ids per batch row, eos excluded
-    stats: RunStats
-    state: PrefillState
-
-
 class Engine:
     """Runs one policy under one budget on one model; reusable across prompts."""
 
@@ -142,11 +80,19 @@ class Engine:
         cfg = model.config
         self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
+        self._spare: dict[int, BudgetCache] = {}  # released static caches (with their graphs), by batch size
 
     # ------------------------------------------------------------------ public API
 
     def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
-        """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed)."""
+        """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed).
+
+        On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
+        with the graphs captured on it."""
+        spare = self._spare.pop(batch, None)
+        if spare is not None:
+            spare.reset()
+            return PrefillState(spare, 0, torch.empty(0))
         cap = (self.config.budget + self.config.chunk_size) if self.evicting else max(tokens, self.config.chunk_size)
         state_names = self.policy.slot_state if self.evicting else ()
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
@@ -221,6 +167,20 @@ class Engine:
         )
         return GenerationResult(out, stats, state)
 
+    def release(self, state: PrefillState) -> None:
+        """Hand back a state the caller is done with; it must not be used again (fork it first to keep it).
+
+        On the graph path its cache, and the CUDA graphs captured on its buffers, serve the next request of
+        the same batch size, so a stream of requests captures its graphs once instead of once per request
+        (the engine then holds one idle ``budget + chunk`` cache per batch size). Other caches are dropped.
+        """
+        state.check_usable()
+        state.released = True
+        cache = state.cache
+        if self.use_graphs and cache.static_base == self.config.budget and cache.batch_size is not None \
+                and (cache.fused is not None) == self.fused:
+            self._spare[cache.batch_size] = cache
+
     # ------------------------------------------------------------------ internals
 
     def _check_ids(self, input_ids: torch.Tensor, state: PrefillState | None, max_new: int = 0) -> torch.Tensor:
@@ -228,6 +188,8 @@ class Engine:
             input_ids = input_ids.unsqueeze(0)
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
+        if state is not None:
+            state.check_usable()
         if state is not None and state.cache.static_base != (self.config.budget if self.use_graphs else None):
             raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
                              "continue it with the engine that made it")

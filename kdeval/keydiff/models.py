@@ -25,9 +25,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
+from kdeval.names import RANDOM_PREFIX
 
 SMOLLM2 = "smollm2-135m"
-RANDOM_PREFIX = "random:"
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

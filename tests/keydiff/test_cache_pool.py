@@ -1,0 +1,73 @@
+"""Engine.release: a finished request's static cache, with the graphs captured on it, serves the next request
+exactly like a fresh cache would (so a stream of requests captures its CUDA graphs once)."""
+import pytest
+import torch
+
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.keydiff.cache import EMPTY_POSITION
+
+from .helpers import kept_positions, prompt, tiny
+
+REQUESTS = [(130, 8, 1, 9), (25, 24, 1, 10), (70, 5, 2, 11), (90, 6, 1, 12)]  # length, new tokens, batch, seed
+
+
+def _config(fused: bool) -> EngineConfig:
+    return EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
+@pytest.mark.parametrize("policy", ["keydiff", "h2o"])  # h2o: per-token state that must be emptied too
+def test_released_cache_serves_the_next_request_like_a_fresh_one(policy, fused):
+    lm = tiny("random:llama-tiny", 2, "float64")
+    pooled = Engine(lm.model, get_policy(policy), _config(fused))
+    caches, steps = {}, {}  # per batch size: the cache, and every captured step seen on it
+    for length, new, batch, seed in REQUESTS:
+        ids = prompt(length, batch=batch, seed=seed)
+        fresh = Engine(lm.model, get_policy(policy), _config(fused)).generate(ids, max_new_tokens=new)
+        got = pooled.generate(ids, max_new_tokens=new)
+        assert got.tokens == fresh.tokens
+        assert torch.equal(got.state.last_logits, fresh.state.last_logits)
+        for a, b in zip(kept_positions(got.state), kept_positions(fresh.state)):
+            assert torch.equal(a, b)
+        cache = caches.setdefault(batch, got.state.cache)
+        assert got.state.cache is cache  # the same buffers, request after request (per batch size)
+        for key, step in got.state.cache.graphs.items():
+            assert steps.setdefault((batch, key), step) is step  # never captured again
+        pooled.release(got.state)
+    assert set(caches) == {1, 2}
+
+
+def test_a_reused_cache_starts_empty():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("tova"), _config(False))
+    used = eng.generate(prompt(100), max_new_tokens=4).state
+    eng.release(used)
+    state = eng.new_state()
+    assert state.cache is used.cache and state.seen == 0 and state.cache.length == 0
+    for layer in state.cache.layers:
+        assert layer.pending == 0
+        assert bool((layer.positions == EMPTY_POSITION).all())
+        assert not layer.keys.any() and not layer.values.any()
+        assert all(not s.any() for s in layer.state.values())
+
+
+def test_a_released_state_is_refused():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("keydiff"), _config(False))
+    res = eng.generate(prompt(60), max_new_tokens=3)
+    eng.release(res.state)
+    with pytest.raises(ValueError, match=r"state: it was released to the engine's pool"):
+        eng.generate(prompt(10), state=res.state)
+    with pytest.raises(ValueError, match=r"state: it was released"):
+        res.state.fork()
+    with pytest.raises(ValueError, match=r"state: it was released"):
+        eng.release(res.state)
+
+
+def test_without_graphs_nothing_is_pooled():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
+    res = eng.generate(prompt(60), max_new_tokens=3)
+    eng.release(res.state)
+    assert eng.new_state().cache is not res.state.cache
