@@ -47,13 +47,18 @@ def quick_plan() -> list[dict]:
         dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
         dict(part="fused-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
              B=256),
+        dict(part="compiled-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
+             B=256),
         dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096], budget=1024, B=256),
         dict(part="time", **t3, lengths=[32768], cases=[
             ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 1024, "graphs-fused"),
             ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"), ("sink", 128, "graphs"),
             ("tova", 128, "graphs"), ("tova", 128, "graphs-fused"), ("snapkv", 128, "graphs"),
-            ("snapkv", 128, "graphs-fused"), ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused")]),
-        dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("full", 128, "plain")]),
+            ("snapkv", 128, "graphs-fused"), ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
+            ("keydiff", 128, "graphs-compiled"), ("keydiff", 128, "graphs-fused-compiled"),
+            ("tova", 128, "graphs-fused-compiled"), ("h2o", 128, "graphs-fused-compiled")]),
+        dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"),
+                                                      ("full", 128, "plain")]),
     ]
 
 
@@ -67,9 +72,12 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
             dict(part="exact", shape="cpu-tiny", layers=2, dtype="float64", lengths=[600, 200], budget=256, B=64),
             dict(part="graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
             dict(part="fused-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
+            dict(part="compiled-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256,
+                 B=64),
             dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 64, "graphs-fused"),
                                                           ("keydiff", 128, "plain"), ("full", 128, "plain"),
-                                                          ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused")]),
+                                                          ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
+                                                          ("keydiff", 64, "graphs-fused-compiled")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
@@ -77,6 +85,8 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
         dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096, 900], budget=1024, B=256),
         dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
         dict(part="fused-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
+             B=256),
+        dict(part="compiled-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
              B=256),
         dict(part="time", **t3, lengths=[32768], cases=[
             ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 64, "graphs"),
@@ -122,14 +132,17 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 
 def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
     """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
-    the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once)."""
+    the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
+    "-compiled" for ``compile_scoring``; a trailing :data:`REUSED` is handled by the caller."""
     from kdeval.keydiff import EngineConfig
 
-    base = mode.removesuffix(REUSED).removesuffix("-fused")
+    base, *options = mode.removesuffix(REUSED).split("-")
+    if base == "static":  # "static-eager"
+        base, options = "static-eager", options[1:]
     return EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
                         cuda_graphs=base in ("graphs", "static-eager") and name != "full",
                         emulate_graphs=base == "static-eager" or device == "cpu",
-                        fuse_layers=mode.removesuffix(REUSED).endswith("-fused"))
+                        fuse_layers="fused" in options, compile_scoring="compiled" in options)
 
 
 def generate(model, name, cfg, ids, reused: bool = False):
@@ -263,12 +276,17 @@ def child(spec: dict, device: str, out: Path, deadline: float) -> None:
 
         if spec["part"] == "exact":
             variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"),
-                        ("slot", "static-eager-fused"), ("slot", "static-eager" + REUSED)]
+                        ("slot", "static-eager-fused"), ("slot", "static-eager" + REUSED),
+                        ("slot", "static-eager-fused-compiled")]
             if device == "cuda":
-                variants += [("slot", "graphs"), ("slot", "graphs-fused"), ("slot", "graphs" + REUSED)]
+                variants += [("slot", "graphs"), ("slot", "graphs-fused"), ("slot", "graphs" + REUSED),
+                             ("slot", "graphs-fused-compiled")]
             compare(spec, device, emit, variants)
         elif spec["part"] == "fused-graphs-vs-eager":
             compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
+        elif spec["part"] == "compiled-graphs-vs-eager":
+            compare(spec, device, emit, [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
+                                         ("slot", "static-eager-fused")])
         elif spec["part"] == "graphs-vs-eager":
             graphs = "graphs" if device == "cuda" else "static-eager"
             compare(spec, device, emit, [("slot", "static-eager"), ("slot", graphs), ("slot", graphs + REUSED),
@@ -303,7 +321,8 @@ def table(rows: list[dict]) -> str:
         warm_cols = (f" {warm:.3f} | {warm / one:.2f}x |" if one else f" {warm:.3f} | - |") if warm else " - | - |"
         warm_cols += f" {warm / wref:.2f}x |" if warm and wref else " - |"
         out.append(f"{head} {r['time_s']:.3f} | {ratio} | {vs} | {r['peak_gib']:.2f} |{warm_cols}")
-    checks = [r for r in rows if r.get("part") in ("exact", "graphs-vs-eager", "fused-graphs-vs-eager")]
+    checks = [r for r in rows if r.get("part") in ("exact", "graphs-vs-eager", "fused-graphs-vs-eager",
+                                                   "compiled-graphs-vs-eager")]
     out += ["", "| check | L | policy | variant | reference | same tokens | same kept | max abs logit diff |",
             "|---|---|---|---|---|---|---|---|"]
     for r in checks:

@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
         graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs",
                                               help="CUDA graphs for the chunk and decode steps (default: on with CUDA)"),
         fuse_layers: bool = typer.Option(False, help="with graphs: score and evict all layers at once"),
+        compile_scoring: bool = typer.Option(False, help="with graphs: compile the policy's scoring (torch.compile)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             text = prompt if prompt is not None else prompt_file.read_text()
             pol = get_policy(policy, **parse_params(param))
             config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
-                                  cuda_graphs=graphs, fuse_layers=fuse_layers)
+                                  cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring)
             lm = load_model(model, dtype=dtype, device=device)
             ids = build_prompt_ids(lm.tokenizer, text, chat)
             engine = Engine(lm.model, pol, config)

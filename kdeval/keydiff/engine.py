@@ -7,6 +7,7 @@ distances.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -41,6 +42,10 @@ class EngineConfig:
     #: with graphs: score and evict all layers at once (one batch of ``layers * batch`` rows over shared
     #: buffers) instead of layer by layer: ~28x fewer, larger kernels per step. Off until measured on a GPU.
     fuse_layers: bool = False
+    #: with graphs: run the policy's scoring through ``torch.compile`` (on CUDA, inductor's fused kernels: the
+    #: keys read in a couple of passes, no float32 copy of them, no cuBLAS matrix-vector products). The graph
+    #: path's shapes are fixed, so it compiles once per policy class and shape. Off until measured on a GPU.
+    compile_scoring: bool = False
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
@@ -77,6 +82,8 @@ class Engine:
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
         self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
+        self.compiled_scoring = self.use_graphs and config.compile_scoring
+        self._score = _compiled_score() if self.compiled_scoring else _score
         cfg = model.config
         self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
@@ -290,7 +297,7 @@ class Engine:
         """The ``k`` slots to free per row of ``keys [rows, h, slots, d]``: the policy's scores, the protected
         positions raised, empty slots (static layout) lowered, then the ``k`` lowest → ``[rows, h, k]``."""
         budget = self.config.budget
-        scores = self.policy.score(keys, ctx)
+        scores = self._score(self.policy, keys, ctx)
         scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
         if empty is not None:
             scores = empty.ranked(scores)
@@ -322,3 +329,14 @@ class Engine:
         for layer in cache.layers:
             layer.pending = 0
             layer.length = min(layer.length + t, budget)
+
+
+def _score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+    return policy.score(keys, ctx)
+
+
+@functools.cache
+def _compiled_score():
+    """One compiled :func:`_score` per process: its guards are on the policy's class and parameters, not on the
+    instance, so new engines reuse it; a second shape makes it compile a dynamic-shape version."""
+    return torch.compile(_score)

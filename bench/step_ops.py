@@ -1,0 +1,98 @@
+"""Operators per chunk step of the graph path, counted on the CPU: a proxy for the kernels a captured step
+launches on a GPU (each ATen operator is one kernel or more), split into the model's forward and the eviction
+(observation, scoring, selection, compaction). Llama-3.2-3B's layer count and head layout, tiny widths.
+
+    PYTHONPATH=. python bench/step_ops.py            # table on stdout
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig
+
+EVICT = "kdeval::evict"
+#: conversions that are free when nothing changes (then they call no other operator)
+MAYBE_NOOP = {"to", "contiguous", "type_as", "clone_noop"}
+POLICIES = ["keydiff", "sink", "tova", "snapkv", "h2o"]
+#: views and metadata: no kernel on a GPU
+FREE = {"view", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "permute",
+        "as_strided", "alias", "detach", "_reshape_alias", "reshape", "split", "unbind", "lift_fresh", "empty",
+        "empty_like", "empty_strided", "new_empty", "_to_copy_noop", "sym_size", "sym_stride", "is_same_size"}
+
+
+def _step_ops(prof) -> dict[str, collections.Counter]:
+    """The ATen operators called from Python (not those an operator calls inside), less views and no-op
+    conversions, by part of the step: about one GPU kernel each (a few, for composite ones)."""
+    out = {"model": collections.Counter(), "evict": collections.Counter()}
+    for ev in prof.events():
+        if not ev.name.startswith("aten::"):
+            continue
+        op = ev.name.removeprefix("aten::")
+        part, parent, nested = "model", ev.cpu_parent, False
+        while parent is not None:
+            nested |= parent.name.startswith("aten::")
+            if parent.name == EVICT:
+                part = "evict"
+            parent = parent.cpu_parent
+        does_work = op not in MAYBE_NOOP or any(c.name.startswith("aten::") for c in ev.cpu_children)
+        if not nested and op not in FREE and does_work:
+            out[part][op] += 1
+    return out
+
+
+def model(layers: int) -> LlamaForCausalLM:
+    config = LlamaConfig(hidden_size=96, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=24,
+                         num_key_value_heads=8, head_dim=8, vocab_size=512, max_position_embeddings=8192)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def count(m, policy: str, fused: bool, budget: int, B: int) -> dict[str, collections.Counter]:
+    eng = Engine(m, get_policy(policy), EngineConfig(budget=budget, chunk_size=B, cuda_graphs=True,
+                                                     emulate_graphs=True, fuse_layers=fused))
+    ids = torch.randint(0, 512, (1, budget + 3 * B))
+    state = eng.prefill(ids[:, : budget + 2 * B])  # the head is full: the steady-state step is next
+    evict = eng._evict
+
+    def tagged(*a, **k):
+        with record_function(EVICT):
+            return evict(*a, **k)
+
+    eng._evict = tagged
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        eng.prefill(ids[:, budget + 2 * B : budget + 3 * B], state=state)
+    return _step_ops(prof)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--top", type=int, default=0, help="also list the N most frequent eviction operators")
+    args = ap.parse_args()
+    m = model(args.layers)
+    print(f"{args.layers} layers, N={args.budget}, B={args.chunk}: ATen operators in one steady chunk step\n")
+    print("| policy | eviction | model forward | eviction ops | eviction ops per layer |")
+    print("|---|---|---|---|---|")
+    for policy in POLICIES:
+        for fused in (False, True):
+            if fused and not get_policy(policy).layer_independent:
+                continue
+            ops = count(m, policy, fused, args.budget, args.chunk)
+            n_model, n_evict = sum(ops["model"].values()), sum(ops["evict"].values())
+            print(f"| {policy} | {'fused' if fused else 'per layer'} | {n_model} | {n_evict} | "
+                  f"{n_evict / args.layers:.1f} |")
+            if args.top:
+                print("|  |  | " + ", ".join(f"{k} {v}" for k, v in ops["evict"].most_common(args.top)) + " | | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""``compile_scoring``: the graph path's scoring through torch.compile keeps what the plain scoring keeps."""
+import pytest
+import torch
+
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig
+
+from .helpers import kept_positions, prompt, tiny
+
+
+def _engine(lm, policy, compiled, fused=False):
+    return Engine(lm.model, get_policy(policy), EngineConfig(
+        budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused,
+        compile_scoring=compiled))
+
+
+@pytest.mark.parametrize("policy, fused", [("keydiff", False), ("keydiff", True), ("snapkv", False),
+                                           ("h2o", True)])
+def test_compiled_scoring_keeps_the_same_tokens(policy, fused):
+    lm = tiny("random:llama-tiny", 2, "float64")
+    ids = prompt(130, seed=21)
+    torch._dynamo.utils.counters.clear()
+    plain = _engine(lm, policy, False, fused)
+    compiled = _engine(lm, policy, True, fused)
+    assert compiled.compiled_scoring and not plain.compiled_scoring
+    ref, got = plain.generate(ids, max_new_tokens=6), compiled.generate(ids, max_new_tokens=6)
+    assert got.tokens == ref.tokens
+    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
+        assert torch.equal(a, b)
+    assert torch.allclose(got.state.last_logits, ref.state.last_logits, atol=1e-9)
+    assert torch._dynamo.utils.counters["frames"]["ok"] + torch._dynamo.utils.counters["frames"]["total"] > 0
+
+
+def test_compile_scoring_only_applies_to_the_graph_path():
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, compile_scoring=True))
+    assert not eng.use_graphs and not eng.compiled_scoring
