@@ -3,11 +3,17 @@ launches on a GPU (each ATen operator is one kernel or more), split into the mod
 (observation, scoring, selection, compaction). Llama-3.2-3B's layer count and head layout, tiny widths.
 
     PYTHONPATH=. python bench/step_ops.py            # table on stdout
+    PYTHONPATH=. python bench/step_ops.py --time     # also the wall time of a steady chunk step, side by side
+
+With tiny widths every operator is a few microseconds of host work, so the step times are a launch-bound
+regime like a GPU's at small chunks: they show what fusing the layers' eviction saves per operator.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import statistics
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -54,9 +60,15 @@ def model(layers: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def count(m, policy: str, fused: bool, budget: int, B: int) -> dict[str, collections.Counter]:
-    eng = Engine(m, get_policy(policy), EngineConfig(budget=budget, chunk_size=B, cuda_graphs=True,
-                                                     emulate_graphs=True, fuse_layers=fused))
+def _engine(m, policy: str, mode: str, budget: int, B: int) -> Engine:
+    """``mode``: "per layer", "fused" or "fused+compiled" (the graph path, emulated)."""
+    return Engine(m, get_policy(policy), EngineConfig(budget=budget, chunk_size=B, cuda_graphs=True,
+                                                      emulate_graphs=True, fuse_layers=mode != "per layer",
+                                                      compile_scoring=mode == "fused+compiled"))
+
+
+def count(m, policy: str, mode: str, budget: int, B: int) -> dict[str, collections.Counter]:
+    eng = _engine(m, policy, mode, budget, B)
     ids = torch.randint(0, 512, (1, budget + 3 * B))
     state = eng.prefill(ids[:, : budget + 2 * B])  # the head is full: the steady-state step is next
     evict = eng._evict
@@ -71,25 +83,51 @@ def count(m, policy: str, fused: bool, budget: int, B: int) -> dict[str, collect
     return _step_ops(prof)
 
 
+def step_ms(m, policy: str, mode: str, budget: int, B: int, steps: int = 8, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean wall time of ``steps`` chunk steps after the head is full."""
+    eng = _engine(m, policy, mode, budget, B)
+    ids = torch.randint(0, 512, (1, budget + (steps + 1) * B))
+    times = []
+    for _ in range(repeats):
+        state = eng.prefill(ids[:, : budget + B])
+        t = time.perf_counter()
+        eng.prefill(ids[:, budget + B :], state=state)
+        times.append((time.perf_counter() - t) / steps * 1e3)
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--top", type=int, default=0, help="also list the N most frequent eviction operators")
+    ap.add_argument("--time", action="store_true", help="also time a steady chunk step per mode")
     args = ap.parse_args()
     m = model(args.layers)
-    print(f"{args.layers} layers, N={args.budget}, B={args.chunk}: ATen operators in one steady chunk step\n")
-    print("| policy | eviction | model forward | eviction ops | eviction ops per layer |")
-    print("|---|---|---|---|---|")
+    torch.set_num_threads(1)
+    print(f"{args.layers} layers, N={args.budget}, B={args.chunk}: ATen operators in one steady chunk step"
+          + (" and its wall time (CPU, one thread)" if args.time else "") + "\n")
+    head = "| policy | eviction | model forward ops | eviction ops | eviction ops per layer |"
+    print(head + (" step ms | vs per layer |" if args.time else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if args.time else ""))
     for policy in POLICIES:
-        for fused in (False, True):
-            if fused and not get_policy(policy).layer_independent:
+        per_layer_ms = None
+        for mode in ("per layer", "fused", "fused+compiled"):
+            if mode != "per layer" and not get_policy(policy).layer_independent:
                 continue
-            ops = count(m, policy, fused, args.budget, args.chunk)
+            if mode == "fused+compiled" and not args.time:
+                continue  # compiled kernels are not ATen operators: nothing to count
+            ops = count(m, policy, mode, args.budget, args.chunk)
             n_model, n_evict = sum(ops["model"].values()), sum(ops["evict"].values())
-            print(f"| {policy} | {'fused' if fused else 'per layer'} | {n_model} | {n_evict} | "
-                  f"{n_evict / args.layers:.1f} |")
+            row = f"| {policy} | {mode} | {n_model} | {n_evict} | {n_evict / args.layers:.1f} |"
+            if mode == "fused+compiled":
+                row = f"| {policy} | {mode} | {n_model} | - | - |"
+            if args.time:
+                ms = step_ms(m, policy, mode, args.budget, args.chunk)
+                per_layer_ms = per_layer_ms or ms
+                row += f" {ms:.2f} | {ms / per_layer_ms:.2f}x |"
+            print(row, flush=True)
             if args.top:
                 print("|  |  | " + ", ".join(f"{k} {v}" for k, v in ops["evict"].most_common(args.top)) + " | | |")
 
