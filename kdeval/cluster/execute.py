@@ -62,6 +62,7 @@ class EvalWorkload:
 
         evals_task = build_task(task)
         rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
-                               budget=task.budget, chunk_size=task.chunk_size, limit=task.samples)
+                               budget=task.budget, chunk_size=task.chunk_size, limit=task.samples,
+                               engine=task.engine)
         summary = runner.aggregate(evals_task, rows)
         return CellResult(rows=rows, summary=summary, peak_memory_bytes=summary.get("max_peak_memory_bytes"))

@@ -36,6 +36,7 @@ class CellTask:
     task_params: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int | None = None
     temperature: float = 0.0
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, fuse_layers, ...)
 
     @property
     def model_key(self) -> str:

@@ -22,6 +22,10 @@ from kdeval.evals.base import EvalError, Sample, Task
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 
+#: The ``EngineConfig`` options a run may set (budget and chunk size are ``run_task``'s own arguments);
+#: ``emulate_graphs`` runs the graph path's static layout with plain calls (CPU).
+ENGINE_OPTIONS = ("cuda_graphs", "fuse_layers", "compile_scoring", "emulate_graphs")
+
 
 class EvalRow(TypedDict):
     """One scored sample of one run (the Parquet row schema).
@@ -115,7 +119,8 @@ def build_prompts(task: Task, builder: PromptBuilder, sample_ids: Sequence[str] 
 
 def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mapping[str, Any] | None = None,
              budget: int | None = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
-             limit: int | None = None, chat: str = "auto", share_context: bool = True) -> list[dict[str, Any]]:
+             limit: int | None = None, chat: str = "auto", share_context: bool = True,
+             engine: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
 
     Args:
@@ -128,13 +133,18 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
         chat: ``"auto"`` / ``"never"`` / ``"always"`` chat-template use (see PromptBuilder).
         share_context: compress a shared context once for consecutive questions on it.
+        engine: ``EngineConfig`` options, some of :data:`ENGINE_OPTIONS`, e.g. ``{"fuse_layers": True}``.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
 
     task.check_context(lm.max_context)
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)
     samples, prompts = build_prompts(task, builder, sample_ids, limit)
-    engine = Engine(lm.model, _resolve_policy(policy, policy_params), EngineConfig(budget=budget, chunk_size=chunk_size))
+    unknown = sorted(set(engine or {}) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(ENGINE_OPTIONS)}")
+    config = EngineConfig(budget=budget, chunk_size=chunk_size, **dict(engine or {}))
+    engine = Engine(lm.model, _resolve_policy(policy, policy_params), config)
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     rows: list[dict[str, Any]] = []

@@ -2,9 +2,10 @@
 
 A cell's id is the sha256 of the canonical JSON of everything that changes its result — model (id,
 revision, dtype, attention implementation), policy and params, budget, chunk size, task (name, data
-version, length, sample count, seed, params), generation settings, and the kdeval version — and nothing
-else (not the grid name, resources or retry limits). ``full`` keeps every token, so its cells carry
-``budget=None`` and one cell serves every budget.
+version, length, sample count, seed, params), generation settings, engine options, and the kdeval
+version — and nothing else (not the grid name, resources or retry limits). ``full`` keeps every token, so its
+cells carry ``budget=None`` and the default engine options (which only matter to evicting policies), and one
+cell serves every budget and engine setting.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from kdeval.cluster.workload import CellTask, model_key
-from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GenerationSpec, GridSpec, ModelSpec
+from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec
 from kdeval.jobs.registries import task_data_version
 from kdeval.version import code_version
 from kdeval.storage import CellRecord
@@ -53,6 +54,7 @@ class CellSpec(BaseModel):
     chunk_size: int
     task: TaskRef
     generation: GenerationSpec
+    engine: EngineSpec = EngineSpec()
     kdeval_version: str
 
     @property
@@ -76,6 +78,7 @@ class CellSpec(BaseModel):
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
             max_new_tokens=self.generation.max_new_tokens, temperature=self.generation.temperature,
+            engine=self.engine.options(),
         )
 
     def record(self) -> CellRecord:
@@ -89,7 +92,8 @@ class CellSpec(BaseModel):
         budget = "-" if self.budget is None else str(self.budget)
         params = ",".join(f"{k}={v}" for k, v in sorted(self.policy_params.items()))
         pol = f"{self.policy}({params})" if params else self.policy
-        return f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}"
+        engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
+        return f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}{engine}"
 
 
 def kdeval_version() -> str:
@@ -108,9 +112,10 @@ def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
                           samples=task.samples, seed=seed, params=dict(task.params))
             for pol in grid.policies:
                 for budget in [None] if pol.name in BUDGET_FREE_POLICIES else grid.budgets:
+                    free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, no engine options
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
-                                    budget=budget, chunk_size=chunk, task=ref,
-                                    generation=grid.generation, kdeval_version=version)
+                                    budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
+                                    engine=EngineSpec() if free else grid.engine, kdeval_version=version)
                     cells.setdefault(cell.id, cell)
     return list(cells.values())
 

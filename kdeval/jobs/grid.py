@@ -15,6 +15,7 @@ Example (see ``examples/*.yaml``)::
     tasks:
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
     generation: {max_new_tokens: null, temperature: 0.0}
+    engine: {cuda_graphs: null, fuse_layers: false, compile_scoring: false}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
 
@@ -84,6 +85,24 @@ class GenerationSpec(_Strict):
     temperature: float = Field(default=0.0, ge=0.0)
 
 
+class EngineSpec(_Strict):
+    """Options of the chunked engine for every cell (``kdeval.keydiff.EngineConfig``). They are part of a
+    cell's identity: on a GPU they change its numbers at rounding level.
+
+    ``cuda_graphs``: capture the chunk and decode steps as CUDA graphs; ``null`` = on with CUDA, ``true``
+    needs GPU workers. ``fuse_layers`` / ``compile_scoring``: with graphs, evict all layers at once / run the
+    policy's scoring through ``torch.compile`` (no effect without graphs).
+    """
+
+    cuda_graphs: bool | None = None
+    fuse_layers: bool = False
+    compile_scoring: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """The non-default options (what a cell's description and the worker's engine take)."""
+        return {k: v for k, v in self.model_dump().items() if v != type(self).model_fields[k].default}
+
+
 class ResourceSpec(_Strict):
     """Workers: how many, and what each holds (GPUs pinned by Ray's ``accelerator_type``)."""
 
@@ -110,6 +129,7 @@ class GridSpec(_Strict):
     chunk_sizes: list[int] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(min_length=1)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
 

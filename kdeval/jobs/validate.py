@@ -115,6 +115,9 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
         issues.append(GridIssue("generation.temperature",
                                 f"only 0.0 (greedy decoding) is supported, got {grid.generation.temperature}"))
     res = grid.resources
+    if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
+        issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "
+                                                      "leave it null to use graphs wherever CUDA is present"))
     if res.accelerator_type and res.gpus_per_worker <= 0:
         issues.append(GridIssue("resources.gpus_per_worker",
                                 f"must be > 0 when accelerator_type is set (got {res.gpus_per_worker})"))

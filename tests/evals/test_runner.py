@@ -63,3 +63,34 @@ def test_subset_and_context_errors_before_generation(tiny):
     assert [r["id"] for r in rows] == ["needle/L600/D50"] and rows[0]["depth"] == 50
     with pytest.raises(ContextTooLongError, match="exceed the model's context"):
         run_task(tiny, get_task("needle", lengths=[5000], haystack="noise"), "full")
+
+
+def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(monkeypatch):
+    """The graph path (emulated) through run_task: the same predictions as the default path, and the second
+    request runs on the first one's released cache, so no step is captured again."""
+    from kdeval.keydiff import graphs
+    from kdeval.keydiff.models import load_model
+
+    lm = load_model("random:llama-tiny", dtype="float64")
+    made = []
+    init = graphs.CapturedStep.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(graphs.CapturedStep, "__init__", counted)
+    task = get_task("needle", lengths=[600], depths=[0, 50, 100], haystack="noise", max_new_tokens=4)
+    ids = [s.id for s in build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))[0]]
+    static = {"cuda_graphs": True, "emulate_graphs": True}
+    first = run_task(lm, task, "keydiff", budget=128, chunk_size=64, sample_ids=ids[:1], engine=static)
+    per_request = len(made)
+    rows = run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine=static)
+    assert per_request >= 2 and len(made) == 2 * per_request  # three requests, one set of captured steps
+    plain = run_task(lm, task, "keydiff", budget=128, chunk_size=64)
+    assert [r["prediction"] for r in rows] == [r["prediction"] for r in plain]
+    assert rows[0]["prediction"] == first[0]["prediction"]
+    with pytest.raises(ValueError, match="cuda_graphs: needs a CUDA device"):
+        run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"cuda_graphs": True})
+    with pytest.raises(Exception, match=r"engine: unknown option 'budget'"):
+        run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"budget": 3})

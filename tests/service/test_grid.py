@@ -48,6 +48,17 @@ def test_cell_ids_depend_on_results_inputs_only():
     assert gen.isdisjoint(ids)
 
 
+def test_engine_options_enter_evicting_cells_only():
+    plain = expand(parse_grid(BASE))
+    fused = expand(parse_grid(BASE + "engine: {fuse_layers: true}\n"))
+    by_policy = lambda cells, name: {c.id for c in cells if c.policy == name}  # noqa: E731
+    assert by_policy(fused, "full") == by_policy(plain, "full")  # full never evicts: one cell serves both
+    assert by_policy(fused, "keydiff").isdisjoint(by_policy(plain, "keydiff"))
+    kd = next(c for c in fused if c.policy == "keydiff")
+    assert kd.to_task().engine == {"fuse_layers": True} and kd.describe().endswith(" fuse_layers=True")
+    assert next(c for c in plain if c.policy == "keydiff").to_task().engine == {}
+
+
 def test_shorthands_and_defaults():
     g = parse_grid("models: [stub:0]\npolicies: [full]\nchunk_sizes: [8]\ntasks: [needle]\n")
     assert g.models[0].id == "stub:0" and g.tasks[0].samples == 8 and g.retries.max_attempts == 3
@@ -71,6 +82,9 @@ def test_shorthands_and_defaults():
     (BASE.replace("lengths: [256, 512]", "lenghts: [256]"), "tasks[0].lenghts: unknown field (did you mean 'lengths'?)"),
     (BASE.replace("workers: 2", "workers: 0"), "resources.workers: Input should be greater than or equal to 1"),
     (BASE + "resources: {accelerator_type: A100}\n", "resources.gpus_per_worker: must be > 0 when accelerator_type is set"),
+    (BASE + "engine: {fuse_layer: true}\n", "engine.fuse_layer: unknown field (did you mean 'fuse_layers'?)"),
+    (BASE + "engine: {compile_scoring: maybe}\n", "engine.compile_scoring: Input should be a valid boolean"),
+    (BASE + "engine: {cuda_graphs: true}\n", "engine.cuda_graphs: true needs GPU workers"),
     (BASE.replace("budgets: [64, 128, 256]\n", ""), "budgets: required when a policy other than 'full' is listed"),
     (BASE.replace("chunk_sizes: [32, 64]\n", ""), "chunk_sizes: required field is missing"),
     ("models: [stub:x]\npolicies: [full]\nchunk_sizes: [8]\ntasks: [needle]\n", "models[0].id: expected 'stub:<seconds per cell>'"),
