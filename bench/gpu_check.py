@@ -56,7 +56,8 @@ def quick_plan() -> list[dict]:
             ("tova", 128, "graphs"), ("tova", 128, "graphs-fused"), ("snapkv", 128, "graphs"),
             ("snapkv", 128, "graphs-fused"), ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
             ("keydiff", 128, "graphs-compiled"), ("keydiff", 128, "graphs-fused-compiled"),
-            ("tova", 128, "graphs-fused-compiled"), ("h2o", 128, "graphs-fused-compiled")]),
+            ("tova", 128, "graphs-fused-compiled"), ("h2o", 128, "graphs-fused-compiled"),
+            ("h2o", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs-fp32scores")]),
         dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"),
                                                       ("full", 128, "plain")]),
     ]
@@ -77,7 +78,8 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
             dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 64, "graphs-fused"),
                                                           ("keydiff", 128, "plain"), ("full", 128, "plain"),
                                                           ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
-                                                          ("keydiff", 64, "graphs-fused-compiled")]),
+                                                          ("keydiff", 64, "graphs-fused-compiled"),
+                                                          ("h2o", 128, "graphs-fp32scores")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
@@ -98,7 +100,8 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
             ("tova", 128, "graphs-fused"), ("snapkv", 128, "graphs"), ("snapkv", 128, "graphs-fused"),
             ("tova", 128, "plain")]),
         dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[
-            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"), ("h2o", 128, "plain")]),
+            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"), ("h2o", 128, "graphs-fp32scores"),
+            ("h2o", 128, "plain")]),
         dict(part="time", **t3, lengths=[8192], cases=[
             ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("keydiff", 128, "plain"), ("full", 128, "plain")]),
         dict(part="time", **t3, lengths=[16384, 65536], cases=[("keydiff", 128, "graphs")]),
@@ -133,7 +136,9 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
     """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
     the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
-    "-compiled" for ``compile_scoring``; a trailing :data:`REUSED` is handled by the caller."""
+    "-compiled" for ``compile_scoring`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
+    and H2O's captured logits in float32, as before that option existed); a trailing :data:`REUSED` is handled
+    by the caller."""
     from kdeval.keydiff import EngineConfig
 
     base, *options = mode.removesuffix(REUSED).split("-")
@@ -142,7 +147,8 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
     return EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
                         cuda_graphs=base in ("graphs", "static-eager") and name != "full",
                         emulate_graphs=base == "static-eager" or device == "cpu",
-                        fuse_layers="fused" in options, compile_scoring="compiled" in options)
+                        fuse_layers="fused" in options, compile_scoring="compiled" in options,
+                        score_precision="float32" if "fp32scores" in options else "model")
 
 
 def generate(model, name, cfg, ids, reused: bool = False):

@@ -52,7 +52,10 @@ def register(app: typer.Typer) -> None:
         graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs",
                                               help="CUDA graphs for the chunk and decode steps (default: on with CUDA)"),
         fuse_layers: bool = typer.Option(False, help="with graphs: score and evict all layers at once"),
-        compile_scoring: bool = typer.Option(False, help="with graphs: compile the policy's scoring (torch.compile)"),
+        compile_scoring: bool = typer.Option(False,
+                                             help="with graphs: compile the policy's scoring (torch.compile)"),
+        score_precision: str = typer.Option("model", help="TOVA/SnapKV/H2O logits in a half-precision model: "
+                                                          "model (its precision) or float32"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
@@ -67,7 +70,8 @@ def register(app: typer.Typer) -> None:
             text = prompt if prompt is not None else prompt_file.read_text()
             pol = get_policy(policy, **parse_params(param))
             config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
-                                  cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring)
+                                  cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring,
+                                  score_precision=score_precision)
             lm = load_model(model, dtype=dtype, device=device)
             ids = build_prompt_ids(lm.tokenizer, text, chat)
             engine = Engine(lm.model, pol, config)

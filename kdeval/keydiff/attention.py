@@ -45,12 +45,33 @@ class AttentionNeed:
         return chunk_len
 
 
-class AttentionCapture:
-    """Collects, per layer, captured attention ``[batch, kv_heads, group, tokens]`` (summed over rows)."""
+HALF = (torch.float16, torch.bfloat16)
 
-    def __init__(self, need: AttentionNeed):
+
+class AttentionCapture:
+    """Collects, per layer, captured attention ``[batch, kv_heads, group, tokens]`` (summed over rows).
+
+    Precision: for a half-precision model the logits ``q·k`` come from a half-precision product (float32
+    accumulation, as in transformers' eager attention and kvpress) and the softmax runs in float32, so
+    the keys are never copied to float32 and the product runs on tensor cores. ``float32_logits=True``
+    computes the logits in float32 instead. Other models use their own precision, at least float32.
+    """
+
+    def __init__(self, need: AttentionNeed, float32_logits: bool = False):
         self.need = need
+        self.float32_logits = float32_logits
         self.by_layer: dict[int, torch.Tensor] = {}
+
+    def half_logits(self, query: torch.Tensor) -> bool:
+        """Whether this query's logits are computed in its own half precision."""
+        return query.dtype in HALF and not self.float32_logits
+
+    def fuses_output(self, query: torch.Tensor) -> bool:
+        """Whether :meth:`attend` computes the chunk's output from the captured probabilities: when every row
+        is captured and its probabilities are float32 from float32 logits. With half-precision logits SDPA
+        gives the output instead: its kernel keeps the logits in float32, and it costs one fused pass where
+        the other way takes a product of the probabilities with the values."""
+        return self.need.kind == "all" and query.shape[2] > 1 and not self.half_logits(query)
 
     def _probs(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int,
                mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -59,9 +80,15 @@ class AttentionCapture:
         the default "all keys, causal within the chunk" when given."""
         b, hq, t, d = query.shape
         hk, m = key.shape[1], key.shape[2]
-        dt = torch.promote_types(query.dtype, torch.float32)
-        q = query[:, :, t - w :, :].reshape(b, hk, hq // hk, w, d).to(dt)
-        logits = torch.matmul(q, key.to(dt).unsqueeze(2).transpose(-1, -2)) * scaling
+        if self.half_logits(query):
+            q = query[:, :, t - w :, :].reshape(b * hk, hq // hk * w, d)
+            k = key.reshape(b * hk, m, d)
+            logits = torch.baddbmm(q.new_empty(b * hk, q.shape[1], m), q, k.transpose(1, 2), beta=0.0, alpha=scaling)
+            logits = logits.view(b, hk, hq // hk, w, m)  # scaled in float32, rounded once to half precision
+        else:
+            dt = torch.promote_types(query.dtype, torch.float32)
+            q = query[:, :, t - w :, :].reshape(b, hk, hq // hk, w, d).to(dt)
+            logits = torch.matmul(q, key.to(dt).unsqueeze(2).transpose(-1, -2)) * scaling
         if mask is not None:
             rows = mask[:, :, t - w :, :].unsqueeze(2)  # [1, 1, 1, w, m]
             logits = logits.masked_fill(~rows, float("-inf"))
@@ -70,7 +97,7 @@ class AttentionCapture:
             row_slot = torch.arange(m - w, m, device=key.device).unsqueeze(-1)
             hidden = torch.arange(m, device=key.device).unsqueeze(0) > row_slot  # [w, m]
             logits = logits.masked_fill(hidden, float("-inf"))
-        return torch.softmax(logits, dim=-1)
+        return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
 
     def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
                mask: torch.Tensor | None = None) -> None:
@@ -102,7 +129,7 @@ def capture_attention_forward(module, query, key, value, attention_mask, dropout
     """
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if capture is not None and capture.need.kind == "all" and dropout == 0.0 and query.shape[2] > 1:
+    if capture is not None and capture.fuses_output(query) and dropout == 0.0:
         return capture.attend(module.layer_idx, query, key, value, scale), None
     out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if capture is not None:
@@ -123,7 +150,7 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     b, hq, t, d = query.shape
     rows = None if attention_mask is None else attention_mask[:, :, :t]  # one query head's rows [1, 1, t, N + t]
-    if capture is not None and capture.need.kind == "all" and t > 1:
+    if capture is not None and capture.fuses_output(query):
         return capture.attend(module.layer_idx, query, key, value, scale, rows), None
     if attention_mask is None:
         # Every head slot is valid: the mask is "all of the head, causal within the tail", i.e. causal aligned

@@ -23,6 +23,7 @@ from kdeval.keydiff.policy import Policy, ScoreContext, protect
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 STORES = ("slot", "gather")
+SCORE_PRECISIONS = ("model", "float32")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class EngineConfig:
     #: keys read in a couple of passes, no float32 copy of them, no cuBLAS matrix-vector products). The graph
     #: path's shapes are fixed, so it compiles once per policy class and shape. Off until measured on a GPU.
     compile_scoring: bool = False
+    #: precision of the attention logits captured for TOVA, SnapKV and H2O in a half-precision model: "model"
+    #: (a half-precision product with float32 accumulation, then a float32 softmax, as in transformers'
+    #: eager attention and kvpress) or "float32" (the keys copied to float32 first). No effect otherwise.
+    score_precision: str = "model"
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
@@ -56,6 +61,9 @@ class EngineConfig:
             raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
         if self.store not in STORES:
             raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
+        if self.score_precision not in SCORE_PRECISIONS:
+            raise ValueError(f"score_precision: expected one of {list(SCORE_PRECISIONS)}, "
+                             f"got {self.score_precision!r}")
 
 
 class Engine:
@@ -233,7 +241,9 @@ class Engine:
         """
         t = ids.shape[1]
         cache.begin_chunk(positions)
-        capture = AttentionCapture(self.need) if self.need is not None else None
+        capture = None
+        if self.need is not None:
+            capture = AttentionCapture(self.need, float32_logits=self.config.score_precision == "float32")
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         impl = CAPTURE_IMPL if capture is not None else None
         empty = None
