@@ -62,14 +62,19 @@ class EmptySlots:
 
     Which slots are empty is the same for every layer: computed once per step. The ranks depend only on the
     shape: ``ranks`` (a dict the engine keeps) caches them per (slots, dtype, device).
+
+    ``room``: the host knows that the empty slots hold the whole chunk (``cached + t <= budget``). Eviction
+    would then free exactly ``[cached, cached + t)``, so the engine skips scoring and moves the chunk there
+    (:func:`move_tail`); ``room_slots`` ``[t]`` are those slots.
     """
 
     def __init__(self, budget: int, t: int, cached: int | torch.Tensor, device: torch.device,
-                 ranks: dict | None = None):
+                 ranks: dict | None = None, room: bool = False):
         self.budget = budget
         self.slots = torch.arange(budget + t, device=device)
-        self.mask = (self.slots >= cached) & (self.slots < budget)  # [budget + t]
         self.ranks = {} if ranks is None else ranks
+        self.room_slots = self.slots[:t] + cached if room else None
+        self.mask = None if room else (self.slots >= cached) & (self.slots < budget)  # [budget + t]
 
     def ranked(self, scores: torch.Tensor) -> torch.Tensor:
         """``scores [rows, h, budget + t]`` with the empty slots' ranks in."""
@@ -79,6 +84,14 @@ class EmptySlots:
         if key not in self.ranks:  # -2e30 at slot 0 rising to -1e30 at slot budget
             self.ranks[key] = -1e30 * (2.0 - self.slots.to(scores.dtype) / self.budget)
         return torch.where(self.mask, self.ranks[key], scores)
+
+
+def move_tail(buffers, slots: torch.Tensor, base: int) -> None:
+    """Move the ``t`` tail slots ``[base, base + t)`` of every buffer ``[rows, h, slots, ...]`` into ``slots [t]``
+    (empty head slots, below ``base``): what :func:`compact` does when the dropped slots are exactly those."""
+    t = slots.shape[0]
+    for buf in buffers:
+        buf.index_copy_(2, slots, buf[:, :, base : base + t].clone())  # the clone: source and target share a buffer
 
 
 def compact(buffers, drop: torch.Tensor, keep_n: int) -> None:
@@ -168,6 +181,12 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
             m = self.static_base + self.pending
         return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
 
+    def commit_into(self, slots: torch.Tensor) -> None:
+        """Static layout, with room for the whole chunk: move it from the tail into the empty ``slots [t]``."""
+        move_tail((self.keys, self.values, self.positions, *self.state.values()), slots, self.static_base)
+        self.length += self.pending
+        self.pending = 0
+
     def evict(self, drop: torch.Tensor | None) -> None:
         """Commit the pending chunk and free the slots ``drop [b, h, k]`` (``None``: keep everything).
 
@@ -252,7 +271,7 @@ class BudgetCache(Cache):
             raise ValueError(f"store: expected 'slot' or 'gather', got {store!r}")
         super().__init__(layers=layers)
         self.store = store
-        self.graphs: dict = {}  # (batch, t, head full) -> CapturedStep bound to these buffers
+        self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (Engine.phase)
 
     @property
     def length(self) -> int:

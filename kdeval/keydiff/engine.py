@@ -16,7 +16,7 @@ import torch
 
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
-from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact
+from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy, ScoreContext, protect
@@ -251,8 +251,9 @@ class Engine:
             impl = STATIC_IMPL
             n = cache.static_base
             cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
-            empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks)
-            if cache.length < n:  # host bookkeeping, exact; a full head needs no mask (lower-right causal)
+            phase = self.phase(cache, t)  # from host bookkeeping, exact
+            empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
+            if phase != "full":  # a full head needs no mask (lower-right causal)
                 # a 4-D mask reaches the attention function as it is
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
         with attention_implementation(self.model, impl):
@@ -274,12 +275,18 @@ class Engine:
         t = ids.shape[1]
         if t not in (self.config.chunk_size, 1):
             return None
-        key = (ids.shape[0], t, state.cache.length >= self.config.budget)  # filling and full: two graphs
+        key = (ids.shape[0], t, self.phase(state.cache, t))
         graph = state.cache.graphs.get(key)
         if graph is None:
             graph = CapturedStep(self, ids.shape[0], t)
             state.cache.graphs[key] = graph
         return graph
+
+    def phase(self, cache: BudgetCache, t: int) -> str:
+        """The static layout's step kind for ``t`` more tokens, each its own graph: ``room`` (the empty head slots
+        take the whole chunk: nothing to score), ``partial`` (some empty slots, some eviction) or ``full``."""
+        n = self.config.budget
+        return "full" if cache.length >= n else "room" if cache.length + t <= n else "partial"
 
     def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
                capture: AttentionCapture | None, empty: EmptySlots | None = None) -> None:
@@ -296,6 +303,9 @@ class Engine:
             keys, positions, pstate = layer.view()
             ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
             self.policy.observe(ctx)
+            if empty is not None and empty.room_slots is not None:
+                layer.commit_into(empty.room_slots)
+                continue
             if m <= budget:
                 layer.evict(None)
                 continue
@@ -335,7 +345,10 @@ class Engine:
             capture.clear()
         ctx = ScoreContext(-1, positions, seen, t, attention, pstate, steps)
         self.policy.observe(ctx)
-        compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
+        if empty.room_slots is not None:
+            move_tail(list(buffers.values()), empty.room_slots, budget)
+        else:
+            compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
         for layer in cache.layers:
             layer.pending = 0
             layer.length = min(layer.length + t, budget)

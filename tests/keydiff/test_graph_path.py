@@ -20,8 +20,9 @@ GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_s
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
 @pytest.mark.parametrize("policy", GRAPH_SAFE)
 @pytest.mark.parametrize("length, new_tokens, graphs", [
-    (130, 8, {(1, 16, False), (1, 16, True), (1, 1, True)}),  # fills, then steady chunks and decoding
-    (25, 24, {(1, 16, False), (1, 1, False), (1, 1, True)}),  # the cache fills up while decoding
+    # fills (two chunks with room, one that also evicts), then steady chunks and decoding
+    (130, 8, {(1, 16, "room"), (1, 16, "partial"), (1, 16, "full"), (1, 1, "full")}),
+    (25, 24, {(1, 16, "room"), (1, 1, "room"), (1, 1, "full")}),  # the cache fills up while decoding
 ])
 def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs, fused):
     """The static layout (emulated graphs), layer by layer or all layers at once, keeps exactly what the
@@ -194,3 +195,29 @@ def test_fork_into_other_layouts_deep_copies():
     earlier = state.fork()
     again = state.fork(into=earlier)
     assert again is not earlier and again.cache is not state.cache
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
+def test_chunks_with_room_skip_scoring_but_not_observation(fused):
+    """While the empty head slots take a whole chunk nothing is scored (the chunk just moves into them), yet
+    the policy still observes every step (H2O keeps accumulating attention)."""
+    lm = tiny()
+    policy = get_policy("h2o")
+    calls = {"score": 0, "observe": 0}
+    score, observe = policy.score, policy.observe
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    policy.score, policy.observe = counted("score", score), counted("observe", observe)
+    seen = []
+    eng = Engine(lm.model, policy, EngineConfig(budget=48, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
+                                                fuse_layers=fused),
+                 on_step=lambda s: seen.append((s.cache.length, dict(calls))))
+    eng.prefill(prompt(80))
+    assert [n for n, _ in seen] == [16, 32, 48, 48, 48]
+    assert all(c["score"] == 0 and c["observe"] > 0 for _, c in seen[:3])
+    assert seen[3][1]["score"] > 0
