@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -112,6 +113,7 @@ class Engine:
         state_names = self.policy.slot_state if self.evicting else ()
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
                             static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
+        cache.owner = weakref.ref(self)  # copied as it is by fork's deep copy
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
@@ -192,8 +194,8 @@ class Engine:
         state.check_usable()
         state.released = True
         cache = state.cache
-        if self.use_graphs and cache.static_base == self.config.budget and cache.batch_size is not None \
-                and (cache.fused is not None) == self.fused:
+        mine = getattr(cache, "owner", lambda: None)() is self
+        if mine and self.use_graphs and cache.batch_size is not None:
             self._spare[cache.batch_size] = cache
 
     # ------------------------------------------------------------------ internals

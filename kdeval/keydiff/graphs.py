@@ -14,6 +14,7 @@ as library workspaces exists before capture), and is the warm-up; the second cal
 """
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,9 +28,10 @@ class CapturedStep:
     """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1)."""
 
     def __init__(self, engine: "Engine", batch: int, t: int):
-        # The cache is passed to every call, not kept: the cache holds this object (``cache.graphs``), and a
-        # reference cycle would keep the graph's memory pool alive until the garbage collector runs.
-        self.engine, self.t = engine, t
+        # The cache is passed to every call, not kept, and the engine is held weakly: the cache holds this
+        # object (``cache.graphs``) and the engine's pool holds released caches, and a reference cycle would
+        # keep the cache and the graph's memory pool alive until the garbage collector runs.
+        self.engine, self.t = weakref.proxy(engine), t
         dev = engine.device
         self.ids = torch.zeros(batch, t, dtype=torch.long, device=dev)
         self.offsets = torch.arange(t, device=dev)

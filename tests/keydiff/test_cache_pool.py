@@ -71,3 +71,27 @@ def test_without_graphs_nothing_is_pooled():
     res = eng.generate(prompt(60), max_new_tokens=3)
     eng.release(res.state)
     assert eng.new_state().cache is not res.state.cache
+
+
+def test_a_pooled_cache_is_freed_with_its_engine_and_only_its_engine_pools_it():
+    """No reference cycle: dropping the engine frees its pooled cache at once (on a GPU, its memory and its
+    graphs' memory pools); another engine's state is not taken into the pool."""
+    import gc
+    import weakref
+
+    lm = tiny()
+    eng = Engine(lm.model, get_policy("keydiff"), _config(False))
+    other = Engine(lm.model, get_policy("keydiff"), _config(False))
+    res = eng.generate(prompt(60), max_new_tokens=3)
+    foreign = other.generate(prompt(60), max_new_tokens=3).state
+    eng.release(foreign)
+    assert eng.new_state().cache is not foreign.cache
+    cache = weakref.ref(res.state.cache)
+    eng.release(res.state)
+    del res
+    gc.disable()
+    try:
+        del eng
+        assert cache() is None
+    finally:
+        gc.enable()
