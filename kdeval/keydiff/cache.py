@@ -260,6 +260,7 @@ class BudgetCache(Cache):
         if fused and static_base is None:
             raise ValueError("fused: layer-fused buffers need the static layout")
         self.static_base = static_base
+        self.state_names = tuple(state_names)
         self.fused: dict[str, torch.Tensor] | None = None  # the shared buffers, once allocated
         self._fused_specs = (num_layers, capacity, state_names) if fused else None
         if store == "slot":

@@ -210,6 +210,10 @@ class Engine:
         if state is not None and state.cache.static_base != (self.config.budget if self.use_graphs else None):
             raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
                              "continue it with the engine that made it")
+        wanted = self.policy.slot_state if self.evicting else ()
+        if state is not None and set(wanted) - set(state.cache.state_names):
+            raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
+                             f"'{self.policy.name}' needs {list(wanted)}; continue it with the policy that made it")
         total = (state.seen if state else 0) + input_ids.shape[1] + max_new
         if self.max_context and total > self.max_context:
             raise ValueError(
@@ -224,7 +228,7 @@ class Engine:
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits)
         if graph is not None:
-            logits = graph.run(state.cache, ids, state.seen)
+            logits = graph.run(self, state.cache, ids, state.seen)
         else:
             positions = torch.arange(state.seen, state.seen + t, device=self.device)
             logits = self._device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits)
@@ -279,7 +283,7 @@ class Engine:
             return None
         key = (ids.shape[0], t, self.phase(state.cache, t))
         graph = state.cache.graphs.get(key)
-        if graph is None:
+        if graph is None or graph.owner() is not self:  # another engine's graph ran its policy and settings
             graph = CapturedStep(self, ids.shape[0], t)
             state.cache.graphs[key] = graph
         return graph

@@ -25,13 +25,15 @@ if TYPE_CHECKING:
 
 
 class CapturedStep:
-    """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1)."""
+    """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1), captured by one engine
+    (``owner``: it recorded that engine's policy and settings)."""
 
     def __init__(self, engine: "Engine", batch: int, t: int):
-        # The cache is passed to every call, not kept, and the engine is held weakly: the cache holds this
-        # object (``cache.graphs``) and the engine's pool holds released caches, and a reference cycle would
-        # keep the cache and the graph's memory pool alive until the garbage collector runs.
-        self.engine, self.t = weakref.proxy(engine), t
+        # The engine and the cache are passed to every call, not kept (the engine only weakly, to tell who
+        # captured this): the cache holds this object (``cache.graphs``) and the engine's pool holds released
+        # caches, and a reference cycle would keep a cache and the graph's memory pool alive until the
+        # garbage collector runs.
+        self.owner, self.t = weakref.ref(engine), t
         dev = engine.device
         self.ids = torch.zeros(batch, t, dtype=torch.long, device=dev)
         self.offsets = torch.arange(t, device=dev)
@@ -43,39 +45,39 @@ class CapturedStep:
         self.logits: torch.Tensor | None = None
         self.warmed = False
 
-    def _fn(self, cache: "BudgetCache") -> torch.Tensor:
-        return self.engine._device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
+    def _fn(self, engine: "Engine", cache: "BudgetCache") -> torch.Tensor:
+        return engine._device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
 
     def _fill(self, ids: torch.Tensor, seen: int) -> None:
         self.ids.copy_(ids)
         torch.add(self.offsets, seen, out=self.positions)
         self.seen_after.fill_(seen + self.t)
 
-    def run(self, cache: "BudgetCache", ids: torch.Tensor, seen: int) -> torch.Tensor:
-        """One step of ``cache`` (always the same one) for ``ids [batch, t]`` from position ``seen``; returns
-        logits ``[batch, 1, vocab]``."""
+    def run(self, engine: "Engine", cache: "BudgetCache", ids: torch.Tensor, seen: int) -> torch.Tensor:
+        """One step of ``cache`` (always the same one) for ``ids [batch, t]`` from position ``seen`` by ``engine``
+        (always its owner); returns logits ``[batch, 1, vocab]``."""
         self._fill(ids, seen)
         if self.emulate:
-            return self._fn(cache).clone()
+            return self._fn(engine, cache).clone()
         if not self.warmed:
             self.warmed = True
             current = torch.cuda.current_stream()
             self.stream.wait_stream(current)
             with torch.cuda.stream(self.stream):
-                logits = self._fn(cache).clone()
+                logits = self._fn(engine, cache).clone()
             current.wait_stream(self.stream)
             return logits
         if self.graph is None:
-            self._capture(cache)  # its Python pass did this step's bookkeeping
+            self._capture(engine, cache)  # its Python pass did this step's bookkeeping
         else:
             cache.advance_static(self.t)
         self.graph.replay()
         return self.logits.clone()
 
-    def _capture(self, cache: "BudgetCache") -> None:
+    def _capture(self, engine: "Engine", cache: "BudgetCache") -> None:
         # The capture records kernels without running them; replay() right after runs this step.
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=self.stream):
-            self.logits = self._fn(cache)
+            self.logits = self._fn(engine, cache)
         self.graph = graph

@@ -95,3 +95,32 @@ def test_a_pooled_cache_is_freed_with_its_engine_and_only_its_engine_pools_it():
         assert cache() is None
     finally:
         gc.enable()
+
+
+def test_a_state_continued_by_another_engine_gets_that_engines_steps():
+    """Captured steps record their engine's policy and settings: a state prefilled by one engine (since
+    dropped) and continued by another with the same layout runs the second engine's own steps."""
+    lm = tiny("random:llama-tiny", 2, "float64")
+    state = Engine(lm.model, get_policy("tova"), _config(False)).prefill(prompt(70, seed=3))
+    before = dict(state.cache.graphs)
+    other = Engine(lm.model, get_policy("tova", heads="group"), _config(False))
+    got = other.generate(prompt(20, seed=4), max_new_tokens=4, state=state)
+    steady = (1, 16, "full")
+    assert before[steady].owner() is None  # the first engine is gone
+    assert got.state.cache.graphs[steady] is not before[steady]
+    assert got.state.cache.graphs[steady].owner() is other and got.state.cache.graphs[(1, 1, "full")].owner() is other
+    ref = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16, store="gather"))
+    ref_state = ref.prefill(prompt(70, seed=3))
+    tova = Engine(lm.model, get_policy("tova", heads="group"), EngineConfig(budget=40, chunk_size=16, store="gather"))
+    want = tova.generate(prompt(20, seed=4), max_new_tokens=4, state=ref_state)
+    assert got.tokens == want.tokens
+    for a, b in zip(kept_positions(got.state), kept_positions(want.state)):
+        assert torch.equal(a, b)
+
+
+def test_a_state_without_the_policys_token_state_is_refused():
+    lm = tiny()
+    state = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16)).prefill(prompt(50))
+    h2o = Engine(lm.model, get_policy("h2o"), EngineConfig(budget=40, chunk_size=16))
+    with pytest.raises(ValueError, match=r"state: its cache keeps the per-token state \[\], policy 'h2o' needs"):
+        h2o.generate(prompt(10), state=state)
