@@ -57,7 +57,9 @@ def quick_plan() -> list[dict]:
             ("snapkv", 128, "graphs-fused"), ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
             ("keydiff", 128, "graphs-compiled"), ("keydiff", 128, "graphs-fused-compiled"),
             ("tova", 128, "graphs-fused-compiled"), ("h2o", 128, "graphs-fused-compiled"),
-            ("h2o", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs-fp32scores")]),
+            ("h2o", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs-fp32scores"),
+            ("keydiff", 128, "graphs-fused-blocks"), ("keydiff", 128, "graphs-fused-compiled-blocks"),
+            ("keydiff", 1024, "graphs-fused-compiled-blocks")]),
         dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"),
                                                       ("full", 128, "plain")]),
     ]
@@ -79,7 +81,8 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
                                                           ("keydiff", 128, "plain"), ("full", 128, "plain"),
                                                           ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
                                                           ("keydiff", 64, "graphs-fused-compiled"),
-                                                          ("h2o", 128, "graphs-fp32scores")]),
+                                                          ("h2o", 128, "graphs-fp32scores"),
+                                                          ("keydiff", 64, "graphs-fused-compiled-blocks")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
@@ -136,7 +139,7 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
     """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
     the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
-    "-compiled" for ``compile_scoring`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
+    "-compiled" for ``compile_scoring``, "-blocks" for ``compile_blocks`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
     and H2O's captured logits in float32, as before that option existed); a trailing :data:`REUSED` is handled
     by the caller."""
     from kdeval.keydiff import EngineConfig
@@ -148,6 +151,7 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
                         cuda_graphs=base in ("graphs", "static-eager") and name != "full",
                         emulate_graphs=base == "static-eager" or device == "cpu",
                         fuse_layers="fused" in options, compile_scoring="compiled" in options,
+                        compile_blocks="blocks" in options,
                         score_precision="float32" if "fp32scores" in options else "model")
 
 
@@ -292,7 +296,7 @@ def child(spec: dict, device: str, out: Path, deadline: float) -> None:
             compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
         elif spec["part"] == "compiled-graphs-vs-eager":
             compare(spec, device, emit, [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
-                                         ("slot", "static-eager-fused")])
+                                         ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks")])
         elif spec["part"] == "graphs-vs-eager":
             graphs = "graphs" if device == "cuda" else "static-eager"
             compare(spec, device, emit, [("slot", "static-eager"), ("slot", graphs), ("slot", graphs + REUSED),

@@ -1,6 +1,7 @@
 """Operators per chunk step of the graph path, counted on the CPU: a proxy for the kernels a captured step
-launches on a GPU (each ATen operator is one kernel or more), split into the model's forward and the eviction
-(observation, scoring, selection, compaction). Llama-3.2-3B's layer count and head layout, tiny widths.
+launches on a GPU (each ATen operator is one kernel or more, each kernel inductor generates is one), split
+into the model's forward and the eviction (observation, scoring, selection, compaction). Llama-3.2-3B's layer
+count and head layout, tiny widths.
 
     PYTHONPATH=. python bench/step_ops.py            # table on stdout
     PYTHONPATH=. python bench/step_ops.py --time     # also the wall time of a steady chunk step, side by side
@@ -22,6 +23,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 
+torch._inductor.config.cpp.enable_kernel_profile = True  # compiled kernels appear in the profile, to be counted
+
 EVICT = "kdeval::evict"
 #: conversions that are free when nothing changes (then they call no other operator)
 MAYBE_NOOP = {"to", "contiguous", "type_as", "clone_noop"}
@@ -38,9 +41,12 @@ def _step_ops(prof) -> dict[str, collections.Counter]:
     conversions, by part of the step: about one GPU kernel each (a few, for composite ones)."""
     out = {"model": collections.Counter(), "evict": collections.Counter()}
     for ev in prof.events():
-        if not ev.name.startswith("aten::"):
+        if "cpp_fused" in ev.name:  # a kernel inductor generated (compiled scoring or blocks)
+            op = "compiled kernel"
+        elif ev.name.startswith("aten::"):
+            op = ev.name.removeprefix("aten::")
+        else:
             continue
-        op = ev.name.removeprefix("aten::")
         part, parent, nested = "model", ev.cpu_parent, False
         while parent is not None:
             nested |= parent.name.startswith("aten::")
@@ -62,10 +68,11 @@ def model(layers: int) -> LlamaForCausalLM:
 
 
 def _engine(m, policy: str, mode: str, budget: int, B: int) -> Engine:
-    """``mode``: "per layer", "fused" or "fused+compiled" (the graph path, emulated)."""
+    """``mode``: "per layer", "fused", "fused+compiled" or "fused+blocks" (the graph path, emulated)."""
     return Engine(m, get_policy(policy), EngineConfig(budget=budget, chunk_size=B, cuda_graphs=True,
                                                       emulate_graphs=True, fuse_layers=mode != "per layer",
-                                                      compile_scoring=mode == "fused+compiled"))
+                                                      compile_scoring=mode == "fused+compiled",
+                                                      compile_blocks=mode == "fused+blocks"))
 
 
 def count(m, policy: str, mode: str, budget: int, B: int, room: bool = False) -> dict[str, collections.Counter]:
@@ -116,17 +123,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|" + ("---|---|" if args.time else ""))
     for policy in POLICIES:
         per_layer_ms = None
-        for mode in ("per layer", "fused", "fused+compiled"):
+        for mode in ("per layer", "fused", "fused+compiled", "fused+blocks"):
             if mode != "per layer" and not get_policy(policy).layer_independent:
                 continue
-            if mode == "fused+compiled" and not args.time:
-                continue  # compiled kernels are not ATen operators: nothing to count
+            if mode == "fused+blocks" and policy not in ("keydiff", "h2o"):
+                continue  # the model's forward does not depend on the policy beyond its attention capture
             ops = count(m, policy, mode, args.budget, args.chunk)
             n_model, n_evict = sum(ops["model"].values()), sum(ops["evict"].values())
             n_room = sum(count(m, policy, mode, args.budget, args.chunk, room=True)["evict"].values())
             row = f"| {policy} | {mode} | {n_model} | {n_evict} | {n_evict / args.layers:.1f} | {n_room} |"
-            if mode == "fused+compiled":
-                row = f"| {policy} | {mode} | {n_model} | - | - | - |"
             if args.time:
                 ms = step_ms(m, policy, mode, args.budget, args.chunk)
                 per_layer_ms = per_layer_ms or ms

@@ -15,7 +15,8 @@ Example (see ``examples/*.yaml``)::
     tasks:
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
     generation: {max_new_tokens: null, temperature: 0.0}
-    engine: {cuda_graphs: null, fuse_layers: false, compile_scoring: false, score_precision: model}
+    engine: {cuda_graphs: null, fuse_layers: false, compile_scoring: false, compile_blocks: false,
+             score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
 
@@ -90,8 +91,9 @@ class EngineSpec(_Strict):
     cell's identity: on a GPU they change its numbers at rounding level.
 
     ``cuda_graphs``: capture the chunk and decode steps as CUDA graphs; ``null`` = on with CUDA, ``true``
-    needs GPU workers. ``fuse_layers`` / ``compile_scoring``: with graphs, evict all layers at once / run the
-    policy's scoring through ``torch.compile`` (no effect without graphs). ``score_precision``: the attention
+    needs GPU workers. ``fuse_layers`` / ``compile_scoring`` / ``compile_blocks``: with graphs, evict all layers
+    at once / run the policy's scoring through ``torch.compile`` / compile the layers' norms, MLP and rotary
+    embedding (no effect without graphs). ``score_precision``: the attention
     logits TOVA, SnapKV and H2O score with in a half-precision model, ``model`` (its own precision, float32
     softmax) or ``float32``.
     """
@@ -99,6 +101,7 @@ class EngineSpec(_Strict):
     cuda_graphs: bool | None = None
     fuse_layers: bool = False
     compile_scoring: bool = False
+    compile_blocks: bool = False
     score_precision: Literal["model", "float32"] = "model"
 
     def options(self) -> dict[str, Any]:

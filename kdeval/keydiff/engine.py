@@ -7,6 +7,7 @@ distances.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import weakref
@@ -17,6 +18,7 @@ import torch
 
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
+from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
@@ -52,6 +54,9 @@ class EngineConfig:
     #: (a half-precision product with float32 accumulation, then a float32 softmax, as in transformers'
     #: eager attention and kvpress) or "float32" (the keys copied to float32 first). No effect otherwise.
     score_precision: str = "model"
+    #: with graphs: compile the decoder layers' cache-free blocks (RMSNorms, MLP, rotary embedding) with
+    #: ``torch.compile`` (kdeval/keydiff/blocks.py): fewer, fused kernels per step. Off until measured on a GPU.
+    compile_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
@@ -93,6 +98,7 @@ class Engine:
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
         self.compiled_scoring = self.use_graphs and config.compile_scoring
         self._score = _compiled_score() if self.compiled_scoring else _score
+        self._blocks = CompiledBlocks(model) if self.use_graphs and config.compile_blocks else None
         cfg = model.config
         self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
@@ -262,7 +268,8 @@ class Engine:
             if phase != "full":  # a full head needs no mask (lower-right causal)
                 # a 4-D mask reaches the attention function as it is
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
-        with attention_implementation(self.model, impl):
+        blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
+        with attention_implementation(self.model, impl), blocks:
             out = self.model(
                 input_ids=ids,
                 position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),

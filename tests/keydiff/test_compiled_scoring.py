@@ -35,3 +35,31 @@ def test_compile_scoring_only_applies_to_the_graph_path():
     lm = tiny()
     eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, compile_scoring=True))
     assert not eng.use_graphs and not eng.compiled_scoring
+
+
+@pytest.mark.parametrize("policy", ["keydiff", "h2o"])
+def test_compiled_blocks_keep_the_same_tokens_and_leave_the_model_as_it_was(policy):
+    from transformers.models.llama import modeling_llama
+
+    from kdeval.keydiff import blocks
+
+    lm = tiny("random:llama-tiny", 2, "float64")
+    ids = prompt(130, seed=22)
+    rope = modeling_llama.apply_rotary_pos_emb
+    cfg = dict(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
+    ref = Engine(lm.model, get_policy(policy), EngineConfig(**cfg)).generate(ids, max_new_tokens=6)
+    eng = Engine(lm.model, get_policy(policy), EngineConfig(**cfg, compile_blocks=True))
+    routed = []  # during the step the final norm's forward is the compiled call
+    hook = lm.model.model.norm.register_forward_pre_hook(lambda m, args: routed.append(m.__dict__.get("forward")))
+    try:
+        got = eng.generate(ids, max_new_tokens=6)
+    finally:
+        hook.remove()
+    assert routed and all(f is not None and f.func is blocks._compiled_call() for f in routed)
+    assert got.tokens == ref.tokens
+    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
+        assert torch.equal(a, b)
+    assert torch.allclose(got.state.last_logits, ref.state.last_logits, atol=1e-6)  # float32 steps fused away
+    assert modeling_llama.apply_rotary_pos_emb is rope
+    assert all("forward" not in m.__dict__ for m in lm.model.modules())
+    assert len(eng._blocks.modules) == 3 * lm.model.config.num_hidden_layers + 1  # 2 norms + MLP per layer, final norm
