@@ -1,6 +1,7 @@
 """Where the time of one chunk step goes: torch.profiler over a few steady-state chunk steps on the
-Llama-3.2-3B shape, bf16, N = 8K, B = 128. The static-layout steps run eagerly ("static", per layer or
-"-fused"), so each kernel is attributed. The graph replays ("graphs") give the wall time per chunk.
+Llama-3.2-3B shape, bf16, N = 8K, B = 128. The static-layout steps run eagerly ("static-eager", per layer,
+"-fused", and with compiled scoring and blocks), so each kernel is attributed. The graph replays ("graphs")
+give the wall time per chunk.
 
     PYTHONPATH=. python bench/gpu_profile.py --out $OUT      # on the GPU machine
     PYTHONPATH=. python bench/gpu_profile.py --cpu           # tiny shapes, to test this script
@@ -16,10 +17,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_check import build  # noqa: E402
+from gpu_check import build, engine_config  # noqa: E402
 
 from kdeval.baselines import get_policy  # noqa: E402
-from kdeval.keydiff import Engine, EngineConfig  # noqa: E402
+from kdeval.keydiff import Engine  # noqa: E402
 
 
 def main() -> None:
@@ -34,12 +35,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ids = torch.randint(100, model.config.vocab_size - 1, (1, budget + 10 * B), device=device)
     report = []
-    for name, mode in (("keydiff", "graphs"), ("keydiff", "graphs-fused"), ("sink", "static"),
-                       ("keydiff", "static"), ("keydiff", "static-fused"), ("keydiff", "plain")):
-        base = mode.removesuffix("-fused")
-        cfg = EngineConfig(budget=budget, chunk_size=B, cuda_graphs=base != "plain",
-                           emulate_graphs=base != "graphs" or args.cpu, fuse_layers=mode.endswith("-fused"))
-        eng = Engine(model, get_policy(name), cfg)
+    for name, mode in (("keydiff", "graphs"), ("keydiff", "graphs-fused"), ("keydiff", "graphs-fused-compiled-blocks"),
+                       ("h2o", "graphs"), ("sink", "static-eager"), ("keydiff", "static-eager"),
+                       ("keydiff", "static-eager-fused"),
+                       ("keydiff", "static-eager-fused-compiled-blocks"), ("keydiff", "plain")):
+        eng = Engine(model, get_policy(name), engine_config(name, budget, B, mode, device=device))
         state = eng.prefill(ids[:, : budget + 2 * B])  # steady state reached
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
         with profile(activities=acts) as prof:
