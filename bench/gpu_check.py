@@ -58,6 +58,7 @@ def quick_plan() -> list[dict]:
         dict(part="time", **t3, lengths=[32768], cases=[
             ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 128, "graphs-fused-compiled"),
             ("keydiff", 128, "graphs-fused-blocks"), ("keydiff", 128, "graphs-fused-compiled-blocks"),
+            ("keydiff", 128, "graphs-fused-split8"), ("keydiff", 128, "graphs-fused-compiled-blocks-split8"),
             ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fp32scores"), ("h2o", 128, "graphs-fused"),
             ("h2o", 128, "graphs-fused-compiled-blocks"), ("snapkv", 128, "graphs"),
             ("snapkv", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs-fused"), ("tova", 128, "graphs"),
@@ -84,7 +85,8 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
                                                           ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
                                                           ("keydiff", 64, "graphs-fused-compiled"),
                                                           ("h2o", 128, "graphs-fp32scores"),
-                                                          ("keydiff", 64, "graphs-fused-compiled-blocks")]),
+                                                          ("keydiff", 64, "graphs-fused-compiled-blocks"),
+                                                          ("keydiff", 64, "graphs-fused-split8")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
@@ -141,7 +143,8 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
     """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
     the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
-    "-compiled" for ``compile_scoring``, "-blocks" for ``compile_blocks`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
+    "-compiled" for ``compile_scoring``, "-blocks" for ``compile_blocks``, "-splitS" for
+    ``attention_splits=S`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
     and H2O's captured logits in float32, as before that option existed); a trailing :data:`REUSED` is handled
     by the caller."""
     from kdeval.keydiff import EngineConfig
@@ -154,6 +157,7 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
                         emulate_graphs=base == "static-eager" or device == "cpu",
                         fuse_layers="fused" in options, compile_scoring="compiled" in options,
                         compile_blocks="blocks" in options,
+                        attention_splits=next((int(o[5:]) for o in options if o.startswith("split")), 0),
                         score_precision="float32" if "fp32scores" in options else "model")
 
 
@@ -298,7 +302,8 @@ def child(spec: dict, device: str, out: Path, deadline: float) -> None:
             compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
         elif spec["part"] == "compiled-graphs-vs-eager":
             compare(spec, device, emit, [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
-                                         ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks")])
+                                         ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks"),
+                                         ("slot", "graphs-fused-compiled-blocks-split8")])
         elif spec["part"] == "graphs-vs-eager":
             graphs = "graphs" if device == "cuda" else "static-eager"
             compare(spec, device, emit, [("slot", "static-eager"), ("slot", graphs), ("slot", graphs + REUSED),

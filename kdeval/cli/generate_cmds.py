@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         compile_scoring: bool = typer.Option(False,
                                              help="with graphs: compile the policy's scoring (torch.compile)"),
         compile_blocks: bool = typer.Option(False, help="with graphs: compile the layers' norms, MLP and rotary"),
+        attention_splits: int = typer.Option(0, help="with graphs: attend to a full cache in this many key splits"),
         score_precision: str = typer.Option("model", help="TOVA/SnapKV/H2O logits in a half-precision model: "
                                                           "model (its precision) or float32"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -72,7 +73,8 @@ def register(app: typer.Typer) -> None:
             pol = get_policy(policy, **parse_params(param))
             config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
                                   cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring,
-                                  compile_blocks=compile_blocks, score_precision=score_precision)
+                                  compile_blocks=compile_blocks, attention_splits=attention_splits,
+                                  score_precision=score_precision)
             lm = load_model(model, dtype=dtype, device=device)
             ids = build_prompt_ids(lm.tokenizer, text, chat)
             engine = Engine(lm.model, pol, config)

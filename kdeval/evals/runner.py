@@ -24,8 +24,8 @@ from kdeval.evals.scoring import score_row_fields
 
 #: The ``EngineConfig`` options a run may set (budget and chunk size are ``run_task``'s own arguments);
 #: ``emulate_graphs`` runs the graph path's static layout with plain calls (CPU).
-ENGINE_OPTIONS = ("cuda_graphs", "fuse_layers", "compile_scoring", "compile_blocks", "score_precision",
-                  "emulate_graphs")
+ENGINE_OPTIONS = ("cuda_graphs", "fuse_layers", "compile_scoring", "compile_blocks", "attention_splits",
+                  "score_precision", "emulate_graphs")
 
 
 class EvalRow(TypedDict):

@@ -16,7 +16,7 @@ Example (see ``examples/*.yaml``)::
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
     generation: {max_new_tokens: null, temperature: 0.0}
     engine: {cuda_graphs: null, fuse_layers: false, compile_scoring: false, compile_blocks: false,
-             score_precision: model}
+             attention_splits: 0, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
 
@@ -93,7 +93,8 @@ class EngineSpec(_Strict):
     ``cuda_graphs``: capture the chunk and decode steps as CUDA graphs; ``null`` = on with CUDA, ``true``
     needs GPU workers. ``fuse_layers`` / ``compile_scoring`` / ``compile_blocks``: with graphs, evict all layers
     at once / run the policy's scoring through ``torch.compile`` / compile the layers' norms, MLP and rotary
-    embedding (no effect without graphs). ``score_precision``: the attention
+    embedding (no effect without graphs). ``attention_splits``: with graphs, attend to a full cache in that
+    many splits of the keys (0: one SDPA call). ``score_precision``: the attention
     logits TOVA, SnapKV and H2O score with in a half-precision model, ``model`` (its own precision, float32
     softmax) or ``float32``.
     """
@@ -102,6 +103,7 @@ class EngineSpec(_Strict):
     fuse_layers: bool = False
     compile_scoring: bool = False
     compile_blocks: bool = False
+    attention_splits: int = Field(default=0, ge=0, le=1024)
     score_precision: Literal["model", "float32"] = "model"
 
     def options(self) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from kdeval.keydiff.split_attention import split_kv_attention
+
 CAPTURE_IMPL = "kdeval_capture"
 STATIC_IMPL = "kdeval_static"
 
@@ -144,9 +146,10 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
     ``attention_mask``: :func:`static_mask` ``[1, 1, g * t, N + t]`` while the head fills, with the ``g = hq /
     hk`` query heads of a KV head folded into the query axis (``[b, hk, g * t, d]``), so SDPA's masked kernels
     run without repeating the keys and values; ``None`` once the head is full (plain lower-right causal, no
-    mask tensor).
+    mask tensor; with ``kdeval_splits=S``, :func:`split_kv_attention` over ``S`` splits of the head).
     """
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
+    splits: int = kwargs.pop("kdeval_splits", 0)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     b, hq, t, d = query.shape
     rows = None if attention_mask is None else attention_mask[:, :, :t]  # one query head's rows [1, 1, t, N + t]
@@ -155,12 +158,14 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
     if attention_mask is None:
         # Every head slot is valid: the mask is "all of the head, causal within the tail", i.e. causal aligned
         # to the lower right, which SDPA's flash kernel takes without a mask tensor (and with GQA).
-        bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale,
-                                                               enable_gqa=True)
+        out = split_kv_attention(query, key, value, scale, splits) if splits else None
+        if out is None:
+            bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
+            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale,
+                                                                   enable_gqa=True).transpose(1, 2).contiguous()
         if capture is not None:
             capture.record(module.layer_idx, query, key, scale)
-        return out.transpose(1, 2).contiguous(), None
+        return out, None
     hk = key.shape[1]
     out = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(b, hk, hq // hk * t, d), key, value, attn_mask=attention_mask, scale=scale)

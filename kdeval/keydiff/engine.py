@@ -57,6 +57,10 @@ class EngineConfig:
     #: with graphs: compile the decoder layers' cache-free blocks (RMSNorms, MLP, rotary embedding) with
     #: ``torch.compile`` (kdeval/keydiff/blocks.py): fewer, fused kernels per step. Off until measured on a GPU.
     compile_blocks: bool = False
+    #: with graphs, once the head is full: attend to it in this many splits of the keys, merged by their
+    #: log-sum-exps (kdeval/keydiff/split_attention.py), for more parallel work than one small chunk gives a
+    #: fused kernel; 0: one SDPA call. Batch 1 and a budget divisible by it only. Off until measured on a GPU.
+    attention_splits: int = 0
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
@@ -67,6 +71,8 @@ class EngineConfig:
             raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
         if self.store not in STORES:
             raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
+        if not isinstance(self.attention_splits, int) or self.attention_splits < 0:
+            raise ValueError(f"attention_splits: must be an integer >= 0, got {self.attention_splits!r}")
         if self.score_precision not in SCORE_PRECISIONS:
             raise ValueError(f"score_precision: expected one of {list(SCORE_PRECISIONS)}, "
                              f"got {self.score_precision!r}")
@@ -268,6 +274,8 @@ class Engine:
             if phase != "full":  # a full head needs no mask (lower-right causal)
                 # a 4-D mask reaches the attention function as it is
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
+            elif self.config.attention_splits:
+                kwargs["kdeval_splits"] = self.config.attention_splits
         blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
         with attention_implementation(self.model, impl), blocks:
             out = self.model(
