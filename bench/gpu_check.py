@@ -357,6 +357,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--minutes", type=float, default=7.0, help="stop starting new timed cases after this long")
     ap.add_argument("--quick", action="store_true", help="the short plan (checks at one length, headline cases)")
+    ap.add_argument("--table-only", action="store_true",
+                    help="rebuild gpu_check.md from the rows already in --out (after a run that was cut)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -366,6 +368,11 @@ def main() -> None:
     device = "cpu" if args.cpu else "cuda"
     if args.child:
         child(json.loads(args.child), device, rows_path, args.deadline)
+        return
+    if args.table_only:
+        rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+        (out / "gpu_check.md").write_text(table(rows) + "\n")
+        print(table(rows))
         return
     start = time.time()
     deadline = start + 60 * args.minutes
