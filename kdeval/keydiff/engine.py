@@ -59,7 +59,8 @@ class EngineConfig:
     compile_blocks: bool = False
     #: with graphs, once the head is full: attend to it in this many splits of the keys, merged by their
     #: log-sum-exps (kdeval/keydiff/split_attention.py), for more parallel work than one small chunk gives a
-    #: fused kernel; 0: one SDPA call. Batch 1 and a budget divisible by it only. Off until measured on a GPU.
+    #: fused kernel; 0: one SDPA call. It must divide the budget; batches of more than one row run SDPA. Off
+    #: until measured on a GPU.
     attention_splits: int = 0
 
     def __post_init__(self) -> None:
@@ -73,6 +74,9 @@ class EngineConfig:
             raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
         if not isinstance(self.attention_splits, int) or self.attention_splits < 0:
             raise ValueError(f"attention_splits: must be an integer >= 0, got {self.attention_splits!r}")
+        if self.attention_splits and self.budget is not None and self.budget % self.attention_splits:
+            raise ValueError(f"attention_splits: must divide the budget ({self.budget} tokens) into equal splits, "
+                             f"got {self.attention_splits}")
         if self.score_precision not in SCORE_PRECISIONS:
             raise ValueError(f"score_precision: expected one of {list(SCORE_PRECISIONS)}, "
                              f"got {self.score_precision!r}")

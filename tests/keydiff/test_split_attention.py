@@ -62,3 +62,5 @@ def test_engine_with_split_attention_keeps_the_same_tokens(policy, monkeypatch):
 def test_attention_splits_is_checked():
     with pytest.raises(ValueError, match=r"attention_splits: must be an integer >= 0, got -1"):
         EngineConfig(attention_splits=-1)
+    with pytest.raises(ValueError, match=r"attention_splits: must divide the budget \(40 tokens\) into equal splits, got 3"):
+        EngineConfig(budget=40, attention_splits=3)
