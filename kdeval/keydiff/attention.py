@@ -26,7 +26,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from kdeval.keydiff.split_attention import split_kv_attention
+from kdeval.keydiff.split_attention import HALF, split_kv_attention
 
 CAPTURE_IMPL = "kdeval_capture"
 STATIC_IMPL = "kdeval_static"
@@ -45,9 +45,6 @@ class AttentionNeed:
         if self.kind == "window":
             return min(self.window, chunk_len)
         return chunk_len
-
-
-HALF = (torch.float16, torch.bfloat16)
 
 
 class AttentionCapture:

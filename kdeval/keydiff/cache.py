@@ -273,6 +273,7 @@ class BudgetCache(Cache):
         super().__init__(layers=layers)
         self.store = store
         self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (Engine.phase)
+        self.owner = None  # a weak reference to the engine that made this cache (its pool takes only its own)
 
     @property
     def length(self) -> int:

@@ -129,7 +129,7 @@ class Engine:
         state_names = self.policy.slot_state if self.evicting else ()
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
                             static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
-        cache.owner = weakref.ref(self)  # copied as it is by fork's deep copy
+        cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
@@ -210,7 +210,7 @@ class Engine:
         state.check_usable()
         state.released = True
         cache = state.cache
-        mine = getattr(cache, "owner", lambda: None)() is self
+        mine = cache.owner is not None and cache.owner() is self
         if mine and self.use_graphs and cache.batch_size is not None:
             self._spare[cache.batch_size] = cache
 

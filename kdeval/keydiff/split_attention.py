@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)  # the dtypes computed in their own precision (attention.py too)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool):
