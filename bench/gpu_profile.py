@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_check import build, engine_config  # noqa: E402
+from engine_modes import build, engine_config  # noqa: E402
 
 from kdeval.baselines import get_policy  # noqa: E402
 from kdeval.keydiff import Engine  # noqa: E402

@@ -14,14 +14,18 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_modes import build, engine_config  # noqa: E402
+
+from kdeval.baselines import get_policy  # noqa: E402
+from kdeval.keydiff import Engine  # noqa: E402
 
 torch._inductor.config.cpp.enable_kernel_profile = True  # compiled kernels appear in the profile, to be counted
 
@@ -59,20 +63,17 @@ def _step_ops(prof) -> dict[str, collections.Counter]:
     return out
 
 
-def model(layers: int) -> LlamaForCausalLM:
-    config = LlamaConfig(hidden_size=96, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=24,
-                         num_key_value_heads=8, head_dim=8, vocab_size=512, max_position_embeddings=8192)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+#: the modes of this table, as engine_modes names them (the graph path, emulated on the CPU)
+MODES = {"per layer": "static-eager", "fused": "static-eager-fused", "fused+compiled": "static-eager-fused-compiled",
+         "fused+blocks": "static-eager-fused-blocks"}
+
+
+def model(layers: int):
+    return build("3b-layout-tiny", "cpu", torch.float32, layers)
 
 
 def _engine(m, policy: str, mode: str, budget: int, B: int) -> Engine:
-    """``mode``: "per layer", "fused", "fused+compiled" or "fused+blocks" (the graph path, emulated)."""
-    return Engine(m, get_policy(policy), EngineConfig(budget=budget, chunk_size=B, cuda_graphs=True,
-                                                      emulate_graphs=True, fuse_layers=mode != "per layer",
-                                                      compile_scoring=mode == "fused+compiled",
-                                                      compile_blocks=mode == "fused+blocks"))
+    return Engine(m, get_policy(policy), engine_config(policy, budget, B, MODES[mode], device="cpu"))
 
 
 def count(m, policy: str, mode: str, budget: int, B: int, room: bool = False) -> dict[str, collections.Counter]:
@@ -123,7 +124,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|" + ("---|---|" if args.time else ""))
     for policy in POLICIES:
         per_layer_ms = None
-        for mode in ("per layer", "fused", "fused+compiled", "fused+blocks"):
+        for mode in MODES:
             if mode != "per layer" and not get_policy(policy).layer_independent:
                 continue
             if mode == "fused+blocks" and policy not in ("keydiff", "h2o"):

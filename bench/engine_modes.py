@@ -1,0 +1,60 @@
+"""What the GPU benchmarks share: the random-weight model shapes they build and the engine modes they name
+(``"graphs-fused-compiled"``, ``"static-eager+reused"``, ...). Used by gpu_check.py, gpu_profile.py and
+step_ops.py; needs only torch and transformers.
+"""
+from __future__ import annotations
+
+SHAPES = {
+    "llama-3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                         num_key_value_heads=8, head_dim=128, vocab_size=128256),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, vocab_size=128256),
+    "cpu-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+                     num_key_value_heads=2, head_dim=16, vocab_size=512),
+    # the 3B layer count and head layout with tiny widths: operators per step as at the 3B shape (step_ops.py)
+    "3b-layout-tiny": dict(hidden_size=96, intermediate_size=128, num_hidden_layers=28, num_attention_heads=24,
+                           num_key_value_heads=8, head_dim=8, vocab_size=512),
+}
+#: a mode suffix: the request runs on a cache (and graphs) released by an earlier request of the same engine
+REUSED = "+reused"
+
+
+def build(shape: str, device: str, dtype, layers: int | None = None):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    params = dict(SHAPES[shape])
+    if layers:
+        params["num_hidden_layers"] = layers
+    config = LlamaConfig(**params, max_position_embeddings=131072, rope_theta=500000.0)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda"):
+    """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
+    the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
+    "-compiled" for ``compile_scoring``, "-blocks" for ``compile_blocks``, "-splitS" for
+    ``attention_splits=S`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
+    and H2O's captured logits in float32, as before that option existed); a trailing :data:`REUSED` is handled
+    by the caller."""
+    from kdeval.keydiff import EngineConfig
+
+    base, *options = mode.removesuffix(REUSED).split("-")
+    if base == "static":  # "static-eager"
+        base, options = "static-eager", options[1:]
+    return EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
+                        cuda_graphs=base in ("graphs", "static-eager") and name != "full",
+                        emulate_graphs=base == "static-eager" or device == "cpu",
+                        fuse_layers="fused" in options, compile_scoring="compiled" in options,
+                        compile_blocks="blocks" in options,
+                        attention_splits=next((int(o[5:]) for o in options if o.startswith("split")), 0),
+                        score_precision="float32" if "fp32scores" in options else "model")
