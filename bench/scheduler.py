@@ -46,31 +46,31 @@ def grid_text(n_cells_per_model: int, workers: int, models: list[str]) -> str:
     return GRID.format(models=models, budgets=budgets, workers=workers)
 
 
-#: (seconds since start, cells done) at each completion of the last run_grid call.
-TIMELINE: list[tuple[float, int]] = []
+#: (seconds since start, cells done) at each completion of a run.
+Timeline = list[tuple[float, int]]
 
 
-def run_grid(text: str, workload: StubWorkload, tmp: Path) -> tuple[float, object]:
-    """Record and execute one grid in a fresh index; returns (seconds, RunOutcome)."""
+def run_grid(text: str, workload: StubWorkload, tmp: Path) -> tuple[float, object, Timeline]:
+    """Record and execute one grid in a fresh index; returns (seconds, RunOutcome, its timeline)."""
     idx = RunIndex.open(tmp / f"{time.monotonic_ns()}.sqlite")
     run_id, _ = service.create_run(idx, parse_grid(text), text, tmp / "results")
-    TIMELINE.clear()
+    timeline: Timeline = []
     t0 = time.perf_counter()
 
     def on_progress(p) -> None:
-        if not TIMELINE or TIMELINE[-1][1] != p.done:
-            TIMELINE.append((time.perf_counter() - t0, p.done))
+        if not timeline or timeline[-1][1] != p.done:
+            timeline.append((time.perf_counter() - t0, p.done))
 
     out = service.execute_run(idx, run_id, workload=workload, on_progress=on_progress)
     wall = time.perf_counter() - t0
     assert out.failed == 0 and out.left == 0, out
     idx.close()
-    return wall, out
+    return wall, out, timeline
 
 
-def steady_throughput() -> float:
+def steady_throughput(timeline: Timeline) -> float:
     """Cells per second between the first and the last completion (start-up excluded)."""
-    done = [(t, n) for t, n in TIMELINE if n > 0]
+    done = [(t, n) for t, n in timeline if n > 0]
     (t1, n1), (t2, n2) = done[0], done[-1]
     return (n2 - n1) / (t2 - t1) if t2 > t1 else float("nan")
 
@@ -97,17 +97,17 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kdeval-bench-"))
     lines = ["| measurement | value |", "|---|---|"]
 
-    wall, _ = with_cluster(1, lambda: run_grid(grid_text(100, 1, ["stub:0"]), StubWorkload(cost_s=0.0), tmp))
-    first_done = next(t for t, n in TIMELINE if n > 0)
+    _, _, timeline = with_cluster(1, lambda: run_grid(grid_text(100, 1, ["stub:0"]), StubWorkload(cost_s=0.0), tmp))
+    first_done = next(t for t, n in timeline if n > 0)
     lines.append(f"per-cell scheduling overhead (100 zero-cost cells, 1 worker, steady state) | "
-                 f"{1000 / steady_throughput():.1f} ms")
+                 f"{1000 / steady_throughput(timeline):.1f} ms")
     lines.append(f"run start-up until the first cell is done (Ray worker start, index) | {first_done:.2f} s")
 
     thr = {}
     for nodes in (1, 2):
         text = grid_text(args.cells, nodes, ["stub:0"])
-        wall, out = with_cluster(nodes, lambda: run_grid(text, StubWorkload(cost_s=args.cost), tmp))
-        thr[nodes] = steady_throughput()
+        wall, _, timeline = with_cluster(nodes, lambda: run_grid(text, StubWorkload(cost_s=args.cost), tmp))
+        thr[nodes] = steady_throughput(timeline)
         if nodes == 1:
             lines.append(f"per-cell overhead with {args.cost:g} s cells (1 / steady throughput - cost) | "
                          f"{(1 / thr[1] - args.cost) * 1000:.1f} ms")
@@ -119,7 +119,7 @@ def main() -> None:
 
     models = ["stub:0", "stub:0.0"]  # two distinct model ids
     text = grid_text(16, 2, models)
-    wall, out = with_cluster(2, lambda: run_grid(text, StubWorkload(cost_s=0.05, load_cost_s=0.2), tmp))
+    _, out, _ = with_cluster(2, lambda: run_grid(text, StubWorkload(cost_s=0.05, load_cost_s=0.2), tmp))
     lines.append(f"model loads, 2 workers x 2 models, {out.attempts} cells | {out.model_loads} "
                  f"(bound 4; per worker {out.model_loads_by_worker})")
     table = "\n".join(ln if ln.startswith("|") else f"| {ln} |" for ln in lines)

@@ -22,27 +22,33 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.jobs import service
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.scheduler import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
-    DEFAULT_DB_PATH, CellState, RunIndex, RunState, age_seconds, db_url, sqlite_path, to_jsonable,
+    DEFAULT_DB_PATH, TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, sqlite_path,
+    to_jsonable,
 )
 
 out = Console()
 err = Console(stderr=True)
 
 DB_HELP = f"Index database: a path or a SQLAlchemy URL (default {DEFAULT_DB_PATH})."
-TERMINAL = {RunState.DONE.value, RunState.FAILED.value, RunState.CANCELLED.value}
+
+
+def _missing_index(db: Optional[str]) -> Optional[Path]:
+    """The SQLite file ``db`` names if it does not exist yet; None when it exists (or is not SQLite)."""
+    path = sqlite_path(db_url(db, make_dirs=False))
+    return path if path is not None and not path.is_file() else None
 
 
 def _open(db: Optional[str], *, must_exist: bool = True) -> RunIndex:
     """Open the index; read-only commands never create a missing SQLite file."""
-    path = sqlite_path(db_url(db, make_dirs=False))
-    if must_exist and path is not None and not path.is_file():
-        err.print(f"no index at {path} (nothing submitted yet?); pass --db to use another one")
+    missing = _missing_index(db) if must_exist else None
+    if missing is not None:
+        err.print(f"no index at {missing} (nothing submitted yet?); pass --db to use another one")
         raise typer.Exit(EXIT_BAD_INPUT)
     return RunIndex.open(db)
 
@@ -207,8 +213,7 @@ def submit(
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
     if dry_run:
-        path = sqlite_path(db_url(db, make_dirs=False))
-        exists = path is None or path.is_file()
+        exists = _missing_index(db) is None  # a dry run never creates the index
         p = service.plan(RunIndex.open(db), grid) if exists else service.Plan(service.expand(grid), set())
         t = Table(title=f"{grid.name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
         for col in ("cell", "state", "spec"):
@@ -265,7 +270,7 @@ def status(
         while True:
             time.sleep(1.0)
             live.update(render())
-            if run_id and index.get_run(run_id).state in TERMINAL:
+            if run_id and index.get_run(run_id).state in TERMINAL_RUN_STATES:
                 break
     raise typer.Exit(_exit_code(index, run_id) if run_id else EXIT_OK)
 
@@ -283,7 +288,7 @@ def cancel(
     index = _open(db)
     r = _run_or_exit(index, run)
     before = service.cancel_run(index, r.id)
-    if before in TERMINAL:
+    if before in TERMINAL_RUN_STATES:
         out.print(f"run {r.id} already {before}")
     else:
         out.print(f"run {r.id} cancelled (was {before}); `kdeval resume {r.id}` continues it")
@@ -298,11 +303,8 @@ def rescore(
 
     index = _open(db)
     r = _run_or_exit(index, run)
-    try:
+    with bad_input():
         report = rescore_run(index, r.id)
-    except ValueError as e:
-        err.print(f"error: {e}")
-        raise typer.Exit(EXIT_BAD_INPUT)
     out.print(f"rescored {report.cells} cells ({report.rows} rows, {report.changed} scores changed)")
     if report.skipped:
         out.print(f"skipped {len(report.skipped)} cells: " + "; ".join(report.skipped[:5]))

@@ -11,24 +11,28 @@ then takes the first ``samples`` samples (``limit``).
 """
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask
 
+#: Task constructor parameters a cell sets from the grid's own fields (named here for messages), never
+#: from ``tasks[i].params``; see :func:`task_arguments`.
+GRID_OWNED_TASK_PARAMS = {"lengths": "tasks[i].lengths", "seed": "tasks[i].seeds",
+                          "num_samples": "tasks[i].samples", "max_new_tokens": "generation.max_new_tokens"}
+
 
 def task_arguments(task: CellTask, allowed: dict[str, Any]) -> dict[str, Any]:
     """Constructor arguments for the cell's task, given the task's parameter names ``allowed``."""
+    owned = {"lengths": None if task.length is None else [task.length], "seed": task.seed,
+             "num_samples": task.samples, "max_new_tokens": task.max_new_tokens}
     args = dict(task.task_params)
-    if "lengths" in allowed and task.length is not None:
-        args["lengths"] = [task.length]
-    if "seed" in allowed:
-        args["seed"] = task.seed
-    if "num_samples" in allowed:
-        args["num_samples"] = task.samples
-    if "max_new_tokens" in allowed and task.max_new_tokens is not None:
-        args["max_new_tokens"] = task.max_new_tokens
+    for name in GRID_OWNED_TASK_PARAMS:
+        if name in allowed and owned[name] is not None:
+            args[name] = owned[name]
     return args
 
 
@@ -38,6 +42,35 @@ def build_task(task: CellTask) -> Any:
 
     spec = get_spec(task.task)
     return spec.build(**task_arguments(task, spec.params()))
+
+
+def prompt_key(task: CellTask) -> str:
+    """What a cell's task object and prompts depend on: the model (tokenizer, context size) and the task
+    instance, with its sample count (the runner's ``limit``); not the policy, budget, chunk size or engine."""
+    return json.dumps([task.model_key, task.task, task.length, task.seed, task.samples, task.task_params,
+                       task.max_new_tokens], sort_keys=True, default=repr)
+
+
+#: The last few (task object, prompts) built in this worker process, by :func:`prompt_key`: cells of one task
+#: instance come one after another (the grid expands model, chunk, task, then policy and budget), so they
+#: tokenize the task once. Entries hold token ids, not the model.
+_PROMPTS: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+_PROMPTS_KEPT = 2
+
+
+def task_and_prompts(lm: Any, task: CellTask) -> tuple[Any, Any]:
+    """The cell's evals task and ``runner.model_prompts`` for it on ``lm`` (reused from a recent cell)."""
+    from kdeval.evals import runner
+
+    key = prompt_key(task)
+    hit = _PROMPTS.pop(key, None)
+    if hit is None:
+        evals_task = build_task(task)
+        hit = (evals_task, runner.model_prompts(lm, evals_task, limit=task.samples))
+    _PROMPTS[key] = hit
+    while len(_PROMPTS) > _PROMPTS_KEPT:
+        _PROMPTS.popitem(last=False)
+    return hit
 
 
 @dataclass(frozen=True)
@@ -60,9 +93,9 @@ class EvalWorkload:
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
         from kdeval.evals import runner  # lazy: heavy imports only on workers that need them
 
-        evals_task = build_task(task)
+        evals_task, prompts = task_and_prompts(handle, task)
         rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
                                budget=task.budget, chunk_size=task.chunk_size, limit=task.samples,
-                               engine=task.engine)
+                               engine=task.engine, prompts=prompts)
         summary = runner.aggregate(evals_task, rows)
         return CellResult(rows=rows, summary=summary, peak_memory_bytes=summary.get("max_peak_memory_bytes"))

@@ -15,6 +15,16 @@ from kdeval.cluster.workload import CellResult, CellTask
 STUB_PREFIX = "stub:"
 
 
+def stub_seconds(model_id: str) -> float | None:
+    """The seconds per cell of a ``stub:<s>`` model id; None for any other model id.
+
+    Raises ``ValueError`` when the part after ``stub:`` is not a number.
+    """
+    if not model_id.startswith(STUB_PREFIX):
+        return None
+    return float(model_id[len(STUB_PREFIX):])
+
+
 class StubOutOfMemoryError(RuntimeError):
     """Stands in for ``torch.OutOfMemoryError`` in fault-injection tests."""
 
@@ -24,7 +34,6 @@ class StubModel:
     """What a stub 'load' returns."""
 
     key: str
-    pid: int
 
 
 @dataclass(frozen=True)
@@ -48,14 +57,13 @@ class StubWorkload:
     def load(self, task: CellTask) -> StubModel:
         if self.load_cost_s:
             time.sleep(self.load_cost_s)
-        return StubModel(key=task.model_key, pid=os.getpid())
+        return StubModel(key=task.model_key)
 
     def _cost(self, task: CellTask) -> float:
         if self.cost_s is not None:
             return self.cost_s
-        if task.model_id.startswith(STUB_PREFIX):
-            return float(task.model_id[len(STUB_PREFIX):])
-        return 0.0
+        seconds = stub_seconds(task.model_id)
+        return 0.0 if seconds is None else seconds
 
     def _maybe_crash(self, task: CellTask) -> None:
         if self.crash_marker_dir is not None:

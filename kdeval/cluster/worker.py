@@ -7,7 +7,6 @@ traceback; only the death of the process or node surfaces as a Ray error.
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import time
 import traceback
@@ -44,15 +43,10 @@ class CellWorker:
             self.node_id = ctx.get_node_id() or "local"
         except Exception:  # noqa: BLE001 - outside Ray
             self.node_id = "local"
-        try:
-            self.node_ip = ray.util.get_node_ip_address()
-        except Exception:  # noqa: BLE001
-            self.node_ip = "127.0.0.1"
 
     def info(self) -> WorkerInfo:
-        """Identity and counters (also the 'ready' probe the scheduler waits on)."""
-        return WorkerInfo(name=self.name, node_id=self.node_id, node_ip=self.node_ip, pid=os.getpid(),
-                          model_loads=self.model_loads, loaded_model=self.loaded_key)
+        """Identity (also the 'ready' probe the scheduler waits on)."""
+        return WorkerInfo(name=self.name, node_id=self.node_id)
 
     def _ensure_model(self, task: CellTask) -> None:
         if self.loaded_key == task.model_key:

@@ -72,14 +72,10 @@ class CellOutcome:
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """Where a worker lives and what it has done."""
+    """Where a worker lives (also the 'ready' answer the scheduler waits on)."""
 
     name: str
     node_id: str
-    node_ip: str
-    pid: int
-    model_loads: int
-    loaded_model: str | None
 
 
 class Workload(Protocol):

@@ -90,7 +90,7 @@ class PhonebookTask(SyntheticTask):
             for b in range(self.num_books):
                 def longest(n: int, length: int = length, b: int = b) -> Sample:
                     # the questions share the book (prefix): compare them without re-tokenizing it
-                    return max(self._questions(length, b, n), key=lambda s: builder.overhead(s) + len(builder.encode(s.suffix)))
+                    return max(self._questions(length, b, n), key=builder.count_besides_prefix)
                 _, n = fit_units(longest, builder.count, length, min_units=self.questions_per_book)
                 out.extend(self._questions(length, b, n))
         return out

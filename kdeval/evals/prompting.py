@@ -164,9 +164,14 @@ class PromptBuilder:
         _, head, tail, answer = self._frame(sample)
         return len(head) + len(tail) + len(answer)
 
+    def count_besides_prefix(self, sample: Sample) -> int:
+        """Untruncated prompt tokens of ``sample`` other than its ``prefix`` (the question and the frame):
+        compares samples that share a context without tokenizing the context."""
+        return self.overhead(sample) + len(self.encode(sample.suffix))
+
     def count(self, sample: Sample) -> int:
         """Untruncated prompt tokens of ``sample``."""
-        return self.overhead(sample) + len(self.encode(sample.prefix)) + len(self.encode(sample.suffix))
+        return len(self.encode(sample.prefix)) + self.count_besides_prefix(sample)
 
     def build(self, sample: Sample) -> BuiltPrompt:
         """Tokenize ``sample`` and truncate its user message in the middle when needed."""

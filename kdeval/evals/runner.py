@@ -11,6 +11,8 @@ is compressed once and every question continues from a fork of that state.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import time
 from itertools import groupby
@@ -22,10 +24,22 @@ from kdeval.evals.base import EvalError, Sample, Task
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 
-#: The ``EngineConfig`` options a run may set (budget and chunk size are ``run_task``'s own arguments);
-#: ``emulate_graphs`` runs the graph path's static layout with plain calls (CPU).
-ENGINE_OPTIONS = ("cuda_graphs", "fuse_layers", "compile_scoring", "compile_blocks", "attention_splits",
-                  "score_precision", "emulate_graphs")
+#: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
+#: arguments, each sample sets its generation length, and the cache store is the engine's default.
+NOT_ENGINE_OPTIONS = frozenset({"budget", "chunk_size", "max_new_tokens", "store"})
+
+
+@functools.cache
+def engine_options() -> tuple[str, ...]:
+    """The ``EngineConfig`` options a run may set (its fields but :data:`NOT_ENGINE_OPTIONS`), e.g.
+    ``emulate_graphs``, which runs the graph path's static layout with plain calls (CPU).
+
+    Lazy: importing the engine costs seconds (transformers), and this module is also imported for
+    :func:`aggregate` alone.
+    """
+    from kdeval.keydiff.engine import EngineConfig
+
+    return tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_ENGINE_OPTIONS)
 
 
 class EvalRow(TypedDict):
@@ -103,25 +117,42 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
     return row
 
 
-def build_prompts(task: Task, builder: PromptBuilder, sample_ids: Sequence[str] | None = None,
-                  limit: int | None = None) -> tuple[list[Sample], list[BuiltPrompt]]:
-    """The task's samples (optionally a subset) and their tokenized prompts, without a model."""
-    samples = task.samples(builder)
+def _select(task: Task, samples: Sequence[Sample], sample_ids: Sequence[str] | None,
+            limit: int | None) -> list[int]:
+    """Indices of the samples to run: those in ``sample_ids`` (all when None), then the first ``limit``."""
+    keep = list(range(len(samples)))
     if sample_ids is not None:
         wanted = set(sample_ids)
         unknown = wanted - {s.id for s in samples}
         if unknown:
             raise EvalError(f"sample_ids: {sorted(unknown)[:3]} are not samples of {task.name}")
-        samples = [s for s in samples if s.id in wanted]
+        keep = [i for i in keep if samples[i].id in wanted]
     if limit is not None:
-        samples = samples[:limit]
+        keep = keep[:limit]
+    return keep
+
+
+def build_prompts(task: Task, builder: PromptBuilder, sample_ids: Sequence[str] | None = None,
+                  limit: int | None = None) -> tuple[list[Sample], list[BuiltPrompt]]:
+    """The task's samples (optionally a subset) and their tokenized prompts, without a model."""
+    samples = task.samples(builder)
+    samples = [samples[i] for i in _select(task, samples, sample_ids, limit)]
     return samples, [builder.build(s) for s in samples]
+
+
+def model_prompts(lm: Any, task: Task, sample_ids: Sequence[str] | None = None, limit: int | None = None,
+                  chat: str = "auto") -> tuple[list[Sample], list[BuiltPrompt]]:
+    """:func:`build_prompts` for ``lm``'s tokenizer and context size, after the task's context check: what
+    :func:`run_task` builds, to reuse across runs of one task on one model (``run_task(prompts=...)``)."""
+    task.check_context(lm.max_context)
+    return build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context, chat=chat), sample_ids, limit)
 
 
 def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mapping[str, Any] | None = None,
              budget: int | None = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
              limit: int | None = None, chat: str = "auto", share_context: bool = True,
-             engine: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+             engine: Mapping[str, Any] | None = None,
+             prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
 
     Args:
@@ -134,43 +165,51 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
         chat: ``"auto"`` / ``"never"`` / ``"always"`` chat-template use (see PromptBuilder).
         share_context: compress a shared context once for consecutive questions on it.
-        engine: ``EngineConfig`` options, some of :data:`ENGINE_OPTIONS`, e.g. ``{"fuse_layers": True}``.
+        engine: ``EngineConfig`` options, some of :func:`engine_options`, e.g. ``{"fuse_layers": True}``.
+        prompts: the samples and prompts already built for this task and ``lm`` with the same ``chat`` by
+            :func:`model_prompts` (or :func:`build_prompts`), e.g. shared by runs that differ only in
+            policy, budget, chunk size or engine options; ``sample_ids`` / ``limit`` still select from them.
+            None: build them here.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
 
     task.check_context(lm.max_context)
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)
-    samples, prompts = build_prompts(task, builder, sample_ids, limit)
-    unknown = sorted(set(engine or {}) - set(ENGINE_OPTIONS))
+    unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
-        raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(ENGINE_OPTIONS)}")
+        raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     config = EngineConfig(budget=budget, chunk_size=chunk_size, **dict(engine or {}))
-    engine = Engine(lm.model, _resolve_policy(policy, policy_params), config)
+    eng = Engine(lm.model, _resolve_policy(policy, policy_params), config)
+    if prompts is None:
+        samples, built = build_prompts(task, builder, sample_ids, limit)
+    else:
+        keep = _select(task, prompts[0], sample_ids, limit)
+        samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
-    for group in _groups(prompts):
+    for group in _groups(built):
         shared = share_context and len(group) > 1
         state, shared_s = None, 0.0
         if shared:
             t0 = time.perf_counter()
-            state = engine.prefill(torch.tensor([list(prompts[group[0]].prefix_ids)], device=device))
+            state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
             shared_s = time.perf_counter() - t0
         for i in group:
-            s, p = samples[i], prompts[i]
+            s, p = samples[i], built[i]
             ids = list(p.suffix_ids) if shared else p.ids
             fork = None
             if shared:
                 fork = scratch = state.fork(into=scratch)
-            res = engine.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
-                                  eos_token_id=eos, state=fork)
+            res = eng.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
+                               eos_token_id=eos, state=fork)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s))
             if not shared:
-                engine.release(res.state)  # its cache (and CUDA graphs) serves the next request
+                eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
-            engine.release(state)
+            eng.release(state)
     return rows
 
 

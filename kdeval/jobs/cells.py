@@ -23,6 +23,17 @@ from kdeval.version import code_version
 from kdeval.storage import CellRecord
 
 
+def policy_label(name: str, params: dict[str, Any]) -> str:
+    """``name``, or ``name(k=v,...)`` with the parameters in key order (cell descriptions, report rows)."""
+    return f"{name}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")" if params else name
+
+
+def _content_hash(model: BaseModel) -> str:
+    """sha256 (hex) of a model's canonical JSON: every field, keys sorted, no whitespace."""
+    canon = json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
 class TaskRef(BaseModel):
     """One task instance of a cell: ``length`` is None for tasks with natural lengths."""
 
@@ -60,8 +71,7 @@ class CellSpec(BaseModel):
     @property
     def id(self) -> str:
         """Content hash (24 hex digits) of the spec."""
-        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:24]
+        return _content_hash(self)[:24]
 
     @property
     def model_key(self) -> str:
@@ -90,8 +100,7 @@ class CellSpec(BaseModel):
     def describe(self) -> str:
         """One line for dry runs and logs."""
         budget = "-" if self.budget is None else str(self.budget)
-        params = ",".join(f"{k}={v}" for k, v in sorted(self.policy_params.items()))
-        pol = f"{self.policy}({params})" if params else self.policy
+        pol = policy_label(self.policy, self.policy_params)
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
         return f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}{engine}"
 
@@ -111,8 +120,8 @@ def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
             ref = TaskRef(name=task.name, data_version=dv, length=length,
                           samples=task.samples, seed=seed, params=dict(task.params))
             for pol in grid.policies:
-                for budget in [None] if pol.name in BUDGET_FREE_POLICIES else grid.budgets:
-                    free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, no engine options
+                free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, no engine options
+                for budget in [None] if free else grid.budgets:
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
                                     engine=EngineSpec() if free else grid.engine, kdeval_version=version)
@@ -122,5 +131,4 @@ def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
 
 def grid_hash(grid: GridSpec) -> str:
     """Hash of the validated grid (all fields), to recognise resubmissions."""
-    canon = json.dumps(grid.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    return _content_hash(grid)

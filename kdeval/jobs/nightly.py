@@ -37,7 +37,7 @@ from kdeval.jobs.errors import join_path
 from kdeval.jobs.grid import GridSpec
 from kdeval.jobs.reports import CellRow, MetricRow, Report, ReportOptions, build_report
 from kdeval.jobs.reports.output import FORMATS, write_report
-from kdeval.jobs.validate import parse_grid
+from kdeval.jobs.validate import load_mapping, validate_mapping
 from kdeval.storage import RunIndex, RunState
 
 HISTORY = "history.jsonl"
@@ -98,10 +98,9 @@ class NightlyFile:
 
 
 def parse_nightly(text: str, source: str = "nightly.yaml") -> NightlyFile:
-    """Validate a nightly file (``ValueError`` naming the field on any problem; grid errors as ``GridError``)."""
-    raw = yaml.safe_load(text)
-    if not isinstance(raw, dict):
-        raise ValueError(f"{source}: expected a grid mapping with a 'nightly:' section")
+    """Validate a nightly file (``ValueError`` naming the field on any problem; grid errors — bad YAML
+    included — as ``GridError``)."""
+    raw = load_mapping(text, source)
     if "nightly" not in raw:
         raise ValueError(f"{source}: nightly: section is missing (it holds baseline and tracked metrics)")
     section = raw.pop("nightly")
@@ -110,8 +109,8 @@ def parse_nightly(text: str, source: str = "nightly.yaml") -> NightlyFile:
     except ValidationError as e:
         lines = [f"{join_path(['nightly', *err['loc']])}: {err['msg']}" for err in e.errors()]
         raise ValueError(f"{source}: " + "; ".join(lines)) from None
-    grid_text = yaml.safe_dump(raw, sort_keys=False)
-    return NightlyFile(grid=parse_grid(grid_text, source), grid_text=grid_text, spec=spec)
+    grid = validate_mapping(raw, source)
+    return NightlyFile(grid=grid, grid_text=yaml.safe_dump(raw, sort_keys=False), spec=spec)
 
 
 def load_nightly(path: str | Path) -> NightlyFile:
@@ -211,9 +210,12 @@ def append_history(report_dir: Path, entry: dict[str, Any]) -> None:
         fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
-def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str, report_dir: Path) -> str | None:
+def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str,
+                    history: list[dict[str, Any]]) -> str | None:
     """The pinned run, else the last passing nightly of this grid, else its newest other done run that
-    did not fail a nightly gate (so a regression never becomes tomorrow's baseline)."""
+    did not fail a nightly gate (so a regression never becomes tomorrow's baseline).
+
+    ``history`` is :func:`read_history` of the report directory."""
     if spec.baseline != "last":
         rid = index.resolve_run_id(spec.baseline)
         if rid is None:
@@ -221,7 +223,6 @@ def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str
         return rid
     runs = index.runs_of_grid(ghash)
     known = {rid for rid, _ in runs}
-    history = read_history(report_dir)
     for entry in reversed(history):
         if entry.get("passed") and entry.get("grid_hash") == ghash and entry["run"] != current and entry["run"] in known:
             return entry["run"]
@@ -232,9 +233,11 @@ def choose_baseline(index: RunIndex, spec: NightlySpec, ghash: str, current: str
     return None
 
 
-def run_to_resume(index: RunIndex, ghash: str, report_dir: Path) -> str | None:
-    """The newest run of this grid if it never finished and was never gated (a nightly that died)."""
-    gated = {e["run"] for e in read_history(report_dir)}
+def run_to_resume(index: RunIndex, ghash: str, history: list[dict[str, Any]]) -> str | None:
+    """The newest run of this grid if it never finished and was never gated (a nightly that died).
+
+    ``history`` is :func:`read_history` of the report directory."""
+    gated = {e["run"] for e in history}
     runs = index.runs_of_grid(ghash)
     if not runs:
         return None
@@ -276,22 +279,24 @@ def run_nightly(
     spec = nf.spec if baseline is None else nf.spec.model_copy(update={"baseline": baseline})
     out_root = Path(report_dir or spec.report_dir)
     ghash = grid_hash(nf.grid)
+    history = read_history(out_root)  # read once: this nightly appends to it only at the end
     resumed = False
     if existing_run is not None:
         run_id = index.resolve_run_id(existing_run)
         if run_id is None:
             raise ValueError(f"--run: no run '{existing_run}'")
     else:
-        run_id = run_to_resume(index, ghash, out_root)
+        run_id = run_to_resume(index, ghash, history)
         resumed = run_id is not None
         if run_id is None:
             run_id, _ = service.create_run(index, nf.grid, nf.grid_text, results_dir)
         execute(index, run_id, address=address)
-    base = choose_baseline(index, spec, ghash, run_id, out_root)
+    base = choose_baseline(index, spec, ghash, run_id, history)
+    has_base = base is not None and base != run_id
     opts = dict(resamples=spec.resamples, seed=spec.seed, confidence=spec.confidence)
     cells: dict = {}  # both reports read each cell's Parquet file once
     vs_full = build_report(index, [run_id], ReportOptions(**opts), cells)
-    if base is not None and base != run_id:
+    if has_base:
         rep = build_report(index, [run_id], ReportOptions(compare=base, **opts), cells)
         result = gate(rep, spec)
     else:
@@ -300,7 +305,7 @@ def run_nightly(
     run_dir = out_root / run_id
     files = write_report(rep, run_dir, spec.formats, title=f"kdeval nightly {nf.grid.name}: {run_id} vs "
                                                          f"{base or 'full (no baseline yet)'}")
-    if base is not None and base != run_id:
+    if has_base:
         files.update({f"{k}-vs-full": v for k, v in
                       write_report(vs_full, run_dir / "vs-full", spec.formats, title=f"{run_id} vs full").items()})
     summary = {"run": run_id, "grid_hash": ghash, "grid": nf.grid.name, "baseline": base,

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from kdeval.cluster import catalog
-from kdeval.cluster.stub import STUB_PREFIX
+from kdeval.cluster.execute import GRID_OWNED_TASK_PARAMS
+from kdeval.cluster.stub import stub_seconds
 from kdeval.evals import registry as task_registry
 from kdeval.jobs.errors import GridIssue, did_you_mean
-from kdeval.names import RANDOM_PREFIX  # the built-in tiny random models (``stub:`` is :data:`STUB_PREFIX`)
+from kdeval.names import RANDOM_PREFIX  # the built-in tiny random models (``stub:<s>``: see :func:`stub_seconds`)
 
 
 def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssue]:
@@ -26,11 +27,6 @@ def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssu
     if sep and head.strip() in params:
         return [GridIssue(f"{path}.params.{head.strip()}", rest.strip())]
     return [GridIssue(f"{path}.params", msg)]
-
-
-#: Task constructor parameters set by the grid's own fields, not through ``tasks[i].params``.
-GRID_OWNED_TASK_PARAMS = {"lengths": "tasks[i].lengths", "seed": "tasks[i].seeds",
-                          "num_samples": "tasks[i].samples", "max_new_tokens": "generation.max_new_tokens"}
 
 
 def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> list[GridIssue]:
@@ -63,13 +59,13 @@ def task_data_version(name: str) -> str:
 def check_model(index: int, model_id: str) -> list[GridIssue]:
     """Issues for ``models[index].id``: unknown random/stub names."""
     path = f"models[{index}].id"
-    if model_id.startswith(STUB_PREFIX):
-        try:
-            if float(model_id[len(STUB_PREFIX):]) < 0:
-                raise ValueError
-        except ValueError:
-            return [GridIssue(path, f"expected 'stub:<seconds per cell>' such as 'stub:0.1', got '{model_id}'")]
-        return []
+    bad_stub = [GridIssue(path, f"expected 'stub:<seconds per cell>' such as 'stub:0.1', got '{model_id}'")]
+    try:
+        seconds = stub_seconds(model_id)
+    except ValueError:
+        return bad_stub
+    if seconds is not None:
+        return bad_stub if seconds < 0 else []
     if model_id.startswith(RANDOM_PREFIX):
         names = catalog.random_model_names()
         if model_id not in names:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kdeval.cluster.stub import STUB_PREFIX
 from kdeval.evals.registry import get_scorer
@@ -27,11 +27,6 @@ class RescoreReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def task_for(spec: CellSpec) -> Any:
-    """The evals task object of a cell, built for scoring only (no data files read)."""
-    return get_scorer(spec.task.name)
-
-
 def _meta(row: dict[str, Any]) -> dict[str, Any]:
     """The sample metadata the metric needs: ``meta_json`` plus ``length``/``depth`` columns."""
     meta: dict[str, Any] = {}
@@ -48,17 +43,10 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _aggregate(task: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    try:
-        from kdeval.evals.runner import aggregate
-    except ImportError:
-        return dict(task.aggregate(rows))
-    return dict(aggregate(task, rows))
-
-
-def rescore_run(index: RunIndex, run_id: str,
-                task_factory: Callable[[CellSpec], Any] = task_for) -> RescoreReport:
+def rescore_run(index: RunIndex, run_id: str) -> RescoreReport:
     """Rescore every done cell of ``run_id``; returns counts (cells, rows, changed scores, skipped)."""
+    from kdeval.evals.runner import aggregate  # imports torch: only when rescoring
+
     report = RescoreReport()
     for cell in index.run_cells(run_id, states=[CellState.DONE]):
         spec = CellSpec.model_validate(cell.spec)
@@ -66,7 +54,7 @@ def rescore_run(index: RunIndex, run_id: str,
             report.skipped.append(f"{cell.id[:10]}: stub workload has no metric")
             continue
         try:
-            task = task_factory(spec)
+            task = get_scorer(spec.task.name)  # built for scoring only (no data files read)
         except Exception as e:  # noqa: BLE001 - an unknown/unavailable task skips the cell
             report.skipped.append(f"{cell.id[:10]}: {e}")
             continue
@@ -77,7 +65,7 @@ def rescore_run(index: RunIndex, run_id: str,
                 report.changed += 1
             row.update(fields)
         write_cell_rows(cell.results_dir, cell.id, rows)
-        index.set_cell_summary(cell.id, _aggregate(task, rows))
+        index.set_cell_summary(cell.id, aggregate(task, rows))
         report.cells += 1
         report.rows += len(rows)
     return report

@@ -60,9 +60,7 @@ class RunProgress:
     done: int = 0
     failed: int = 0
     running: int = 0  # cells in flight (set from the scheduler's flights before each callback)
-    retried: int = 0
     workers_lost: int = 0
-    last: str = ""
 
 
 @dataclass
@@ -199,7 +197,6 @@ class Scheduler:
         if final:
             self.progress.failed += 1
         else:
-            self.progress.retried += 1
             self._requeue(f.cell)
 
     def _finish(self, ref: Any) -> None:
@@ -210,7 +207,6 @@ class Scheduler:
         except WORKER_LOST_ERRORS as e:
             self._retry_or_fail(f, AttemptState.LOST, f"worker {f.slot.name} lost: {type(e).__name__}")
             self._lose(f.slot, type(e).__name__)
-            self.progress.last = f"worker {f.slot.name} lost; {f.cell.describe()} requeued"
             return
         except rex.RayError as e:  # unexpected Ray-side failure of the call itself
             self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.FAILED, error=str(e), final=True)
@@ -228,13 +224,11 @@ class Scheduler:
                 summary=out.summary, duration_s=out.duration_s, peak_memory_bytes=out.peak_memory_bytes,
                 worker=out.worker, node=out.node)
             self.progress.done += 1
-            self.progress.last = f"done {f.cell.describe()}"
         else:
             self.index.finish_attempt_failed(
                 f.attempt_id, state=AttemptState.FAILED, error=out.error or "unknown error", final=True,
                 duration_s=out.duration_s, worker=out.worker, node=out.node)
             self.progress.failed += 1
-            self.progress.last = f"failed {f.cell.describe()}"
 
     def _started(self, ref: Any) -> None:
         slot = self.starting.pop(ref)

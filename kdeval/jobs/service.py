@@ -20,7 +20,9 @@ from kdeval.jobs.cells import CellSpec, expand, grid_hash, kdeval_version
 from kdeval.jobs.grid import GridSpec
 from kdeval.jobs.scheduler import RunOutcome, RunProgress, Scheduler, SchedulerConfig
 from kdeval.jobs.validate import parse_grid
-from kdeval.storage import CellState, CellView, RunIndex, RunState, RunView, age_seconds, clean_temp_files
+from kdeval.storage import (
+    TERMINAL_RUN_STATES, CellState, CellView, RunIndex, RunState, RunView, age_seconds, clean_temp_files,
+)
 
 DEFAULT_RESULTS_DIR = Path(".kdeval") / "results"
 
@@ -45,9 +47,8 @@ def _has_results(view: CellView) -> bool:
 
 def _done_ids(index: RunIndex, cells: list[CellSpec]) -> set[str]:
     """Cells done in the index whose Parquet file still exists."""
-    states = index.cell_states([c.id for c in cells])
-    views = (index.get_cell(cid) for cid, st in states.items() if st == CellState.DONE.value)
-    return {v.id for v in views if v is not None and _has_results(v)}
+    views = index.get_cells([c.id for c in cells], states=[CellState.DONE])
+    return {cid for cid, v in views.items() if _has_results(v)}
 
 
 def plan(index: RunIndex, grid: GridSpec) -> Plan:
@@ -159,7 +160,7 @@ def cancel_run(index: RunIndex, run_id: str) -> str:
     run = index.get_run(run_id)
     if run is None:
         raise LookupError(f"no run '{run_id}'")
-    if run.state in (RunState.DONE.value, RunState.FAILED.value, RunState.CANCELLED.value):
+    if run.state in TERMINAL_RUN_STATES:
         return run.state
     index.set_run_state(run.id, RunState.CANCELLED, "cancelled by user")
     return run.state

@@ -135,8 +135,8 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     return issues
 
 
-def parse_grid(text: str, source: str | None = None) -> GridSpec:
-    """Validate grid YAML text; raises :class:`GridError` listing every problem."""
+def load_mapping(text: str, source: str | None = None) -> dict:
+    """Grid YAML text as its top-level mapping; raises :class:`GridError` on bad YAML or a non-mapping."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -146,6 +146,11 @@ def parse_grid(text: str, source: str | None = None) -> GridSpec:
     if not isinstance(raw, dict):
         raise GridError([GridIssue("", "expected a mapping at the top level (models:, policies:, budgets:, "
                                        f"chunk_sizes:, tasks: ...), got {type(raw).__name__}")], source)
+    return raw
+
+
+def validate_mapping(raw: dict, source: str | None = None) -> GridSpec:
+    """Validate a grid's loaded top-level mapping; raises :class:`GridError` listing every problem."""
     issues = _unknown_keys(raw, GridSpec, [])
     try:
         grid = GridSpec.model_validate(raw)
@@ -156,6 +161,11 @@ def parse_grid(text: str, source: str | None = None) -> GridSpec:
     if issues:
         raise GridError(issues, source)
     return grid
+
+
+def parse_grid(text: str, source: str | None = None) -> GridSpec:
+    """Validate grid YAML text; raises :class:`GridError` listing every problem."""
+    return validate_mapping(load_mapping(text, source), source)
 
 
 def load_grid(path: str | Path) -> tuple[GridSpec, str]:

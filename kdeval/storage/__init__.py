@@ -7,6 +7,7 @@ Public API (used by the CLI and reports)::
     idx.list_runs()                    # [RunView] newest first, with per-state cell counts
     idx.get_run(ref)                   # RunView by id or unique prefix (None if unknown)
     idx.run_cells(run_id, states=None) # [CellView] in grid order (spec, state, summary, error, ...)
+    idx.get_cells(ids, states=None)    # {cell id: CellView} of the known cells among ids
     idx.cell_attempts(cell_id)         # [AttemptView] every attempt (done / failed / lost / timeout)
     idx.read_cell_table(cell_id)       # pyarrow.Table of the cell's per-sample rows
     idx.read_cell_rows(cell_id)        # the same as list[dict]
@@ -22,7 +23,7 @@ kept_tokens, length, depth, meta_json, ...) plus the metric's sub-score columns.
 """
 from kdeval.storage.db import DEFAULT_DB_PATH, db_url, make_engine, sqlite_path
 from kdeval.storage.index import RunIndex, age_seconds
-from kdeval.storage.models import AttemptState, CellState, RunState
+from kdeval.storage.models import TERMINAL_RUN_STATES, AttemptState, CellState, RunState
 from kdeval.storage.parquet import (
     clean_temp_files, list_result_files, list_temp_files, read_cell_rows, read_cell_table,
     write_cell_rows,
@@ -31,7 +32,7 @@ from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_
 
 __all__ = [
     "DEFAULT_DB_PATH", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds",
-    "AttemptState", "CellState", "RunState", "clean_temp_files", "list_result_files",
+    "AttemptState", "CellState", "RunState", "TERMINAL_RUN_STATES", "clean_temp_files", "list_result_files",
     "list_temp_files", "read_cell_rows", "read_cell_table", "write_cell_rows", "AttemptView",
     "CellRecord", "CellView", "RunView", "to_jsonable",
 ]

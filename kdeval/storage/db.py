@@ -41,36 +41,39 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    """WAL lets readers (``kdeval status``) read while the driver writes; busy_timeout waits for locks."""
+    """WAL lets readers (``kdeval status``) read while the driver writes (the busy timeout that waits
+    for locks is set by ``make_engine``'s ``timeout`` connect argument)."""
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_MS)}")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
 
-def make_engine(db: str | Path | None = None, *, create: bool = True) -> Engine:
-    """Create an engine for ``db`` (URL or path); with ``create`` make the tables if missing."""
+def make_engine(db: str | Path | None = None) -> Engine:
+    """Create an engine for ``db`` (URL or path) and make the tables if missing."""
     url = db_url(db)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    if create:
-        _create_tables(engine)
+    _create_tables(engine)
     return engine
 
 
-def _create_tables(engine: Engine, tries: int = 5) -> None:
+#: How often ``_create_tables`` tries when another process creates the same tables at the same moment.
+_CREATE_TRIES = 5
+
+
+def _create_tables(engine: Engine) -> None:
     """``create_all``, tolerating another process creating the same tables at the same moment."""
-    for attempt in range(tries):
+    for attempt in range(_CREATE_TRIES):
         try:
             Base.metadata.create_all(engine)
             return
         except OperationalError as e:
-            if "already exists" not in str(e) or attempt == tries - 1:
+            if "already exists" not in str(e) or attempt == _CREATE_TRIES - 1:
                 raise
             time.sleep(0.05 * (attempt + 1))
 

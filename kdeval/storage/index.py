@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from sqlalchemy import func, select, update
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from kdeval.storage.db import make_engine, make_session_factory
 from kdeval.storage.models import (
-    Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, utcnow,
+    TERMINAL_RUN_STATES, Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, utcnow,
 )
 from kdeval.storage.parquet import read_cell_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
@@ -76,21 +76,26 @@ class RunIndex:
             q = select(Run.id, Run.state).where(Run.grid_hash == grid_hash).order_by(Run.created_at.desc())
             return [(rid, st) for rid, st in s.execute(q).all()]
 
+    @staticmethod
+    def _resolve(s: Session, ref: str) -> Run | None:
+        """The run with id ``ref``, else the only run whose id starts with ``ref``, else None."""
+        run = s.get(Run, ref)
+        if run is not None:
+            return run
+        runs = s.scalars(select(Run).where(Run.id.startswith(ref, autoescape=True)).limit(2)).all()
+        return runs[0] if len(runs) == 1 else None
+
     def resolve_run_id(self, ref: str) -> str | None:
         """A full run id from an id or a unique prefix of one; None when none or ambiguous."""
         with self.session() as s:
-            if s.get(Run, ref) is not None:
-                return ref
-            ids = s.scalars(select(Run.id).where(Run.id.startswith(ref, autoescape=True))).all()
-        return ids[0] if len(ids) == 1 else None
+            run = self._resolve(s, ref)
+            return None if run is None else run.id
 
     def get_run(self, run_id: str) -> RunView | None:
         """One run (by id or unique prefix), or None."""
-        rid = self.resolve_run_id(run_id)
-        if rid is None:
-            return None
         with self.session() as s:
-            return RunView.of(s.get(Run, rid), self._counts(s, rid).get(rid, {}))
+            run = self._resolve(s, run_id)
+            return None if run is None else RunView.of(run, self._counts(s, run.id).get(run.id, {}))
 
     def run_cells(self, run_id: str, states: Iterable[str] | None = None) -> list[CellView]:
         """The cells of a run in grid order, optionally only those in ``states``."""
@@ -121,15 +126,31 @@ class RunIndex:
             rows = s.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.id))
             return [AttemptView.of(a) for a in rows.all()]
 
+    def get_cells(self, cell_ids: Sequence[str], states: Iterable[str] | None = None) -> dict[str, CellView]:
+        """The known cells among ``cell_ids`` by id (unknown ids are absent), optionally only those in
+        ``states``; one query per 500 ids."""
+        wanted = None if states is None else [str(getattr(x, "value", x)) for x in states]
+        out: dict[str, CellView] = {}
+        with self.session() as s:
+            for chunk in _chunks(cell_ids):
+                q = select(Cell).where(Cell.id.in_(chunk))
+                if wanted is not None:
+                    q = q.where(Cell.state.in_(wanted))
+                out.update({c.id: CellView.of(c) for c in s.scalars(q).all()})
+        return out
+
+    @staticmethod
+    def _cell_states(s: Session, cell_ids: Sequence[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for chunk in _chunks(cell_ids):
+            q = select(Cell.id, Cell.state).where(Cell.id.in_(chunk))
+            out.update({cid: st for cid, st in s.execute(q).all()})
+        return out
+
     def cell_states(self, cell_ids: Sequence[str]) -> dict[str, str]:
         """State of each known cell among ``cell_ids`` (unknown ids are absent)."""
-        out: dict[str, str] = {}
-        ids = list(cell_ids)
         with self.session() as s:
-            for i in range(0, len(ids), 500):
-                q = select(Cell.id, Cell.state).where(Cell.id.in_(ids[i:i + 500]))
-                out.update({cid: st for cid, st in s.execute(q).all()})
-        return out
+            return self._cell_states(s, cell_ids)
 
     def read_cell_table(self, cell_id: str) -> pa.Table:
         """A done cell's per-sample rows as a pyarrow Table (raises ``LookupError`` if not done)."""
@@ -152,7 +173,7 @@ class RunIndex:
             s.add(Run(id=run_id, name=name, grid_yaml=grid_yaml, grid_hash=grid_hash,
                       results_dir=results_dir, kdeval_version=kdeval_version, n_cells=len(cells),
                       state=RunState.PENDING.value))
-            known = set(self.cell_states([c.id for c in cells]).keys())
+            known = set(self._cell_states(s, [c.id for c in cells]))
             for pos, c in enumerate(cells):
                 if c.id not in known:
                     s.add(Cell(id=c.id, spec=c.spec, model=c.model, policy=c.policy, budget=c.budget,
@@ -165,7 +186,7 @@ class RunIndex:
         values: dict[str, Any] = {"state": state.value}
         if message is not None:
             values["message"] = message
-        if state in (RunState.DONE, RunState.FAILED, RunState.CANCELLED):
+        if state.value in TERMINAL_RUN_STATES:
             values["finished_at"] = utcnow()
         with self.session() as s, s.begin():
             s.execute(update(Run).where(Run.id == run_id).values(**values))
@@ -260,6 +281,13 @@ class RunIndex:
         """Replace a cell's summary scores (``kdeval rescore``)."""
         with self.session() as s, s.begin():
             s.execute(update(Cell).where(Cell.id == cell_id).values(summary=summary))
+
+
+def _chunks(ids: Sequence[str], size: int = 500) -> Iterator[list[str]]:
+    """``ids`` in lists of at most ``size`` (keeps ``IN (...)`` under SQLite's variable limit)."""
+    ids = list(ids)
+    for i in range(0, len(ids), size):
+        yield ids[i:i + size]
 
 
 def age_seconds(ts: datetime | None) -> float | None:

@@ -37,6 +37,10 @@ class RunState(str, enum.Enum):
     CANCELLED = "cancelled"  # ``kdeval cancel``: the driver stops dispatching and exits
 
 
+#: Run states a run ends in (``RunState`` values): its driver is gone and ``finished_at`` is set.
+TERMINAL_RUN_STATES = frozenset({RunState.DONE.value, RunState.FAILED.value, RunState.CANCELLED.value})
+
+
 class CellState(str, enum.Enum):
     """Lifecycle of a cell (shared by all runs that contain it)."""
 

@@ -58,20 +58,20 @@ def read_cell_rows(results_dir: str | Path, result_path: str) -> list[dict[str, 
     return read_cell_table(results_dir, result_path).to_pylist()
 
 
+def _cell_files(results_dir: str | Path, pattern: str) -> list[Path]:
+    """Files matching ``pattern`` under ``<results_dir>/cells``, sorted (none when it does not exist)."""
+    root = Path(results_dir) / "cells"
+    return sorted(root.rglob(pattern)) if root.is_dir() else []
+
+
 def list_result_files(results_dir: str | Path) -> list[Path]:
     """All finished cell files (temp files excluded)."""
-    root = Path(results_dir) / "cells"
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith(TMP_PREFIX))
+    return [p for p in _cell_files(results_dir, "*.parquet") if not p.name.startswith(TMP_PREFIX)]
 
 
 def list_temp_files(results_dir: str | Path) -> list[Path]:
     """Leftover temp files (a writer died between write and rename)."""
-    root = Path(results_dir) / "cells"
-    if not root.is_dir():
-        return []
-    return sorted(root.rglob(f"{TMP_PREFIX}*.parquet"))
+    return _cell_files(results_dir, f"{TMP_PREFIX}*.parquet")
 
 
 def clean_temp_files(results_dir: str | Path) -> int:

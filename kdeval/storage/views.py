@@ -1,7 +1,7 @@
 """Typed, session-independent snapshots of index rows, returned by :class:`kdeval.storage.index.RunIndex`."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +16,11 @@ def to_jsonable(view: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
             continue
         out[k] = v.isoformat() + ("Z" if v.tzinfo is None else "") if isinstance(v, datetime) else v
     return out
+
+
+def _from_row(cls: type, row: Any, **overrides: Any) -> Any:
+    """A view of an ORM row: each field the row's attribute of the same name, unless in ``overrides``."""
+    return cls(**{f.name: overrides[f.name] if f.name in overrides else getattr(row, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -52,12 +57,7 @@ class RunView:
 
     @classmethod
     def of(cls, run: Run, counts: dict[str, int]) -> "RunView":
-        return cls(
-            id=run.id, name=run.name, state=run.state, n_cells=run.n_cells, counts=dict(counts),
-            results_dir=run.results_dir, created_at=run.created_at, started_at=run.started_at,
-            finished_at=run.finished_at, heartbeat_at=run.heartbeat_at, driver_host=run.driver_host,
-            driver_pid=run.driver_pid, message=run.message, grid_yaml=run.grid_yaml,
-        )
+        return _from_row(cls, run, counts=dict(counts))
 
 
 @dataclass(frozen=True)
@@ -87,16 +87,7 @@ class CellView:
 
     @classmethod
     def of(cls, cell: Cell) -> "CellView":
-        return cls(
-            id=cell.id, model=cell.model, policy=cell.policy, budget=cell.budget,
-            chunk_size=cell.chunk_size, task=cell.task, state=cell.state, n_attempts=cell.n_attempts,
-            worker=cell.worker, node=cell.node, started_at=cell.started_at,
-            finished_at=cell.finished_at, duration_s=cell.duration_s,
-            peak_memory_bytes=cell.peak_memory_bytes,
-            summary=dict(cell.summary) if cell.summary else None, error=cell.error,
-            results_dir=cell.results_dir, result_path=cell.result_path, n_rows=cell.n_rows,
-            spec=dict(cell.spec or {}),
-        )
+        return _from_row(cls, cell, summary=dict(cell.summary) if cell.summary else None, spec=dict(cell.spec or {}))
 
     @property
     def error_line(self) -> str | None:
@@ -126,8 +117,4 @@ class AttemptView:
 
     @classmethod
     def of(cls, a: Attempt) -> "AttemptView":
-        return cls(
-            id=a.id, cell_id=a.cell_id, run_id=a.run_id, number=a.number, state=a.state,
-            worker=a.worker, node=a.node, started_at=a.started_at, finished_at=a.finished_at,
-            duration_s=a.duration_s, peak_memory_bytes=a.peak_memory_bytes, error=a.error,
-        )
+        return _from_row(cls, a)

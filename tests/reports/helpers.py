@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from kdeval.jobs.cells import TaskRef
 from kdeval.storage import AttemptState, CellRecord, RunIndex, RunState, write_cell_rows
 
 
@@ -28,8 +29,8 @@ class FakeCell:
 
     @property
     def label(self) -> str:
-        length = f"@{self.length}" if self.length is not None else ""
-        return f"{self.task}{length}#s{self.seed}"
+        """The label the index stores for this cell's task (data version and sample count do not enter it)."""
+        return TaskRef(name=self.task, data_version="1", length=self.length, samples=1, seed=self.seed).label
 
     def spec(self, version: str) -> dict[str, Any]:
         return {"model": {"id": self.model}, "policy": self.policy, "policy_params": self.params,

@@ -1,4 +1,4 @@
-"""Fixtures of the service tests: temp index + results dirs, a local Ray, stub grids."""
+"""Fixtures of the service tests: temp index + results dirs, a local Ray, stub grids, the CLI app."""
 from __future__ import annotations
 
 import os
@@ -43,3 +43,15 @@ def local_ray():
              logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def app():
+    """A Typer app with the service commands (submit, status, ls, cancel, resume, rescore)."""
+    import typer
+
+    from kdeval.cli import service_cmds
+
+    a = typer.Typer()
+    service_cmds.register(a)
+    return a

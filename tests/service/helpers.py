@@ -1,8 +1,10 @@
-"""Shared helpers of the service tests: submit a stub grid, inspect the index and the Parquet files."""
+"""Shared helpers of the service tests: submit a stub grid, inspect the index and the Parquet files, wait."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import pyarrow.parquet as pq
 
@@ -36,3 +38,13 @@ def assert_results_consistent(idx: RunIndex, run_id: str, results: Path, samples
 def attempt_states(idx: RunIndex, run_id: str) -> Counter:
     """How many attempts of the run ended in each state."""
     return Counter(a.state for a in idx.run_attempts(run_id))
+
+
+def wait_until(pred: Callable[[], object], timeout: float, what: str, every: float = 0.1) -> None:
+    """Poll ``pred`` every ``every`` seconds until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from kdeval.cli import service_cmds
@@ -16,13 +15,6 @@ from .conftest import stub_grid
 from .test_grid import BASE
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def app() -> typer.Typer:
-    a = typer.Typer()
-    service_cmds.register(a)
-    return a
 
 
 def _snapshot(folder: Path) -> dict[str, str]:

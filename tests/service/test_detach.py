@@ -6,19 +6,16 @@ import re
 import signal
 import time
 
-import typer
 from typer.testing import CliRunner
 
-from kdeval.cli import service_cmds
 from kdeval.storage import RunIndex
 
 from .conftest import stub_grid
+from .helpers import wait_until
 
 
-def test_detached_submit_finishes_in_background(paths, monkeypatch):
+def test_detached_submit_finishes_in_background(app, paths, monkeypatch):
     monkeypatch.chdir(paths["tmp"])
-    app = typer.Typer()
-    service_cmds.register(app)
     grid = paths["tmp"] / "g.yaml"
     grid.write_text(stub_grid(workers=1))
     t0 = time.monotonic()
@@ -29,9 +26,7 @@ def test_detached_submit_finishes_in_background(paths, monkeypatch):
     try:
         idx = RunIndex.open(paths["db"])
         run_id = idx.list_runs()[0].id
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and idx.get_run(run_id).state not in ("done", "failed"):
-            time.sleep(0.3)
+        wait_until(lambda: idx.get_run(run_id).state in ("done", "failed"), 90, "the run to finish", every=0.3)
         run = idx.get_run(run_id)
         assert run.state == "done" and run.counts == {"done": 5}, run
         assert run.driver_pid == pid

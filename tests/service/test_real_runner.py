@@ -5,10 +5,8 @@ import pytest
 
 pytest.importorskip("kdeval.evals.runner")
 
-import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from kdeval.cli import service_cmds  # noqa: E402
 from kdeval.jobs import service  # noqa: E402
 from kdeval.jobs.rescore import rescore_run  # noqa: E402
 from kdeval.storage import read_cell_rows, write_cell_rows  # noqa: E402
@@ -28,7 +26,7 @@ resources: {workers: 1}
 """
 
 
-def test_real_cells_store_rows_and_rescore_restores_scores(local_ray, paths):
+def test_real_cells_store_rows_and_rescore_restores_scores(local_ray, app, paths):
     idx, run_id, plan = new_run(paths["db"], paths["results"], GRID)
     assert len(plan.cells) == 3
     out = service.execute_run(idx, run_id)
@@ -49,8 +47,6 @@ def test_real_cells_store_rows_and_rescore_restores_scores(local_ray, paths):
     original = rows[0]["score"]
     rows[0]["score"] = 0.5
     write_cell_rows(cell.results_dir, cell.id, rows)
-    app = typer.Typer()
-    service_cmds.register(app)
     res = CliRunner().invoke(app, ["rescore", run_id, "--db", str(paths["db"])])
     assert res.exit_code == 0 and "rescored 3 cells (6 rows, 1 scores changed)" in res.output, res.output
     assert rescore_run(idx, run_id).changed == 0  # idempotent

@@ -12,18 +12,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from kdeval.cli import service_cmds
 from kdeval.jobs import service
 from kdeval.storage import RunIndex
 
-from .helpers import assert_results_consistent, attempt_states, new_run
+from .helpers import assert_results_consistent, attempt_states, new_run, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
@@ -39,15 +36,6 @@ tasks: [{{name: needle, lengths: [256], samples: 4}}]
 resources: {{workers: 2, cpus_per_worker: 1, gpus_per_worker: 1, accelerator_type: A100}}
 retries: {{max_attempts: 3}}
 """  # 7 cells
-
-
-def _wait_until(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -83,7 +71,7 @@ def test_worker_node_killed_mid_run(cluster, paths):
     t = threading.Thread(target=lambda: result.update(out=service.execute_run(idx, run_id)))
     t.start()
     reader = RunIndex.open(paths["db"])
-    _wait_until(lambda: reader.get_run(run_id).counts.get("done", 0) >= 2, 60, "2 cells done")
+    wait_until(lambda: reader.get_run(run_id).counts.get("done", 0) >= 2, 60, "2 cells done")
     c.remove_node(n2, allow_graceful=False)
     c.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:A100": 1})  # capacity comes back
     t.join(timeout=120)
@@ -100,7 +88,7 @@ def test_worker_node_killed_mid_run(cluster, paths):
     assert all(a.node != _node_id(h100) for a in idx.run_attempts(run_id))
 
 
-def test_driver_sigkill_then_resume(cluster, paths):
+def test_driver_sigkill_then_resume(cluster, app, paths):
     c, _, h100 = cluster
     grid = paths["tmp"] / "grid.yaml"
     grid.write_text(GPU_GRID.format(cost=0.6))
@@ -113,10 +101,8 @@ def test_driver_sigkill_then_resume(cluster, paths):
          "--results-dir", str(results), "--address", c.address],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=paths["tmp"])
     runner = CliRunner()
-    app = typer.Typer()
-    service_cmds.register(app)
     try:
-        _wait_until(lambda: db.exists() and RunIndex.open(db).list_runs(), 60, "the run to be recorded")
+        wait_until(lambda: db.exists() and RunIndex.open(db).list_runs(), 60, "the run to be recorded")
         idx = RunIndex.open(db)
         run_id = idx.list_runs()[0].id
         reads = 0
@@ -128,7 +114,7 @@ def test_driver_sigkill_then_resume(cluster, paths):
             reads += 1
             return sum(1 for cell in json.loads(res.output)["cells"] if cell["state"] == "done") >= 2
 
-        _wait_until(two_done, 90, "2 cells done")
+        wait_until(two_done, 90, "2 cells done")
         assert reads >= 1
     finally:
         driver.send_signal(signal.SIGKILL)

@@ -11,7 +11,6 @@ from .conftest import stub_grid
 from .helpers import assert_results_consistent, attempt_states, new_run
 
 
-
 def test_run_completes_and_resubmit_runs_zero_cells(local_ray, paths):
     idx, run_id, plan = new_run(paths["db"], paths["results"], stub_grid())
     assert (len(plan.cells), len(plan.to_run)) == (5, 5)
@@ -116,7 +115,7 @@ def test_pick_prefers_held_model_and_does_not_steal_a_cell_its_holder_will_take(
     cells = expand(parse_grid(stub_grid().replace('models: ["stub:0.02"]', 'models: ["stub:1", "stub:2"]')))
     a, b = cells[0].model_key, cells[5].model_key
     sched = Scheduler(None, "r", cells, None, "res", SchedulerConfig(workers=2))
-    info = WorkerInfo("w", "n", "127.0.0.1", 1, 0, None)
+    info = WorkerInfo("w", "n")
     w0, w1 = _Slot("w0", None, info=info), _Slot("w1", None, info=info)
     sched.slots = [w0, w1]
     assert sched._pick(w0).model_key == a  # nobody holds anything: the first model

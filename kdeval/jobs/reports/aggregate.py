@@ -18,7 +18,7 @@ import numpy as np
 
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
-from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, load_run, task_of_label
+from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, load_run
 from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
 from kdeval.storage import RunIndex
 
@@ -119,17 +119,26 @@ class _Comparer:
         own = _samples(own_cells)
         ref = _samples([c for c in ref_cells.values() if c is not None])
         tasks = {c.task for c in own_cells} | {c.task for c in ref_cells.values() if c is not None}
+        states: dict[frozenset[str], tuple[str, str]] = {}  # per d.tasks: (state, ref_state)
         rows = []
         for d in metric_defs(tasks, Samples.concat([own, ref])):
-            rows.append(self._metric_row(config, d, slots, own, ref, ref_cells))
+            if d.tasks not in states:
+                states[d.tasks] = self._states(d.tasks, slots, ref_cells)
+            rows.append(self._metric_row(config, d, own, ref, *states[d.tasks]))
         return rows
 
-    def _metric_row(self, config: Config, d: MetricDef, slots: list[Slot], own: Samples, ref: Samples,
-                    ref_cells: dict[Slot, LoadedCell | None]) -> MetricRow:
+    def _states(self, tasks: frozenset[str], slots: list[Slot],
+                ref_cells: dict[Slot, LoadedCell | None]) -> tuple[str, str]:
+        """States of the own cells and of the reference cells of the ``slots`` that ran ``tasks``."""
+        # Every slot is in own or (comparing runs, where ref_slot(s) == s) in ref: one of them has its cell.
+        mine = [s for s in slots if (self.own.get(s) or ref_cells[s]).task in tasks]
+        state = cell_state([self.own[s] for s in mine if s in self.own], expected=len(mine))
+        ref_state = cell_state([ref_cells[s] for s in mine if ref_cells[s] is not None], expected=len(mine))
+        return state, ref_state
+
+    def _metric_row(self, config: Config, d: MetricDef, own: Samples, ref: Samples, state: str,
+                    ref_state: str) -> MetricRow:
         model, policy, budget, chunk = config
-        mine = [s for s in slots if self._task_of(s, ref_cells) in d.tasks]
-        own_cells = [self.own[s] for s in mine if s in self.own]
-        state = cell_state(own_cells, expected=len(mine))
         sel, value = _selected(own, d)
         base = dict(level=d.level, benchmark=d.benchmark, metric=d.metric, model=model, policy=policy,
                     budget=None if budget < 0 else budget, chunk=chunk, length=d.length,
@@ -137,8 +146,6 @@ class _Comparer:
                     value=rounded(value, "value"))
         if self.is_reference(config):
             return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
-        refs = [ref_cells[s] for s in mine if ref_cells.get(s) is not None]
-        ref_state = cell_state(refs, expected=len(mine))
         rsel, ref_value = _selected(ref, d)
         paired = _pair(sel, rsel)
         # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
@@ -154,16 +161,13 @@ class _Comparer:
         return MetricRow(**row, delta=rounded(ci.estimate, "delta"), ci_low=rounded(ci.low, "ci_low"),
                          ci_high=rounded(ci.high, "ci_high"), note=note)
 
-    def _task_of(self, slot: Slot, ref_cells: dict[Slot, LoadedCell | None]) -> str:
-        cell = self.own.get(slot) or ref_cells.get(slot)
-        return cell.task if cell is not None else task_of_label(slot.task)
-
     # ---------------------------------------------------------------- perf and cell states
     def perf_row(self, slot: Slot) -> PerfRow:
-        cell = self.own.get(slot)
+        """Speed and memory of the cell of one of this run's slots, and their ratios to its reference cell."""
+        cell = self.own[slot]
         ref = None if (self.by_full and slot.policy == FULL) else self.ref.get(self.ref_slot(slot))
         mine, theirs = _perf(cell), _perf(ref)
-        state = cell_state([cell] if cell else [])
+        state = cell_state([cell])
 
         def ratio(key: str, name: str) -> float | None:
             a, b = mine.get(key), theirs.get(key)
@@ -171,7 +175,7 @@ class _Comparer:
 
         return PerfRow(
             model=slot.model, policy=slot.policy, budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task,
-            state=state, n=len(cell.samples) if cell and cell.samples is not None else 0,
+            state=state, n=len(cell.samples) if cell.samples is not None else 0,
             prompt_tokens=rounded(mine.get("prompt_tokens"), "prompt_tokens"),
             ttft_median_s=rounded(mine.get("ttft"), "ttft_median_s"),
             decode_tok_s=rounded(mine.get("decode"), "decode_tok_s"),
@@ -183,17 +187,16 @@ class _Comparer:
     def cell_rows(self, compare_run: str) -> list[CellRow]:
         """Cells not done, and cells missing; ``run`` is the run that holds (or lacks) the cell."""
         rows: list[CellRow] = []
+        missing: dict[Slot, CellRow] = {}  # reference slots lacking a cell (listed after the cells not done)
         for slot, cell in sorted(self.own.items()):
             if not cell.done:
                 rows.append(_cell_row(cell.run, cell, slot, _not_done_state(cell)))
-        missing = set()
-        for slot in sorted(self.own):
             rs = self.ref_slot(slot)
             if rs not in self.ref and rs not in missing:
-                missing.add(rs)
-                lacking = self.own[slot].run if self.by_full else compare_run
+                lacking = cell.run if self.by_full else compare_run
                 why = "no full-cache cell to compare with" if self.by_full else "not in the reference run"
-                rows.append(_cell_row(lacking, None, rs, State.MISSING, why))
+                missing[rs] = _cell_row(lacking, None, rs, State.MISSING, why)
+        rows += missing.values()
         if not self.by_full:
             first = next(iter(self.own.values())).run if self.own else ""
             for slot, cell in sorted(self.ref.items()):

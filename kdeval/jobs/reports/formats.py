@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kdeval.jobs.reports.model import (
-    TABLES, Report, ReportMeta, format_value, row_from_dict, row_to_dict,
+    TABLES, Report, ReportMeta, format_value, row_from_dict,
 )
 
 
@@ -37,7 +37,7 @@ def to_json(report: Report) -> str:
     """The report as JSON text."""
     data: dict[str, Any] = {"meta": dataclasses.asdict(report.meta)}
     for name in TABLES:
-        data[name] = [row_to_dict(r) for r in _rows(report, name)]
+        data[name] = [dataclasses.asdict(r) for r in _rows(report, name)]
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
@@ -79,14 +79,13 @@ def to_markdown(report: Report) -> str:
     m = report.meta
     lines = ["# kdeval report", "",
              f"- runs: {', '.join(m.runs)}", f"- compared with: {m.compare}",
-             f"- delta: this − reference in points, paired by sample id; {int(m.confidence * 100)}% CI by "
-             f"paired bootstrap ({m.resamples} resamples, seed {m.seed})", f"- created: {m.created}"]
+             f"- delta: {m.method}", f"- created: {m.created}"]
     lines += [f"- note: {n}" for n in m.notes]
     for name in TABLES:
         fields = _fields(name)
         lines += ["", f"## {name}", "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
         for r in _rows(report, name):
-            lines.append("| " + " | ".join(_md_cell(v) for v in row_to_dict(r).values()) + " |")
+            lines.append("| " + " | ".join(_md_cell(v) for v in dataclasses.asdict(r).values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -131,7 +130,7 @@ def html_table(name: str, rows: list[Any], *, css_class: str = "") -> str:
     head = "".join(f"<th>{html.escape(f)}</th>" for f in fields)
     body = []
     for r in rows:
-        d = row_to_dict(r)
+        d = dataclasses.asdict(r)
         cls = html.escape(str(d.get("state", "")))
         tds = "".join(f"<td>{html.escape(format_value(v))}</td>" for v in d.values())
         body.append(f'<tr class="{cls}">{tds}</tr>')
@@ -197,8 +196,7 @@ def read_html_tables(text: str) -> dict[str, list[Any]]:
 
 
 def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8), creating the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``text`` (UTF-8) into an existing directory."""
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -209,5 +207,5 @@ def csv_text(report: Report, name: str) -> str:
     w = csv.writer(buf)
     w.writerow(_fields(name))
     for r in _rows(report, name):
-        w.writerow([format_value(v) for v in row_to_dict(r).values()])
+        w.writerow([format_value(v) for v in dataclasses.asdict(r).values()])
     return buf.getvalue()

@@ -48,8 +48,7 @@ def render_html(report: Report, plots: list[Plot], title: str = "kdeval report")
     m = report.meta
     ref = "the full cache (same model × chunk × task)" if m.compare == FULL else f"run {m.compare}"
     meta = [f"runs: {', '.join(m.runs)}", f"compared with: {ref}",
-            f"Δ = this − reference in points, paired by sample id; {int(m.confidence * 100)}% CI by paired "
-            f"bootstrap ({m.resamples} resamples, seed {m.seed})", f"created: {m.created}"] + list(m.notes)
+            f"Δ = {m.method}", f"created: {m.created}"] + list(m.notes)
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style><script>{_SCRIPT}</script></head><body>",
              f"<h1>{html.escape(title)}</h1><ul class=\"meta\">",

@@ -116,6 +116,12 @@ class ReportMeta:
     created: str               # ISO-8601 UTC
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def method(self) -> str:
+        """How deltas and their CIs are computed (one line of the Markdown and HTML headers)."""
+        return (f"this − reference in points, paired by sample id; {int(self.confidence * 100)}% CI by paired "
+                f"bootstrap ({self.resamples} resamples, seed {self.seed})")
+
 
 @dataclass(frozen=True)
 class Report:
@@ -141,11 +147,6 @@ def rounded(value: float | None, name: str) -> float | None:
     if value is None or value != value:
         return None
     return round(float(value), DIGITS.get(name, 4))
-
-
-def row_to_dict(row: Any) -> dict[str, Any]:
-    """A row as a flat dict (field order kept)."""
-    return {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
 
 
 def _coerce(text: Any, annotation: str) -> Any:

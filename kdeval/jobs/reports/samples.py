@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from kdeval.jobs.cells import policy_label
 from kdeval.storage import CellState, CellView, RunIndex, read_cell_table
 
 
@@ -38,14 +40,6 @@ class Slot:
         return None if self.budget < 0 else self.budget
 
 
-def policy_label(view: CellView) -> str:
-    """``name`` or ``name(k=v,...)`` from the cell's spec."""
-    params = (view.spec or {}).get("policy_params") or {}
-    if not params:
-        return view.policy
-    return f"{view.policy}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")"
-
-
 def task_of_label(label: str) -> str:
     """The task name of a task instance label: ``needle`` from ``needle@1024#s0``."""
     return label.split("@")[0].split("#")[0]
@@ -61,7 +55,7 @@ def task_name(view: CellView) -> str:
 
 def slot_of(view: CellView) -> Slot:
     """The slot of a cell."""
-    return Slot(view.model, policy_label(view), -1 if view.budget is None else int(view.budget),
+    return Slot(view.model, policy_label(view.policy, (view.spec or {}).get("policy_params") or {}), -1 if view.budget is None else int(view.budget),
                 int(view.chunk_size), view.task)
 
 
@@ -83,7 +77,6 @@ class Samples:
     length: np.ndarray     # target length (float, NaN when none)
     depth: np.ndarray      # needle depth (float, NaN when none)
     subset: np.ndarray     # "level 3" / "" (str)
-    prompt_tokens: np.ndarray  # float, NaN when absent
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -96,7 +89,7 @@ class Samples:
     def concat(parts: list["Samples"]) -> "Samples":
         """All samples of ``parts`` (an empty table for none)."""
         if not parts:
-            return Samples(*(np.array([], dtype=d) for d in (object, object, float, float, float, object, float)))
+            return Samples(*(np.array([], dtype=d) for d in (object, object, float, float, float, object)))
         return Samples(**{name: np.concatenate([getattr(p, name) for p in parts])
                           for name in Samples.__dataclass_fields__})
 
@@ -118,10 +111,12 @@ class LoadedCell:
         return self.samples is not None
 
 
-def _column(table: pa.Table, name: str, default: float = np.nan) -> np.ndarray:
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    """Column ``name`` as floats (NaN where null or absent; may be a read-only view of the table)."""
     if name not in table.column_names:
-        return np.full(table.num_rows, default, dtype=float)
-    return np.array([default if v is None else float(v) for v in table.column(name).to_pylist()], dtype=float)
+        return np.full(table.num_rows, np.nan, dtype=float)
+    # safe=False: integers beyond 2**53 round as float() does instead of raising.
+    return pc.cast(table.column(name), pa.float64(), safe=False).to_numpy(zero_copy_only=False)
 
 
 def _metas(table: pa.Table) -> list[dict[str, Any]]:
@@ -156,7 +151,6 @@ def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
         length=length,
         depth=_column(table, "depth"),
         subset=np.array(["" if v is None else f"level {v}" for v in levels], dtype=object),
-        prompt_tokens=_column(table, "prompt_tokens"),
     )
 
 

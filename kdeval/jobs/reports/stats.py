@@ -59,10 +59,10 @@ def paired_bootstrap(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if resamples < 0:
         raise ValueError(f"resamples must be >= 0, got {resamples}")
-    groups = [np.arange(diffs.size)] if strata is None else _groups(strata)
-    estimate = float(np.mean([diffs[g].mean() for g in groups]))
+    estimate = stratified_mean(diffs, strata)
     if resamples == 0:
         return Interval(estimate, estimate, estimate)
+    groups = [np.arange(diffs.size)] if strata is None else _groups(strata)
     rng = np.random.default_rng(seed)
     total = np.zeros(resamples)
     for g in groups:
