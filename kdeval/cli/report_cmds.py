@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
-from kdeval.cli.service_cmds import DB_HELP
+from kdeval.cli.index_access import DB_HELP, open_index
 from kdeval.jobs.reports import Report, ReportOptions, build_report
 from kdeval.jobs.reports import formats
 from kdeval.jobs.reports.output import parse_formats, write_report
@@ -71,7 +71,8 @@ def report(
     """Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."""
     with bad_input():
         fmts = parse_formats(fmt)
-        index = RunIndex.open(db)
+    index = open_index(db)
+    with bad_input():
         run_ids = list(runs) if runs else _latest_run(index)
         rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
                                                         results_dir=results_dir))
@@ -104,7 +105,8 @@ def nightly(
 
     with bad_input():
         nf = nightly_job.load_nightly(nightly_file)
-        index = RunIndex.open(db)
+    index = open_index(db, must_exist=run is not None)  # gating an existing run needs an existing index
+    with bad_input():
         try:
             outcome = nightly_job.run_nightly(index, nf, results_dir=results_dir, address=address,
                                               report_dir=out_dir, baseline=baseline, existing_run=run)

@@ -23,34 +23,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
+from kdeval.cli.index_access import DB_HELP, missing_index, open_index
 from kdeval.jobs import service
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.scheduler import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
-    DEFAULT_DB_PATH, TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, sqlite_path,
-    to_jsonable,
+    TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, to_jsonable,
 )
 
 out = Console()
 err = Console(stderr=True)
-
-DB_HELP = f"Index database: a path or a SQLAlchemy URL (default {DEFAULT_DB_PATH})."
-
-
-def _missing_index(db: Optional[str]) -> Optional[Path]:
-    """The SQLite file ``db`` names if it does not exist yet; None when it exists (or is not SQLite)."""
-    path = sqlite_path(db_url(db, make_dirs=False))
-    return path if path is not None and not path.is_file() else None
-
-
-def _open(db: Optional[str], *, must_exist: bool = True) -> RunIndex:
-    """Open the index; read-only commands never create a missing SQLite file."""
-    missing = _missing_index(db) if must_exist else None
-    if missing is not None:
-        err.print(f"no index at {missing} (nothing submitted yet?); pass --db to use another one")
-        raise typer.Exit(EXIT_BAD_INPUT)
-    return RunIndex.open(db)
 
 
 def _run_or_exit(index: RunIndex, ref: str):
@@ -213,7 +196,7 @@ def submit(
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
     if dry_run:
-        exists = _missing_index(db) is None  # a dry run never creates the index
+        exists = missing_index(db) is None  # a dry run never creates the index
         p = service.plan(RunIndex.open(db), grid) if exists else service.Plan(service.expand(grid), set())
         t = Table(title=f"{grid.name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
         for col in ("cell", "state", "spec"):
@@ -226,7 +209,7 @@ def submit(
         _detach_ray_job(grid_file, db, results_dir, address)  # the run is recorded on the cluster
         raise typer.Exit(EXIT_OK)
     results_dir = results_dir or service.DEFAULT_RESULTS_DIR
-    index = _open(db, must_exist=False)
+    index = open_index(db, must_exist=False)
     run_id, p = service.create_run(index, grid, text, results_dir)
     out.print(f"run [bold]{run_id}[/]: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
     if detach:
@@ -241,7 +224,7 @@ def resume(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address."),
 ) -> None:
     """Finish a run: retry failed and lost cells, never recompute done ones."""
-    index = _open(db)
+    index = open_index(db)
     r = _run_or_exit(index, run)
     if service.driver_alive(r):
         err.print(f"error: run {r.id} is still being run by pid {r.driver_pid} on {r.driver_host}; "
@@ -257,7 +240,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Per-run and per-state counts; a run's cells with worker/node and failures with their error."""
-    index = _open(db)
+    index = open_index(db)
     run_id = _run_or_exit(index, run).id if run else None
     if as_json:
         print(_status_json(index, run_id))
@@ -277,7 +260,7 @@ def status(
 
 def ls(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """List runs, newest first."""
-    out.print(_runs_table(_open(db)))
+    out.print(_runs_table(open_index(db)))
 
 
 def cancel(
@@ -285,7 +268,7 @@ def cancel(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Cancel a run: its driver stops dispatching at its next heartbeat and kills its workers."""
-    index = _open(db)
+    index = open_index(db)
     r = _run_or_exit(index, run)
     before = service.cancel_run(index, r.id)
     if before in TERMINAL_RUN_STATES:
@@ -301,7 +284,7 @@ def rescore(
     """Recompute every stored prediction's score with the current metric code."""
     from kdeval.jobs.rescore import rescore_run
 
-    index = _open(db)
+    index = open_index(db)
     r = _run_or_exit(index, run)
     with bad_input():
         report = rescore_run(index, r.id)

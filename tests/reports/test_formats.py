@@ -77,6 +77,13 @@ def test_cli_report_bad_input(store):
     assert res.exit_code == 2 and "unknown format 'pdf'" in res.output
 
 
+def test_cli_report_never_creates_an_index(tmp_path):
+    db = tmp_path / "typo" / "index.sqlite"
+    res = CliRunner().invoke(app, ["report", "--db", str(db)])
+    assert res.exit_code == 2 and "no index at" in res.output, res.output
+    assert not db.exists() and not db.parent.exists()
+
+
 def test_cli_report_json_to_stdout(store, report):
     idx, _ = store
     res = CliRunner().invoke(app, ["report", "r1", "--db", str(idx.engine.url), "--format", "json",

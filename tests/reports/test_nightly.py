@@ -158,6 +158,9 @@ def test_cli_nightly_gates_an_existing_run(store, tmp_path):
     assert res2.exit_code == 0, res2.output  # a run against itself: no baseline comparison, no failures
     bad = CliRunner().invoke(app, ["nightly", str(tmp_path / "missing.yaml"), "--db", db])
     assert bad.exit_code == 2
+    nowhere = tmp_path / "typo.sqlite"
+    gone = CliRunner().invoke(app, ["nightly", str(path), "--db", str(nowhere), "--run", "after"])
+    assert gone.exit_code == 2 and "no index at" in gone.output and not nowhere.exists(), gone.output
 
 
 def test_example_nightly_file_is_valid():
