@@ -43,7 +43,7 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
     """``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
     the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
     "-compiled" for ``compile_scoring``, "-blocks" for ``compile_blocks``, "-splitS" for
-    ``attention_splits=S`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
+    ``attention_splits=S``, "-flex" for ``flex_attention`` and/or "-fp32scores" for ``score_precision="float32"`` (TOVA, SnapKV
     and H2O's captured logits in float32, as before that option existed); a trailing :data:`REUSED` is handled
     by the caller."""
     from kdeval.keydiff import EngineConfig
@@ -57,4 +57,5 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
                         fuse_layers="fused" in options, compile_scoring="compiled" in options,
                         compile_blocks="blocks" in options,
                         attention_splits=next((int(o[5:]) for o in options if o.startswith("split")), 0),
+                        flex_attention="flex" in options,
                         score_precision="float32" if "fp32scores" in options else "model")

@@ -3,7 +3,8 @@
 1. Exactness first: on a 4-layer float64 Llama-3.2-3B-shaped random model the slot store, the static layout
    run eagerly and the static layout captured as CUDA graphs give the gather store's tokens and kept sets, for
    every policy timed below. On the full-depth bf16 model the captured graphs give exactly the tokens, kept
-   sets and logits of the same static step run eagerly.
+   sets and logits of the same static step run eagerly. A float32 check puts FlexAttention (``flex_attention``)
+   beside that step and the gather store.
 2. Then timing, side by side in one run: one-pass prefill, one-pass + KeyDiff compression (what kvpress does),
    and chunked KeyDiff / full / TOVA / SnapKV / H2O / StreamingLLM at several chunk sizes B and prompt lengths
    L, N = 8K, on Llama-3.2-3B- and Llama-3.1-8B-shaped models with random bf16 weights. Time (a whole request:
@@ -44,14 +45,19 @@ def quick_plan() -> list[dict]:
         dict(part="compiled-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
              B=256),
         dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096], budget=1024, B=256),
+        dict(part="flex-vs-sdpa", shape="llama-3.2-3b", layers=4, dtype="float32", lengths=[4096], budget=1024,
+             B=256),
         # L = N: every chunk is a room step (the eviction-overhead target)
         dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"),
-                                                      ("sink", 128, "graphs"), ("full", 128, "plain")]),
+                                                      ("sink", 128, "graphs"), ("full", 128, "plain"),
+                                                      ("keydiff", 128, "graphs-flex"),
+                                                      ("keydiff", 128, "graphs-fused-compiled-blocks-flex")]),
         # in order of what decides the defaults: a case past the deadline is skipped
         dict(part="time", **t3, lengths=[32768], cases=[
             ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 128, "graphs-fused-compiled"),
             ("keydiff", 128, "graphs-fused-blocks"), ("keydiff", 128, "graphs-fused-compiled-blocks"),
             ("keydiff", 128, "graphs-fused-split8"), ("keydiff", 128, "graphs-fused-compiled-blocks-split8"),
+            ("keydiff", 128, "graphs-fused-flex"), ("keydiff", 128, "graphs-fused-compiled-blocks-flex"),
             ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fp32scores"), ("h2o", 128, "graphs-fused"),
             ("h2o", 128, "graphs-fused-compiled-blocks"), ("snapkv", 128, "graphs"),
             ("snapkv", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs-fused"), ("tova", 128, "graphs"),
@@ -73,13 +79,15 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
             dict(part="fused-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
             dict(part="compiled-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256,
                  B=64),
+            dict(part="flex-vs-sdpa", shape="cpu-tiny", dtype="float32", lengths=[600, 200], budget=256, B=64),
             dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 64, "graphs-fused"),
                                                           ("keydiff", 128, "plain"), ("full", 128, "plain"),
                                                           ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
                                                           ("keydiff", 64, "graphs-fused-compiled"),
                                                           ("h2o", 128, "graphs-fp32scores"),
                                                           ("keydiff", 64, "graphs-fused-compiled-blocks"),
-                                                          ("keydiff", 64, "graphs-fused-split8")]),
+                                                          ("keydiff", 64, "graphs-fused-split8"),
+                                                          ("keydiff", 64, "graphs-fused-flex")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
@@ -256,6 +264,11 @@ def child(spec: dict, device: str, out: Path, deadline: float) -> None:
             compare(spec, device, emit, [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
                                          ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks"),
                                          ("slot", "graphs-fused-compiled-blocks-split8")])
+        elif spec["part"] == "flex-vs-sdpa":
+            graphs = "graphs" if device == "cuda" else "static-eager"
+            compare(spec, device, emit, [("slot", "static-eager"), ("slot", "static-eager-flex"),
+                                         ("slot", graphs + "-flex"), ("slot", graphs + "-fused-compiled-blocks-flex"),
+                                         ("gather", "plain")])
         elif spec["part"] == "graphs-vs-eager":
             graphs = "graphs" if device == "cuda" else "static-eager"
             compare(spec, device, emit, [("slot", "static-eager"), ("slot", graphs), ("slot", graphs + REUSED),

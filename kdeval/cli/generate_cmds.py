@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
                                              help="with graphs: compile the policy's scoring (torch.compile)"),
         compile_blocks: bool = typer.Option(False, help="with graphs: compile the layers' norms, MLP and rotary"),
         attention_splits: int = typer.Option(0, help="with graphs: attend to a full cache in this many key splits"),
+        flex_attention: bool = typer.Option(False, help="with graphs: FlexAttention, skipping empty cache slots"),
         score_precision: str = typer.Option("model", help="TOVA/SnapKV/H2O logits in a half-precision model: "
                                                           "model (its precision) or float32"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -74,6 +75,7 @@ def register(app: typer.Typer) -> None:
             config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
                                   cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring,
                                   compile_blocks=compile_blocks, attention_splits=attention_splits,
+                                  flex_attention=flex_attention,
                                   score_precision=score_precision)
             lm = load_model(model, dtype=dtype, device=device)
             ids = build_prompt_ids(lm.tokenizer, text, chat)

@@ -123,6 +123,9 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     if uneven:
         issues.append(GridIssue("engine.attention_splits", f"must divide every budget into equal splits; "
                                                            f"{splits} does not divide {uneven[0]}"))
+    if grid.engine.flex_attention and splits:
+        issues.append(GridIssue("engine.flex_attention", "FlexAttention replaces attention_splits; "
+                                                         "set one of them, not both"))
     if res.accelerator_type and res.gpus_per_worker <= 0:
         issues.append(GridIssue("resources.gpus_per_worker",
                                 f"must be > 0 when accelerator_type is set (got {res.gpus_per_worker})"))

@@ -17,6 +17,8 @@ from typing import Iterator
 
 import torch
 
+from kdeval.keydiff.compiling import compile_fn
+
 #: class-name endings of the modules compiled (Llama, Qwen2, Mistral, ... name them this way)
 COMPILED_MODULES = ("RMSNorm", "MLP")
 
@@ -27,12 +29,12 @@ def _call(module: torch.nn.Module, *args, **kwargs):
 
 @functools.cache
 def _compiled_call():
-    return torch.compile(_call)
+    return compile_fn(_call)
 
 
 @functools.cache
 def _compiled_function(fn):
-    return torch.compile(fn)
+    return compile_fn(fn)
 
 
 class CompiledBlocks:

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -20,67 +19,13 @@ from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCaptur
                                      static_mask)
 from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
+from kdeval.keydiff.compiling import compile_fn
+from kdeval.keydiff.config import EngineConfig
+from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy, ScoreContext, protect
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
-
-STORES = ("slot", "gather")
-SCORE_PRECISIONS = ("model", "float32")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """``budget`` N: tokens kept per layer per KV head (``None``: no eviction); ``chunk_size`` B."""
-
-    budget: int | None = None
-    chunk_size: int = 128
-    max_new_tokens: int = 32
-    store: str = "slot"
-    #: capture the full-chunk step and the decode step as CUDA graphs (static slot layout); ``None``: on when
-    #: the model is on CUDA (checked on an H200 by bench/gpu_check.py, see bench/RESULTS.md).
-    #: ``emulate_graphs`` runs the same static-layout step with plain calls instead of graph replays (tests
-    #: without CUDA; on CUDA, the eager reference the captured graphs are checked against).
-    cuda_graphs: bool | None = None
-    emulate_graphs: bool = False
-    #: with graphs: score and evict all layers at once (one batch of ``layers * batch`` rows over shared
-    #: buffers) instead of layer by layer: ~28x fewer, larger kernels per step. Off until measured on a GPU.
-    fuse_layers: bool = False
-    #: with graphs: run the policy's scoring through ``torch.compile`` (on CUDA, inductor's fused kernels: the
-    #: keys read in a couple of passes, no float32 copy of them, no cuBLAS matrix-vector products). The graph
-    #: path's shapes are fixed, so it compiles once per policy class and shape. Off until measured on a GPU.
-    compile_scoring: bool = False
-    #: precision of the attention logits captured for TOVA, SnapKV and H2O in a half-precision model: "model"
-    #: (a half-precision product with float32 accumulation, then a float32 softmax, as in transformers'
-    #: eager attention and kvpress) or "float32" (the keys copied to float32 first). No effect otherwise.
-    score_precision: str = "model"
-    #: with graphs: compile the decoder layers' cache-free blocks (RMSNorms, MLP, rotary embedding) with
-    #: ``torch.compile`` (kdeval/keydiff/blocks.py): fewer, fused kernels per step. Off until measured on a GPU.
-    compile_blocks: bool = False
-    #: with graphs, once the head is full: attend to it in this many splits of the keys, merged by their
-    #: log-sum-exps (kdeval/keydiff/split_attention.py), for more parallel work than one small chunk gives a
-    #: fused kernel; 0: one SDPA call. It must divide the budget; batches of more than one row run SDPA. Off
-    #: until measured on a GPU.
-    attention_splits: int = 0
-
-    def __post_init__(self) -> None:
-        if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= 0):
-            raise ValueError(f"budget: must be a positive number of tokens (or None for no eviction), got {self.budget!r}")
-        if not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
-            raise ValueError(f"chunk_size: must be a positive number of tokens, got {self.chunk_size!r}")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens: must be >= 0, got {self.max_new_tokens}")
-        if self.store not in STORES:
-            raise ValueError(f"store: expected one of {list(STORES)}, got {self.store!r}")
-        if not isinstance(self.attention_splits, int) or self.attention_splits < 0:
-            raise ValueError(f"attention_splits: must be an integer >= 0, got {self.attention_splits!r}")
-        if self.attention_splits and self.budget is not None and self.budget % self.attention_splits:
-            raise ValueError(f"attention_splits: must divide the budget ({self.budget} tokens) into equal splits, "
-                             f"got {self.attention_splits}")
-        if self.score_precision not in SCORE_PRECISIONS:
-            raise ValueError(f"score_precision: expected one of {list(SCORE_PRECISIONS)}, "
-                             f"got {self.score_precision!r}")
-
 
 class Engine:
     """Runs one policy under one budget on one model; reusable across prompts."""
@@ -109,6 +54,10 @@ class Engine:
         self.compiled_scoring = self.use_graphs and config.compile_scoring
         self._score = _compiled_score() if self.compiled_scoring else _score
         self._blocks = CompiledBlocks(model) if self.use_graphs and config.compile_blocks else None
+        dtype = next(model.parameters()).dtype
+        if self.use_graphs and config.flex_attention and self.device.type == "cpu" and dtype == torch.float64:
+            raise ValueError("flex_attention: FlexAttention on a CPU takes float32, float16 or bfloat16 models; "
+                             "this one is float64")
         cfg = model.config
         self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
@@ -276,9 +225,11 @@ class Engine:
             phase = self.phase(cache, t)  # from host bookkeeping, exact
             empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
             if phase != "full":  # a full head needs no mask (lower-right causal)
-                # a 4-D mask reaches the attention function as it is
+                # a 4-D mask reaches the attention function as it is (with flex, only the capture reads it)
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
-            elif self.config.attention_splits:
+            if self.config.flex_attention and t in (self.config.chunk_size, 1):  # the graphs' shapes only
+                kwargs["kdeval_flex"] = static_block_mask(n, t, cached, ids.device)
+            elif phase == "full" and self.config.attention_splits:
                 kwargs["kdeval_splits"] = self.config.attention_splits
         blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
         with attention_implementation(self.model, impl), blocks:
@@ -387,4 +338,4 @@ def _score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tenso
 def _compiled_score():
     """One compiled :func:`_score` per process: its guards are on the policy's class and parameters, not on the
     instance, so new engines reuse it; a second shape makes it compile a dynamic-shape version."""
-    return torch.compile(_score)
+    return compile_fn(_score)

@@ -63,3 +63,20 @@ def test_compiled_blocks_keep_the_same_tokens_and_leave_the_model_as_it_was(poli
     assert modeling_llama.apply_rotary_pos_emb is rope
     assert all("forward" not in m.__dict__ for m in lm.model.modules())
     assert len(eng._blocks.modules) == 3 * lm.model.config.num_hidden_layers + 1  # 2 norms + MLP per layer, final norm
+
+
+def test_compiled_parts_keep_compiling_past_dynamos_default_limit():
+    """A worker meets one shape per policy x budget x chunk x model: the 9th must still be compiled, not run
+    uncompiled after dynamo's default of 8 recompiles."""
+    from torch._dynamo.utils import counters
+
+    from kdeval.keydiff.compiling import compile_fn
+
+    def double(x):
+        return x * 2
+
+    compiled = compile_fn(double, backend="eager", dynamic=False)
+    before = counters["frames"]["ok"]
+    for n in range(1, 13):
+        assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
+    assert counters["frames"]["ok"] - before == 12

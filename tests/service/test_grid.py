@@ -89,6 +89,8 @@ def test_shorthands_and_defaults():
     (BASE + "engine: {attention_splits: -2}\n", "engine.attention_splits: Input should be greater than or equal to 0"),
     (BASE + "engine: {attention_splits: 3}\n", "engine.attention_splits: must divide every budget into equal splits; "
                                                "3 does not divide 64"),
+    (BASE + "engine: {attention_splits: 8, flex_attention: true}\n", "engine.flex_attention: FlexAttention replaces "
+                                                                       "attention_splits; set one of them, not both"),
     (BASE.replace("budgets: [64, 128, 256]\n", ""), "budgets: required when a policy other than 'full' is listed"),
     (BASE.replace("chunk_sizes: [32, 64]\n", ""), "chunk_sizes: required field is missing"),
     ("models: [stub:x]\npolicies: [full]\nchunk_sizes: [8]\ntasks: [needle]\n", "models[0].id: expected 'stub:<seconds per cell>'"),
