@@ -24,7 +24,7 @@ from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
-from kdeval.keydiff.policy import Policy, ScoreContext, protect
+from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 class Engine:
@@ -298,12 +298,10 @@ class Engine:
         if empty is not None:
             scores = empty.ranked(scores)
         if self.policy.ties:
-            # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (a
-            # stable sort in position order; topk's choice among ties depends on the array's layout), so
-            # the kept set depends neither on which slot a token occupies nor on empty slots.
-            order = ctx.position_order()
-            pick = torch.sort(scores.gather(-1, order), dim=-1, stable=True).indices[..., :k]
-            return order.gather(-1, pick)
+            # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
+            # own choice among ties depends on the array's layout), so the kept set depends neither on which
+            # slot a token occupies nor on empty slots.
+            return lowest_oldest_first(scores, ctx.positions, k)
         return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
 
     def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,

@@ -124,3 +124,21 @@ def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int | torch.Ten
     if n_recent > 0:
         mask |= positions >= seen - n_recent
     return scores.masked_fill(mask, float("inf"))
+
+
+def lowest_oldest_first(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` lowest of ``scores [rows, h, n]`` per row, equal scores taken oldest position first →
+    indices ``[rows, h, k]`` (in no particular order).
+
+    float32 (and half-precision) scores: one ``topk`` over 64-bit keys, the score's bits mapped to an integer
+    of the same order above the position, instead of a stable sort of every row by (position, score).
+    float64 scores do not fit such a key and take the sort.
+    """
+    if scores.dtype == torch.float64:
+        order = positions.argsort(dim=-1)
+        pick = torch.sort(scores.gather(-1, order), dim=-1, stable=True).indices[..., :k]
+        return order.gather(-1, pick)
+    bits = (scores.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0, equal to it
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger bits, lower value
+    key = (ordered << 32) | positions.clamp(max=2**31 - 1)  # empty slots' huge positions: their scores differ
+    return torch.topk(key, k, dim=-1, largest=False, sorted=False).indices
