@@ -3,6 +3,9 @@
 A chunk of ``t`` queries attends to the ``N`` head slots (``cached`` of them valid while the head fills) and
 causally to its own ``t`` tail slots. The candidates:
 
+Every candidate is the engine's own attention function, ``static_attention_forward``, given what the engine
+gives it for that step:
+
 - ``sdpa``: what the engine runs by default. A full head: SDPA with ``causal_lower_right`` and GQA. A filling
   head: SDPA with the engine's dense mask, the query heads of a KV head folded into the query axis.
 - ``sdpa-flash`` / ``sdpa-efficient`` / ``sdpa-cudnn``: the same call held to one SDPA backend (full head).
@@ -14,31 +17,32 @@ wall time on the CPU). ``tflops`` counts only the visible query-key pairs, so a 
 and one that masks them are compared on the same useful work.
 
     PYTHONPATH=. python bench/attention_kernels.py --out $OUT    # GPU: the 3B shape, bf16
-    PYTHONPATH=. python bench/attention_kernels.py --cpu         # small shapes, float32
+    PYTHONPATH=. python bench/attention_kernels.py --cpu         # the cpu-tiny heads, N = 512, float32
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import time
+import sys
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
-from kdeval.keydiff.attention import static_mask
-from kdeval.keydiff.flex_static import flex_static_attention, static_block_mask
-from kdeval.keydiff.split_attention import split_kv_attention
+from kdeval.keydiff.attention import static_attention_forward, static_mask
+from kdeval.keydiff.flex_static import static_block_mask
 
-SHAPES = {  # q heads, kv heads, head size, budget N
-    "llama-3.2-3b": (24, 8, 128, 8192),
-    "cpu-small": (6, 2, 32, 512),
-}
+sys.path.insert(0, str(Path(__file__).parent))
+import engine_modes  # noqa: E402
+from engine_modes import clock  # noqa: E402
+
+SHAPES = {"cuda": ("llama-3.2-3b", 8192), "cpu": ("cpu-tiny", 512)}  # model shape, budget N
 BACKENDS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
             "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+LAYER = SimpleNamespace(layer_idx=0)
 
 
 def reference(q, k, v, scale, mask) -> torch.Tensor:
@@ -49,58 +53,38 @@ def reference(q, k, v, scale, mask) -> torch.Tensor:
     return out.transpose(1, 2)
 
 
-def sdpa(q, k, v, scale, n, cached, backend=None):
-    """The engine's SDPA path (attention.static_attention_forward) → ``[b, t, hq, d]``."""
-    b, hq, t, d = q.shape
-    hk = k.shape[1]
-    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-        if cached >= n:
-            bias = causal_lower_right(t, n + t) if t > 1 else None
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
-                                                                   enable_gqa=True)
-            return out.transpose(1, 2)
-        mask = static_mask(n, t, cached, q.device, hq // hk)
-        out = torch.nn.functional.scaled_dot_product_attention(q.reshape(b, hk, hq // hk * t, d), k, v,
-                                                               attn_mask=mask, scale=scale)
-        return out.view(b, hq, t, -1).transpose(1, 2)
+def engine_attention(mask, backend=None, **options):
+    """The engine's attention function (``static_attention_forward``) with what the engine passes it for the
+    step: the dense mask while the head fills (else ``None``), ``kdeval_splits`` or ``kdeval_flex``;
+    ``backend`` holds SDPA to one kernel → ``fn(q, k, v, scale)`` returning ``[b, t, hq, d]``."""
+
+    def fn(q, k, v, scale):
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            return static_attention_forward(LAYER, q, k, v, mask, scaling=scale, **options)[0]
+
+    return fn
 
 
-def candidates(n: int, cached: int, t: int, device: str):
-    """(name, fn(q, k, v, scale)) for one fill level; the block mask is built outside the timed call, as the
-    engine builds it once per step for all layers."""
-    yield "sdpa", lambda q, k, v, s: sdpa(q, k, v, s, n, cached)
-    if device == "cuda" and cached >= n:
+def candidates(n: int, cached: int, t: int, group: int, device: str):
+    """(name, fn(q, k, v, scale)) for one fill level; the masks are built outside the timed call, as the
+    engine builds them once per step for all layers. Split counts always divide N here (else SDPA would run)."""
+    full = cached >= n
+    mask = None if full else static_mask(n, t, cached, torch.device(device), group)
+    yield "sdpa", engine_attention(mask)
+    if device == "cuda" and full:
         for name, backend in BACKENDS.items():
-            yield name, (lambda be: lambda q, k, v, s: sdpa(q, k, v, s, n, cached, be))(backend)
-    if cached >= n:
+            yield name, engine_attention(mask, backend)
+    if full:
         for splits in (4, 8, 16):
-            yield f"split{splits}", (lambda S: lambda q, k, v, s: split_kv_attention(q, k, v, s, S))(splits)
-    block_mask = static_block_mask(n, t, cached, torch.device(device))
-    yield "flex", lambda q, k, v, s: flex_static_attention(q, k, v, s, block_mask)
-
-
-def clock(fn, device: str, reps: int) -> float:
-    """Seconds per call (after two warm-up calls)."""
-    for _ in range(2):
-        fn()
-    if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1000 / reps
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
+            yield f"split{splits}", engine_attention(None, kdeval_splits=splits)
+    yield "flex", engine_attention(None, kdeval_flex=static_block_mask(n, t, cached, torch.device(device)))
 
 
 @torch.inference_mode()
-def run(shape: str, device: str, dtype: torch.dtype, ts: list[int], reps: int, emit) -> None:
-    hq, hk, d, n = SHAPES[shape]
+def run(device: str, dtype: torch.dtype, ts: list[int], reps: int, emit) -> None:
+    shape, n = SHAPES[device]
+    layout = engine_modes.SHAPES[shape]
+    hq, hk, d = layout["num_attention_heads"], layout["num_key_value_heads"], layout["head_dim"]
     g = torch.Generator(device).manual_seed(0)
     scale = d ** -0.5
     for t in ts:
@@ -111,14 +95,11 @@ def run(shape: str, device: str, dtype: torch.dtype, ts: list[int], reps: int, e
             mask = static_mask(n, t, cached, q.device)
             want = reference(q, k, v, scale, mask)
             pairs = int(mask.sum())  # visible query-key pairs of one query head
-            for name, fn in candidates(n, cached, t, device):
+            for name, fn in candidates(n, cached, t, hq // hk, device):
                 row = {"shape": shape, "dtype": str(dtype).removeprefix("torch."), "t": t, "N": n,
                        "cached": cached, "kernel": name}
                 try:
                     got = fn(q, k, v, scale)
-                    if got is None:
-                        emit({**row, "skipped": "declined"})
-                        continue
                     err = float((got.float() - want).abs().max())
                     sec = clock(lambda: fn(q, k, v, scale), device, reps)
                     emit({**row, "max_abs_err": err, "us": sec * 1e6, "tflops": 4 * pairs * d * hq / sec / 1e12})
@@ -153,9 +134,9 @@ def main() -> None:
         rows.append(row)
 
     if device == "cuda":
-        run("llama-3.2-3b", device, torch.bfloat16, [128, 1], 50, emit)
+        run(device, torch.bfloat16, [128, 1], 50, emit)
     else:
-        run("cpu-small", device, torch.float32, [64, 1], 5, emit)
+        run(device, torch.float32, [64, 1], 5, emit)
     text = table(rows)
     print(text)
     if args.out is not None:

@@ -1,6 +1,6 @@
 """What the GPU benchmarks share: the random-weight model shapes they build and the engine modes they name
-(``"graphs-fused-compiled"``, ``"static-eager+reused"``, ...). Used by gpu_check.py, gpu_profile.py and
-step_ops.py; needs only torch and transformers.
+(``"graphs-fused-compiled"``, ``"static-eager+reused"``, ...), and a timer. Used by gpu_check.py,
+gpu_profile.py, step_ops.py, attention_kernels.py and tie_selection.py; needs only torch and transformers.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ SHAPES = {
 }
 #: a mode suffix: the request runs on a cache (and graphs) released by an earlier request of the same engine
 REUSED = "+reused"
+BASES = ("plain", "graphs", "static-eager")
+OPTIONS = ("fused", "compiled", "blocks", "flex", "fp32scores")
 
 
 def build(shape: str, device: str, dtype, layers: int | None = None):
@@ -51,6 +53,9 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
     base, *options = mode.removesuffix(REUSED).split("-")
     if base == "static":  # "static-eager"
         base, options = "static-eager", options[1:]
+    unknown = [o for o in options if o not in OPTIONS and not (o.startswith("split") and o[5:].isdigit())]
+    if base not in BASES or unknown:
+        raise ValueError(f"mode: expected one of {BASES} with options from {OPTIONS} or splitS, got {mode!r}")
     return EngineConfig(budget=None if name == "full" else budget, chunk_size=B, store=store,
                         cuda_graphs=base in ("graphs", "static-eager") and name != "full",
                         emulate_graphs=base == "static-eager" or device == "cpu",
@@ -59,3 +64,26 @@ def engine_config(name: str, budget: int, B: int, mode: str, store: str = "slot"
                         attention_splits=next((int(o[5:]) for o in options if o.startswith("split")), 0),
                         flex_attention="flex" in options,
                         score_precision="float32" if "fp32scores" in options else "model")
+
+
+def clock(fn, device: str, reps: int, warmup: int = 2) -> float:
+    """Mean seconds per call of ``fn`` over ``reps`` calls after ``warmup`` (CUDA events on a GPU)."""
+    import time
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1000 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps

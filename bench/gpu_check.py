@@ -33,20 +33,43 @@ from engine_modes import REUSED, build, engine_config  # noqa: E402
 
 POLICIES = ["keydiff", "full", "tova", "snapkv", "sink", "h2o"]  # h2o last: its capture failed once (22:08 smoke)
 
+#: the check parts: (store, mode) variants, each compared with the first (on a CPU "graphs" is emulated)
+CHECKS = {
+    "exact": [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"), ("slot", "static-eager-fused"),
+              ("slot", "static-eager" + REUSED), ("slot", "static-eager-fused-compiled")],
+    "graphs-vs-eager": [("slot", "static-eager"), ("slot", "graphs"), ("slot", "graphs" + REUSED),
+                        ("slot", "plain")],
+    "fused-graphs-vs-eager": [("slot", "static-eager-fused"), ("slot", "graphs-fused")],
+    "compiled-graphs-vs-eager": [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
+                                 ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks"),
+                                 ("slot", "graphs-fused-compiled-blocks-split8")],
+    "flex-vs-sdpa": [("slot", "static-eager"), ("slot", "static-eager-flex"), ("slot", "graphs-flex"),
+                     ("slot", "graphs-fused-compiled-blocks-flex"), ("gather", "plain")],
+}
+#: what "exact" adds on a GPU: the captured graphs themselves, in float64
+EXACT_ON_CUDA = [("slot", "graphs"), ("slot", "graphs-fused"), ("slot", "graphs" + REUSED),
+                 ("slot", "graphs-fused-compiled")]
+
+
+def gpu_checks(exact_lengths: list[int]) -> list[dict]:
+    """The check parts of both GPU plans, at the 3B shape: graphs against the same step run eagerly in bf16
+    (full depth), every store and layout against the gather store in float64 and FlexAttention against SDPA
+    in float32 (4 layers)."""
+    check = dict(shape="llama-3.2-3b", lengths=[4096], budget=1024, B=256)
+    return [
+        *(dict(part=p, dtype="bfloat16", **check)
+          for p in ("graphs-vs-eager", "fused-graphs-vs-eager", "compiled-graphs-vs-eager")),
+        dict(part="exact", layers=4, dtype="float64", **{**check, "lengths": exact_lengths}),
+        dict(part="flex-vs-sdpa", layers=4, dtype="float32", **check),
+    ]
+
 
 def quick_plan() -> list[dict]:
     """A shorter GPU run (about 6 minutes; ``--minutes`` stops starting timed cases): the checks at one length,
     the L = N case, then the 32K cases in order of what they decide."""
     t3 = dict(shape="llama-3.2-3b", budget=8192)
     return [
-        dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
-        dict(part="fused-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
-             B=256),
-        dict(part="compiled-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
-             B=256),
-        dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096], budget=1024, B=256),
-        dict(part="flex-vs-sdpa", shape="llama-3.2-3b", layers=4, dtype="float32", lengths=[4096], budget=1024,
-             B=256),
+        *gpu_checks([4096]),
         # L = N: every chunk is a room step (the eviction-overhead target)
         dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"),
                                                       ("sink", 128, "graphs"), ("full", 128, "plain"),
@@ -68,7 +91,8 @@ def quick_plan() -> list[dict]:
 
 
 def plan(cpu: bool, quick: bool = False) -> list[dict]:
-    """The parts, in order. A case is (policy, B, mode) with mode "graphs" or "plain"."""
+    """The parts, in order. A timed case is (policy, B, mode), the mode as bench/engine_modes.py names it.
+    ``quick`` applies to the GPU plans only (the CPU plan is short already)."""
     if quick and not cpu:
         return quick_plan()
     if cpu:
@@ -92,12 +116,7 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
     return [
-        dict(part="exact", shape="llama-3.2-3b", layers=4, dtype="float64", lengths=[4096, 900], budget=1024, B=256),
-        dict(part="graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024, B=256),
-        dict(part="fused-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
-             B=256),
-        dict(part="compiled-graphs-vs-eager", shape="llama-3.2-3b", dtype="bfloat16", lengths=[4096], budget=1024,
-             B=256),
+        *gpu_checks([4096, 900]),
         dict(part="time", **t3, lengths=[32768], cases=[
             ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 64, "graphs"),
             ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"), ("keydiff", 1024, "graphs-fused"),
@@ -250,31 +269,14 @@ def child(spec: dict, device: str, out: Path, deadline: float) -> None:
             lines.write(json.dumps(row) + "\n")
             lines.flush()
 
-        if spec["part"] == "exact":
-            variants = [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"),
-                        ("slot", "static-eager-fused"), ("slot", "static-eager" + REUSED),
-                        ("slot", "static-eager-fused-compiled")]
-            if device == "cuda":
-                variants += [("slot", "graphs"), ("slot", "graphs-fused"), ("slot", "graphs" + REUSED),
-                             ("slot", "graphs-fused-compiled")]
+        part = spec["part"]
+        if part in CHECKS:
+            variants = CHECKS[part] + (EXACT_ON_CUDA if part == "exact" and device == "cuda" else [])
             compare(spec, device, emit, variants)
-        elif spec["part"] == "fused-graphs-vs-eager":
-            compare(spec, device, emit, [("slot", "static-eager-fused"), ("slot", "graphs-fused")])
-        elif spec["part"] == "compiled-graphs-vs-eager":
-            compare(spec, device, emit, [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
-                                         ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks"),
-                                         ("slot", "graphs-fused-compiled-blocks-split8")])
-        elif spec["part"] == "flex-vs-sdpa":
-            graphs = "graphs" if device == "cuda" else "static-eager"
-            compare(spec, device, emit, [("slot", "static-eager"), ("slot", "static-eager-flex"),
-                                         ("slot", graphs + "-flex"), ("slot", graphs + "-fused-compiled-blocks-flex"),
-                                         ("gather", "plain")])
-        elif spec["part"] == "graphs-vs-eager":
-            graphs = "graphs" if device == "cuda" else "static-eager"
-            compare(spec, device, emit, [("slot", "static-eager"), ("slot", graphs), ("slot", graphs + REUSED),
-                                         ("slot", "plain")])
-        else:
+        elif part == "time":
             timing(spec, device, emit, deadline)
+        else:
+            raise ValueError(f"part: expected 'time' or one of {list(CHECKS)}, got {part!r}")
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -303,8 +305,7 @@ def table(rows: list[dict]) -> str:
         warm_cols = (f" {warm:.3f} | {warm / one:.2f}x |" if one else f" {warm:.3f} | - |") if warm else " - | - |"
         warm_cols += f" {warm / wref:.2f}x |" if warm and wref else " - |"
         out.append(f"{head} {r['time_s']:.3f} | {ratio} | {vs} | {r['peak_gib']:.2f} |{warm_cols}")
-    checks = [r for r in rows if r.get("part") in ("exact", "graphs-vs-eager", "fused-graphs-vs-eager",
-                                                   "compiled-graphs-vs-eager")]
+    checks = [r for r in rows if r.get("part") in CHECKS]
     out += ["", "| check | L | policy | variant | reference | same tokens | same kept | max abs logit diff |",
             "|---|---|---|---|---|---|---|---|"]
     for r in checks:

@@ -31,12 +31,12 @@ torch._inductor.config.cpp.enable_kernel_profile = True  # compiled kernels appe
 
 EVICT = "kdeval::evict"
 #: conversions that are free when nothing changes (then they call no other operator)
-MAYBE_NOOP = {"to", "contiguous", "type_as", "clone_noop"}
+MAYBE_NOOP = {"to", "contiguous", "type_as"}
 POLICIES = ["keydiff", "sink", "tova", "snapkv", "h2o"]
 #: views and metadata: no kernel on a GPU
 FREE = {"view", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "permute",
         "as_strided", "alias", "detach", "_reshape_alias", "reshape", "split", "unbind", "lift_fresh", "empty",
-        "empty_like", "empty_strided", "new_empty", "_to_copy_noop", "sym_size", "sym_stride", "is_same_size",
+        "empty_like", "empty_strided", "new_empty", "sym_size", "sym_stride", "is_same_size",
         "promote_types", "result_type", "can_cast"}  # the last three: dtype arithmetic on the host
 
 

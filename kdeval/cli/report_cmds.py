@@ -69,10 +69,9 @@ def report(
     detail: bool = typer.Option(False, "--detail", help="Terminal table: also per length / depth / level rows."),
 ) -> None:
     """Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."""
-    with bad_input():
+    with bad_input():  # open_index's exit passes through
         fmts = parse_formats(fmt)
-    index = open_index(db)
-    with bad_input():
+        index = open_index(db)
         run_ids = list(runs) if runs else _latest_run(index)
         rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
                                                         results_dir=results_dir))
@@ -105,8 +104,7 @@ def nightly(
 
     with bad_input():
         nf = nightly_job.load_nightly(nightly_file)
-    index = open_index(db, must_exist=run is not None)  # gating an existing run needs an existing index
-    with bad_input():
+        index = open_index(db, must_exist=run is not None)  # gating an existing run needs an existing index
         try:
             outcome = nightly_job.run_nightly(index, nf, results_dir=results_dir, address=address,
                                               report_dir=out_dir, baseline=baseline, existing_run=run)

@@ -173,18 +173,17 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
 
-    task.check_context(lm.max_context)
-    builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)
+    if prompts is None:
+        samples, built = model_prompts(lm, task, sample_ids, limit, chat)
+    else:  # built by model_prompts, which checked the context
+        keep = _select(task, prompts[0], sample_ids, limit)
+        samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
+    builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)  # decodes the answers
     unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     config = EngineConfig(budget=budget, chunk_size=chunk_size, **dict(engine or {}))
     eng = Engine(lm.model, _resolve_policy(policy, policy_params), config)
-    if prompts is None:
-        samples, built = build_prompts(task, builder, sample_ids, limit)
-    else:
-        keep = _select(task, prompts[0], sample_ids, limit)
-        samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     rows: list[dict[str, Any]] = []

@@ -26,6 +26,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from kdeval.keydiff.cache import static_visible
 from kdeval.keydiff.flex_static import flex_static_attention
 from kdeval.keydiff.split_attention import HALF, split_kv_attention
 
@@ -198,9 +199,7 @@ def static_mask(budget: int, t: int, cached: int | torch.Tensor, device: torch.d
     ``t`` rows repeated ``group`` times (the query heads of a KV head, folded into the query axis)."""
     slots = torch.arange(budget + t, device=device)
     rows = torch.arange(t, device=device).repeat(group).unsqueeze(-1)
-    head = slots < cached
-    tail = (slots >= budget) & (slots - budget <= rows)
-    return (head | tail).view(1, 1, group * t, budget + t)
+    return static_visible(rows, slots, cached, budget).view(1, 1, group * t, budget + t)
 
 
 @contextlib.contextmanager

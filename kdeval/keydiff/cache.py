@@ -55,6 +55,13 @@ class _BudgetLayerMixin:
 EMPTY_POSITION = 2**62
 
 
+def static_visible(row, slot, cached, budget: int):
+    """The static layout's attention rule: query ``row`` of the chunk sees ``slot`` when it is one of the
+    ``cached`` valid head slots ``[0, cached)``, or a tail slot ``[budget, budget + t)`` at or before its own.
+    Broadcasts over tensors (the dense mask) and works on FlexAttention's scalar indices (its ``mask_mod``)."""
+    return (slot < cached) | ((slot >= budget) & (slot - budget <= row))
+
+
 class EmptySlots:
     """Static layout: the empty head slots ``[cached, budget)`` of the ``budget + t`` slots a step scores get
     distinct scores below every real score, lowest slot lowest, so eviction frees them first and in slot order
@@ -351,8 +358,10 @@ class BudgetCache(Cache):
             layer.length, layer.pending, layer.next_positions = 0, 0, None
 
     def advance_static(self, t: int) -> None:
-        """Host-side bookkeeping of a replayed static step of ``t`` tokens (what ``evict`` does on a plain call)."""
+        """Host-side bookkeeping of a static step of ``t`` tokens once its chunk is committed (what ``evict``
+        does per layer): a replayed graph, or the layer-fused eviction."""
         for layer in self.layers:
+            layer.pending = 0
             layer.length = min(layer.length + t, self.static_base)
 
     def nbytes(self) -> int:

@@ -224,13 +224,15 @@ class Engine:
             cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
             phase = self.phase(cache, t)  # from host bookkeeping, exact
             empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
-            if phase != "full":  # a full head needs no mask (lower-right causal)
-                # a 4-D mask reaches the attention function as it is (with flex, only the capture reads it)
-                kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
-            if self.config.flex_attention and t in (self.config.chunk_size, 1):  # the graphs' shapes only
+            flex = self.config.flex_attention and t in (self.config.chunk_size, 1)  # the graphs' shapes only
+            if flex:
                 kwargs["kdeval_flex"] = static_block_mask(n, t, cached, ids.device)
             elif phase == "full" and self.config.attention_splits:
                 kwargs["kdeval_splits"] = self.config.attention_splits
+            # A full head needs no mask (lower-right causal); with flex only captured rows read the dense one.
+            # A 4-D mask reaches the attention function as it is.
+            if phase != "full" and (capture is not None or not flex):
+                kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
         blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
         with attention_implementation(self.model, impl), blocks:
             out = self.model(
@@ -301,7 +303,7 @@ class Engine:
             # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
             # own choice among ties depends on the array's layout), so the kept set depends neither on which
             # slot a token occupies nor on empty slots.
-            return lowest_oldest_first(scores, ctx.positions, k)
+            return lowest_oldest_first(scores, ctx.positions, k, ctx.position_order)
         return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
 
     def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
@@ -323,9 +325,7 @@ class Engine:
             move_tail(list(buffers.values()), empty.room_slots, budget)
         else:
             compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
-        for layer in cache.layers:
-            layer.pending = 0
-            layer.length = min(layer.length + t, budget)
+        cache.advance_static(t)
 
 
 def _score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:

@@ -19,6 +19,7 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from kdeval.keydiff.cache import static_visible
 from kdeval.keydiff.compiling import compile_fn
 
 
@@ -36,7 +37,7 @@ def static_block_mask(budget: int, t: int, cached: int | torch.Tensor, device: t
     valid = torch.as_tensor(cached, device=device)
 
     def visible(b, h, q, kv):
-        return (kv < valid) | ((kv >= budget) & (kv - budget <= q))
+        return static_visible(q, kv, valid, budget)
 
     return create_block_mask(visible, None, None, t, budget + t, device=device)
 

@@ -14,7 +14,7 @@ Tensor shapes, everywhere in this package:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -48,7 +48,7 @@ class ScoreContext:
 
     def position_order(self) -> torch.Tensor:
         """``[batch, kv_heads, tokens]`` indices that sort the tokens by position (computed once per step:
-        the slot store keeps tokens out of position order, and pooling and tie-breaking both need it)."""
+        the slot store keeps tokens out of position order, and pooling and float64 tie-breaking need it)."""
         if self._order is None:
             self._order = self.positions.argsort(dim=-1)
         return self._order
@@ -126,18 +126,26 @@ def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int | torch.Ten
     return scores.masked_fill(mask, float("inf"))
 
 
-def lowest_oldest_first(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
+def sort_oldest_first(scores: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` lowest of ``scores [rows, h, n]``, equal scores oldest first, by a stable sort of the scores
+    taken in position order (``order``: the indices that sort the positions) → indices ``[rows, h, k]``."""
+    pick = torch.sort(scores.gather(-1, order), dim=-1, stable=True).indices[..., :k]
+    return order.gather(-1, pick)
+
+
+def lowest_oldest_first(scores: torch.Tensor, positions: torch.Tensor, k: int,
+                        position_order: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """The ``k`` lowest of ``scores [rows, h, n]`` per row, equal scores taken oldest position first →
     indices ``[rows, h, k]`` (in no particular order).
 
     float32 (and half-precision) scores: one ``topk`` over 64-bit keys, the score's bits mapped to an integer
-    of the same order above the position, instead of a stable sort of every row by (position, score).
-    float64 scores do not fit such a key and take the sort.
+    of the same order above the position, instead of :func:`sort_oldest_first`. float64 scores do not fit such
+    a key and take the sort, in the order ``position_order()`` gives (``ScoreContext.position_order``, which
+    pooling may have computed already), else one computed here.
     """
     if scores.dtype == torch.float64:
-        order = positions.argsort(dim=-1)
-        pick = torch.sort(scores.gather(-1, order), dim=-1, stable=True).indices[..., :k]
-        return order.gather(-1, pick)
+        order = position_order() if position_order is not None else positions.argsort(dim=-1)
+        return sort_oldest_first(scores, order, k)
     bits = (scores.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0, equal to it
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger bits, lower value
     key = (ordered << 32) | positions.clamp(max=2**31 - 1)  # empty slots' huge positions: their scores differ

@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from kdeval.evals.base import ContextTooLongError
+from kdeval.evals.base import ContextTooLongError, EvalError
 from kdeval.evals.prompting import PromptBuilder
 from kdeval.evals.registry import get_task
 from kdeval.evals.runner import EvalRow, aggregate, build_prompts, run_task
@@ -92,5 +92,5 @@ def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(monkeypatc
     assert rows[0]["prediction"] == first[0]["prediction"]
     with pytest.raises(ValueError, match="cuda_graphs: needs a CUDA device"):
         run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"cuda_graphs": True})
-    with pytest.raises(Exception, match=r"engine: unknown option 'budget'"):
+    with pytest.raises(EvalError, match=r"engine: unknown option 'budget'"):
         run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"budget": 3})

@@ -22,3 +22,22 @@ def prompt(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 def kept_positions(state) -> list[torch.Tensor]:
     """Per layer, the sorted absolute positions held: ``[batch, kv_heads, tokens]``."""
     return [layer.view()[1].sort(dim=-1).values.clone() for layer in state.cache.layers]
+
+
+def assert_same_run(got, ref, atol: float | None = None, rtol: float = 1e-5) -> None:
+    """Two ``GenerationResult``s agree: the same generated tokens, the same kept positions in every layer and,
+    with ``atol``, last prompt logits within ``torch.allclose(rtol, atol)``."""
+    assert got.tokens == ref.tokens
+    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
+        assert torch.equal(a, b)
+    if atol is not None:
+        assert torch.allclose(got.state.last_logits, ref.state.last_logits, rtol=rtol, atol=atol)
+
+
+def reference_attention(q, k, v, mask, scale):
+    """Softmax attention with every KV head repeated for its query heads: ``[b, t, hq, d]``."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    logits = (q @ k.transpose(-1, -2)) * scale
+    probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+    return (probs @ v).transpose(1, 2), probs

@@ -7,7 +7,7 @@ from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.cache import EMPTY_POSITION
 
-from .helpers import kept_positions, prompt, tiny
+from .helpers import assert_same_run, kept_positions, prompt, tiny
 
 REQUESTS = [(130, 8, 1, 9), (25, 24, 1, 10), (70, 5, 2, 11), (90, 6, 1, 12)]  # length, new tokens, batch, seed
 
@@ -113,9 +113,7 @@ def test_a_state_continued_by_another_engine_gets_that_engines_steps():
     ref_state = ref.prefill(prompt(70, seed=3))
     tova = Engine(lm.model, get_policy("tova", heads="group"), EngineConfig(budget=40, chunk_size=16, store="gather"))
     want = tova.generate(prompt(20, seed=4), max_new_tokens=4, state=ref_state)
-    assert got.tokens == want.tokens
-    for a, b in zip(kept_positions(got.state), kept_positions(want.state)):
-        assert torch.equal(a, b)
+    assert_same_run(got, want)
 
 
 def test_a_state_without_the_policys_token_state_is_refused():

@@ -5,7 +5,7 @@ import torch
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 
-from .helpers import kept_positions, prompt, tiny
+from .helpers import assert_same_run, prompt, tiny
 
 
 def _engine(lm, policy, compiled, fused=False):
@@ -24,10 +24,7 @@ def test_compiled_scoring_keeps_the_same_tokens(policy, fused):
     compiled = _engine(lm, policy, True, fused)
     assert compiled.compiled_scoring and not plain.compiled_scoring
     ref, got = plain.generate(ids, max_new_tokens=6), compiled.generate(ids, max_new_tokens=6)
-    assert got.tokens == ref.tokens
-    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
-        assert torch.equal(a, b)
-    assert torch.allclose(got.state.last_logits, ref.state.last_logits, rtol=0, atol=1e-9)
+    assert_same_run(got, ref, atol=1e-9, rtol=0)
     assert torch._dynamo.utils.counters["frames"]["ok"] + torch._dynamo.utils.counters["frames"]["total"] > 0
 
 
@@ -56,10 +53,7 @@ def test_compiled_blocks_keep_the_same_tokens_and_leave_the_model_as_it_was(poli
     finally:
         hook.remove()
     assert routed and all(f is not None and f.func is blocks._compiled_call() for f in routed)
-    assert got.tokens == ref.tokens
-    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
-        assert torch.equal(a, b)
-    assert torch.allclose(got.state.last_logits, ref.state.last_logits, atol=1e-6)  # float32 steps fused away
+    assert_same_run(got, ref, atol=1e-6)  # float32 steps fused away
     assert modeling_llama.apply_rotary_pos_emb is rope
     assert all("forward" not in m.__dict__ for m in lm.model.modules())
     assert len(eng._blocks.modules) == 3 * lm.model.config.num_hidden_layers + 1  # 2 norms + MLP per layer, final norm

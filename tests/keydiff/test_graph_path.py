@@ -12,7 +12,7 @@ from kdeval.keydiff.attention import static_mask
 from kdeval.keydiff.cache import EMPTY_POSITION
 from kdeval.keydiff.cache import EmptySlots
 
-from .helpers import kept_positions, prompt, tiny
+from .helpers import assert_same_run, kept_positions, prompt, tiny
 
 GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe]
 
@@ -37,10 +37,7 @@ def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs, fus
     gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, store="gather"))
     got, ref = static.generate(ids, max_new_tokens=new_tokens), gather.generate(ids, max_new_tokens=new_tokens)
     assert used[-1] == graphs
-    assert got.tokens == ref.tokens
-    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
-        assert torch.equal(a, b)
-    assert torch.allclose(got.state.last_logits, ref.state.last_logits, atol=1e-9)
+    assert_same_run(got, ref, atol=1e-9)
 
 
 def test_static_layout_keeps_valid_slots_a_prefix():
@@ -123,16 +120,22 @@ def test_fused_layers_share_one_buffer_and_batches():
     shared = fused.state.cache.fused["keys"]
     for i, layer in enumerate(fused.state.cache.layers):
         assert layer.keys.data_ptr() == shared[2 * i].data_ptr()
-    assert fused.tokens == per_layer.tokens
-    for a, b in zip(kept_positions(fused.state), kept_positions(per_layer.state)):
-        assert torch.equal(a, b)
+    assert_same_run(fused, per_layer)
 
 
 def test_fuse_layers_needs_a_layer_independent_policy():
+    """A graph-safe policy whose scores depend on the layer keeps the per-layer eviction (``random`` would not
+    show it: it never takes the graph path at all)."""
+    from kdeval.keydiff.keydiff import KeyDiff
+
+    class PerLayer(KeyDiff):
+        layer_independent = False
+
     lm = tiny()
-    eng = Engine(lm.model, get_policy("random"), EngineConfig(budget=40, cuda_graphs=True, emulate_graphs=True,
-                                                              fuse_layers=True))
-    assert not eng.fused
+    config = EngineConfig(budget=40, cuda_graphs=True, emulate_graphs=True, fuse_layers=True)
+    assert Engine(lm.model, get_policy("keydiff"), config).fused
+    eng = Engine(lm.model, PerLayer(), config)
+    assert eng.use_graphs and not eng.fused
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
@@ -159,9 +162,7 @@ def test_forked_static_state_continues_like_gather(fused):
         for a, b in zip(before, kept_positions(state)):
             assert torch.equal(a, b)
         out[name] = first
-    assert out["static"].tokens == out["gather"].tokens
-    for a, b in zip(kept_positions(out["static"].state), kept_positions(out["gather"].state)):
-        assert torch.equal(a, b)
+    assert_same_run(out["static"], out["gather"])
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])

@@ -6,8 +6,7 @@ from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.split_attention import split_kv_attention
 
-from .helpers import kept_positions, prompt, tiny
-from .test_static_attention import reference
+from .helpers import assert_same_run, prompt, reference_attention, tiny
 
 
 @pytest.mark.parametrize("t", [1, 3])
@@ -21,7 +20,7 @@ def test_split_attention_equals_lower_right_causal_attention(t, splits):
     v = torch.randn(1, hk, cap, d, generator=gen, dtype=torch.float64)[:, :, : budget + t]
     slots = torch.arange(budget + t)
     mask = (slots < budget) | (slots - budget <= torch.arange(t).unsqueeze(-1))  # head all, tail causal
-    want, _ = reference(q, k, v, mask.view(1, 1, t, budget + t), 0.3)
+    want, _ = reference_attention(q, k, v, mask.view(1, 1, t, budget + t), 0.3)
     got = split_kv_attention(q, k, v, 0.3, splits)
     assert got.shape == (1, t, hk * g, d)
     assert torch.allclose(got, want, rtol=0, atol=1e-12)
@@ -53,10 +52,7 @@ def test_engine_with_split_attention_keeps_the_same_tokens(policy, monkeypatch):
     got = Engine(lm.model, get_policy(policy), EngineConfig(**cfg, attention_splits=4)).generate(ids, max_new_tokens=8)
     layers = lm.model.config.num_hidden_layers
     assert len(calls) >= 6 * layers and all(calls)  # full-head chunks and decode steps, every layer
-    assert got.tokens == ref.tokens
-    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
-        assert torch.equal(a, b)
-    assert torch.allclose(got.state.last_logits, ref.state.last_logits, rtol=0, atol=1e-9)
+    assert_same_run(got, ref, atol=1e-9, rtol=0)
 
 
 def test_attention_splits_is_checked():

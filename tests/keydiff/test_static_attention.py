@@ -6,14 +6,7 @@ import torch
 
 from kdeval.keydiff.attention import AttentionCapture, AttentionNeed, static_attention_forward, static_mask
 
-
-def reference(q, k, v, mask, scale):
-    """Softmax attention with every KV head repeated for its query heads: ``[b, t, hq, d]``."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    logits = (q @ k.transpose(-1, -2)) * scale
-    probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
-    return (probs @ v).transpose(1, 2), probs
+from .helpers import reference_attention
 
 
 def inputs(budget=6, t=3, b=2, hk=2, g=3, d=8):
@@ -31,7 +24,7 @@ def test_masked_and_full_head_attention_match_reference(cached):
     mask = static_mask(budget, t, cached, torch.device("cpu"))
     passed = None if cached == budget else static_mask(budget, t, cached, torch.device("cpu"), group=3)
     out, _ = static_attention_forward(SimpleNamespace(layer_idx=0), q, k, v, passed, scaling=0.3)
-    want, _ = reference(q, k, v, mask, 0.3)
+    want, _ = reference_attention(q, k, v, mask, 0.3)
     assert out.shape == (2, t, 6, 8)
     assert torch.allclose(out, want, atol=1e-12)
 
@@ -46,7 +39,7 @@ def test_captured_rows_ignore_empty_slots(kind):
     folded = static_mask(budget, t, cached, torch.device("cpu"), group=3)
     out, _ = static_attention_forward(SimpleNamespace(layer_idx=4), q, k, v, folded, scaling=0.3,
                                       kdeval_capture=capture)
-    want, probs = reference(q, k, v, mask, 0.3)
+    want, probs = reference_attention(q, k, v, mask, 0.3)
     assert torch.allclose(out, want, atol=1e-12)
     rows = {"last": 1, "window": 2, "all": 3}[kind]
     got = capture.by_layer[4]  # [b, hk, g, budget + t], summed over the recorded rows

@@ -112,3 +112,12 @@ def test_task_and_generation_errors(text, expected):
     with pytest.raises(GridError) as info:
         parse_grid(text)
     assert expected in str(info.value), str(info.value)
+
+
+def test_every_grid_engine_option_is_one_the_worker_takes():
+    """A grid's ``engine:`` options reach ``run_task(engine=...)`` on a worker, which refuses unknown ones: a
+    field here that EngineConfig lacks would pass validation and fail every cell."""
+    from kdeval.evals.runner import engine_options
+    from kdeval.jobs.grid import EngineSpec
+
+    assert set(EngineSpec.model_fields) <= set(engine_options())

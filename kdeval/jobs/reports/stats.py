@@ -28,7 +28,10 @@ def stratified_mean(values: np.ndarray, strata: np.ndarray | None = None) -> flo
         return float("nan")
     if strata is None:
         return float(values.mean())
-    groups = _groups(strata)
+    return _mean_of_groups(values, _groups(strata))
+
+
+def _mean_of_groups(values: np.ndarray, groups: list[np.ndarray]) -> float:
     return float(np.mean([values[idx].mean() for idx in groups]))
 
 
@@ -59,10 +62,10 @@ def paired_bootstrap(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if resamples < 0:
         raise ValueError(f"resamples must be >= 0, got {resamples}")
-    estimate = stratified_mean(diffs, strata)
+    groups = [np.arange(diffs.size)] if strata is None else _groups(strata)
+    estimate = _mean_of_groups(diffs, groups)
     if resamples == 0:
         return Interval(estimate, estimate, estimate)
-    groups = [np.arange(diffs.size)] if strata is None else _groups(strata)
     rng = np.random.default_rng(seed)
     total = np.zeros(resamples)
     for g in groups:
