@@ -4,6 +4,11 @@ Rows are flat dicts of JSON-able scalars and lists (:class:`EvalRow`), ready for
 Consecutive samples whose prompt prefix (the context) is identical share one prefill: the context
 is compressed once and every question continues from a fork of that state.
 
+Two protocols (:data:`COMPRESS`, :data:`DECODE`): ``compress="prompt"`` evicts after every chunk of the whole
+prompt (the KeyDiff paper); ``compress="context"`` evicts while prefilling the context only, then feeds the
+question without eviction and never evicts it (kvpress). ``decode="evict"`` keeps evicting after every
+generated token; ``decode="keep"`` lets the cache grow while decoding.
+
     lm = load_model("random:llama-tiny")
     task = get_task("needle", lengths=[600], depths=[50], haystack="noise")
     rows = run_task(lm, task, policy="keydiff", budget=256, chunk_size=64)
@@ -20,13 +25,18 @@ from typing import Any, Iterable, Mapping, Sequence, TypedDict
 
 import torch
 
-from kdeval.evals.base import EvalError, Sample, Task
+from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 
 #: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
 #: arguments, each sample sets its generation length, and the cache store is the engine's default.
 NOT_ENGINE_OPTIONS = frozenset({"budget", "chunk_size", "max_new_tokens", "store"})
+
+#: What is compressed: every chunk of the whole prompt, or the context only (the question is kept).
+COMPRESS = ("prompt", "context")
+#: Whether eviction continues after every generated token.
+DECODE = ("evict", "keep")
 
 
 @functools.cache
@@ -64,8 +74,11 @@ class EvalRow(TypedDict):
     score: float               # the task's per-sample score in [0, 1]
     ttft_s: float              # time to first token of this generate call
     decode_s: float            # decoding time
-    peak_memory_bytes: int     # engine-reported peak memory during the call
+    peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
+    memory_kind: str           # what peak_memory_bytes is: "process_rss" or "cuda_max_allocated"
     peak_kv_tokens: int        # most tokens held in the KV cache per layer
+    peak_kv_bytes: int         # most bytes of K/V tensors the cache had allocated during the call, all layers
+    model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
@@ -89,7 +102,7 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
-         shared: bool, shared_s: float) -> dict[str, Any]:
+         shared: bool, shared_s: float, weight_bytes: int = 0) -> dict[str, Any]:
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -107,7 +120,10 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
         "ttft_s": float(stats.get("ttft_s", 0.0)),
         "decode_s": float(stats.get("decode_s", 0.0)),
         "peak_memory_bytes": int(stats.get("peak_memory_bytes", 0)),
+        "memory_kind": str(stats.get("memory_kind", "")),
         "peak_kv_tokens": int(stats.get("peak_kv_tokens", 0)),
+        "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
+        "model_weight_bytes": int(weight_bytes),
         "kept_tokens": int(stats.get("kept_tokens", 0)),
         "length": meta.pop("length", None),
         "depth": meta.pop("depth", None),
@@ -133,26 +149,56 @@ def _select(task: Task, samples: Sequence[Sample], sample_ids: Sequence[str] | N
 
 
 def build_prompts(task: Task, builder: PromptBuilder, sample_ids: Sequence[str] | None = None,
-                  limit: int | None = None) -> tuple[list[Sample], list[BuiltPrompt]]:
-    """The task's samples (optionally a subset) and their tokenized prompts, without a model."""
+                  limit: int | None = None, max_new_tokens: int | None = None
+                  ) -> tuple[list[Sample], list[BuiltPrompt]]:
+    """The task's samples (optionally a subset) and their tokenized prompts, without a model.
+
+    ``max_new_tokens``: every sample's generation length replaced by it before its prompt is built (the
+    truncation leaves room for it); None: each sample's own (the benchmark's) length."""
+    check_positive("max_new_tokens", max_new_tokens, allow_none=True)
     samples = task.samples(builder)
     samples = [samples[i] for i in _select(task, samples, sample_ids, limit)]
+    if max_new_tokens is not None:
+        samples = [dataclasses.replace(s, max_new_tokens=max_new_tokens) for s in samples]
     return samples, [builder.build(s) for s in samples]
 
 
 def model_prompts(lm: Any, task: Task, sample_ids: Sequence[str] | None = None, limit: int | None = None,
-                  chat: str = "auto") -> tuple[list[Sample], list[BuiltPrompt]]:
+                  chat: str = "auto", max_new_tokens: int | None = None) -> tuple[list[Sample], list[BuiltPrompt]]:
     """:func:`build_prompts` for ``lm``'s tokenizer and context size, after the task's context check: what
     :func:`run_task` builds, to reuse across runs of one task on one model (``run_task(prompts=...)``)."""
     task.check_context(lm.max_context)
-    return build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context, chat=chat), sample_ids, limit)
+    return build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context, chat=chat), sample_ids, limit,
+                         max_new_tokens)
+
+
+def _check_protocol(task: Task, samples: Sequence[Sample], prompts: Sequence[BuiltPrompt], compress: str,
+                    max_new_tokens: int | None) -> None:
+    """Refuse a context-only compression without a question and prebuilt prompts whose generation length is
+    not ``max_new_tokens``, before anything runs."""
+    check_positive("max_new_tokens", max_new_tokens, allow_none=True)
+    if compress == "context":
+        if not getattr(task, "separable_question", True):
+            raise EvalError(f"protocol.compress: 'context' needs a task with a separable question; {task.name} has "
+                            f"none (its prompt is all question)")
+        for s, p in zip(samples, prompts):
+            if not s.suffix or not p.suffix_ids:
+                raise EvalError(f"protocol.compress: 'context' needs a task with a separable question; "
+                                f"{task.name} has none (sample {s.id!r} has an empty question)")
+    if max_new_tokens is not None:
+        for s in samples:
+            if s.max_new_tokens != max_new_tokens:
+                raise EvalError(f"max_new_tokens: the prompts were built for sample {s.id!r}'s "
+                                f"{s.max_new_tokens} new tokens, not {max_new_tokens}; build them with "
+                                f"model_prompts(..., max_new_tokens={max_new_tokens})")
 
 
 def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mapping[str, Any] | None = None,
              budget: int | None = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
              limit: int | None = None, chat: str = "auto", share_context: bool = True,
              engine: Mapping[str, Any] | None = None,
-             prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None) -> list[dict[str, Any]]:
+             prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
+             decode: str = "evict", max_new_tokens: int | None = None) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
 
     Args:
@@ -170,14 +216,26 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             :func:`model_prompts` (or :func:`build_prompts`), e.g. shared by runs that differ only in
             policy, budget, chunk size or engine options; ``sample_ids`` / ``limit`` still select from them.
             None: build them here.
+        compress: ``"prompt"`` (every chunk of the whole prompt is evicted to the budget) or ``"context"``
+            (the context is; the question is then fed without eviction and never evicted: the cache holds
+            the budget plus the question). Under ``"context"`` every sample needs a non-empty question.
+        decode: ``"evict"`` (after every generated token; under ``"context"`` the question stays) or
+            ``"keep"`` (no eviction after the prompt: the cache grows by one token per generated token).
+        max_new_tokens: every sample's generation length (the prompts are built for it; prebuilt
+            ``prompts`` must have been); None: each sample's own.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
+    from kdeval.keydiff.memory import model_weight_bytes
 
+    check_choice("compress", compress, COMPRESS)
+    check_choice("decode", decode, DECODE)
     if prompts is None:
-        samples, built = model_prompts(lm, task, sample_ids, limit, chat)
+        samples, built = model_prompts(lm, task, sample_ids, limit, chat, max_new_tokens)
     else:  # built by model_prompts, which checked the context
         keep = _select(task, prompts[0], sample_ids, limit)
         samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
+    _check_protocol(task, samples, built, compress, max_new_tokens)
+    context_only = compress == "context"
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)  # decodes the answers
     unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
@@ -186,6 +244,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     eng = Engine(lm.model, _resolve_policy(policy, policy_params), config)
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
+    weight_bytes = model_weight_bytes(lm.model)
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
     for group in _groups(built):
@@ -202,9 +261,11 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             if shared:
                 fork = scratch = state.fork(into=scratch)
             res = eng.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
-                               eos_token_id=eos, state=fork)
+                               eos_token_id=eos, state=fork, protect_last=len(p.suffix_ids) if context_only else 0,
+                               decode_evict=decode == "evict")
             gen = res.tokens[0]
-            rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s))
+            rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
+                             weight_bytes))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
@@ -213,7 +274,9 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
 
 
 def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The task's headline numbers from its rows (plus mean latency and peak memory)."""
+    """The task's headline numbers from its rows, plus mean latency, the process/GPU peak
+    (``max_peak_memory_bytes``, weights included), the KV cache's peak (``max_peak_kv_bytes``) and the
+    model's weights (``model_weight_bytes``), where the rows have them."""
     if not rows:
         raise EvalError(f"rows: expected at least one row to aggregate for {task.name}")
     out = dict(task.aggregate(rows))
@@ -224,4 +287,8 @@ def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     mems = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
     if mems:
         out["max_peak_memory_bytes"] = max(mems)
+    for key, name in (("peak_kv_bytes", "max_peak_kv_bytes"), ("model_weight_bytes", "model_weight_bytes")):
+        vals = [int(r[key]) for r in rows if r.get(key) is not None]
+        if vals:
+            out[name] = max(vals)
     return out

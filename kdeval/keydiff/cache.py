@@ -17,16 +17,20 @@ cache, causal within the chunk) is therefore right, whatever order the older tok
   ``length = min(tokens seen, N)``.
 - :class:`GatherLayer` (``store="gather"``): transformers' growing ``DynamicLayer``; eviction gathers the kept
   tokens into new tensors in position order. Simple, and the reference the slot store is checked against.
+
+Steps that do not evict (kvpress's question, decoding without eviction) make the cache grow past
+``budget + chunk``: the slot store then grows its buffers (once, by :meth:`BudgetCache.reserve`, when the
+engine knows how much), and a static-layout cache, which cannot grow, is first copied into a dynamic one
+(:meth:`BudgetCache.thawed`).
 """
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-
-def _expand(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``index [b, h, k]`` → ``[b, h, k, *like.shape[3:]]`` for gather/scatter along dim 2."""
-    return index.view(*index.shape, *([1] * (like.dim() - 3))).expand(*index.shape, *like.shape[3:])
+from kdeval.keydiff.slots import (  # noqa: F401  (EmptySlots, move_tail, static_visible: re-exported)
+    EMPTY_POSITION, EmptySlots, compact, expand_index, move_tail, static_visible,
+)
 
 
 class _BudgetLayerMixin:
@@ -40,6 +44,11 @@ class _BudgetLayerMixin:
         self.pending = 0
         self.state_names = state_names
         self.next_positions: torch.Tensor | None = None
+        #: bytes of the key/value tensors allocated during the last forward (set by ``update``)
+        self.held_nbytes = 0
+
+    def _note_held(self) -> None:
+        self.held_nbytes = sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
     def get_seq_length(self) -> int:
         return self.length
@@ -51,75 +60,8 @@ class _BudgetLayerMixin:
         return -1
 
 
-#: The position recorded for an empty slot of the static layout: sorts after every real position.
-EMPTY_POSITION = 2**62
-
-
-def static_visible(row, slot, cached, budget: int):
-    """The static layout's attention rule: query ``row`` of the chunk sees ``slot`` when it is one of the
-    ``cached`` valid head slots ``[0, cached)``, or a tail slot ``[budget, budget + t)`` at or before its own.
-    Broadcasts over tensors (the dense mask) and works on FlexAttention's scalar indices (its ``mask_mod``)."""
-    return (slot < cached) | ((slot >= budget) & (slot - budget <= row))
-
-
-class EmptySlots:
-    """Static layout: the empty head slots ``[cached, budget)`` of the ``budget + t`` slots a step scores get
-    distinct scores below every real score, lowest slot lowest, so eviction frees them first and in slot order
-    (the chunk then moves into ``[cached, cached + t)`` in every layer and head: the valid slots stay a prefix).
-
-    Which slots are empty is the same for every layer: computed once per step. The ranks depend only on the
-    shape: ``ranks`` (a dict the engine keeps) caches them per (slots, dtype, device).
-
-    ``room``: the host knows that the empty slots hold the whole chunk (``cached + t <= budget``). Eviction
-    would then free exactly ``[cached, cached + t)``, so the engine skips scoring and moves the chunk there
-    (:func:`move_tail`); ``room_slots`` ``[t]`` are those slots.
-    """
-
-    def __init__(self, budget: int, t: int, cached: int | torch.Tensor, device: torch.device,
-                 ranks: dict | None = None, room: bool = False):
-        self.budget = budget
-        self.slots = torch.arange(budget + t, device=device)
-        self.ranks = {} if ranks is None else ranks
-        self.room_slots = self.slots[:t] + cached if room else None
-        self.mask = None if room else (self.slots >= cached) & (self.slots < budget)  # [budget + t]
-
-    def ranked(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores [rows, h, budget + t]`` with the empty slots' ranks in."""
-        if scores.dtype not in (torch.float32, torch.float64):
-            scores = scores.float()  # the ranks need float32's range and precision
-        key = (scores.shape[-1], scores.dtype, scores.device)
-        if key not in self.ranks:  # -2e30 at slot 0 rising to -1e30 at slot budget
-            self.ranks[key] = -1e30 * (2.0 - self.slots.to(scores.dtype) / self.budget)
-        return torch.where(self.mask, self.ranks[key], scores)
-
-
-def move_tail(buffers, slots: torch.Tensor, base: int) -> None:
-    """Move the ``t`` tail slots ``[base, base + t)`` of every buffer ``[rows, h, slots, ...]`` into ``slots [t]``
-    (empty head slots, below ``base``): what :func:`compact` does when the dropped slots are exactly those."""
-    t = slots.shape[0]
-    for buf in buffers:
-        buf.index_copy_(2, slots, buf[:, :, base : base + t].clone())  # the clone: source and target share a buffer
-
-
-def compact(buffers, drop: torch.Tensor, keep_n: int) -> None:
-    """Free the slots ``drop [rows, h, k]`` of every buffer ``[rows, h, slots, ...]`` so that the kept tokens
-    fill ``[0, keep_n)``: each dropped slot below ``keep_n`` (a hole) receives one surviving token from the
-    tail ``[keep_n, keep_n + k)``; an O(k) move, no gather of the whole cache."""
-    k = drop.shape[-1]
-    dst = drop.sort(dim=-1).values  # holes first (< keep_n), then dropped tail slots
-    in_tail = dst >= keep_n
-    n_holes = (~in_tail).sum(dim=-1, keepdim=True)
-    tail_dropped = torch.zeros_like(dst).scatter_add_(-1, (dst - keep_n).clamp(min=0), in_tail.long())
-    movers = keep_n + torch.argsort(tail_dropped.clamp(max=1), dim=-1, stable=True)  # survivors first
-    slot = torch.arange(k, device=dst.device)
-    src = torch.where(slot < n_holes, movers, dst)  # past the holes: copy a dropped tail slot onto itself
-    for buf in buffers:
-        moved = buf.gather(2, _expand(src, buf))
-        buf.scatter_(2, _expand(dst, buf), moved)
-
-
 class SlotLayer(_BudgetLayerMixin, DynamicLayer):
-    """A fixed buffer of ``capacity`` slots (grown only for the full cache), written in place.
+    """A buffer of ``capacity`` slots written in place, grown only for the full cache and steps without eviction.
 
     ``static_base`` N selects the static layout (module docstring): chunks land in ``[N, N + t)``.
     """
@@ -150,8 +92,19 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         self.positions = torch.full((b, h, self.capacity), fill, dtype=torch.long, device=dev)
         self.state = {n: torch.zeros(b, h, self.capacity, dtype=torch.float32, device=dev) for n in self.state_names}
 
-    def _grow(self, need: int) -> None:
-        new_cap = max(need, 2 * self.capacity)
+    def reserve(self, capacity: int) -> None:
+        """Make room for ``capacity`` tokens at once (no-op when there is; not for the static layout)."""
+        if capacity <= self.capacity:
+            return
+        if self.static_base is not None:
+            raise ValueError("reserve: the static layout's buffers have a fixed size")
+        if self.is_initialized:
+            self._grow(capacity, exact=True)
+        else:
+            self.capacity = capacity
+
+    def _grow(self, need: int, exact: bool = False) -> None:
+        new_cap = need if exact else max(need, 2 * self.capacity)
 
         def grown(t: torch.Tensor) -> torch.Tensor:
             out = t.new_zeros(*t.shape[:2], new_cap, *t.shape[3:])
@@ -176,6 +129,7 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         for s in self.state.values():
             s[:, :, start:end] = 0.0
         self.pending = t
+        self._note_held()
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -187,6 +141,21 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         if self.static_base is not None and self.pending:
             m = self.static_base + self.pending
         return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
+
+    def adopt(self, src: "SlotLayer") -> None:
+        """Take copies of ``src``'s valid tokens ``[0, src.length)`` into this (empty, dynamic) layer's buffers."""
+        n, cap = src.length, self.capacity
+        self.dtype, self.device, self.is_initialized = src.dtype, src.device, True
+
+        def copied(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros(*t.shape[:2], cap, *t.shape[3:])
+            out[:, :, :n] = t[:, :, :n]
+            return out
+
+        self.keys, self.values, self.positions = copied(src.keys), copied(src.values), copied(src.positions)
+        self.state = {name: copied(s) for name, s in src.state.items()}
+        self.length = n
+        self._note_held()
 
     def commit_into(self, slots: torch.Tensor) -> None:
         """Static layout, with room for the whole chunk: move it from the tail into the empty ``slots [t]``."""
@@ -234,7 +203,11 @@ class GatherLayer(_BudgetLayerMixin, DynamicLayer):
         zeros = torch.zeros(b, h, t, dtype=torch.float32, device=key_states.device)
         self.state = {n: torch.cat([self.state[n], zeros], 2) if n in self.state else zeros.clone() for n in self.state_names}
         self.pending = t
+        self._note_held()
         return keys, values
+
+    def reserve(self, capacity: int) -> None:
+        """Nothing to do: the gather store allocates what each step needs."""
 
     def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         return self.keys, self.positions, self.state
@@ -248,8 +221,8 @@ class GatherLayer(_BudgetLayerMixin, DynamicLayer):
         b, h = drop.shape[:2]
         keep_mask = torch.ones(b, h, m, dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
         keep = keep_mask.nonzero()[:, -1].view(b, h, m - drop.shape[-1])  # row-major: ascending slots
-        self.keys = self.keys.gather(2, _expand(keep, self.keys))
-        self.values = self.values.gather(2, _expand(keep, self.values))
+        self.keys = self.keys.gather(2, expand_index(keep, self.keys))
+        self.values = self.values.gather(2, expand_index(keep, self.values))
         self.positions = self.positions.gather(2, keep)
         self.state = {n: s.gather(2, keep) for n, s in self.state.items()}
         self.length = keep.shape[-1]
@@ -281,6 +254,7 @@ class BudgetCache(Cache):
         self.store = store
         self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (Engine.phase)
         self.owner = None  # a weak reference to the engine that made this cache (its pool takes only its own)
+        self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
 
     @property
     def length(self) -> int:
@@ -367,3 +341,27 @@ class BudgetCache(Cache):
     def nbytes(self) -> int:
         """Bytes held by the key/value tensors (allocated buffers, not just valid slots)."""
         return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)
+
+    def held_nbytes(self) -> int:
+        """Bytes of the key/value tensors allocated during the last forward, all layers: for the slot store its
+        buffers; for the gather store the cached tokens plus the chunk, before eviction gathered the kept ones."""
+        return sum(l.held_nbytes for l in self.layers)
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` per layer in every layer's buffers, allocated at once (slot store; a no-op for
+        the gather store and where there is room)."""
+        for layer in self.layers:
+            layer.reserve(tokens)
+
+    def thawed(self, capacity: int) -> "BudgetCache":
+        """A copy of this static-layout cache's valid tokens ``[0, length)`` in a dynamic slot cache with room for
+        ``capacity`` tokens per layer: chunks land after the kept tokens and the buffers grow, so steps that
+        do not evict can follow. This cache is left as it is."""
+        if self.static_base is None:
+            raise ValueError("thawed: only a static-layout cache is thawed")
+        out = BudgetCache(len(self.layers), "slot", max(capacity, self.length), self.state_names)
+        out.owner, out.thawed_from = self.owner, self.static_base
+        for src, dst in zip(self.layers, out.layers):
+            if src.is_initialized:
+                dst.adopt(src)
+        return out

@@ -4,11 +4,23 @@ Per layer and KV head the cache never holds more than ``budget + chunk_size`` to
 decoding), whatever the prompt length. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
 ``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
 distances.
+
+Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and ``decode_evict``):
+
+- the KeyDiff paper's (the defaults): every chunk of the whole prompt is evicted to ``N``, and so is every
+  generated token;
+- kvpress's (``protect_last=len(question)``): the context is prefilled with eviction to ``N`` (at most
+  ``N + B`` held), then the question is fed without eviction and *protected*: never evicted afterwards. The
+  budget ``N`` counts the unprotected tokens (the context's survivors and the generated tokens); the ``P``
+  protected ones are held on top of it, so an evicting step leaves ``min(N, unprotected) + P`` tokens.
+  ``decode_evict=False`` stops eviction after the prompt: the cache grows by one token per decode step.
+
+Steps that do not evict run eagerly: a static-layout (graph path) cache is first thawed into a dynamic one
+(``BudgetCache.thawed``) and its buffers, with the graphs captured on them, go back to the engine's pool.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 import weakref
 from typing import Callable
@@ -18,16 +30,17 @@ import torch
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
 from kdeval.keydiff.blocks import CompiledBlocks
-from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
-from kdeval.keydiff.compiling import compile_fn
+from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.config import EngineConfig
+from kdeval.keydiff.eviction import Eviction, compiled_score, plain_score
 from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
-from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
+from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
-class Engine:
+
+class Engine(Eviction):
     """Runs one policy under one budget on one model; reusable across prompts."""
 
     def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
@@ -52,7 +65,7 @@ class Engine:
         self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
         self.compiled_scoring = self.use_graphs and config.compile_scoring
-        self._score = _compiled_score() if self.compiled_scoring else _score
+        self._score = compiled_score() if self.compiled_scoring else plain_score
         self._blocks = CompiledBlocks(model) if self.use_graphs and config.compile_blocks else None
         dtype = next(model.parameters()).dtype
         if self.use_graphs and config.flex_attention and self.device.type == "cpu" and dtype == torch.float64:
@@ -83,18 +96,24 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None,
-                collect_logits: bool = False) -> PrefillState:
-        """Feed ``input_ids [batch, L]`` chunk by chunk after ``state`` (a fresh cache if ``None``)."""
+                collect_logits: bool = False, evict: bool = True) -> PrefillState:
+        """Feed ``input_ids [batch, L]`` chunk by chunk after ``state`` (a fresh cache if ``None``).
+
+        ``evict=False``: no eviction after these chunks, and their tokens are protected (never evicted by
+        later steps, held on top of the budget): kvpress's question."""
         input_ids = self._check_ids(input_ids, state)
-        return self._prefill(input_ids, state, collect_logits, PeakMemory(self.device), reserve=0)
+        return self._prefill(input_ids, state, collect_logits, PeakMemory(self.device), reserve=0, evict=evict)
 
     def _prefill(self, input_ids: torch.Tensor, state: PrefillState | None, collect_logits: bool,
-                 memory: PeakMemory, reserve: int) -> PrefillState:
-        """``reserve``: tokens that will follow (generation), so a non-evicting cache is allocated once."""
+                 memory: PeakMemory, reserve: int, evict: bool = True) -> PrefillState:
+        """``reserve``: tokens that will follow (generation), so a non-evicting cache is allocated once; without
+        eviction (``evict=False``) the cache makes room for these tokens and ``reserve`` more at once."""
         state = state or self.new_state(input_ids.shape[0], input_ids.shape[1] + reserve)
+        if not evict:
+            self._make_room(state, input_ids.shape[1] + reserve)
         B = self.config.chunk_size
         for s in range(0, input_ids.shape[1], B):
-            logits = self._step(state, input_ids[:, s : s + B], collect_logits)
+            logits = self._step(state, input_ids[:, s : s + B], collect_logits, evict=evict, protect=not evict)
             memory.sample()
             if collect_logits:
                 state.chunk_logits.append(logits.float().cpu())
@@ -103,13 +122,30 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int | None = None,
-                 eos_token_id: int | list[int] | None = None, state: PrefillState | None = None) -> GenerationResult:
-        """Prefill ``input_ids [batch, L]`` (after ``state`` if given), then decode greedily."""
+                 eos_token_id: int | list[int] | None = None, state: PrefillState | None = None, *,
+                 protect_last: int = 0, decode_evict: bool = True) -> GenerationResult:
+        """Prefill ``input_ids [batch, L]`` (after ``state`` if given), then decode greedily.
+
+        ``protect_last``: the last ``protect_last`` prompt tokens (the question) are fed after the others
+        without eviction and stay protected (:meth:`prefill` with ``evict=False``); 0: every chunk is evicted.
+        ``decode_evict``: evict after every generated token (protected tokens stay); ``False``: the cache
+        grows by one token per decode step.
+        """
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         input_ids = self._check_ids(input_ids, state, max_new)
+        if not isinstance(protect_last, int) or not 0 <= protect_last <= input_ids.shape[1]:
+            raise ValueError(f"protect_last: expected 0 .. {input_ids.shape[1]} prompt tokens, got {protect_last!r}")
         memory = PeakMemory(self.device)
         t0 = time.perf_counter()
-        state = self._prefill(input_ids, state, False, memory, reserve=max_new)
+        split = input_ids.shape[1] - protect_last
+        # a decode step holds one more token than the cache keeps; without eviction each one stays
+        decode_room = 0 if max_new < 2 else (1 if decode_evict else max_new - 1)
+        if split:
+            state = self._prefill(input_ids[:, :split], state, False, memory, reserve=protect_last + max_new)
+        if protect_last:
+            state = self._prefill(input_ids[:, split:], state, False, memory, reserve=decode_room, evict=False)
+        if not decode_evict and decode_room:
+            self._make_room(state, decode_room)
         prompt_tokens = state.seen
         eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         batch = input_ids.shape[0]
@@ -132,7 +168,7 @@ class Engine:
                         out[r].append(tok)
             if all(done) or i == max_new - 1:
                 break
-            logits = self._step(state, nxt.view(batch, 1), False)[:, -1, :]
+            logits = self._step(state, nxt.view(batch, 1), False, evict=decode_evict)[:, -1, :]
             memory.sample()
         decode_s = time.perf_counter() - t_first
         n_decoded = max(len(r) for r in out) if out else 0
@@ -146,6 +182,8 @@ class Engine:
             kept_tokens=state.cache.length,
             peak_memory_bytes=memory.peak_bytes,
             kv_cache_bytes=state.cache.nbytes(),
+            peak_kv_bytes=state.peak_kv_bytes,
+            memory_kind=memory.kind,
         )
         return GenerationResult(out, stats, state)
 
@@ -158,9 +196,12 @@ class Engine:
         """
         state.check_usable()
         state.released = True
-        cache = state.cache
+        self._pool(state.cache)
+
+    def _pool(self, cache: BudgetCache) -> None:
+        """Keep ``cache`` for the next request of its batch size when it is one of this engine's static ones."""
         mine = cache.owner is not None and cache.owner() is self
-        if mine and self.use_graphs and cache.batch_size is not None:
+        if mine and self.use_graphs and cache.static_base is not None and cache.batch_size is not None:
             self._spare[cache.batch_size] = cache
 
     # ------------------------------------------------------------------ internals
@@ -172,7 +213,9 @@ class Engine:
             raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
         if state is not None:
             state.check_usable()
-        if state is not None and state.cache.static_base != (self.config.budget if self.use_graphs else None):
+        layout = self.config.budget if self.use_graphs else None
+        if state is not None and state.cache.static_base != layout and not (
+                state.cache.static_base is None and state.cache.thawed_from == layout):
             raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
                              "continue it with the engine that made it")
         wanted = self.policy.slot_state if self.evicting else ()
@@ -187,16 +230,36 @@ class Engine:
             )
         return input_ids.to(self.device)
 
-    def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
-        """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget."""
+    def _make_room(self, state: PrefillState, tokens: int) -> None:
+        """Room for ``tokens`` more without eviction: a static-layout cache is thawed into a dynamic one (its
+        buffers and graphs go back to the pool), a slot cache grows its buffers once."""
+        cache = state.cache
+        need = cache.length + tokens
+        if cache.static_base is not None:
+            state.cache = cache.thawed(need)
+            if cache.graphs or cache.batch_size not in self._spare:  # keep a pooled cache with graphs
+                self._pool(cache)
+        else:
+            cache.reserve(need)
+
+    def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
+              protect: bool = False) -> torch.Tensor:
+        """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget
+        plus the protected tokens (``evict=False``: none; ``protect``: these tokens become protected)."""
         t = ids.shape[1]
+        if not evict and state.cache.static_base is not None:
+            self._make_room(state, t)
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
-        graph = self._graph_for(state, ids, all_logits)
+        graph = self._graph_for(state, ids, all_logits) if evict else None
         if graph is not None:
             logits = graph.run(self, state.cache, ids, state.seen)
         else:
             positions = torch.arange(state.seen, state.seen + t, device=self.device)
-            logits = self._device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits)
+            logits = self._device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits,
+                                       evict=evict, protected=tuple(state.protected))
+        state.peak_kv_bytes = max(state.peak_kv_bytes, state.cache.held_nbytes())
+        if protect:
+            state.protect(state.seen, state.seen + t)
         state.seen += t
         state.steps += 1
         if self.on_step is not None:
@@ -204,11 +267,13 @@ class Engine:
         return logits
 
     def _device_step(self, cache: BudgetCache, ids: torch.Tensor, positions: torch.Tensor,
-                     seen_after: int | torch.Tensor, steps: int, all_logits: bool) -> torch.Tensor:
+                     seen_after: int | torch.Tensor, steps: int, all_logits: bool, evict: bool = True,
+                     protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
         """Forward + eviction with no host synchronisation: capturable as one CUDA graph (static layout).
 
         ``positions [t]`` and ``seen_after`` (an int, or a 0-d device tensor under graphs) are the only inputs
-        that change from chunk to chunk.
+        that change from chunk to chunk. ``evict=False`` and ``protected`` (position ranges never evicted, on
+        top of the budget) take the eager path only: a dynamic-layout cache.
         """
         t = ids.shape[1]
         cache.begin_chunk(positions)
@@ -243,12 +308,12 @@ class Engine:
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
-        self._evict(cache, t, seen_after, steps, capture, empty)
+        self._evict(cache, t, seen_after, steps, capture, empty, evict, protected)
         return out.logits
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):
         """The captured step for this cache and chunk shape, when graphs apply (static layout); else ``None``."""
-        if not self.use_graphs or all_logits:
+        if not self.use_graphs or all_logits or state.cache.static_base is None:  # thawed: eager
             return None
         t = ids.shape[1]
         if t not in (self.config.chunk_size, 1):
@@ -265,75 +330,3 @@ class Engine:
         take the whole chunk: nothing to score), ``partial`` (some empty slots, some eviction) or ``full``."""
         n = self.config.budget
         return "full" if cache.length >= n else "room" if cache.length + t <= n else "partial"
-
-    def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-               capture: AttentionCapture | None, empty: EmptySlots | None = None) -> None:
-        """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise)."""
-        if cache.fused is not None:
-            self._evict_fused(cache, t, seen, steps, capture, empty)
-            return
-        budget = self.config.budget
-        for idx, layer in enumerate(cache.layers):
-            m = budget + t if empty is not None else layer.length + layer.pending
-            if not self.evicting:
-                layer.evict(None)
-                continue
-            keys, positions, pstate = layer.view()
-            ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
-            self.policy.observe(ctx)
-            if empty is not None and empty.room_slots is not None:
-                layer.commit_into(empty.room_slots)
-                continue
-            if m <= budget:
-                layer.evict(None)
-                continue
-            layer.evict(self._choose(keys, ctx, m - budget, empty))
-        if capture is not None:
-            capture.clear()
-
-    def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, empty: EmptySlots | None) -> torch.Tensor:
-        """The ``k`` slots to free per row of ``keys [rows, h, slots, d]``: the policy's scores, the protected
-        positions raised, empty slots (static layout) lowered, then the ``k`` lowest → ``[rows, h, k]``."""
-        budget = self.config.budget
-        scores = self._score(self.policy, keys, ctx)
-        scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
-        if empty is not None:
-            scores = empty.ranked(scores)
-        if self.policy.ties:
-            # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
-            # own choice among ties depends on the array's layout), so the kept set depends neither on which
-            # slot a token occupies nor on empty slots.
-            return lowest_oldest_first(scores, ctx.positions, k, ctx.position_order)
-        return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
-
-    def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-                     capture: AttentionCapture | None, empty: EmptySlots) -> None:
-        """The static layout's eviction for all layers at once, over the cache's shared buffers: the same
-        scoring, protection and selection as :meth:`_evict`, on ``layers * batch`` rows."""
-        budget = self.config.budget
-        m = budget + t
-        buffers = cache.fused
-        keys, positions = buffers["keys"][:, :, :m], buffers["positions"][:, :, :m]
-        pstate = {n: buffers[f"state.{n}"][:, :, :m] for n in self.policy.slot_state}
-        attention = None
-        if capture is not None:
-            attention = torch.cat([capture.by_layer[i] for i in range(len(cache.layers))], dim=0)
-            capture.clear()
-        ctx = ScoreContext(-1, positions, seen, t, attention, pstate, steps)
-        self.policy.observe(ctx)
-        if empty.room_slots is not None:
-            move_tail(list(buffers.values()), empty.room_slots, budget)
-        else:
-            compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
-        cache.advance_static(t)
-
-
-def _score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-    return policy.score(keys, ctx)
-
-
-@functools.cache
-def _compiled_score():
-    """One compiled :func:`_score` per process: its guards are on the policy's class and parameters, not on the
-    instance, so new engines reuse it; a second shape makes it compile a dynamic-shape version."""
-    return compile_fn(_score)

@@ -1,4 +1,6 @@
-"""Peak memory of a run: CUDA peak allocated on GPU, peak resident set size (sampled) on CPU."""
+"""Memory figures: a run's peak (CUDA peak allocated on GPU, peak resident set size sampled on CPU; both include
+the weights) and the bytes of a model's weights. The KV cache's own bytes are the cache's
+(``BudgetCache.nbytes`` / ``held_nbytes``)."""
 from __future__ import annotations
 
 import os
@@ -17,11 +19,26 @@ def current_rss_bytes() -> int:
         return 0
 
 
+def model_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s parameters and buffers (each tensor once: tied weights are not counted twice)."""
+    seen: set[int] = set()
+    total = 0
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
 class PeakMemory:
-    """Tracks the peak over a run. On CUDA the allocator's own peak is reset at start; on CPU RSS is sampled."""
+    """Tracks the peak over a run. On CUDA the allocator's own peak is reset at start; on CPU RSS is sampled.
+
+    ``kind`` names what the peak measures: ``"cuda_max_allocated"`` or ``"process_rss"`` (weights included
+    either way)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.kind = "cuda_max_allocated" if self.cuda else "process_rss"
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(device)
         self.device = device

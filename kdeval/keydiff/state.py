@@ -11,7 +11,17 @@ from kdeval.keydiff.cache import BudgetCache
 
 @dataclass
 class RunStats:
-    """Per-run figures. Memory: CUDA peak allocated on GPU, peak RSS sampled per chunk on CPU."""
+    """Per-run figures.
+
+    - ``peak_kv_tokens``: the most tokens one layer held during a forward.
+    - ``peak_kv_bytes``: the most bytes of key/value tensors the cache had *allocated* during a forward, all
+      layers (what the cache costs: the slot store's ``N + B`` buffer from the first chunk on, a growing
+      cache's buffers at their largest); positions and per-token policy state are not counted.
+    - ``kv_cache_bytes``: the same at the end of the call.
+    - ``peak_memory_bytes``: the process or GPU peak, weights included; ``memory_kind`` says which:
+      ``"cuda_max_allocated"`` (``torch.cuda.max_memory_allocated``) or ``"process_rss"`` (peak RSS sampled
+      per chunk and decode step).
+    """
 
     prompt_tokens: int = 0
     ttft_s: float = 0.0
@@ -22,6 +32,8 @@ class RunStats:
     kept_tokens: int = 0
     peak_memory_bytes: int = 0
     kv_cache_bytes: int = 0
+    peak_kv_bytes: int = 0
+    memory_kind: str = ""
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -29,7 +41,11 @@ class RunStats:
 
 @dataclass
 class PrefillState:
-    """A prefilled (and compressed) cache that generation can continue from; ``fork`` before reusing it."""
+    """A prefilled (and compressed) cache that generation can continue from; ``fork`` before reusing it.
+
+    ``protected``: ranges ``[start, end)`` of absolute positions fed with ``evict=False`` (the question under
+    kvpress's protocol): those tokens are never evicted and are held on top of the budget.
+    """
 
     cache: BudgetCache
     seen: int
@@ -38,6 +54,20 @@ class PrefillState:
     steps: int = 0
     chunk_logits: list[torch.Tensor] = field(default_factory=list)  # [batch, t, vocab] per chunk, if collected
     released: bool = False  # handed back to its engine's pool (Engine.release): not to be used again
+    protected: list[tuple[int, int]] = field(default_factory=list)
+    peak_kv_bytes: int = 0  # RunStats.peak_kv_bytes over this state's steps
+
+    @property
+    def n_protected(self) -> int:
+        """Tokens per layer and KV head that eviction never frees (all of them are in the cache)."""
+        return sum(end - start for start, end in self.protected)
+
+    def protect(self, start: int, end: int) -> None:
+        """Mark positions ``[start, end)`` protected (merged with a range that ends at ``start``)."""
+        if self.protected and self.protected[-1][1] == start:
+            self.protected[-1] = (self.protected[-1][0], end)
+        else:
+            self.protected.append((start, end))
 
     def check_usable(self) -> None:
         if self.released:
@@ -55,6 +85,7 @@ class PrefillState:
         if into is not None and not into.released and into.cache.can_copy_from(self.cache):
             into.cache.copy_from(self.cache)
             into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
+            into.protected, into.peak_kv_bytes = list(self.protected), self.peak_kv_bytes
             into.last_logits = self.last_logits.clone()
             into.chunk_logits = []
             return into
@@ -63,7 +94,8 @@ class PrefillState:
             cache = copy.deepcopy(self.cache)
         finally:
             self.cache.graphs = graphs
-        return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps)
+        return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps,
+                            protected=list(self.protected), peak_kv_bytes=self.peak_kv_bytes)
 
     @property
     def logits(self) -> torch.Tensor:

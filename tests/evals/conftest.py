@@ -46,3 +46,19 @@ def chat_tok() -> ChatByteTokenizer:
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def captured_steps(monkeypatch) -> list:
+    """The arguments of every CUDA-graph step captured while the test runs (emulated graphs on CPU)."""
+    from kdeval.keydiff import graphs
+
+    made: list = []
+    init = graphs.CapturedStep.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(graphs.CapturedStep, "__init__", counted)
+    return made

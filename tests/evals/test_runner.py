@@ -65,21 +65,13 @@ def test_subset_and_context_errors_before_generation(tiny):
         run_task(tiny, get_task("needle", lengths=[5000], haystack="noise"), "full")
 
 
-def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(monkeypatch):
+def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_steps):
     """The graph path (emulated) through run_task: the same predictions as the default path, and the second
     request runs on the first one's released cache, so no step is captured again."""
-    from kdeval.keydiff import graphs
     from kdeval.keydiff.models import load_model
 
     lm = load_model("random:llama-tiny", dtype="float64")
-    made = []
-    init = graphs.CapturedStep.__init__
-
-    def counted(self, *args, **kwargs):
-        made.append(args)
-        init(self, *args, **kwargs)
-
-    monkeypatch.setattr(graphs.CapturedStep, "__init__", counted)
+    made = captured_steps
     task = get_task("needle", lengths=[600], depths=[0, 50, 100], haystack="noise", max_new_tokens=4)
     ids = [s.id for s in build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))[0]]
     static = {"cuda_graphs": True, "emulate_graphs": True}

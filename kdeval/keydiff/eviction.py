@@ -1,0 +1,107 @@
+"""Eviction after a step: score the cached tokens, keep the protected ones, free the rest down to the budget.
+
+A mixin of :class:`kdeval.keydiff.engine.Engine` (its ``config``, ``policy``, ``evicting`` and ``_score``):
+the engine's half that runs after the forward, per layer or, on the static layout with ``fuse_layers``, for
+all layers at once. Shapes as in :mod:`kdeval.keydiff.policy`.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kdeval.keydiff.attention import AttentionCapture
+from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
+from kdeval.keydiff.compiling import compile_fn
+from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
+
+
+class Eviction:
+    """The eviction half of the engine (see the module docstring)."""
+
+    def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
+               capture: AttentionCapture | None, empty: EmptySlots | None = None, evict: bool = True,
+               protected: tuple[tuple[int, int], ...] = ()) -> None:
+        """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise).
+
+        Each layer keeps ``budget`` tokens plus the protected ones (``protected``: position ranges, all held);
+        ``evict=False``: the policy observes the step and everything is kept."""
+        if cache.fused is not None:
+            self._evict_fused(cache, t, seen, steps, capture, empty)
+            return
+        keep = self.config.budget if self.evicting else None
+        if keep is not None and protected:
+            keep += sum(end - start for start, end in protected)
+        for idx, layer in enumerate(cache.layers):
+            m = keep + t if empty is not None else layer.length + layer.pending
+            if not self.evicting:
+                layer.evict(None)
+                continue
+            keys, positions, pstate = layer.view()
+            ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
+            self.policy.observe(ctx)
+            if empty is not None and empty.room_slots is not None:
+                layer.commit_into(empty.room_slots)
+                continue
+            if not evict or m <= keep:
+                layer.evict(None)
+                continue
+            layer.evict(self._choose(keys, ctx, m - keep, empty, protected))
+        if capture is not None:
+            capture.clear()
+
+    def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, empty: EmptySlots | None,
+                protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
+        """The ``k`` slots to free per row of ``keys [rows, h, slots, d]``: the policy's scores (over every
+        cached token, protected ones included), the kept positions (the policy's sink and recent ones, the
+        ``protected`` ranges) raised, empty slots (static layout) lowered, then the ``k`` lowest →
+        ``[rows, h, k]``."""
+        budget = self.config.budget
+        scores = self._score(self.policy, keys, ctx)
+        scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
+        if protected:
+            held = torch.zeros_like(ctx.positions, dtype=torch.bool)
+            for start, end in protected:
+                held |= (ctx.positions >= start) & (ctx.positions < end)
+            scores = scores.masked_fill(held, float("inf"))
+        if empty is not None:
+            scores = empty.ranked(scores)
+        if self.policy.ties:
+            # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
+            # own choice among ties depends on the array's layout), so the kept set depends neither on which
+            # slot a token occupies nor on empty slots.
+            return lowest_oldest_first(scores, ctx.positions, k, ctx.position_order)
+        return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
+
+    def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
+                     capture: AttentionCapture | None, empty: EmptySlots) -> None:
+        """The static layout's eviction for all layers at once, over the cache's shared buffers: the same
+        scoring, protection and selection as :meth:`_evict`, on ``layers * batch`` rows."""
+        budget = self.config.budget
+        m = budget + t
+        buffers = cache.fused
+        keys, positions = buffers["keys"][:, :, :m], buffers["positions"][:, :, :m]
+        pstate = {n: buffers[f"state.{n}"][:, :, :m] for n in self.policy.slot_state}
+        attention = None
+        if capture is not None:
+            attention = torch.cat([capture.by_layer[i] for i in range(len(cache.layers))], dim=0)
+            capture.clear()
+        ctx = ScoreContext(-1, positions, seen, t, attention, pstate, steps)
+        self.policy.observe(ctx)
+        if empty.room_slots is not None:
+            move_tail(list(buffers.values()), empty.room_slots, budget)
+        else:
+            compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
+        cache.advance_static(t)
+
+
+def plain_score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+    """``policy.score(keys, ctx)``: what the engine calls to score (or its compiled form)."""
+    return policy.score(keys, ctx)
+
+
+@functools.cache
+def compiled_score():
+    """One compiled :func:`plain_score` per process: its guards are on the policy's class and parameters, not on the
+    instance, so new engines reuse it; a second shape makes it compile a dynamic-shape version."""
+    return compile_fn(plain_score)
