@@ -1,7 +1,8 @@
 """Baseline eviction policies, one small file each; importing this package registers every policy.
 
-``get_policy`` here sees KeyDiff's variants, ``full`` and the baselines: callers that need every policy
-import it from ``kdeval.baselines``.
+The registry in ``kdeval.keydiff`` imports this package on its first lookup, so ``kdeval.keydiff.get_policy``
+and the names re-exported here see the same policies: KeyDiff's variants, ``full`` and the baselines.
+A new baseline module is imported below.
 """
 from kdeval.baselines import h2o, knorm, random_policy, sink, snapkv, tova  # noqa: F401  (registration)
 from kdeval.keydiff.registry import UnknownPolicyError, describe, get_policy, list_policies, policy_names

@@ -1,11 +1,15 @@
 """One flat registry of eviction policies, shared by KeyDiff's variants and the baselines.
 
-Policies register themselves with :func:`register` when their module is imported; ``kdeval.baselines``
-imports all of them, so callers that need every policy import ``kdeval.baselines.get_policy``.
+Policies register themselves with :func:`register` when their module is imported. The built-in ones live in
+the modules named by :data:`BUILTIN_POLICY_MODULES` (the plugin list), which every lookup (:func:`get_policy`,
+:func:`policy_names`, :func:`describe`, ...) imports on first use: ``kdeval.keydiff.get_policy("snapkv")``
+works without importing ``kdeval.baselines`` first, while importing ``kdeval.keydiff`` alone never imports
+``kdeval.baselines`` (the baselines import this package, not the other way round).
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +18,21 @@ from kdeval.keydiff.policy import Policy
 from kdeval.names import suggest
 
 _REGISTRY: dict[str, type[Policy]] = {}
+
+#: Modules whose import registers the built-in policies; imported on the first lookup, in this order.
+#: ``kdeval.baselines`` imports each of its policy modules (a new baseline is added there).
+BUILTIN_POLICY_MODULES: tuple[str, ...] = ("kdeval.keydiff.keydiff", "kdeval.baselines")
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    """Import :data:`BUILTIN_POLICY_MODULES` once (a failed import is raised, and retried on the next lookup)."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    for module in BUILTIN_POLICY_MODULES:
+        importlib.import_module(module)
+    _builtins_loaded = True
 
 
 class UnknownPolicyError(ValueError):
@@ -54,10 +73,13 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def policy_names() -> list[str]:
+    """Every registered policy name, the built-in ones included, sorted."""
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
 def policy_class(name: str) -> type[Policy]:
+    _load_builtins()
     if name not in _REGISTRY:
         raise UnknownPolicyError(f"policy: unknown name '{name}'{suggest(name, policy_names())} (known: {', '.join(policy_names())})")
     return _REGISTRY[name]

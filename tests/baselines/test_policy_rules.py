@@ -59,23 +59,6 @@ def test_h2o_keeps_heavy_hitters_and_recent_window():
             assert set(held(state, li)[0, h].tolist()) == expect
 
 
-def test_snapkv_window_votes_pooled():
-    ids, budget, window = prompt(64, seed=4), 24, 8
-    pol = get_policy("snapkv", window=window, kernel=3)
-    state = Engine(load_model("random:llama-tiny").model, pol, EngineConfig(budget=budget, chunk_size=64)).prefill(ids)
-    for li, attn in enumerate(eager_attentions(ids)):
-        votes = attn[0, :, -window:, :].sum(1).view(2, 4, -1).mean(1)  # [2, L]
-        padded = torch.nn.functional.pad(votes, (1, 1), value=float("-inf"))
-        pooled = torch.stack([padded[:, i : i + 3].max(-1).values for i in range(64)], -1)
-        for h in range(2):
-            kept = set(held(state, li)[0, h].tolist())
-            assert set(range(64 - window, 64)) <= kept
-            # max-pooling makes ties: compare the kept scores, not which of two equal tokens was taken
-            kept_scores = sorted(pooled[h, p].item() for p in kept if p < 64 - window)
-            best = sorted(pooled[h, : 64 - window].topk(budget - window).values.tolist())
-            assert kept_scores == pytest.approx(best, abs=1e-6)
-
-
 def test_pool_scores_spreads_a_spike_to_its_neighbours_in_position_order():
     scores = torch.zeros(1, 1, 10)
     scores[0, 0, 4] = 1.0

@@ -1,0 +1,65 @@
+"""Every built-in policy is reachable from ``kdeval.keydiff`` alone, and ``kdeval.keydiff`` stays below
+``kdeval.baselines``: importing it does not import the baselines, a lookup does (the registry's plugin list).
+
+Each check runs in a fresh interpreter: this one has imported ``kdeval.baselines`` long ago.
+"""
+import json
+import subprocess
+import sys
+
+from kdeval.baselines import policy_names
+
+BUILTIN = {"full", "keydiff", "keydiff-mean", "keydiff-pairwise", "keydiff-sw", "sink", "tova", "h2o", "snapkv",
+           "knorm", "random"}
+
+
+def fresh(code: str) -> dict:
+    """Run ``code`` in a new interpreter; it prints one JSON object as its last line."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_builtin_set_is_what_the_baselines_package_registers():
+    assert set(policy_names()) == BUILTIN
+
+
+def test_import_keydiff_does_not_import_baselines_until_a_lookup():
+    got = fresh(
+        "import json, sys\n"
+        "import kdeval.keydiff\n"
+        "import kdeval.keydiff.registry\n"
+        "before = sorted(m for m in sys.modules if m.startswith('kdeval.baselines'))\n"
+        "kdeval.keydiff.get_policy('snapkv')\n"
+        "print(json.dumps({'before': before, 'after': 'kdeval.baselines' in sys.modules}))\n"
+    )
+    assert got == {"before": [], "after": True}
+
+
+def test_get_policy_builds_every_builtin_from_keydiff_alone():
+    """``policy_names`` is the first lookup here (``get_policy`` is in the test above): both load the builtins."""
+    got = fresh(
+        "import json\n"
+        "from kdeval.keydiff import describe, get_policy, list_policies, policy_names\n"
+        "names = policy_names()\n"
+        "built = {n: type(get_policy(n)).name for n in names}\n"
+        "print(json.dumps({'names': names, 'built': built, 'listed': [p.name for p in list_policies()],\n"
+        "                  'snapkv_window': describe('snapkv').to_dict()['params'][0]}))\n"
+    )
+    assert set(got["names"]) == BUILTIN
+    assert got["built"] == {n: n for n in got["names"]}
+    assert got["listed"] == got["names"]
+    assert got["snapkv_window"] == {"name": "window", "type": "int", "default": 32}
+
+
+def test_unknown_name_lists_the_baselines_too():
+    got = fresh(
+        "import json\n"
+        "from kdeval.keydiff import UnknownPolicyError, get_policy\n"
+        "try:\n"
+        "    get_policy('snapvk')\n"
+        "except UnknownPolicyError as e:\n"
+        "    print(json.dumps({'msg': str(e)}))\n"
+    )
+    assert got["msg"].startswith("policy: unknown name 'snapvk'")
+    assert "snapkv" in got["msg"] and "h2o" in got["msg"]
