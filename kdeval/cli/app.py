@@ -9,7 +9,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate KV-cache eviction policies under a hard memory budget.")
 
 # Each module defines register(app). Modules of layers not yet installed are skipped.
-_COMMAND_MODULES = ("generate_cmds", "evals_cmds", "service_cmds", "report_cmds")
+_COMMAND_MODULES = ("generate_cmds", "evals_cmds", "service_cmds", "report_cmds", "export_cmds")
 
 for _name in _COMMAND_MODULES:
     try:

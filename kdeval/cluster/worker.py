@@ -1,6 +1,7 @@
 """The worker actor: holds one loaded model and runs cells with it, one at a time.
 
-A worker never touches the index: it returns a :class:`CellOutcome` (rows included) to the driver.
+A worker never touches the index: it returns a :class:`CellOutcome` (rows and, for a done cell, the
+result's provenance included) to the driver.
 Errors raised by the cell's own code (including out-of-memory) come back as ``ok=False`` with the
 traceback; only the death of the process or node surfaces as a Ray error.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import ray
 
+from kdeval.cluster.provenance import collect_provenance
 from kdeval.cluster.workload import CellOutcome, CellTask, WorkerInfo, Workload
 
 
@@ -76,6 +78,7 @@ class CellWorker:
             cell_id=task.cell_id, ok=True, worker=self.name, node=self.node_id,
             duration_s=time.perf_counter() - t0, model_loads=self.model_loads, rows=result.rows,
             summary=result.summary, peak_memory_bytes=result.peak_memory_bytes,
+            provenance=collect_provenance(task),
         )
 
 

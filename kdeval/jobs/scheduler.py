@@ -9,8 +9,11 @@ Rules:
   cell's attempt is recorded ``lost``/``timeout`` and the cell requeued until ``max_attempts``.
 * **Cell errors** (the cell's own code raised, out-of-memory included) mark that cell failed with the
   error text; the run goes on.
-* Only this loop (the driver) writes the index; per-sample rows are written to Parquet (temp + rename)
-  *before* the cell is marked done.
+* Only this loop (the driver) writes the index; per-sample rows, with the cell's identity columns added
+  (:func:`kdeval.jobs.export.self_describing`), are written to Parquet (temp + rename) *before* the cell
+  is marked done, with the provenance the worker reported.
+* A cell another run finished meanwhile is skipped only if its Parquet file checks out
+  (:func:`kdeval.storage.verify_cell`); otherwise it is recomputed.
 * ``kdeval cancel`` is noticed at each heartbeat: dispatching stops, workers are killed, in-flight
   cells go back to pending.
 """
@@ -22,6 +25,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import pyarrow as pa
 import ray
 from ray import exceptions as rex
 
@@ -29,7 +33,8 @@ from kdeval.cluster.raysetup import WorkerResources, missing_resources
 from kdeval.cluster.worker import worker_actor_class
 from kdeval.cluster.workload import CellOutcome, WorkerInfo, Workload
 from kdeval.jobs.cells import CellSpec
-from kdeval.storage import AttemptState, CellState, RunIndex, RunState, write_cell_rows
+from kdeval.jobs.export import self_describing
+from kdeval.storage import AttemptState, CellState, RunIndex, RunState, verify_cell, write_cell_rows
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +170,14 @@ class Scheduler:
         self.queue.setdefault(cell.model_key, deque()).appendleft(cell)
 
     def _done_elsewhere(self, cell: CellSpec) -> bool:
-        """True (and counted done) when another run sharing this cell finished it meanwhile."""
-        if self.index.cell_states([cell.id]).get(cell.id) != CellState.DONE.value:
+        """True (and counted done) when another run sharing this cell finished it meanwhile and its Parquet
+        file is the cell's own (one that fails the check is recomputed)."""
+        view = self.index.get_cell(cell.id)
+        if view is None or view.state != CellState.DONE.value:
+            return False
+        problem = verify_cell(view)
+        if problem is not None:
+            log.warning("cell %s is done but its result file is not usable (%s): recomputing", cell.id, problem)
             return False
         self.progress.done += 1
         self.skipped_done += 1
@@ -215,14 +226,22 @@ class Scheduler:
         f.slot.loads = out.model_loads
         if out.ok:
             try:
-                rel = write_cell_rows(self.results_dir, f.cell.id, out.rows)
+                table = self_describing(out.rows, f.cell, self.run_id)
+            except (pa.ArrowException, ValueError) as e:  # rows Arrow cannot store: the same every attempt
+                self.index.finish_attempt_failed(
+                    f.attempt_id, state=AttemptState.FAILED, error=f"the rows cannot be stored: {e}", final=True,
+                    duration_s=out.duration_s, worker=out.worker, node=out.node)
+                self.progress.failed += 1
+                return
+            try:
+                rel = write_cell_rows(self.results_dir, f.cell.id, table)
             except OSError as e:  # e.g. disk full: the cell is not done; retry within the cap
                 self._retry_or_fail(f, AttemptState.FAILED, f"writing the results failed: {e}")
                 return
             self.index.finish_attempt_done(
-                f.attempt_id, results_dir=self.results_dir, result_path=rel, n_rows=len(out.rows),
+                f.attempt_id, results_dir=self.results_dir, result_path=rel, n_rows=table.num_rows,
                 summary=out.summary, duration_s=out.duration_s, peak_memory_bytes=out.peak_memory_bytes,
-                worker=out.worker, node=out.node)
+                worker=out.worker, node=out.node, provenance=out.provenance or None)
             self.progress.done += 1
         else:
             self.index.finish_attempt_failed(

@@ -1,60 +1,73 @@
 """Run-level operations behind the CLI: plan, submit, execute/resume, cancel, rescore.
 
 ``submit`` = :func:`create_run` + :func:`execute_run`. ``resume`` = :func:`execute_run` on an existing
-run: attempts left ``running`` by a dead driver become ``lost``, failed cells are retried, done cells
-(whose Parquet file exists) are never recomputed, leftover temp files are deleted.
+run: attempts left ``running`` by a dead driver become ``lost``, failed cells are retried, done cells are
+never recomputed, leftover temp files are deleted. A cell counts as done only when its Parquet file checks
+out (:func:`kdeval.storage.verify_cell`: readable, its rows all of this cell, as many as the index says);
+a truncated, shortened or foreign file, or one written before rows named their cell, is recomputed.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from kdeval.cluster.raysetup import WorkerResources, connect
 from kdeval.cluster.workload import Workload
-from kdeval.jobs.cells import CellSpec, expand, grid_hash, kdeval_version
+from kdeval.jobs.cells import CellSpec, expand_grid, grid_hash, kdeval_version
+from kdeval.jobs.errors import GridError
 from kdeval.jobs.grid import GridSpec
 from kdeval.jobs.scheduler import RunOutcome, RunProgress, Scheduler, SchedulerConfig
 from kdeval.jobs.validate import parse_grid
 from kdeval.storage import (
     TERMINAL_RUN_STATES, CellState, CellView, RunIndex, RunState, RunView, age_seconds, clean_temp_files,
+    verify_cell,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RESULTS_DIR = Path(".kdeval") / "results"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A grid's cells and which of them the index already has done."""
+    """A grid's cells, which of them the index already has done, and the cells done in the index whose
+    result file failed the check (``invalid``: cell id -> why; they are recomputed)."""
 
     cells: list[CellSpec]
     done: set[str]
+    invalid: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the grid runs that it may not say (see expand_grid)
 
     @property
     def to_run(self) -> list[CellSpec]:
         return [c for c in self.cells if c.id not in self.done]
 
 
-def _has_results(view: CellView) -> bool:
-    """A cell done in the index whose Parquet file still exists."""
-    return (view.state == CellState.DONE.value and bool(view.results_dir and view.result_path)
-            and (Path(view.results_dir) / view.result_path).is_file())
+def result_problem(view: CellView) -> str | None:
+    """None for a cell done in the index whose Parquet file checks out; else why it does not count as done."""
+    if view.state != CellState.DONE.value:
+        return f"state {view.state}"
+    return verify_cell(view)
 
 
-def _done_ids(index: RunIndex, cells: list[CellSpec]) -> set[str]:
-    """Cells done in the index whose Parquet file still exists."""
+def _done_ids(index: RunIndex, cells: list[CellSpec]) -> tuple[set[str], dict[str, str]]:
+    """Cells done in the index whose Parquet file checks out, and the done ones whose file does not (why)."""
     views = index.get_cells([c.id for c in cells], states=[CellState.DONE])
-    return {cid for cid, v in views.items() if _has_results(v)}
+    problems = {cid: result_problem(v) for cid, v in views.items()}
+    return {cid for cid, p in problems.items() if p is None}, {cid: p for cid, p in problems.items() if p}
 
 
 def plan(index: RunIndex, grid: GridSpec) -> Plan:
     """Expand a grid and look up what is already done (writes nothing)."""
-    cells = expand(grid)
-    return Plan(cells=cells, done=_done_ids(index, cells))
+    expansion = expand_grid(grid)
+    done, invalid = _done_ids(index, expansion.cells)
+    return Plan(cells=expansion.cells, done=done, invalid=invalid, notes=expansion.notes)
 
 
 def new_run_id() -> str:
@@ -97,6 +110,23 @@ class RunBusyError(RuntimeError):
     """Another live driver is running this run."""
 
 
+class StaleRunError(ValueError):
+    """A run recorded by an older kdeval whose cell specs no longer give their stored ids."""
+
+
+def _stored_spec(view: CellView, run_id: str) -> CellSpec:
+    """The cell spec stored for ``view``, refused when it no longer yields the cell's id."""
+    stale = StaleRunError(f"run {run_id} was recorded by an older kdeval whose cells are identified differently; "
+                          "submit its grid again (cells that are still the same are reused)")
+    try:
+        spec = CellSpec.model_validate(view.spec)
+    except ValueError:
+        raise stale from None
+    if spec.id != view.id:
+        raise stale
+    return spec
+
+
 def driver_alive(run: RunView) -> bool:
     """Whether a run's driver looks alive: state running, a fresh heartbeat and (same host) its pid exists."""
     if run.state != RunState.RUNNING.value or run.driver_pid is None:
@@ -129,11 +159,22 @@ def execute_run(
     if driver_alive(run):
         raise RunBusyError(f"run {run_id} is being run by pid {run.driver_pid} on {run.driver_host} "
                            f"(heartbeat {age_seconds(run.heartbeat_at):.0f}s ago); cancel it or wait")
-    grid = parse_grid(run.grid_yaml, f"run {run_id}")
+    try:
+        grid = parse_grid(run.grid_yaml, f"run {run_id}")
+    except GridError:
+        raise StaleRunError(f"run {run_id}: its grid is no longer valid for this kdeval; fix the grid and "
+                            "submit it again") from None
     index.recover_orphans(run_id)
     clean_temp_files(run.results_dir)
     views = index.run_cells(run_id)
-    todo = [CellSpec.model_validate(v.spec) for v in views if not _has_results(v)]
+    todo = []
+    for v in views:
+        problem = result_problem(v)
+        if problem is None:
+            continue
+        if v.state == CellState.DONE.value:
+            log.warning("cell %s is done but its result file is not usable (%s): recomputing it", v.id, problem)
+        todo.append(_stored_spec(v, run_id))
     index.reset_cells([c.id for c in todo], [CellState.FAILED, CellState.DONE, CellState.RUNNING])
     if not todo:
         index.start_driver(run_id, socket.gethostname(), os.getpid())

@@ -8,6 +8,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from kdeval.storage.migrate import add_missing_columns
 from kdeval.storage.models import Base
 
 #: Default index location, relative to the working directory (``--db`` overrides it).
@@ -51,7 +52,8 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 
 
 def make_engine(db: str | Path | None = None) -> Engine:
-    """Create an engine for ``db`` (URL or path) and make the tables if missing."""
+    """Create an engine for ``db`` (URL or path), make the tables if missing and add the columns an index
+    created by an older schema lacks (:mod:`kdeval.storage.migrate`)."""
     url = db_url(db)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
@@ -59,6 +61,7 @@ def make_engine(db: str | Path | None = None) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     _create_tables(engine)
+    add_missing_columns(engine)
     return engine
 
 

@@ -236,9 +236,10 @@ class RunIndex:
     def finish_attempt_done(
         self, attempt_id: int, *, results_dir: str, result_path: str, n_rows: int,
         summary: dict[str, Any], duration_s: float, peak_memory_bytes: int | None,
-        worker: str | None, node: str | None,
+        worker: str | None, node: str | None, provenance: dict[str, Any] | None = None,
     ) -> None:
-        """Mark an attempt and its cell done (call only after the Parquet file is in place)."""
+        """Mark an attempt and its cell done (call only after the Parquet file is in place); ``provenance``
+        is how the result was computed (versions, device, host)."""
         now = utcnow()
         with self.session() as s, s.begin():
             att = s.get(Attempt, attempt_id)
@@ -249,6 +250,7 @@ class RunIndex:
             cell.results_dir, cell.result_path, cell.n_rows = results_dir, result_path, n_rows
             cell.summary, cell.peak_memory_bytes = summary, peak_memory_bytes
             cell.worker, cell.node, cell.error = worker, node, None
+            cell.provenance = provenance
 
     def finish_attempt_failed(
         self, attempt_id: int, *, state: AttemptState, error: str, final: bool,

@@ -6,7 +6,8 @@ Schema (one SQL database, SQLite by default):
 * ``cells`` — one row per *distinct* cell, keyed by its content hash (``cells.id``). A cell is shared by
   every run whose grid contains it, so a resubmitted grid finds its done cells here and runs none of them.
   It carries the latest outcome: state, timings, worker/node, peak memory, summary scores (JSON), error,
-  and the Parquet file holding its per-sample rows (``result_path``, relative to the results directory).
+  the Parquet file holding its per-sample rows (``result_path``, relative to the results directory) and the
+  provenance of that result (``provenance``: code, library and CUDA versions, device, dtype, host; JSON).
 * ``run_cells`` — which cells a run contains, in grid order.
 * ``attempts`` — every execution attempt of a cell (also the lost ones, when a worker or node died),
   with its own state, worker, node, timings and error.
@@ -111,6 +112,9 @@ class Cell(Base):
     results_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # where its Parquet file lives
     result_path: Mapped[str | None] = mapped_column(Text, nullable=True)  # relative to results_dir
     n_rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # where and with what the result was computed (versions, device, host); see kdeval.cluster.provenance.
+    # Added after the first schema: older indexes get it on open (kdeval.storage.migrate).
+    provenance: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class RunCell(Base):

@@ -3,7 +3,8 @@
 Layout: ``<results_dir>/cells/<cell_id[:2]>/<cell_id>.parquet``. A file is written to
 ``_tmp-<cell_id>-<pid>.parquet`` in the same directory, fsynced, then ``os.replace``-d into place; only
 after that does the driver mark the cell done in the index. A crash leaves at worst a temp file, which
-readers ignore and :func:`clean_temp_files` removes.
+readers ignore (pyarrow.dataset and pandas skip ``_``-prefixed files too) and :func:`clean_temp_files` removes.
+Before a done cell is reused its file is checked (:mod:`kdeval.storage.integrity`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kdeval.storage.rows import conform_identity, rows_to_table
+
 TMP_PREFIX = "_tmp-"
 
 
@@ -22,24 +25,14 @@ def cell_relpath(cell_id: str) -> str:
     return f"cells/{cell_id[:2]}/{cell_id}.parquet"
 
 
-def _to_table(rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
-    if isinstance(rows, pa.Table):
-        return rows
-    if not rows:
-        return pa.table({"id": pa.array([], type=pa.string())})
-    keys: dict[str, None] = {}
-    for row in rows:  # union of keys in first-seen order: a column missing in some rows becomes null
-        keys.update(dict.fromkeys(row))
-    return pa.table({k: [row.get(k) for row in rows] for k in keys})
-
-
 def write_cell_rows(results_dir: str | Path, cell_id: str, rows: list[dict[str, Any]] | pa.Table) -> str:
-    """Atomically write a cell's rows; returns the path relative to ``results_dir``."""
+    """Atomically write a cell's rows; returns the path relative to ``results_dir``. Identity columns
+    present (``kdeval.storage.rows.IDENTITY_SCHEMA``) are stored with their fixed types."""
     rel = cell_relpath(cell_id)
     final = Path(results_dir) / rel
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{TMP_PREFIX}{cell_id}-{os.getpid()}.parquet"
-    table = _to_table(rows)
+    table = conform_identity(rows_to_table(rows))
     with open(tmp, "wb") as fh:
         pq.write_table(table, fh)
         fh.flush()

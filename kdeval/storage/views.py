@@ -84,10 +84,13 @@ class CellView:
     result_path: str | None
     n_rows: int | None
     spec: dict[str, Any] = field(repr=False, default_factory=dict)
+    #: How the stored result was computed (``kdeval.cluster.provenance``); None for cells done by older code.
+    provenance: dict[str, Any] | None = field(repr=False, default=None)
 
     @classmethod
     def of(cls, cell: Cell) -> "CellView":
-        return _from_row(cls, cell, summary=dict(cell.summary) if cell.summary else None, spec=dict(cell.spec or {}))
+        return _from_row(cls, cell, summary=dict(cell.summary) if cell.summary else None, spec=dict(cell.spec or {}),
+                         provenance=dict(cell.provenance) if cell.provenance else None)
 
     @property
     def error_line(self) -> str | None:

@@ -1,0 +1,52 @@
+"""`kdeval export RUN --format parquet|csv|jsonl --out FILE`: every sample of a run's done cells, one file.
+
+Exit codes: 0 every cell of the run exported; 1 written, but some cells are missing (not done, or their
+result file failed the integrity check: named on stderr); 2 bad input (unknown run, unknown format, an
+--out whose directory does not exist or cannot be written; nothing is written).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
+from kdeval.cli.index_access import DB_HELP, open_index
+from kdeval.jobs.export import FORMATS, check_format, check_out, export_run
+
+out = Console()
+err = Console(stderr=True)
+
+
+def export(
+    run: str = typer.Argument(..., help="Run id or a unique prefix."),
+    fmt: Optional[str] = typer.Option(
+        None, "--format", help=f"{', '.join(FORMATS)} (default: from the suffix of --out)."),
+    out_file: Path = typer.Option(..., "--out", help="File to write (replaced atomically)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    results_dir: Optional[Path] = typer.Option(
+        None, "--results-dir", help="Where the Parquet files are, when moved since the run (default: as recorded)."),
+) -> None:
+    """One table of every sample of a run's done cells: identity columns (run_id, cell_id, model, policy,
+    params, budget, chunk_size, task, length, seed, dtype, protocol) and every row column."""
+    with bad_input():  # arguments first: a bad --format or --out never opens the index
+        check_out(out_file)
+        check_format(fmt, out_file)
+        index = open_index(db)
+        res = export_run(index, run, fmt, out_file, results_dir=results_dir)
+    target = Path(out_file).expanduser().absolute()
+    out.print(f"run {res.run_id}: {res.table.num_rows} rows of {res.cells} cells -> {target}",
+              highlight=False, soft_wrap=True)
+    if res.not_done:
+        err.print(f"{res.not_done} cell(s) of the run are not done and not exported", highlight=False)
+    for cell_id, why in res.skipped.items():
+        err.print(f"cell {cell_id} left out: its result file is not usable ({why}); "
+                  f"`kdeval resume {res.run_id}` recomputes it", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(EXIT_OK if res.complete else EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `export` to the main app."""
+    app.command("export")(export)
