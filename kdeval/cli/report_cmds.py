@@ -16,7 +16,7 @@ from kdeval.cli.index_access import DB_HELP, open_index
 from kdeval.jobs.reports import Report, ReportOptions, build_report
 from kdeval.jobs.reports import formats
 from kdeval.jobs.reports.output import parse_formats, write_report
-from kdeval.jobs.reports.terminal import cells_table, perf_table, scores_table
+from kdeval.jobs.reports.terminal import cells_table, perf_table, scores_table, warning_lines
 from kdeval.jobs.service import DEFAULT_RESULTS_DIR
 from kdeval.storage import RunIndex
 
@@ -34,6 +34,8 @@ def print_report(report: Report, console: Console = out, detail: bool = False) -
     bad = cells_table(report)
     if bad is not None:
         console.print(bad)
+    for line in warning_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def show_comparison(index: RunIndex, runs: list[str], out_dir: str | Path, *, compare: str = "full",
@@ -80,9 +82,14 @@ def report(
         text = {"md": formats.to_markdown, "json": formats.to_json,
                 "csv": lambda r: formats.csv_text(r, "scores")}[files[0]](rep)
         sys.stdout.write(text)
+        for line in warning_lines(rep):  # stdout holds the file; the warning goes to the terminal
+            err.print(line, highlight=False, soft_wrap=True)
     else:
         if "table" in fmts:
             print_report(rep, detail=detail)
+        else:
+            for line in warning_lines(rep):
+                out.print(line, highlight=False, soft_wrap=True)
         if files:
             target = out_dir or Path(".kdeval") / "reports" / rep.meta.runs[0]
             for name, path in write_report(rep, target, files).items():

@@ -26,6 +26,9 @@ class FakeCell:
     error: str | None = None
     pending: bool = False
     params: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] | None = None   # recorded with the done cell (None: as older code did)
+    identity: bool = True                      # rows carry run_id/cell_id (False: as older code wrote them)
+    summary: dict[str, Any] | None = None      # the cell's summary in the index (default {"score": 0.0})
 
     @property
     def label(self) -> str:
@@ -51,7 +54,8 @@ def rows(scores: list[float], *, prefix: str = "s", task: str = "needle", length
         row = {"task": task, "id": ids[i] if ids else f"{prefix}{i}", "prompt_hash": f"{i:016x}",
                "prompt_tokens": length or 100, "truncated": False, "prediction": "p", "references": ["r"],
                "score": float(score), "ttft_s": 0.5, "decode_s": 2.0, "generated_tokens": 10,
-               "peak_memory_bytes": 1000, "peak_kv_tokens": 256, "kept_tokens": 256,
+               "peak_memory_bytes": 1000, "memory_kind": "process_rss", "peak_kv_tokens": 256,
+               "peak_kv_bytes": 256 * 1024, "kept_tokens": 256,
                "length": length, "depth": depths[i % len(depths)] if depths else None, "meta_json": "{}"}
         if extra:
             row.update(extra(i))
@@ -59,13 +63,24 @@ def rows(scores: list[float], *, prefix: str = "s", task: str = "needle", length
     return out
 
 
-def record_done(idx: RunIndex, run_id: str, cell_id: str, results: str | Path, cell_rows: list[dict[str, Any]]) -> None:
-    """One successful attempt at a cell: its Parquet file written, then the cell marked done."""
+def record_done(idx: RunIndex, run_id: str, cell_id: str, results: str | Path, cell_rows: list[dict[str, Any]],
+                *, provenance: dict[str, Any] | None = None, identity: bool = True,
+                summary: dict[str, Any] | None = None) -> None:
+    """One successful attempt at a cell: its Parquet file written (rows naming their run and cell unless
+    ``identity`` is False), then the cell marked done with ``provenance``."""
     att = idx.start_attempt(run_id, cell_id, "w0", "node0")
-    rel = write_cell_rows(results, cell_id, cell_rows)
+    stored = [{"run_id": run_id, "cell_id": cell_id, **r} for r in cell_rows] if identity else cell_rows
+    rel = write_cell_rows(results, cell_id, stored)
     idx.finish_attempt_done(att, results_dir=str(results), result_path=rel, n_rows=len(cell_rows),
-                            summary={"score": 0.0}, duration_s=1.0, peak_memory_bytes=1000,
-                            worker="w0", node="node0")
+                            summary=summary or {"score": 0.0}, duration_s=1.0, peak_memory_bytes=1000,
+                            worker="w0", node="node0", provenance=provenance)
+
+
+def provenance(device: str = "cpu", source_hash: str = "abc123", **over: Any) -> dict[str, Any]:
+    """A cell's provenance as the worker records it."""
+    return {"kdeval_version": f"0.1.0+{source_hash}", "source_hash": source_hash, "torch": "2.13.0",
+            "transformers": "4.57.0", "cuda": None, "device": device, "dtype": "float32",
+            "attn_implementation": "sdpa", "host": "node0", **over}
 
 
 def store_run(idx: RunIndex, results: Path, run_id: str, cells: list[FakeCell], *, version: str = "v1",
@@ -82,6 +97,7 @@ def store_run(idx: RunIndex, results: Path, run_id: str, cells: list[FakeCell], 
             att = idx.start_attempt(run_id, rec.id, "w0", "node0")
             idx.finish_attempt_failed(att, state=AttemptState.FAILED, error=c.error or "boom", final=True)
         else:
-            record_done(idx, run_id, rec.id, results, c.rows)
+            record_done(idx, run_id, rec.id, results, c.rows, provenance=c.provenance, identity=c.identity,
+                        summary=c.summary)
     idx.set_run_state(run_id, state)
     return run_id

@@ -116,7 +116,7 @@ def test_failed_and_missing_cells_are_shown_not_dropped(store):
     assert next(c for c in rep.cells if c.policy == "keydiff").error == "RuntimeError: CUDA out of memory"
     assert rep.n_incomplete_cells == 2
     perf = {p.policy: p for p in rep.perf}
-    assert perf["keydiff"].state == "failed" and perf["sink"].memory_ratio is None
+    assert perf["keydiff"].state == "failed" and perf["sink"].kv_bytes_ratio is None
 
 
 def test_compare_two_runs_pairs_the_same_slots(store):

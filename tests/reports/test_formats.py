@@ -10,7 +10,7 @@ from kdeval.cli.app import app
 from kdeval.jobs.reports import ReportOptions, build_report
 from kdeval.jobs.reports import formats
 from kdeval.jobs.reports.output import write_report
-from tests.reports.helpers import FakeCell, rows, store_run
+from tests.reports.helpers import FakeCell, provenance, rows, store_run
 
 
 def _sorted(rs):
@@ -23,8 +23,8 @@ def report(store):
     needle_full = rows([1, 1, 0, 1, 1, 0, 1, 1], depths=[10.0, 50.0, 90.0])
     needle_kd = rows([1, 0, 0, 1, 1, 0, 0, 1], depths=[10.0, 50.0, 90.0])
     store_run(idx, res, "r1", [
-        FakeCell("full", None, rows=needle_full),
-        FakeCell("keydiff", 128, rows=needle_kd),
+        FakeCell("full", None, rows=needle_full, provenance=provenance(cuda="12.8", host="a|b")),
+        FakeCell("keydiff", 128, rows=needle_kd, provenance=provenance()),
         FakeCell("keydiff", 256, rows=needle_full[:-1]),
         FakeCell("sink", 128, params={"sink_tokens": 4}, rows=None, error="RuntimeError: x | y"),
         FakeCell("full", None, task="ruler.vt", length=2048, rows=rows([1, 0, 1], task="ruler.vt", length=2048)),
@@ -44,12 +44,14 @@ def test_every_format_round_trips_the_same_rows(report, tmp_path):
     tables = {
         "md": formats.read_markdown(paths["md"].read_text()),
         "csv": formats.read_csv(tmp_path),
-        "json": {k: getattr(formats.from_json(paths["json"].read_text()), k) for k in ("scores", "perf", "cells")},
+        "json": {k: getattr(formats.from_json(paths["json"].read_text()), k)
+                 for k in ("scores", "perf", "cells", "provenance")},
         "html": formats.read_html_tables(paths["html"].read_text()),
     }
     for fmt, got in tables.items():
-        for name in ("scores", "perf", "cells"):
+        for name in ("scores", "perf", "cells", "provenance"):
             assert _sorted(got[name]) == _sorted(getattr(report, name)), (fmt, name)
+    assert len(report.provenance) == 5 and {p.cuda for p in report.provenance} == {"12.8", ""}
     assert len(report.cells) == 1 and report.cells[0].policy == "sink(sink_tokens=4)"
     assert any(r.delta is not None and r.ci_low is not None for r in report.scores)
     assert (tmp_path / "plots").is_dir() and list((tmp_path / "plots").glob("*.png"))

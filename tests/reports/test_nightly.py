@@ -105,22 +105,28 @@ def _fake_executor(score_of):
     return execute
 
 
+def _code_version(monkeypatch, version: str) -> None:
+    """Pretend the code changed: cells get new ids (each policy's code version enters its cells' ids)."""
+    monkeypatch.setattr("kdeval.jobs.cells.kdeval_version", lambda: version)
+    monkeypatch.setattr("kdeval.jobs.cells.cell_code_version", lambda policy: version)
+
+
 def test_run_nightly_end_to_end_baseline_and_regression(tmp_path, monkeypatch):
     idx = RunIndex.open(tmp_path / "index.sqlite")
     nf = nj.parse_nightly(NIGHTLY.replace("REPORTS", str(tmp_path / "reports")))
-    monkeypatch.setattr("kdeval.jobs.cells.kdeval_version", lambda: "night1")
+    _code_version(monkeypatch, "night1")
     first = nj.run_nightly(idx, nf, results_dir=tmp_path / "results", execute=_fake_executor(lambda p, i: 1.0))
     assert first.gate.passed and first.gate.baseline is None and first.exit_code == 0
     assert (first.report_dir / "report.html").is_file() and (first.report_dir / "gate.json").is_file()
     # night 2: a new code version (new cell ids) whose keydiff lost 8 of 20 needles
-    monkeypatch.setattr("kdeval.jobs.cells.kdeval_version", lambda: "night2")
+    _code_version(monkeypatch, "night2")
     ex = _fake_executor(lambda p, i: 0.0 if p == "keydiff" and i < 8 else 1.0)
     second = nj.run_nightly(idx, nf, results_dir=tmp_path / "results", execute=ex)
     assert second.gate.baseline == first.run and not second.gate.passed and second.exit_code == 1
     assert [f.row.policy for f in second.gate.regressions] == ["keydiff"]
     assert (second.report_dir / "vs-full" / "report.json").is_file()
     # night 3: fixed; the baseline is still night 1 (night 2 failed the gate)
-    monkeypatch.setattr("kdeval.jobs.cells.kdeval_version", lambda: "night3")
+    _code_version(monkeypatch, "night3")
     third = nj.run_nightly(idx, nf, results_dir=tmp_path / "results", execute=_fake_executor(lambda p, i: 1.0))
     assert third.gate.baseline == first.run and third.gate.passed
     history = [json.loads(x) for x in (tmp_path / "reports" / "history.jsonl").read_text().splitlines()]

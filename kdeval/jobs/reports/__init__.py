@@ -5,6 +5,7 @@ the HTML report and the nightly regression gate.
     report = build_report(index, [run_id], ReportOptions(compare="full"))
 """
 from kdeval.jobs.reports.aggregate import ReportOptions, build_report
-from kdeval.jobs.reports.model import CellRow, MetricRow, PerfRow, Report, ReportMeta, State
+from kdeval.jobs.reports.model import CellRow, MetricRow, PerfRow, ProvenanceRow, Report, ReportMeta, State
 
-__all__ = ["ReportOptions", "build_report", "CellRow", "MetricRow", "PerfRow", "Report", "ReportMeta", "State"]
+__all__ = ["ReportOptions", "build_report", "CellRow", "MetricRow", "PerfRow", "ProvenanceRow", "Report",
+           "ReportMeta", "State"]

@@ -3,8 +3,9 @@
 Every format carries every field of every row (:mod:`kdeval.jobs.reports.model`), printed by
 :func:`~kdeval.jobs.reports.model.format_value`, so each one parses back to the same rows.
 
-* JSON: one file ``{"meta": ..., "scores": [...], "perf": [...], "cells": [...]}``.
-* CSV: one file per table (``scores.csv``, ``perf.csv``, ``cells.csv``).
+* JSON: one file ``{"meta": ..., "scores": [...], "perf": [...], "cells": [...], "provenance": [...]}``
+  (``meta.warnings``: one line each, e.g. the compared cells ran on different devices).
+* CSV: one file per table (``scores.csv``, ``perf.csv``, ``cells.csv``, ``provenance.csv``).
 * Markdown: one file, a section per table (``## scores``).
 * HTML tables: ``<table data-table="scores">`` (the HTML report embeds them, see ``html.py``).
 """
@@ -50,7 +51,7 @@ def from_json(text: str) -> Report:
 
 # ------------------------------------------------------------------ CSV
 def write_csv(report: Report, out_dir: Path) -> list[Path]:
-    """``scores.csv``, ``perf.csv`` and ``cells.csv`` in ``out_dir``; returns their paths."""
+    """One ``<table>.csv`` per table (scores first) in ``out_dir``; returns their paths."""
     paths = []
     for name in TABLES:
         path = out_dir / f"{name}.csv"
@@ -81,6 +82,7 @@ def to_markdown(report: Report) -> str:
              f"- runs: {', '.join(m.runs)}", f"- compared with: {m.compare}",
              f"- delta: {m.method}", f"- created: {m.created}"]
     lines += [f"- note: {n}" for n in m.notes]
+    lines += [f"- **warning**: {w}" for w in m.warnings]
     for name in TABLES:
         fields = _fields(name)
         lines += ["", f"## {name}", "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]

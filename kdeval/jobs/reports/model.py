@@ -6,8 +6,9 @@
   points (100 × mean per-sample score); ``delta`` is paired by sample id against the reference
   (the ``full`` cell, or the same cell of another run), with a bootstrap CI.
 * :class:`PerfRow` — speed and memory of one cell (one task instance: task, length, seed).
-* :class:`CellRow` — every cell that is not done (failed, pending, running) or missing: shown, never
-  dropped.
+* :class:`CellRow` — every cell that is not done (failed, pending, running), whose result file fails
+  its integrity check, or is missing: shown, never dropped.
+* :class:`ProvenanceRow` — where and with what code each compared cell ran (versions, device, host).
 
 Every float is rounded when the row is built (:data:`DIGITS`), so each output format prints the same
 numbers and parses back to equal rows (:func:`row_from_dict`).
@@ -25,7 +26,7 @@ FULL = "full"
 DIGITS: dict[str, int] = {
     "value": 2, "ref_value": 2, "delta": 2, "ci_low": 2, "ci_high": 2, "depth": 2,
     "ttft_median_s": 5, "decode_tok_s": 2, "prompt_tokens": 0,
-    "ttft_ratio": 3, "decode_ratio": 3, "memory_ratio": 3, "kv_ratio": 3,
+    "ttft_ratio": 3, "decode_ratio": 3, "kv_bytes_ratio": 3, "kv_ratio": 3,
 }
 
 
@@ -81,12 +82,15 @@ class PerfRow:
     prompt_tokens: float | None = None  # median prompt length
     ttft_median_s: float | None = None
     decode_tok_s: float | None = None   # median over samples of generated tokens / decode seconds
-    peak_memory_bytes: int | None = None  # max over samples (the cell's, when rows lack it)
+    peak_kv_bytes: int | None = None    # max over samples of the bytes of K/V the cache held (None: old rows)
     peak_kv_tokens: int | None = None
+    peak_memory_bytes: int | None = None  # process/GPU peak, max over samples (the cell's, when rows lack it)
+    memory_kind: str = ""               # what peak_memory_bytes measures: MEMORY_KINDS key, "" when unknown
+    model_weight_bytes: int | None = None  # the model's weights (included in a cuda_max_allocated peak)
     ttft_ratio: float | None = None     # this / reference
     decode_ratio: float | None = None
-    memory_ratio: float | None = None
-    kv_ratio: float | None = None
+    kv_bytes_ratio: float | None = None  # peak KV-cache bytes / the reference's: the report's "mem ×"
+    kv_ratio: float | None = None       # peak KV tokens / the reference's
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,30 @@ class CellRow:
     budget: int | None
     chunk: int
     task: str
-    state: str                 # failed | pending | running | missing
+    state: str                 # failed (also: done but its result file fails its check) | pending | running | missing
     error: str = ""
+
+
+@dataclass(frozen=True)
+class ProvenanceRow:
+    """Where and with what code one compared cell ran ("" where the index recorded nothing)."""
+
+    run: str
+    cell: str
+    model: str
+    policy: str
+    budget: int | None
+    chunk: int
+    task: str
+    kdeval_version: str = ""
+    source_hash: str = ""
+    torch: str = ""
+    transformers: str = ""
+    cuda: str = ""
+    device: str = ""
+    dtype: str = ""
+    attn_implementation: str = ""
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +141,7 @@ class ReportMeta:
     confidence: float
     created: str               # ISO-8601 UTC
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # one line each: e.g. cells ran on different devices
 
     @property
     def method(self) -> str:
@@ -131,6 +158,7 @@ class Report:
     scores: list[MetricRow]
     perf: list[PerfRow]
     cells: list[CellRow]
+    provenance: list[ProvenanceRow] = field(default_factory=list)
 
     @property
     def n_incomplete_cells(self) -> int:
@@ -138,8 +166,16 @@ class Report:
         return sum(1 for c in self.cells if c.run in self.meta.runs)
 
 
-RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow)
-TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow}
+RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow)
+TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow, "provenance": ProvenanceRow}
+
+#: What ``PerfRow.peak_memory_bytes`` measures, by ``memory_kind``: the label tables print for it.
+MEMORY_KINDS: dict[str, str] = {"process_rss": "process peak (RSS)", "cuda_max_allocated": "GPU peak incl. weights"}
+
+
+def memory_label(kind: str) -> str:
+    """How a table labels a process/GPU peak of ``kind`` ("peak memory" when unknown)."""
+    return MEMORY_KINDS.get(kind, "peak memory")
 
 
 def rounded(value: float | None, name: str) -> float | None:

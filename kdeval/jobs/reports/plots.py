@@ -3,7 +3,8 @@
 * score vs budget, one line per policy, per model × chunk × benchmark (the KeyDiff paper's figures),
   the full cache as a dashed horizontal line;
 * needle heatmaps (depth × length, accuracy) per policy, per model × chunk × budget;
-* peak memory and peak KV tokens vs prompt length, per model × chunk, one line per policy × budget.
+* peak KV-cache bytes vs prompt length, per model × chunk, one line per policy × budget × task (a line
+  never joins two tasks), y axis from 0.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from matplotlib.figure import Figure
 
 from kdeval.jobs.reports.metrics import AVERAGED
 from kdeval.jobs.reports.model import FULL, MetricRow, Report
+from kdeval.jobs.reports.samples import task_of_label
 
 
 @dataclass(frozen=True)
@@ -118,35 +120,43 @@ def needle_heatmaps(report: Report) -> list[Plot]:
     return plots
 
 
-def memory_vs_length(report: Report) -> list[Plot]:
-    """Peak memory (MiB) and peak KV tokens vs median prompt length, per model × chunk."""
-    Point = tuple[float, float | None, float | None]  # prompt tokens, MiB, KV tokens
-    series: dict[tuple[str, int], dict[str, list[Point]]] = defaultdict(lambda: defaultdict(list))
+def kv_memory_series(report: Report) -> dict[tuple[str, int], dict[str, list[tuple[float, float]]]]:
+    """(model, chunk) -> line label ``"<policy>[ N=<budget>] · <task>"`` -> sorted (median prompt tokens,
+    peak KV-cache MiB) points, one per cell. Cells without ``peak_kv_bytes`` (old rows) are left out."""
+    series: dict[tuple[str, int], dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for p in report.perf:
-        if p.prompt_tokens is None or (p.peak_memory_bytes is None and p.peak_kv_tokens is None):
+        if p.prompt_tokens is None or p.peak_kv_bytes is None:
             continue
-        label = p.policy if p.budget is None else f"{p.policy} N={p.budget}"
-        mem = p.peak_memory_bytes / 2**20 if p.peak_memory_bytes is not None else None
-        series[(p.model, p.chunk)][label].append((p.prompt_tokens, mem, p.peak_kv_tokens))
+        policy = p.policy if p.budget is None else f"{p.policy} N={p.budget}"
+        series[(p.model, p.chunk)][f"{policy} · {task_of_label(p.task)}"].append(
+            (p.prompt_tokens, p.peak_kv_bytes / 2**20))
+    return {k: {label: sorted(pts) for label, pts in lines.items()} for k, lines in series.items()}
+
+
+def memory_figure(title: str, lines: dict[str, list[tuple[float, float]]]) -> Figure:
+    """One figure of :func:`kv_memory_series` lines (label -> (prompt tokens, KV MiB)), both axes from 0."""
+    fig = Figure(figsize=(6.5, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    for label, pts in sorted(lines.items()):
+        ax.plot([x for x, _ in pts], [m for _, m in pts], marker="o",
+                linestyle="--" if label.startswith(f"{FULL} ") else "-", label=label)
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.set_ylabel("peak KV-cache MiB")
+    ax.set_xlabel("prompt tokens (median per cell)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def memory_vs_length(report: Report) -> list[Plot]:
+    """Peak KV-cache MiB vs median prompt length, per model × chunk; one line per policy × budget × task
+    (its lengths and seeds are the points), both axes from 0."""
     plots = []
-    for (model, chunk), lines in sorted(series.items()):
-        fig = Figure(figsize=(9, 3.4), layout="constrained")
-        ax_mem, ax_kv = fig.subplots(1, 2)
-        for label, pts in sorted(lines.items()):
-            pts.sort()
-            xs = [x for x, _, _ in pts]
-            style = dict(marker="o", linestyle="--" if label == FULL else "-", label=label)
-            ax_mem.plot(xs, [m if m is not None else float("nan") for _, m, _ in pts], **style)
-            ax_kv.plot(xs, [k if k is not None else float("nan") for _, _, k in pts], **style)
-        ax_mem.set_ylabel("peak memory (MiB)")
-        ax_kv.set_ylabel("peak KV tokens per layer")
-        for ax in (ax_mem, ax_kv):
-            ax.set_xlabel("prompt tokens (median per cell)")
-            ax.grid(alpha=0.3)
-        ax_kv.legend(fontsize=7)
-        title = f"memory vs prompt length — {model}, chunk {chunk}"
-        fig.suptitle(title, fontsize=9)
-        plots.append(Plot("memory_vs_length", title, _slug("memory", model, chunk), _png(fig)))
+    for (model, chunk), lines in sorted(kv_memory_series(report).items()):
+        title = f"KV-cache memory vs prompt length — {model}, chunk {chunk}"
+        plots.append(Plot("memory_vs_length", title, _slug("memory", model, chunk), _png(memory_figure(title, lines))))
     return plots
 
 

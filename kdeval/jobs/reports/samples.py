@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kdeval.jobs.cells import policy_label
-from kdeval.storage import CellState, CellView, RunIndex, read_cell_table
+from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 
 
 @dataclass(frozen=True, order=True)
@@ -102,8 +102,9 @@ class LoadedCell:
     slot: Slot
     view: CellView
     task: str                           # registry task name
-    samples: Samples | None = None      # None unless done and readable
+    samples: Samples | None = None      # None unless done, readable and intact
     perf: dict[str, np.ndarray] | None = None
+    memory_kind: str = ""               # what the rows' peak_memory_bytes measures ("" when unrecorded)
     error: str = ""
 
     @property
@@ -154,7 +155,30 @@ def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
     )
 
 
-PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "peak_kv_tokens", "prompt_tokens")
+PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "peak_kv_tokens", "peak_kv_bytes",
+                "prompt_tokens")
+
+
+def memory_kind_of(table: pa.Table) -> str:
+    """The rows' ``memory_kind`` (the first recorded one; "" when the column is absent or empty)."""
+    if "memory_kind" not in table.column_names:
+        return ""
+    return next((str(k) for k in table.column("memory_kind").to_pylist() if k), "")
+
+
+def integrity_problem(view: CellView, results_dir: str | Path, table: pa.Table) -> str | None:
+    """Why a done cell's file cannot be trusted as its result, or None when it is intact.
+
+    Files whose rows name their cell (``cell_id``) go through storage's ``verify_cell_file`` (foreign rows,
+    fewer or more rows than the index recorded). Older files, written before rows named their cell, cannot be
+    checked for foreign rows: only their row count is compared with the index."""
+    if view.n_rows is None:
+        return None  # nothing recorded to check against
+    if CELL_ID_COLUMN in table.column_names:
+        return verify_cell_file(results_dir, view.result_path, view.id, view.n_rows)
+    if table.num_rows != view.n_rows:
+        return f"{table.num_rows} rows, index says {view.n_rows}"
+    return None
 
 
 def read_table(view: CellView, results_dir: str | Path | None) -> pa.Table:
@@ -164,11 +188,29 @@ def read_table(view: CellView, results_dir: str | Path | None) -> pa.Table:
     return read_cell_table(results_dir or view.results_dir, view.result_path)
 
 
+def _read_done(cell: LoadedCell, results_dir: str | Path | None) -> None:
+    """Fill a done cell's samples and perf columns, or its error when the file is unreadable or not intact."""
+    view = cell.view
+    try:
+        table = read_table(view, results_dir)
+        problem = integrity_problem(view, results_dir or view.results_dir, table)
+    except (OSError, LookupError, pa.ArrowException) as e:
+        cell.error = f"result file unreadable: {e}"
+        return
+    if problem:
+        cell.error = f"result file fails its integrity check: {problem}"
+        return
+    cell.samples = samples_of(table, cell.task, view.task)
+    cell.perf = {c: _column(table, c) for c in PERF_COLUMNS}
+    cell.memory_kind = memory_kind_of(table)
+
+
 def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None,
              cache: dict[str, LoadedCell] | None = None) -> list[LoadedCell]:
     """Every cell of a run, in grid order, with the samples of the done ones.
 
-    A done cell whose Parquet file cannot be read is treated as failed (with the reason). ``cache``
+    A done cell whose Parquet file cannot be read or fails its integrity check (:func:`integrity_problem`)
+    is treated as failed, with the reason, never as done with fewer samples. ``cache``
     (cell id -> loaded cell) is filled and reused, so a cell shared by several runs is read once."""
     cells = []
     for view in index.run_cells(run_id):
@@ -179,13 +221,7 @@ def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None
         cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view),
                           error=view.error_line or "")
         if view.state == CellState.DONE.value:
-            try:
-                table = read_table(view, results_dir)
-            except (OSError, LookupError, pa.ArrowException) as e:
-                cell.error = f"result file unreadable: {e}"
-            else:
-                cell.samples = samples_of(table, cell.task, view.task)
-                cell.perf = {c: _column(table, c) for c in PERF_COLUMNS}
+            _read_done(cell, results_dir)
         if cache is not None:
             cache[view.id] = cell
         cells.append(cell)

@@ -1,12 +1,14 @@
-"""The terminal view of a report: rich tables of scores (task and benchmark rows), speed/memory, bad cells.
+"""The terminal view of a report: rich tables of scores (task and benchmark rows), speed/memory, bad cells,
+and the report's warnings (one line each).
 
 Numbers are printed with the same formatter as the files, so the table shows what the files hold.
 """
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
-from kdeval.jobs.reports.model import DIGITS, FULL, MetricRow, PerfRow, Report, State
+from kdeval.jobs.reports.model import DIGITS, FULL, MetricRow, PerfRow, Report, State, memory_label
 
 
 def _fmt(value, name: str = "value") -> str:
@@ -76,24 +78,47 @@ def _gib(n: int | None) -> str:
     return "" if n is None else f"{n / 2**30:.3f}"
 
 
+def _mib(n: int | None) -> str:
+    return "" if n is None else f"{n / 2**20:.2f}"
+
+
+def _peak_header(rows: list[PerfRow]) -> tuple[str, bool]:
+    """The process/GPU peak column's header, and whether each value needs its own kind (mixed kinds)."""
+    kinds = {p.memory_kind for p in rows if p.peak_memory_bytes is not None}
+    if len(kinds) == 1:
+        return f"{memory_label(kinds.pop())} GiB", False
+    return "process/GPU peak GiB", len(kinds) > 1
+
+
 def perf_table(rows: list[PerfRow], compare: str) -> Table:
-    """Speed and memory per cell with ratios to the reference."""
-    t = Table(title=f"speed and memory per cell (ratios to {compare})")
+    """Speed and memory per cell with ratios to the reference; "mem ×" is the ratio of peak KV-cache bytes
+    ("-" where either side lacks them), the process/GPU peak is shown under its own label."""
+    t = Table(title=f"speed and memory per cell (ratios to {compare}; mem × = peak KV-cache bytes)")
+    peak, per_row = _peak_header(rows)
     for col in ("model", "policy", "N", "B", "task", "state", "prompt tok", "TTFT s", "decode tok/s",
-                "peak GiB", "peak KV tok", "TTFT ×", "tok/s ×", "mem ×"):
+                "KV MiB", "peak KV tok", peak, "TTFT ×", "tok/s ×", "mem ×"):
         t.add_column(col, no_wrap=True)
     for p in rows:
+        mem = _gib(p.peak_memory_bytes)
+        if per_row and mem:
+            mem += f" ({memory_label(p.memory_kind)})"
+        is_reference = compare == FULL and p.policy == FULL
+        mem_x = "" if is_reference else "-" if p.kv_bytes_ratio is None else _fmt(p.kv_bytes_ratio, "kv_bytes_ratio")
         nums = [_fmt(p.prompt_tokens, "prompt_tokens"), _fmt(p.ttft_median_s, "ttft_median_s"),
-                _fmt(p.decode_tok_s, "decode_tok_s"), _gib(p.peak_memory_bytes), _fmt(p.peak_kv_tokens),
-                _fmt(p.ttft_ratio, "ttft_ratio"), _fmt(p.decode_ratio, "decode_ratio"),
-                _fmt(p.memory_ratio, "memory_ratio")]
+                _fmt(p.decode_tok_s, "decode_tok_s"), _mib(p.peak_kv_bytes), _fmt(p.peak_kv_tokens), mem,
+                _fmt(p.ttft_ratio, "ttft_ratio"), _fmt(p.decode_ratio, "decode_ratio"), mem_x]
         t.add_row(p.model, p.policy, _budget(p.budget), str(p.chunk), p.task, p.state, *nums,
                   style=_STYLE.get(p.state, ""))
     return t
 
 
+def warning_lines(report: Report) -> list[str]:
+    """The report's warnings as rich markup, one line each (printed after the tables)."""
+    return [f"[bold yellow]warning:[/] {escape(w)}" for w in report.meta.warnings]
+
+
 def cells_table(report: Report) -> Table | None:
-    """Cells that failed, have not run, or are missing (None when there are none)."""
+    """Cells that failed, have not run, whose result file is not intact, or are missing (None when none)."""
     if not report.cells:
         return None
     t = Table(title="cells not done or missing", title_style="bold red")
