@@ -1,33 +1,73 @@
-"""The code version that goes into every cell id: the release plus a hash of the package's source.
+"""Versions of the code: the whole package's (provenance) and the part that computes a cell's result (identity).
 
-A cell's result depends on the code that computed it, so two checkouts that differ in any ``.py`` file of
-the package get different cell ids (a nightly run after a change recomputes; one without a change reuses).
+A cell's result depends on the engine, its policy, the tasks and metrics and the cell execution, and on
+nothing else of ours: the CLI, the scheduler, storage and reports may change without recomputing a cell.
+:func:`result_code_hash` hashes exactly those files; :func:`source_hash` hashes every ``.py`` file and is
+recorded beside each result (provenance), not hashed into its id.
 """
 from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
 from kdeval import __version__
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+#: Package-relative files and folders whose code computes every cell's result, whatever its policy. The
+#: engine folder's policy modules are left out here and hashed only into their own policies' cells.
+ENGINE_CODE = ("keydiff",)
+TASK_CODE = ("evals",)
+EXECUTION_CODE = ("cluster/execute.py", "cluster/stub.py")
+
+
+def _py_files(root: Path, rel: str) -> list[str]:
+    """Package-relative ``.py`` paths of a file or of every file below a folder."""
+    path = root / rel
+    if path.is_file():
+        return [rel]
+    return sorted(p.relative_to(root).as_posix() for p in path.rglob("*.py"))
+
+
+def files_hash(root: Path, relpaths: Iterable[str]) -> str:
+    """sha256 (12 hex digits) of the named files under ``root``, by relative path and content."""
+    digest = hashlib.sha256()
+    for rel in sorted(set(relpaths)):
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def tree_hash(root: Path) -> str:
     """sha256 (12 hex digits) of every ``.py`` file under ``root``, by relative path."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    return files_hash(root, (p.relative_to(root).as_posix() for p in root.rglob("*.py")))
 
 
 @lru_cache(maxsize=1)
 def source_hash() -> str:
     """:func:`tree_hash` of the installed ``kdeval`` package (computed once per process)."""
-    return tree_hash(Path(__file__).resolve().parent)
+    return tree_hash(PACKAGE_ROOT)
 
 
 def code_version() -> str:
-    """``"0.1.0+<source hash>"`` (fits the index's 32-character column)."""
+    """``"0.1.0+<source hash>"``: the whole package (fits the index's 32-character column)."""
     return f"{__version__}+{source_hash()}"
+
+
+def result_code_files(policy_files: Iterable[str], every_policy_file: Iterable[str],
+                      root: Path = PACKAGE_ROOT) -> list[str]:
+    """The files a cell's result depends on: engine (less every policy module in it), tasks, execution, and
+    ``policy_files`` (package-relative modules of the cell's policy class and its bases)."""
+    own = set(policy_files)
+    others = set(every_policy_file) - own
+    files = set(own)
+    for rel in ENGINE_CODE + TASK_CODE + EXECUTION_CODE:
+        files.update(f for f in _py_files(root, rel) if f not in others)
+    return sorted(files)
+
+
+def result_code_hash(policy_files: Iterable[str], every_policy_file: Iterable[str],
+                     root: Path = PACKAGE_ROOT) -> str:
+    """:func:`files_hash` of :func:`result_code_files`."""
+    return files_hash(root, result_code_files(policy_files, every_policy_file, root))

@@ -80,17 +80,20 @@ def register(app: typer.Typer) -> None:
             lm = load_model(model, dtype=dtype, device=device)
             ids = build_prompt_ids(lm.tokenizer, text, chat)
             engine = Engine(lm.model, pol, config)
-            result = engine.generate(ids, eos_token_id=lm.tokenizer.eos_token_id)
+            result = engine.generate(ids, eos_token_id=lm.eos_token_ids)  # every eos id the model declares
         answer = lm.tokenizer.decode(result.tokens[0], skip_special_tokens=True)
         stats = result.stats.to_dict()
+        eviction = ("no eviction (full cache)" if not engine.evicting
+                    else f"{policy} keeps N={budget} tokens per layer and KV head, chunks of B={chunk}")
         if as_json:
             print(json.dumps({"model": model, "policy": policy, "params": pol.params(), "budget": budget,
-                              "chunk": chunk, "answer": answer, "stats": stats}))
+                              "chunk": chunk, "eviction": eviction, "answer": answer, "stats": stats}))
             return
+        console.print(f"[bold]{eviction}[/bold]")
         console.print(f"[bold]answer[/bold]: {answer}")
         table = Table(show_header=False)
         for k, v in stats.items():
-            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else f"{v:,}")
+            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
         console.print(table)
 
     @app.command()

@@ -17,10 +17,11 @@ from typing import Optional
 
 import typer
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, missing_index, open_index
@@ -62,7 +63,7 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], total: int) -
 
         try:
             outcome = service.execute_run(index, run_id, address=address, on_progress=on_progress)
-        except (ConnectionError, service.RunBusyError) as e:
+        except (ConnectionError, service.RunBusyError, service.StaleRunError) as e:
             err.print(f"error: {e}", markup=False)
             return EXIT_BAD_INPUT
         except KeyboardInterrupt:
@@ -84,7 +85,8 @@ def _counts_line(counts: dict[str, int]) -> str:
 def _runs_table(index: RunIndex) -> Table:
     t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD)
     for col in ("run", "name", "state", "done", "failed", "left", "created"):
-        t.add_column(col, no_wrap=col != "name", min_width=len(col))
+        t.add_column(col, overflow="fold", min_width=len(col),
+                      justify="right" if col in ("done", "failed", "left") else "left")
     for r in index.list_runs():
         c = r.counts
         left = c.get("pending", 0) + c.get("running", 0)
@@ -103,8 +105,10 @@ def _headline(summary: dict | None) -> str:
     return " ".join(vals[:3])
 
 
-def _status_table(index: RunIndex, run_id: str) -> Table:
-    """One run: title with per-state counts, one row per cell (worker@node, time, score or error)."""
+def _status_table(index: RunIndex, run_id: str) -> Group:
+    """One run: a heading with per-state counts, one row per cell (worker@node on wide terminals, time, score
+    or error), the driver's message. Columns fold instead of cutting what a user types next (ids, policies,
+    tasks) or must read (errors)."""
     run = index.get_run(run_id)
     cells = index.run_cells(run.id)
     caption = run.message
@@ -114,21 +118,23 @@ def _status_table(index: RunIndex, run_id: str) -> Table:
     models = sorted({c.model for c in cells})
     one_model = len(models) == 1
     title = f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {run.state} — {_counts_line(run.counts)}"
-    t = Table(title=title, caption=caption or None, box=box.SIMPLE_HEAD)
-    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state", "worker@node", "s"]
+    wide = out.width >= 110
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state"] + (
+        ["worker@node"] if wide else []) + ["s"]
     for col in cols:
-        t.add_column(col, no_wrap=True, min_width=len(col))
-    t.add_column("score / error", overflow="fold", min_width=16)
+        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left")
+    t.add_column("score / error", overflow="fold", ratio=1)
     for c in cells:
         detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         nb = f"{'-' if c.budget is None else c.budget}/{c.chunk_size}"
-        row = [c.id[:8]] + ([] if one_model else [c.model]) + [
-            c.policy, nb, c.task, state, where, f"{c.duration_s:.1f}" if c.duration_s is not None else "",
-            detail or ""]
+        row = [c.id[:8]] + ([] if one_model else [c.model]) + [c.policy, nb, c.task, state] + (
+            [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
         t.add_row(*row)
-    return t
+    parts = [Text(title, style="bold"), t] + ([Text(caption)] if caption else [])
+    return Group(*parts)
 
 
 def _status_json(index: RunIndex, run_id: str | None) -> str:
@@ -181,6 +187,20 @@ def _detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Pa
               f"follow it with `ray job logs --follow {job} --address {address}`")
 
 
+def _print_plan(name: str, p: "service.Plan") -> None:
+    """The dry run's table: per cell its state, generation length, data source and spec; then the notes."""
+    t = Table(title=f"{name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run",
+              box=box.SIMPLE_HEAD)
+    for col in ("cell", "state", "gen", "data", "spec"):
+        t.add_column(col, overflow="fold", justify="right" if col == "gen" else "left")
+    for c in p.cells:
+        state = "done" if c.id in p.done else "to run" + (f" ({p.invalid[c.id]})" if c.id in p.invalid else "")
+        t.add_row(c.id[:10], state, str(c.task.max_new_tokens), c.task.data_source, c.describe())
+    out.print(t)
+    for note in p.notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
+
+
 def submit(
     grid_file: Path = typer.Argument(..., help="Grid YAML file (see examples/)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
@@ -192,25 +212,29 @@ def submit(
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
     try:
         grid, text = load_grid(grid_file)
+        if dry_run:  # a dry run never creates the index
+            index = RunIndex.open(db) if missing_index(db) is None else None
+            p = service.plan(index, grid) if index else service.Plan(**vars(service.expand_grid(grid)), done=set())
+        else:
+            p = None
     except GridError as e:
-        err.print(str(e), markup=False, highlight=False)
+        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
     if dry_run:
-        exists = missing_index(db) is None  # a dry run never creates the index
-        p = service.plan(RunIndex.open(db), grid) if exists else service.Plan(service.expand(grid), set())
-        t = Table(title=f"{grid.name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
-        for col in ("cell", "state", "spec"):
-            t.add_column(col)
-        for c in p.cells:
-            t.add_row(c.id[:10], "done" if c.id in p.done else "to run", c.describe())
-        out.print(t)
+        _print_plan(grid.name, p)
         raise typer.Exit(EXIT_OK)
     if detach and address and address != "auto":
         _detach_ray_job(grid_file, db, results_dir, address)  # the run is recorded on the cluster
         raise typer.Exit(EXIT_OK)
     results_dir = results_dir or service.DEFAULT_RESULTS_DIR
     index = open_index(db, must_exist=False)
-    run_id, p = service.create_run(index, grid, text, results_dir)
+    try:
+        run_id, p = service.create_run(index, grid, text, results_dir)
+    except GridError as e:
+        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    for note in p.notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
     out.print(f"run [bold]{run_id}[/]: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
     if detach:
         _detach_local(index, run_id, db)

@@ -1,7 +1,7 @@
 """What workers can run: policy names/parameter checks and built-in model names.
 
-The jobs layer validates grids through this module, so only the cluster layer imports the engine
-(``kdeval.keydiff``) and the policies (``kdeval.baselines``). Both imports are lazy (they import torch),
+The jobs layer validates grids and hashes policy code through this module instead of importing the engine
+(``kdeval.keydiff``) and the policies (``kdeval.baselines``) itself. Both imports are lazy (they import torch),
 so commands that never validate a grid do not pay for them.
 """
 from __future__ import annotations
@@ -25,6 +25,47 @@ def policy_param_error(name: str, params: dict[str, Any]) -> str | None:
     except (TypeError, ValueError) as e:
         return str(e)
     return None
+
+
+def policy_budget_error(name: str, params: dict[str, Any], budget: int) -> str | None:
+    """The policy's own message when ``budget`` cannot hold the tokens it always keeps, else None (also for an
+    unknown policy or bad parameters, which :func:`policy_param_error` reports)."""
+    from kdeval.baselines import get_policy
+
+    try:
+        policy = get_policy(name, **params)
+    except (TypeError, ValueError):
+        return None
+    try:
+        policy.check_budget(budget)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def policy_source_files(name: str) -> list[str]:
+    """Package-relative source files of policy ``name``'s class and its bases (the policy interface module
+    excepted: it is engine code), e.g. ``["baselines/snapkv.py"]``."""
+    import inspect
+    from pathlib import Path
+
+    import kdeval.baselines  # noqa: F401 - registers every policy
+    from kdeval.keydiff import policy as interface
+    from kdeval.keydiff.registry import policy_class
+    from kdeval.version import PACKAGE_ROOT
+
+    files = []
+    for cls in policy_class(name).__mro__:
+        module = inspect.getmodule(cls)
+        if module is None or module is interface or not module.__name__.startswith("kdeval."):
+            continue
+        files.append(Path(inspect.getsourcefile(cls)).resolve().relative_to(PACKAGE_ROOT).as_posix())
+    return sorted(set(files))
+
+
+def every_policy_source_file() -> list[str]:
+    """:func:`policy_source_files` of every registered policy."""
+    return sorted({f for name in policy_names() for f in policy_source_files(name)})
 
 
 def random_model_names() -> list[str]:

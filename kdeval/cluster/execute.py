@@ -7,7 +7,8 @@ scheduler only sees :class:`~kdeval.cluster.workload.Workload`. Model ids ``stub
 How a cell becomes a task: the grid's task ``params`` are passed to the task's constructor, plus
 ``lengths=[cell length]``, ``seed`` and ``num_samples`` when the task has those parameters, and
 ``max_new_tokens`` from the grid's generation settings when set and the task accepts it. The runner
-then takes the first ``samples`` samples (``limit``).
+then takes the first ``samples`` samples (``limit``), generates ``max_new_tokens`` tokens per sample when the
+grid sets it (every task, whether its constructor takes the setting or not) and runs the cell's protocol.
 """
 from __future__ import annotations
 
@@ -25,30 +26,40 @@ GRID_OWNED_TASK_PARAMS = {"lengths": "tasks[i].lengths", "seed": "tasks[i].seeds
                           "num_samples": "tasks[i].samples", "max_new_tokens": "generation.max_new_tokens"}
 
 
-def task_arguments(task: CellTask, allowed: dict[str, Any]) -> dict[str, Any]:
-    """Constructor arguments for the cell's task, given the task's parameter names ``allowed``."""
-    owned = {"lengths": None if task.length is None else [task.length], "seed": task.seed,
-             "num_samples": task.samples, "max_new_tokens": task.max_new_tokens}
-    args = dict(task.task_params)
+def task_arguments(params: dict[str, Any], allowed: dict[str, Any], *, length: int | None, seed: int,
+                   samples: int, max_new_tokens: int | None) -> dict[str, Any]:
+    """Constructor arguments for a cell's task: its grid ``params`` plus the grid-owned settings the task
+    takes (``allowed``: the task's parameter names)."""
+    owned = {"lengths": None if length is None else [length], "seed": seed,
+             "num_samples": samples, "max_new_tokens": max_new_tokens}
+    args = dict(params)
     for name in GRID_OWNED_TASK_PARAMS:
         if name in allowed and owned[name] is not None:
             args[name] = owned[name]
     return args
 
 
-def build_task(task: CellTask) -> Any:
-    """The evals task object of a cell."""
+def build_eval_task(name: str, params: dict[str, Any], *, length: int | None, seed: int, samples: int,
+                    max_new_tokens: int | None) -> Any:
+    """The evals task object of a cell (also built by the driver for cell identity)."""
     from kdeval.evals.registry import get_spec
 
-    spec = get_spec(task.task)
-    return spec.build(**task_arguments(task, spec.params()))
+    spec = get_spec(name)
+    return spec.build(**task_arguments(params, spec.params(), length=length, seed=seed, samples=samples,
+                                       max_new_tokens=max_new_tokens))
+
+
+def build_task(task: CellTask) -> Any:
+    """The evals task object of a cell."""
+    return build_eval_task(task.task, task.task_params, length=task.length, seed=task.seed, samples=task.samples,
+                           max_new_tokens=task.max_new_tokens)
 
 
 def prompt_key(task: CellTask) -> str:
     """What a cell's task object and prompts depend on: the model (tokenizer, context size) and the task
     instance, with its sample count (the runner's ``limit``); not the policy, budget, chunk size or engine."""
     return json.dumps([task.model_key, task.task, task.length, task.seed, task.samples, task.task_params,
-                       task.max_new_tokens], sort_keys=True, default=repr)
+                       task.max_new_tokens], sort_keys=True, default=repr)  # not the protocol: prompts are the same
 
 
 #: The last few (task object, prompts) built in this worker process, by :func:`prompt_key`: cells of one task
@@ -66,7 +77,8 @@ def task_and_prompts(lm: Any, task: CellTask) -> tuple[Any, Any]:
     hit = _PROMPTS.pop(key, None)
     if hit is None:
         evals_task = build_task(task)
-        hit = (evals_task, runner.model_prompts(lm, evals_task, limit=task.samples))
+        hit = (evals_task, runner.model_prompts(lm, evals_task, limit=task.samples,
+                                                max_new_tokens=task.max_new_tokens))
     _PROMPTS[key] = hit
     while len(_PROMPTS) > _PROMPTS_KEPT:
         _PROMPTS.popitem(last=False)
@@ -96,6 +108,7 @@ class EvalWorkload:
         evals_task, prompts = task_and_prompts(handle, task)
         rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
                                budget=task.budget, chunk_size=task.chunk_size, limit=task.samples,
-                               engine=task.engine, prompts=prompts)
+                               engine=task.engine, prompts=prompts, max_new_tokens=task.max_new_tokens,
+                               compress=task.compress, decode=task.decode)
         summary = runner.aggregate(evals_task, rows)
         return CellResult(rows=rows, summary=summary, peak_memory_bytes=summary.get("max_peak_memory_bytes"))

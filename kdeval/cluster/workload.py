@@ -34,9 +34,11 @@ class CellTask:
     samples: int
     seed: int
     task_params: dict[str, Any] = field(default_factory=dict)
-    max_new_tokens: int | None = None
-    temperature: float = 0.0
+    max_new_tokens: int | None = None  # the grid's generation.max_new_tokens (None: each sample's own length)
+    batch_size: int = 1  # samples through the engine at once (results do not depend on it)
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, fuse_layers, ...)
+    compress: str = "prompt"  # protocol: "prompt" (paper) or "context" (kvpress)
+    decode: str = "evict"  # protocol: "evict" or "keep" after the prompt
 
     @property
     def model_key(self) -> str:
@@ -68,6 +70,8 @@ class CellOutcome:
     peak_memory_bytes: int | None = None
     error: str | None = None
     out_of_memory: bool = False
+    #: how a done cell's result was computed (``kdeval.cluster.provenance.collect_provenance``); {} if failed
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

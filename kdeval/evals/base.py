@@ -129,6 +129,10 @@ class Task(ABC):
 
     name: str
 
+    #: False when the prompt has no question apart from its context (the whole prompt is the question):
+    #: such a task refuses ``protocol: {compress: context}``.
+    separable_question: bool = True
+
     @abstractmethod
     def samples(self, builder: Any = None) -> list[Sample]:
         """The task's samples; synthetic tasks size them with ``builder`` (a PromptBuilder)."""
@@ -140,6 +144,23 @@ class Task(ABC):
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """Headline numbers from per-sample rows (default: 100 x mean score, rounded to 2)."""
         return {"score": percent(float(r["score"]) for r in rows), "n": len(rows)}
+
+    def generation_length(self) -> int:
+        """The generation length the benchmark prescribes (tokens), used unless the grid sets one."""
+        return int(getattr(self, "max_new_tokens"))
+
+    def sample_ids(self) -> list[str] | None:
+        """The ids :meth:`samples` yields, in order, computed without a tokenizer (cell identity);
+        None when they cannot be known before the data is fetched (hub sources)."""
+        return [s.id for s in self.samples()]
+
+    def data_files(self) -> list[tuple[str, Any]]:
+        """``(name relative to the data directory, path)`` of every file the samples are read from."""
+        return []
+
+    def data_source(self) -> str:
+        """Where the samples come from, in words that do not depend on the machine (dry runs, cell identity)."""
+        return "synthetic"
 
     def check_context(self, max_context: int) -> None:
         """Raise :class:`ContextTooLongError` when the task asks for more than ``max_context``."""

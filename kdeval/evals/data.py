@@ -1,4 +1,4 @@
-"""Where task data lives: the data directory (``--data-dir`` or ``KDEVAL_DATA_DIR``) and its files."""
+"""Where task data lives: the data directory (``KDEVAL_DATA_DIR``, or ``data_dir=`` in Python) and its files."""
 from __future__ import annotations
 
 import json
@@ -33,7 +33,7 @@ def require_data_file(data_dir: str | os.PathLike[str] | None, relative: str, ho
     root = resolve_data_dir(data_dir)
     if root is None:
         raise DataNotFoundError(
-            f"no data directory: pass --data-dir (data_dir=...) or set {ENV_VAR}; "
+            f"no data directory: set {ENV_VAR} (data_dir=... in Python); "
             f"looked for <data dir>/{relative}. {how_to_get}"
         )
     path = root / relative

@@ -61,7 +61,7 @@ LONGBENCH_TASKS: tuple[str, ...] = tuple(DATASET2PROMPT)
 
 _HOW_TO_GET = (
     "Get LongBench v1's data.zip from the hub dataset THUDM/LongBench and unpack its data/<task>.jsonl "
-    "files into <data dir>/longbench/, or pass source='hub' to download it when online."
+    "files into <data dir>/longbench/, or set the task's `params: {source: hub}` to download it when online."
 )
 
 
@@ -101,7 +101,7 @@ class LongBenchTask(Task):
             if path is not None:
                 return path
         root = resolve_data_dir(self.data_dir)
-        where = f"{root}/longbench/{self.subset}.jsonl" if root else f"<data dir>/longbench/{self.subset}.jsonl (no data dir set: --data-dir or KDEVAL_DATA_DIR)"
+        where = f"{root}/longbench/{self.subset}.jsonl" if root else f"<data dir>/longbench/{self.subset}.jsonl (no data directory: set KDEVAL_DATA_DIR)"
         raise DataNotFoundError(f"LongBench data file not found: {where}. {_HOW_TO_GET}")
 
     def _rows(self) -> list[dict[str, Any]]:
@@ -113,6 +113,21 @@ class LongBenchTask(Task):
             if member not in zf.namelist():
                 raise DataNotFoundError(f"{zpath} has no member {member}")
             return [json.loads(line) for line in zf.read(member).decode("utf-8").splitlines() if line.strip()]
+
+    def generation_length(self) -> int:
+        return DATASET2MAXLEN[self.subset]
+
+    def sample_ids(self) -> list[str] | None:
+        return None if self.source == "hub" else super().sample_ids()
+
+    def data_files(self) -> list[tuple[str, Any]]:
+        if self.source == "hub":
+            return []
+        path = self._local_path()
+        return [(f"longbench/{path.name}", path)]
+
+    def data_source(self) -> str:
+        return "hub THUDM/LongBench (data.zip)" if self.source == "hub" else f"longbench/{self.subset}.jsonl"
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """Samples in file order, each with the official prompt split at the context."""

@@ -18,9 +18,10 @@ from kdeval.evals.metrics.math_equiv import last_boxed, math_equal
 #: the instruction the Qwen2.5-Math / DeepSeek-R1 evaluations append to each problem
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 DATA_FILE = "math500/test.jsonl"
+HUB_ID = "HuggingFaceH4/MATH-500"
 _HOW_TO_GET = (
     "It is the MATH-500 test split (prm800k math_splits/test.jsonl, also hub HuggingFaceH4/MATH-500); "
-    "put it at <data dir>/math500/test.jsonl or pass source='hub' when online."
+    "put it at <data dir>/math500/test.jsonl or set the task's `params: {source: hub}` when online."
 )
 
 
@@ -53,8 +54,20 @@ class Math500Task(Task):
         if self.source == "local":
             rows = list(read_jsonl(require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)))
         else:
-            rows = hub_rows("HuggingFaceH4/MATH-500", None, "test", "task math500")
+            rows = hub_rows(HUB_ID, None, "test", "task math500")
         return rows[: self.limit] if self.limit is not None else rows
+
+    #: the problem is the question: there is no context to compress apart from it
+    separable_question = False
+
+    def sample_ids(self) -> list[str] | None:
+        return None if self.source == "hub" else super().sample_ids()
+
+    def data_files(self) -> list[tuple[str, Any]]:
+        return [] if self.source == "hub" else [(DATA_FILE, require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET))]
+
+    def data_source(self) -> str:
+        return f"hub {HUB_ID}" if self.source == "hub" else DATA_FILE
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per problem; id = the row's unique_id."""

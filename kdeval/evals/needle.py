@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 
 from kdeval.evals.base import EvalError, Sample, ScoreResult, check_choice, check_positive, percent, row_field
 from kdeval.evals.metrics.text import contains_answer, rouge_l_recall
-from kdeval.evals.synthetic import NOISE_SENTENCES, SyntheticTask, check_lengths, essay_words, fit_units, take_words
+from kdeval.evals.synthetic import (ESSAY_FILE, NOISE_SENTENCES, SyntheticTask, check_lengths, essay_path, essay_words,
+                                    fit_units, take_words)
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "What is the best thing to do in San Francisco?"
@@ -39,6 +40,15 @@ def insert_at_depth(text: str, needle: str, depth: float) -> tuple[str, int]:
     else:
         cut = text.rfind(" ", 0, target + 1) + 1  # word boundary (0 when none)
     return text[:cut] + needle + " " + text[cut:], cut
+
+
+def _depth_label(depth: float) -> int | float:
+    """A depth as ids and rows show it: ``25`` rather than ``25.0``."""
+    return int(depth) if float(depth).is_integer() else depth
+
+
+def _sample_id(length: int, depth: float) -> str:
+    return f"needle/L{length}/D{_depth_label(depth)}"
 
 
 @dataclass
@@ -83,9 +93,9 @@ class NeedleTask(SyntheticTask):
 
     def _make(self, length: int, depth: float, n: int) -> Sample:
         context, at = insert_at_depth(self._units(n), NEEDLE, depth)
-        d = int(depth) if float(depth).is_integer() else depth
+        d = _depth_label(depth)
         return Sample(
-            id=f"needle/L{length}/D{d}",
+            id=_sample_id(length, depth),
             prefix=INTRO + context,
             suffix=QUESTION_SUFFIX,
             answer_prefix=ANSWER_PREFIX,
@@ -94,6 +104,16 @@ class NeedleTask(SyntheticTask):
             meta={"length": length, "depth": d, "haystack": self.haystack_used,
                   "needle_char": len(INTRO) + at, "context_chars": len(context)},
         )
+
+    def sample_ids(self) -> list[str]:
+        """One id per (length, depth), as :meth:`samples` orders them."""
+        return [_sample_id(length, depth) for length in self.lengths for depth in self.depths]
+
+    def data_files(self) -> list[tuple[str, Any]]:
+        return [(ESSAY_FILE, essay_path(self.data_dir))] if self._words is not None else []
+
+    def data_source(self) -> str:
+        return f"essay haystack ({ESSAY_FILE})" if self._words is not None else "noise haystack (no essay file)"
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per (length, depth), sized with ``builder`` (a PromptBuilder)."""

@@ -82,6 +82,12 @@ class PhonebookTask(SyntheticTask):
             ))
         return out
 
+    def sample_ids(self) -> list[str]:
+        """``num_books × questions_per_book`` ids per length, as :meth:`samples` orders them (a book always has
+        at least ``questions_per_book`` entries)."""
+        return [f"phonebook/L{length}/b{b}/q{j}" for length in self.lengths for b in range(self.num_books)
+                for j in range(self.questions_per_book)]
+
     def samples(self, builder: Any = None) -> list[Sample]:
         """``num_books`` books per length, each with its questions (consecutive, same prefix)."""
         builder = self.require_builder(builder)

@@ -61,7 +61,7 @@ class TaskSpec:
 
 def _specs() -> dict[str, TaskSpec]:
     specs = [
-        TaskSpec("needle", "needle", "contains + rouge_l_recall", "<data dir>/haystack/PaulGrahamEssays.json (noise haystack if absent)", NeedleTask),
+        TaskSpec("needle", "needle", "contains (headline) + rouge_l_recall", "<data dir>/haystack/PaulGrahamEssays.json (noise haystack if absent)", NeedleTask),
         TaskSpec("phonebook", "phonebook", "exact_match", "synthetic", PhonebookTask),
         TaskSpec("math500", "math500", "math_equivalence (last \\boxed{})", "<data dir>/math500/test.jsonl or hub HuggingFaceH4/MATH-500", Math500Task),
     ]

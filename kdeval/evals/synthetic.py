@@ -31,6 +31,11 @@ def _read_essay_words(path: Path) -> list[str]:
     return re.sub(r"\s+", " ", text).strip().split(" ")
 
 
+def essay_path(data_dir: str | None) -> Path | None:
+    """The essay haystack file in the data directory, or None when absent."""
+    return find_data_file(data_dir, ESSAY_FILE)
+
+
 def essay_words(data_dir: str | None, required: bool) -> list[str] | None:
     """The essay haystack split on whitespace (as RULER), read once per file; None when absent and not ``required``."""
     path = find_data_file(data_dir, ESSAY_FILE)

@@ -1,26 +1,36 @@
 """Cells: a grid expanded into model × policy × budget × chunk × task runs, with content-hash ids.
 
-A cell's id is the sha256 of the canonical JSON of everything that changes its result — model (id,
-revision, dtype, attention implementation), policy and params, budget, chunk size, task (name, data
-version, length, sample count, seed, params), generation settings, engine options, and the kdeval
-version — and nothing else (not the grid name, resources or retry limits). ``full`` keeps every token, so its
-cells carry ``budget=None`` and the default engine options (which only matter to evicting policies), and one
-cell serves every budget and engine setting.
+A cell's id is the sha256 of the canonical JSON of exactly what changes its result: the model (id, revision,
+dtype, attention implementation), the policy and its parameters, budget, chunk size, protocol, the task (name,
+length, seed, parameters, the ids of the samples it runs, a digest of the data it reads and where that comes
+from, its generation length), generation and engine settings, and the version of the code that computes
+results (``kdeval.version.result_code_hash``: the engine, this policy's own modules, the tasks and metrics, the
+cell execution). Nothing else enters it: not the grid name, resources or retry limits, nor the CLI, scheduler,
+storage or report code. ``full`` keeps every token, so its cells carry ``budget=None`` and the default engine
+options and protocol (which only matter to evicting policies): one cell serves every budget, engine setting and
+protocol.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
+from functools import lru_cache
 from itertools import product
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from kdeval import __version__
+from kdeval.cluster import catalog
+from kdeval.cluster.execute import build_eval_task
 from kdeval.cluster.workload import CellTask, model_key
-from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec
-from kdeval.jobs.registries import task_data_version
-from kdeval.version import code_version
+from kdeval.evals.base import EvalError
+from kdeval.evals.identity import task_data
+from kdeval.jobs.errors import GridError, GridIssue
+from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
 from kdeval.storage import CellRecord
+from kdeval.version import code_version, result_code_hash
 
 
 def policy_label(name: str, params: dict[str, Any]) -> str:
@@ -28,23 +38,36 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
     return f"{name}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")" if params else name
 
 
-def _content_hash(model: BaseModel) -> str:
-    """sha256 (hex) of a model's canonical JSON: every field, keys sorted, no whitespace."""
-    canon = json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+#: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
+NOT_IDENTITY = {"generation": {"batch_size"}}
+
+
+def _content_hash(model: BaseModel, exclude: dict | None = None) -> str:
+    """sha256 (hex) of a model's canonical JSON: every field but ``exclude``, keys sorted, no whitespace."""
+    canon = json.dumps(model.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()
 
 
 class TaskRef(BaseModel):
-    """One task instance of a cell: ``length`` is None for tasks with natural lengths."""
+    """One task instance of a cell: ``length`` is None for tasks with natural lengths.
+
+    ``samples`` is how many samples the cell runs (the grid's count, or fewer when the task has fewer);
+    ``sample_ids_digest`` hashes their ids (``hub`` when they are only known once hub data is fetched);
+    ``data_digest`` / ``data_source`` come from :func:`kdeval.evals.identity.task_data`; ``max_new_tokens`` is
+    the generation length the cell uses (the grid's or the task's official one).
+    """
 
     model_config = ConfigDict(frozen=True)
 
     name: str
-    data_version: str
     length: int | None
     samples: int
     seed: int
     params: dict[str, Any] = {}
+    sample_ids_digest: str = ""
+    data_digest: str = ""
+    data_source: str = ""
+    max_new_tokens: int | None = None
 
     @property
     def label(self) -> str:
@@ -54,7 +77,9 @@ class TaskRef(BaseModel):
 
 
 class CellSpec(BaseModel):
-    """Everything a worker needs to run one cell (JSON-able; this is what is hashed into the id)."""
+    """Everything a worker needs to run one cell (JSON-able; this is what is hashed into the id).
+
+    ``kdeval_version`` is the release plus the hash of the code that computes this cell's result."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -65,13 +90,14 @@ class CellSpec(BaseModel):
     chunk_size: int
     task: TaskRef
     generation: GenerationSpec
+    protocol: ProtocolSpec = ProtocolSpec()
     engine: EngineSpec = EngineSpec()
     kdeval_version: str
 
     @property
     def id(self) -> str:
-        """Content hash (24 hex digits) of the spec."""
-        return _content_hash(self)[:24]
+        """Content hash (24 hex digits) of the spec, less the settings results do not depend on."""
+        return _content_hash(self, exclude=NOT_IDENTITY)[:24]
 
     @property
     def model_key(self) -> str:
@@ -87,8 +113,9 @@ class CellSpec(BaseModel):
             revision=m.revision, policy=self.policy, policy_params=dict(self.policy_params),
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
-            max_new_tokens=self.generation.max_new_tokens, temperature=self.generation.temperature,
+            max_new_tokens=self.generation.max_new_tokens, batch_size=self.generation.batch_size,
             engine=self.engine.options(),
+            compress=self.protocol.compress, decode=self.protocol.decode,
         )
 
     def record(self) -> CellRecord:
@@ -102,31 +129,95 @@ class CellSpec(BaseModel):
         budget = "-" if self.budget is None else str(self.budget)
         pol = policy_label(self.policy, self.policy_params)
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
-        return f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}{engine}"
+        proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
+        return (f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}"
+                f" gen={self.task.max_new_tokens}{proto}{engine}")
 
 
 def kdeval_version() -> str:
-    """The running code's version, release + source hash (part of every cell id; see ``kdeval.version``)."""
+    """The running package's version, release + hash of every source file (runs and provenance record it)."""
     return code_version()
 
 
-def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
-    """All distinct cells of a grid, in a stable order (model, chunk, task, policy, budget)."""
-    version = version or kdeval_version()
+@lru_cache(maxsize=None)
+def cell_code_version(policy: str) -> str:
+    """Release + hash of the code that computes a cell of ``policy`` (see ``kdeval.version``)."""
+    files = catalog.policy_source_files(policy)
+    return f"{__version__}+{result_code_hash(files, catalog.every_policy_source_file())}"
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """A grid's cells and what the user should know about them (e.g. fewer samples than asked for)."""
+
+    cells: list[CellSpec]
+    notes: list[str]
+
+
+def _task_refs(grid: GridSpec) -> tuple[dict[tuple[int, int | None, int], TaskRef], list[str]]:
+    """The :class:`TaskRef` of every (task index, length, seed); raises :class:`GridError` naming the task when
+    its data cannot be read."""
+    refs: dict[tuple[int, int | None, int], TaskRef] = {}
+    notes: list[str] = []
+    issues: list[GridIssue] = []
+    max_new = grid.generation.max_new_tokens
+    for i, spec in enumerate(grid.tasks):
+        for length, seed in product(spec.lengths or [None], spec.seeds):
+            try:
+                task = build_eval_task(spec.name, dict(spec.params), length=length, seed=seed,
+                                       samples=spec.samples, max_new_tokens=max_new)
+                data = task_data(task, spec.samples, max_new)
+            except (EvalError, OSError) as e:
+                issues.append(GridIssue(f"tasks[{i}]", f"{spec.name}: {e}"))
+                break
+            n = spec.samples if data.sample_ids is None else len(data.sample_ids)
+            if data.available is not None and data.available < spec.samples:
+                at = f" at length {length}" if length is not None else ""
+                notes.append(f"tasks[{i}].samples: {spec.name}{at} has {data.available} samples "
+                             f"({_what_samples(spec.name, spec.params)}); the cell runs {n}, not {spec.samples}")
+            ids = "hub" if data.sample_ids is None else hashlib.sha256("\n".join(data.sample_ids).encode()).hexdigest()[:16]
+            refs[(i, length, seed)] = TaskRef(name=spec.name, length=length, samples=n, seed=seed,
+                                              params=dict(spec.params), sample_ids_digest=ids,
+                                              data_digest=data.digest, data_source=data.source,
+                                              max_new_tokens=data.generation_length)
+    if issues:
+        raise GridError(issues)
+    return refs, notes
+
+
+def _what_samples(name: str, params: dict[str, Any]) -> str:
+    if name == "needle":
+        return f"one per depth of params.depths {params.get('depths', 'default: 0, 25, 50, 75, 100')}"
+    if name == "phonebook":
+        return "num_books × questions_per_book per length"
+    return "every sample of its data"
+
+
+def expand_grid(grid: GridSpec, version: str | None = None) -> Expansion:
+    """All distinct cells of a grid in a stable order (model, chunk, task, policy, budget), and notes.
+
+    ``version``: the code version every cell records (tests); None = each policy's :func:`cell_code_version`.
+    """
+    refs, notes = _task_refs(grid)
     cells: dict[str, CellSpec] = {}
-    for model, chunk, task in product(grid.models, grid.chunk_sizes, grid.tasks):
-        dv = task_data_version(task.name)
+    for model, chunk, (i, task) in product(grid.models, grid.chunk_sizes, enumerate(grid.tasks)):
         for length, seed in product(task.lengths or [None], task.seeds):
-            ref = TaskRef(name=task.name, data_version=dv, length=length,
-                          samples=task.samples, seed=seed, params=dict(task.params))
+            ref = refs[(i, length, seed)]
             for pol in grid.policies:
-                free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, no engine options
+                free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, engine options or protocol
                 for budget in [None] if free else grid.budgets:
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
-                                    engine=EngineSpec() if free else grid.engine, kdeval_version=version)
+                                    protocol=ProtocolSpec() if free else grid.protocol,
+                                    engine=EngineSpec() if free else grid.engine,
+                                    kdeval_version=version or cell_code_version(pol.name))
                     cells.setdefault(cell.id, cell)
-    return list(cells.values())
+    return Expansion(list(cells.values()), notes)
+
+
+def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
+    """The cells of :func:`expand_grid`."""
+    return expand_grid(grid, version).cells
 
 
 def grid_hash(grid: GridSpec) -> str:

@@ -26,6 +26,10 @@ class GridError(ValueError):
         self.source = source
         super().__init__(format_grid_error(self))
 
+    def with_source(self, source: str) -> "GridError":
+        """This error naming ``source`` (the grid file) when it names none yet."""
+        return self if self.source else GridError(self.issues, source)
+
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""

@@ -9,12 +9,13 @@ Example (see ``examples/*.yaml``)::
     policies:
       - full                                   # budget-independent: one cell per model x chunk x task
       - {name: keydiff}
-      - {name: sink, params: {sink_tokens: 4}}
+      - {name: sink, params: {n_sink_tokens: 4}}
     budgets: [256, 512]                        # absolute tokens kept per layer and KV head
     chunk_sizes: [64]
     tasks:
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
-    generation: {max_new_tokens: null, temperature: 0.0}
+    generation: {max_new_tokens: null}          # null: each task's official generation length
+    protocol: {compress: prompt, decode: evict} # the paper's; {compress: context} is kvpress's
     engine: {cuda_graphs: null, fuse_layers: false, compile_scoring: false, compile_blocks: false,
              attention_splits: 0, flex_attention: false, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
@@ -80,10 +81,30 @@ class TaskSpec(_Strict):
 
 
 class GenerationSpec(_Strict):
-    """Decoding settings shared by all cells (None = what the task prescribes)."""
+    """Decoding settings shared by all cells. Decoding is greedy. ``max_new_tokens`` bounds every task's
+    generation; None = each task's official length (LongBench's per-task table, RULER's, ...). ``batch_size``:
+    samples sent through the engine together; results do not depend on it, so it is not part of a cell's id."""
 
     max_new_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
+    batch_size: int = Field(default=1, ge=1, le=1024)
+
+
+class ProtocolSpec(_Strict):
+    """What the budget applies to (part of a cell's identity).
+
+    ``compress``: ``prompt`` (the KeyDiff paper: every chunk of the whole prompt, question included, is
+    compressed) or ``context`` (kvpress: only the context is compressed, chunk by chunk; the question is then
+    processed without evicting it). ``decode``: ``evict`` (eviction continues after every generated token) or
+    ``keep`` (no eviction after the prompt).
+    """
+
+    compress: Literal["prompt", "context"] = "prompt"
+    decode: Literal["evict", "keep"] = "evict"
+
+    @property
+    def label(self) -> str:
+        """``prompt/evict``, ``context/keep`` ... (the ``protocol`` column of result rows)."""
+        return f"{self.compress}/{self.decode}"
 
 
 class EngineSpec(_Strict):
@@ -117,6 +138,7 @@ class ResourceSpec(_Strict):
     """Workers: how many, and what each holds (GPUs pinned by Ray's ``accelerator_type``)."""
 
     workers: int = Field(default=1, ge=1, le=4096)
+    shard_size: int = Field(default=32, ge=1, le=100_000)  # samples per unit of work the scheduler hands out
     cpus_per_worker: float = Field(default=1.0, gt=0)
     gpus_per_worker: float = Field(default=0.0, ge=0)
     accelerator_type: str | None = None
@@ -139,6 +161,7 @@ class GridSpec(_Strict):
     chunk_sizes: list[int] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(min_length=1)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)

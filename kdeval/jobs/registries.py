@@ -50,10 +50,23 @@ def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> l
     return issues
 
 
-def task_data_version(name: str) -> str:
-    """The data version of a task (part of cell identity): "1" for every task, as the evals registry
-    does not version its data."""
-    return "1"
+def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[int]) -> list[GridIssue]:
+    """Issues for budgets smaller than what ``policies[index]`` always keeps (sink and recent tokens)."""
+    issues = []
+    for budget in budgets:
+        msg = catalog.policy_budget_error(name, params, budget)
+        if msg is not None:
+            issues.append(GridIssue("budgets", f"{msg.removeprefix('budget: ')} (policies[{index}])"))
+    return issues
+
+
+def check_protocol(compress: str, tasks: list[str]) -> list[GridIssue]:
+    """``protocol.compress: context`` needs tasks whose question is separate from their context."""
+    if compress != "context":
+        return []
+    return [GridIssue("protocol.compress", f"context: tasks[{i}] ({name}) has no question apart from its context; "
+                                           "use compress: prompt for it")
+            for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.separable_question]
 
 
 def check_model(index: int, model_id: str) -> list[GridIssue]:

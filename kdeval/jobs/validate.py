@@ -111,9 +111,10 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     if any(p.name not in BUDGET_FREE_POLICIES for p in grid.policies) and not grid.budgets:
         issues.append(GridIssue("budgets", "required when a policy other than 'full' is listed "
                                            "(a list of positive token counts, e.g. [256, 512])"))
-    if grid.generation.temperature != 0.0:
-        issues.append(GridIssue("generation.temperature",
-                                f"only 0.0 (greedy decoding) is supported, got {grid.generation.temperature}"))
+    for i, p in enumerate(grid.policies):
+        if p.name not in BUDGET_FREE_POLICIES:
+            issues += registries.check_budgets(i, p.name, dict(p.params), grid.budgets)
+    issues += registries.check_protocol(grid.protocol.compress, [t.name for t in grid.tasks])
     res = grid.resources
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "

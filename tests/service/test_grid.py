@@ -106,7 +106,7 @@ def test_malformed_grids_name_the_field(text, expected):
     (BASE.replace("samples: 2,", "samples: 2, params: {depth: [50]},"), "tasks[0].params.depth: unknown parameter for task 'needle' (did you mean 'depths'?)"),
     (BASE.replace("samples: 2,", "samples: 2, params: {seed: 3},"), "tasks[0].params.seed: set it with tasks[0].seeds"),
     (BASE.replace("name: needle", "name: neddle"), "tasks[0].name: unknown task 'neddle' (did you mean 'needle'?)"),
-    (BASE + "generation: {temperature: 0.7}\n", "generation.temperature: only 0.0 (greedy decoding) is supported"),
+    (BASE + "generation: {temperature: 0.7}\n", "generation.temperature: unknown field; expected one of max_new_tokens"),
 ])
 def test_task_and_generation_errors(text, expected):
     with pytest.raises(GridError) as info:

@@ -18,9 +18,10 @@ from kdeval.evals.ruler.generators import Generated
 from kdeval.evals.ruler.templates import DOCUMENT_PROMPT, TASKS
 
 LOCAL_FILES = {"squad": "ruler/squad.json", "hotpotqa": "ruler/hotpotqa.json"}
+HUB_IDS = {"squad": "rajpurkar/squad_v2", "hotpotqa": "hotpotqa/hotpot_qa"}
 _HOW = {
-    "squad": "RULER's qa_1 uses the SQuAD v2.0 dev set (dev-v2.0.json); save it as <data dir>/ruler/squad.json or pass source='hub' when online",
-    "hotpotqa": "RULER's qa_2 uses HotpotQA dev distractor (hotpot_dev_distractor_v1.json); save it as <data dir>/ruler/hotpotqa.json or pass source='hub' when online",
+    "squad": "RULER's qa_1 uses the SQuAD v2.0 dev set (dev-v2.0.json); save it as <data dir>/ruler/squad.json or set the task's `params: {source: hub}` when online",
+    "hotpotqa": "RULER's qa_2 uses HotpotQA dev distractor (hotpot_dev_distractor_v1.json); save it as <data dir>/ruler/hotpotqa.json or set the task's `params: {source: hub}` when online",
 }
 
 
@@ -71,7 +72,7 @@ def load_pool(dataset: str, data_dir: str | None, source: str) -> QAPool:
             data = json.load(f)
         return _squad_official(data) if dataset == "squad" else _hotpot_official(data)
     if dataset == "squad":
-        rows = hub_rows("rajpurkar/squad_v2", None, "validation", what)
+        rows = hub_rows(HUB_IDS["squad"], None, "validation", what)
         by_title: dict[str, list[str]] = {}
         for r in rows:
             by_title.setdefault(r["title"], [])
@@ -80,7 +81,7 @@ def load_pool(dataset: str, data_dir: str | None, source: str) -> QAPool:
         raw = [(r["question"], list(r["answers"]["text"]), [r["context"]], by_title[r["title"]])
                for r in rows if r["answers"]["text"]]
         return _pool(raw)
-    rows = hub_rows("hotpotqa/hotpot_qa", "distractor", "validation", what)
+    rows = hub_rows(HUB_IDS["hotpotqa"], "distractor", "validation", what)
     raw = [(r["question"], [r["answer"]], [f"{t}\n{''.join(s)}" for t, s in zip(r["context"]["title"], r["context"]["sentences"])], [])
            for r in rows]
     return _pool(raw)

@@ -14,9 +14,10 @@ from typing import Any, Mapping, Sequence
 from kdeval.evals.base import EvalError, Sample, ScoreResult, check_choice, check_positive, group_percent
 from kdeval.evals.metrics.string_match import postprocess_pred, string_match_all, string_match_part
 from kdeval.evals.ruler.generators import Generated, _vt_text, make_cwe, make_fwe, make_niah, make_vt
-from kdeval.evals.ruler.qa import QAPool, load_pool, make_qa
+from kdeval.evals.data import find_data_file
+from kdeval.evals.ruler.qa import HUB_IDS, LOCAL_FILES, QAPool, load_pool, make_qa
 from kdeval.evals.ruler.templates import CONFIGS, TASKS
-from kdeval.evals.synthetic import SyntheticTask, check_lengths, essay_words, fit_units
+from kdeval.evals.synthetic import ESSAY_FILE, SyntheticTask, check_lengths, essay_path, essay_words, fit_units
 
 
 @dataclass
@@ -113,6 +114,26 @@ class RulerTask(SyntheticTask):
         if kind == "niah":
             return max(self.cfg["num_needle_k"], self.cfg["num_needle_q"]) * self.cfg["num_needle_v"]
         return 1
+
+    def generation_length(self) -> int:
+        return self.tokens_to_generate
+
+    def sample_ids(self) -> list[str]:
+        """``num_samples`` ids per length, as :meth:`samples` orders them."""
+        return [f"{self.name}/L{length}/{i}" for length in self.lengths for i in range(self.num_samples)]
+
+    def data_files(self) -> list[tuple[str, Any]]:
+        if self.cfg.get("type_haystack") == "essay":
+            return [(ESSAY_FILE, essay_path(self.data_dir))]
+        if self.cfg["task"] == "qa" and self.source == "local":
+            rel = LOCAL_FILES[self.cfg["dataset"]]
+            return [(rel, find_data_file(self.data_dir, rel))]
+        return []
+
+    def data_source(self) -> str:
+        if self.cfg["task"] == "qa":
+            return f"hub {HUB_IDS[self.cfg['dataset']]}" if self.source == "hub" else LOCAL_FILES[self.cfg["dataset"]]
+        return f"synthetic + essay haystack ({ESSAY_FILE})" if self.cfg.get("type_haystack") == "essay" else "synthetic"
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """``num_samples`` samples per length, each fitted to its length with ``builder``."""
