@@ -16,8 +16,7 @@ Example (see ``examples/*.yaml``)::
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
     generation: {max_new_tokens: null}          # null: each task's official generation length
     protocol: {compress: prompt, decode: evict} # the paper's; {compress: context} is kvpress's
-    engine: {cuda_graphs: null, fuse_layers: false, compile_scoring: false, compile_blocks: false,
-             attention_splits: 0, flex_attention: false, score_precision: model}
+    engine: {cuda_graphs: null, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
 
@@ -108,25 +107,16 @@ class ProtocolSpec(_Strict):
 
 
 class EngineSpec(_Strict):
-    """Options of the chunked engine for every cell (``kdeval.keydiff.EngineConfig``). They are part of a
-    cell's identity: on a GPU they change its numbers at rounding level.
+    """Options of the chunked engine that change a cell's numbers (``kdeval.keydiff.EngineConfig``); part of a
+    cell's identity. Speed options that have not been measured to help on a GPU are not grid options (they live
+    behind ``bench/``'s experimental switch until a GPU run decides their fate).
 
-    ``cuda_graphs``: capture the chunk and decode steps as CUDA graphs; ``null`` = on with CUDA, ``true``
-    needs GPU workers. ``fuse_layers`` / ``compile_scoring`` / ``compile_blocks``: with graphs, evict all layers
-    at once / run the policy's scoring through ``torch.compile`` / compile the layers' norms, MLP and rotary
-    embedding (no effect without graphs). ``attention_splits``: with graphs, attend to a full cache in that
-    many splits of the keys (0: one SDPA call). ``flex_attention``: with graphs, compute attention with
-    FlexAttention, skipping empty cache slots (not with ``attention_splits``). ``score_precision``: the attention
-    logits TOVA, SnapKV and H2O score with in a half-precision model, ``model`` (its own precision, float32
-    softmax) or ``float32``.
+    ``cuda_graphs``: capture the chunk and decode steps as CUDA graphs (rounding-level differences on a GPU);
+    ``null`` = on with CUDA, ``true`` needs GPU workers. ``score_precision``: the attention logits TOVA, SnapKV
+    and H2O score with in a half-precision model, ``model`` (its own precision, float32 softmax) or ``float32``.
     """
 
     cuda_graphs: bool | None = None
-    fuse_layers: bool = False
-    compile_scoring: bool = False
-    compile_blocks: bool = False
-    attention_splits: int = Field(default=0, ge=0, le=1024)
-    flex_attention: bool = False
     score_precision: Literal["model", "float32"] = "model"
 
     def options(self) -> dict[str, Any]:

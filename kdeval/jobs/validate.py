@@ -119,14 +119,6 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "
                                                       "leave it null to use graphs wherever CUDA is present"))
-    splits = grid.engine.attention_splits
-    uneven = [b for b in grid.budgets if splits and b % splits]
-    if uneven:
-        issues.append(GridIssue("engine.attention_splits", f"must divide every budget into equal splits; "
-                                                           f"{splits} does not divide {uneven[0]}"))
-    if grid.engine.flex_attention and splits:
-        issues.append(GridIssue("engine.flex_attention", "FlexAttention replaces attention_splits; "
-                                                         "set one of them, not both"))
     if res.accelerator_type and res.gpus_per_worker <= 0:
         issues.append(GridIssue("resources.gpus_per_worker",
                                 f"must be > 0 when accelerator_type is set (got {res.gpus_per_worker})"))

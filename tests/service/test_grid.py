@@ -50,12 +50,12 @@ def test_cell_ids_depend_on_results_inputs_only():
 
 def test_engine_options_enter_evicting_cells_only():
     plain = expand(parse_grid(BASE))
-    fused = expand(parse_grid(BASE + "engine: {fuse_layers: true}\n"))
+    fused = expand(parse_grid(BASE + "engine: {score_precision: float32}\n"))
     by_policy = lambda cells, name: {c.id for c in cells if c.policy == name}  # noqa: E731
     assert by_policy(fused, "full") == by_policy(plain, "full")  # full never evicts: one cell serves both
     assert by_policy(fused, "keydiff").isdisjoint(by_policy(plain, "keydiff"))
     kd = next(c for c in fused if c.policy == "keydiff")
-    assert kd.to_task().engine == {"fuse_layers": True} and kd.describe().endswith(" fuse_layers=True")
+    assert kd.to_task().engine == {"score_precision": "float32"} and kd.describe().endswith(" score_precision=float32")
     assert next(c for c in plain if c.policy == "keydiff").to_task().engine == {}
 
 
@@ -82,15 +82,12 @@ def test_shorthands_and_defaults():
     (BASE.replace("lengths: [256, 512]", "lenghts: [256]"), "tasks[0].lenghts: unknown field (did you mean 'lengths'?)"),
     (BASE.replace("workers: 2", "workers: 0"), "resources.workers: Input should be greater than or equal to 1"),
     (BASE + "resources: {accelerator_type: A100}\n", "resources.gpus_per_worker: must be > 0 when accelerator_type is set"),
-    (BASE + "engine: {fuse_layer: true}\n", "engine.fuse_layer: unknown field (did you mean 'fuse_layers'?)"),
-    (BASE + "engine: {compile_scoring: maybe}\n", "engine.compile_scoring: Input should be a valid boolean"),
+    (BASE + "engine: {cuda_graph: true}\n", "engine.cuda_graph: unknown field (did you mean 'cuda_graphs'?)"),
+    (BASE + "engine: {fuse_layers: true}\n", "engine.fuse_layers: unknown field; expected one of cuda_graphs, "
+                                              "score_precision"),
+    (BASE + "engine: {cuda_graphs: maybe}\n", "engine.cuda_graphs: Input should be a valid boolean"),
     (BASE + "engine: {cuda_graphs: true}\n", "engine.cuda_graphs: true needs GPU workers"),
     (BASE + "engine: {score_precision: fp16}\n", "engine.score_precision: Input should be 'model' or 'float32'"),
-    (BASE + "engine: {attention_splits: -2}\n", "engine.attention_splits: Input should be greater than or equal to 0"),
-    (BASE + "engine: {attention_splits: 3}\n", "engine.attention_splits: must divide every budget into equal splits; "
-                                               "3 does not divide 64"),
-    (BASE + "engine: {attention_splits: 8, flex_attention: true}\n", "engine.flex_attention: FlexAttention replaces "
-                                                                       "attention_splits; set one of them, not both"),
     (BASE.replace("budgets: [64, 128, 256]\n", ""), "budgets: required when a policy other than 'full' is listed"),
     (BASE.replace("chunk_sizes: [32, 64]\n", ""), "chunk_sizes: required field is missing"),
     ("models: [stub:x]\npolicies: [full]\nchunk_sizes: [8]\ntasks: [needle]\n", "models[0].id: expected 'stub:<seconds per cell>'"),
