@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
-from kdeval.cli.index_access import DB_HELP, missing_index, open_index
+from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
 from kdeval.jobs import service
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.scheduler import RunProgress
@@ -101,7 +101,8 @@ def _headline(summary: dict | None) -> str:
         return ""
     skip = ("n", "grid")
     vals = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
-            if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))]
+            if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
+            and not k.endswith("_bytes")]
     return " ".join(vals[:3])
 
 
@@ -142,12 +143,27 @@ def _status_json(index: RunIndex, run_id: str | None) -> str:
         return json.dumps({"runs": [to_jsonable(r, drop=("grid_yaml",)) for r in index.list_runs()]}, indent=2)
     run = index.get_run(run_id)
     cells = [dict(to_jsonable(c, drop=("spec",)), error_line=c.error_line) for c in index.run_cells(run.id)]
-    return json.dumps({"run": to_jsonable(run, drop=("grid_yaml",)), "cells": cells}, indent=2)
+    run_json = dict(to_jsonable(run, drop=("grid_yaml",)), driver_alive=service.driver_alive(run),
+                    heartbeat_age_s=age_seconds(run.heartbeat_at))
+    return json.dumps({"run": run_json, "cells": cells}, indent=2)
 
 
-def _detach_local(index: RunIndex, run_id: str, db: Optional[str]) -> None:
-    """Start this run's driver as a background process on this machine (log next to the results)."""
+def is_job_server(address: Optional[str]) -> bool:
+    """Whether ``--address`` names a Ray job server (``http(s)://head:8265``), where ``--detach`` submits a
+    Ray job; any other address (``host:port``, ``auto``, ``ray://...``) is a cluster the driver joins."""
+    return bool(address) and address.startswith(("http://", "https://"))
+
+
+def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str]) -> list[str]:
+    """The background driver's command line: ``resume`` of the run on the same index and cluster."""
     entry = [sys.executable, "-m", "kdeval.cli.service_cmds", "resume", run_id, "--db", db_url(db)]
+    return entry + (["--address", address] if address else [])
+
+
+def _detach_local(index: RunIndex, run_id: str, db: Optional[str], address: Optional[str]) -> None:
+    """Start this run's driver as a background process on this machine (log next to the results); it joins
+    the cluster at ``address`` (None: a local Ray of its own)."""
+    entry = detached_driver_command(run_id, db, address)
     log = Path(index.get_run(run_id).results_dir) / f"driver-{run_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
@@ -176,8 +192,6 @@ def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]
 def _detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Path], address: str) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    if "://" not in address:  # a GCS address host:port -> the head's job server
-        address = f"http://{address.split(':')[0]}:8265"
     entry, runtime_env = ray_job_spec(grid_file, db, results_dir)
     try:
         job = JobSubmissionClient(address).submit_job(entrypoint=entry, runtime_env=runtime_env)
@@ -205,15 +219,15 @@ def submit(
     grid_file: Path = typer.Argument(..., help="Grid YAML file (see examples/)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help=f"Where per-cell Parquet files go (default {service.DEFAULT_RESULTS_DIR})."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: host:port, 'auto', or with --detach the job server http://head:8265 (default: start Ray locally)."),
-    detach: bool = typer.Option(False, "--detach", help="Return at once: with --address the driver runs as a Ray job on the cluster, else as a background process here."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on: host:port, 'auto' or ray://head:10001; with --detach also a job server http://head:8265 (default: start Ray locally)."),
+    detach: bool = typer.Option(False, "--detach", help="Return at once: the driver runs as a background process here (joining --address, if given), or as a Ray job on the cluster when --address is a job server http(s)://head:8265."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the cells and which are already done; write nothing."),
 ) -> None:
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
     try:
         grid, text = load_grid(grid_file)
         if dry_run:  # a dry run never creates the index
-            index = RunIndex.open(db) if missing_index(db) is None else None
+            index = open_index(db, write=False) if missing_index(db) is None else None
             p = service.plan(index, grid) if index else service.Plan(**vars(service.expand_grid(grid)), done=set())
         else:
             p = None
@@ -223,10 +237,11 @@ def submit(
     if dry_run:
         _print_plan(grid.name, p)
         raise typer.Exit(EXIT_OK)
-    if detach and address and address != "auto":
+    if detach and is_job_server(address):
         _detach_ray_job(grid_file, db, results_dir, address)  # the run is recorded on the cluster
         raise typer.Exit(EXIT_OK)
     results_dir = results_dir or service.DEFAULT_RESULTS_DIR
+    check_results_dir(results_dir)  # a bad --results-dir or --db exits 2 before anything is written
     index = open_index(db, must_exist=False)
     try:
         run_id, p = service.create_run(index, grid, text, results_dir)
@@ -237,7 +252,7 @@ def submit(
         err.print(f"note: {note}", markup=False, highlight=False)
     out.print(f"run [bold]{run_id}[/]: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
     if detach:
-        _detach_local(index, run_id, db)
+        _detach_local(index, run_id, db, address)
         raise typer.Exit(EXIT_OK)
     raise typer.Exit(_execute(index, run_id, address, len(p.cells)))
 
@@ -245,7 +260,7 @@ def submit(
 def resume(
     run: str = typer.Argument(..., help="Run id (or a unique prefix)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on: host:port, 'auto' or ray://head:10001 (default: start Ray locally)."),
 ) -> None:
     """Finish a run: retry failed and lost cells, never recompute done ones."""
     index = open_index(db)
@@ -264,7 +279,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Per-run and per-state counts; a run's cells with worker/node and failures with their error."""
-    index = open_index(db)
+    index = open_index(db, write=False)
     run_id = _run_or_exit(index, run).id if run else None
     if as_json:
         print(_status_json(index, run_id))
@@ -284,7 +299,7 @@ def status(
 
 def ls(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """List runs, newest first."""
-    out.print(_runs_table(open_index(db)))
+    out.print(_runs_table(open_index(db, write=False)))
 
 
 def cancel(
