@@ -25,7 +25,7 @@ test: venv
 # The demo grid: SmolLM2 offline on CPU, local Ray. Reruns reuse the cells already done in .kdeval/demo.
 DEMO := .kdeval/demo
 demo: venv
-	@export KDEVAL_DATA_DIR=$(DATA_DIR) COLUMNS=$${COLUMNS:-150}; \
+	@export KDEVAL_DATA_DIR=$(DATA_DIR); \
 	$(BIN)/kdeval submit examples/demo.yaml --db $(DEMO)/index.sqlite --results-dir $(DEMO)/results; rc=$$?; \
 	$(BIN)/kdeval report --db $(DEMO)/index.sqlite --compare full --format table,html --out $(DEMO)/report || rc=$$?; \
 	exit $$rc

@@ -34,7 +34,7 @@ def export(
     with bad_input():  # arguments first: a bad --format or --out never opens the index
         check_out(out_file)
         check_format(fmt, out_file)
-        index = open_index(db)
+        index = open_index(db, write=False)  # export only reads the index
         res = export_run(index, run, fmt, out_file, results_dir=results_dir)
     target = Path(out_file).expanduser().absolute()
     out.print(f"run {res.run_id}: {res.table.num_rows} rows of {res.cells} cells -> {target}",

@@ -1,17 +1,81 @@
-"""`kdeval generate` and `kdeval policies`: try one policy on one prompt; list the registered policies."""
+"""`kdeval generate` and `kdeval policies`: try one policy on one prompt; list the registered policies.
+
+torch and transformers are imported when ``generate`` runs, not for ``--help``. Unless ``--verbose``,
+third-party warnings, log lines and progress bars (weights loading, tokenizer notices, transformers'
+"Token indices sequence length" line) are kept off the terminal: kdeval's own words come first.
+"""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kdeval.cli.errors import bad_input
 
 console = Console()
+
+#: How the stats of ``generate`` are printed: (label, kind of :mod:`kdeval.jobs.reports.units`).
+STAT_LABELS: dict[str, tuple[str, str]] = {
+    "prompt_tokens": ("prompt tokens", "prompt_tokens"), "ttft_s": ("TTFT s", "ttft_median_s"),
+    "decode_s": ("decode s", "ttft_median_s"), "decode_tokens": ("decode tokens", "peak_kv_tokens"),
+    "decode_tokens_per_s": ("decode tok/s", "decode_tok_s"), "peak_kv_tokens": ("peak KV tokens", "peak_kv_tokens"),
+    "kept_tokens": ("kept tokens", "peak_kv_tokens"), "kv_cache_bytes": ("KV cache", "peak_kv_bytes"),
+    "peak_kv_bytes": ("peak KV cache", "peak_kv_bytes"), "peak_memory_bytes": ("peak memory", "peak_memory_bytes"),  # labelled by its memory_kind
+}
+
+
+@contextlib.contextmanager
+def third_party_quiet(verbose: bool = False) -> Iterator[None]:
+    """Keep transformers', huggingface_hub's and Python's warnings, log lines and progress bars off the terminal
+    (``verbose``: leave them as they are). Errors still raise."""
+    if verbose:
+        yield
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def stats_table(stats: dict[str, Any]) -> Table:
+    """The run's stats with units: seconds and rates to 3 significant digits, token counts as integers,
+    bytes in MiB or GiB (the unit in the label)."""
+    from kdeval.jobs.reports.model import memory_label
+    from kdeval.jobs.reports.units import bytes_unit, text
+
+    table = Table(show_header=False)
+    for key, value in stats.items():
+        if key == "memory_kind":
+            continue
+        label, field = STAT_LABELS.get(key, (key, ""))
+        if key == "peak_memory_bytes":
+            label = memory_label(stats.get("memory_kind") or "")
+        if field.endswith("_bytes") and value is not None:
+            unit, div = bytes_unit([value])
+            table.add_row(f"{label} {unit}", text(value, field, div))
+        else:
+            table.add_row(label, text(value, field) if field else str(value))
+    return table
 
 
 def parse_params(items: list[str]) -> dict[str, str]:
@@ -51,37 +115,42 @@ def register(app: typer.Typer) -> None:
         chat: bool = typer.Option(True, help="wrap the prompt in the model's chat template when it has one"),
         graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs",
                                               help="CUDA graphs for the chunk and decode steps (default: on with CUDA)"),
-        fuse_layers: bool = typer.Option(False, help="with graphs: score and evict all layers at once"),
-        compile_scoring: bool = typer.Option(False,
+        # GPU speed options of the engine, not of the method: accepted, left out of --help.
+        fuse_layers: bool = typer.Option(False, hidden=True, help="with graphs: score and evict all layers at once"),
+        compile_scoring: bool = typer.Option(False, hidden=True,
                                              help="with graphs: compile the policy's scoring (torch.compile)"),
-        compile_blocks: bool = typer.Option(False, help="with graphs: compile the layers' norms, MLP and rotary"),
-        attention_splits: int = typer.Option(0, help="with graphs: attend to a full cache in this many key splits"),
-        flex_attention: bool = typer.Option(False, help="with graphs: FlexAttention, skipping empty cache slots"),
+        compile_blocks: bool = typer.Option(False, hidden=True,
+                                            help="with graphs: compile the layers' norms, MLP and rotary"),
+        attention_splits: int = typer.Option(0, hidden=True,
+                                             help="with graphs: attend to a full cache in this many key splits"),
+        flex_attention: bool = typer.Option(False, hidden=True,
+                                            help="with graphs: FlexAttention, skipping empty cache slots"),
         score_precision: str = typer.Option("model", help="TOVA/SnapKV/H2O logits in a half-precision model: "
                                                           "model (its precision) or float32"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        verbose: bool = typer.Option(False, "--verbose", help="let third-party warnings and progress bars through"),
     ) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
         from kdeval.baselines import get_policy
         from kdeval.keydiff import Engine, EngineConfig, load_model
 
-        with bad_input():
-            if (prompt is None) == (prompt_file is None):
-                raise ValueError("prompt: give exactly one of --prompt or --prompt-file")
-            if prompt_file is not None and not prompt_file.is_file():
-                raise ValueError(f"--prompt-file: no such file: {prompt_file}")
-            text = prompt if prompt is not None else prompt_file.read_text()
-            pol = get_policy(policy, **parse_params(param))
-            config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
-                                  cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring,
-                                  compile_blocks=compile_blocks, attention_splits=attention_splits,
-                                  flex_attention=flex_attention,
-                                  score_precision=score_precision)
-            lm = load_model(model, dtype=dtype, device=device)
-            ids = build_prompt_ids(lm.tokenizer, text, chat)
-            engine = Engine(lm.model, pol, config)
-            result = engine.generate(ids, eos_token_id=lm.eos_token_ids)  # every eos id the model declares
-        answer = lm.tokenizer.decode(result.tokens[0], skip_special_tokens=True)
+        with third_party_quiet(verbose):
+            with bad_input():
+                if (prompt is None) == (prompt_file is None):
+                    raise ValueError("prompt: give exactly one of --prompt or --prompt-file")
+                if prompt_file is not None and not prompt_file.is_file():
+                    raise ValueError(f"--prompt-file: no such file: {prompt_file}")
+                text = prompt if prompt is not None else prompt_file.read_text()
+                pol = get_policy(policy, **parse_params(param))
+                config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
+                                      cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring,
+                                      compile_blocks=compile_blocks, attention_splits=attention_splits,
+                                      flex_attention=flex_attention, score_precision=score_precision)
+                lm = load_model(model, dtype=dtype, device=device)
+                ids = build_prompt_ids(lm.tokenizer, text, chat)
+                engine = Engine(lm.model, pol, config)
+                result = engine.generate(ids, eos_token_id=lm.eos_token_ids)  # every eos id the model declares
+            answer = lm.tokenizer.decode(result.tokens[0], skip_special_tokens=True)
         stats = result.stats.to_dict()
         eviction = ("no eviction (full cache)" if not engine.evicting
                     else f"{policy} keeps N={budget} tokens per layer and KV head, chunks of B={chunk}")
@@ -89,12 +158,9 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"model": model, "policy": policy, "params": pol.params(), "budget": budget,
                               "chunk": chunk, "eviction": eviction, "answer": answer, "stats": stats}))
             return
-        console.print(f"[bold]{eviction}[/bold]")
-        console.print(f"[bold]answer[/bold]: {answer}")
-        table = Table(show_header=False)
-        for k, v in stats.items():
-            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
-        console.print(table)
+        console.print(eviction, style="bold", markup=False, highlight=False)
+        console.print(f"[bold]answer[/bold]: {escape(answer)}", highlight=False)
+        console.print(stats_table(stats))
 
     @app.command()
     def policies(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
@@ -105,8 +171,11 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps([i.to_dict() for i in infos], indent=2))
             return
-        table = Table("policy", "rule", "parameters (default)", "attention")
-        for i in infos:
-            params = ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-"
-            table.add_row(i.name, i.rule, params, "yes" if i.needs_attention else "no")
-        console.print(table)
+        from kdeval.jobs.reports.layout import Column, TableView, render
+
+        rows = [[i.name, i.rule, ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-",
+                 "yes" if i.needs_attention else "no"] for i in infos]
+        view = TableView("policies", f"{len(infos)} policies (`--policy NAME --param key=value`)",
+                         [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
+                          Column("attention")], rows)
+        console.print(render(view, console.width))

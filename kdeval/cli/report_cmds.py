@@ -1,37 +1,40 @@
 """`kdeval report` and `kdeval nightly`: paired deltas with CIs, report files, the regression gate.
 
 Exit codes: 0 ok; 1 a regression was found, or some cells failed / are missing; 2 bad input.
+The report modules (numpy, pyarrow, matplotlib) are imported when a command runs, not for ``--help``.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.console import Console
 
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
-from kdeval.cli.index_access import DB_HELP, open_index
-from kdeval.jobs.reports import Report, ReportOptions, build_report
-from kdeval.jobs.reports import formats
-from kdeval.jobs.reports.output import parse_formats, write_report
-from kdeval.jobs.reports.terminal import cells_table, perf_table, scores_table, warning_lines
-from kdeval.jobs.service import DEFAULT_RESULTS_DIR
+from kdeval.cli.index_access import DB_HELP, open_index  # storage: SQLAlchemy and pyarrow, no torch or Ray
 from kdeval.storage import RunIndex
 
-out = Console(width=200)
+if TYPE_CHECKING:
+    from kdeval.jobs.reports import Report
+
+out = Console()  # the terminal's width: tables fold to fit it
 err = Console(stderr=True)
 
 RESULTS_HELP = "Where the Parquet files are, when moved since the run (default: as recorded in the index)."
 
 
-def print_report(report: Report, console: Console = out, detail: bool = False) -> None:
-    """The terminal tables of a report."""
-    console.print(scores_table(report, detail=detail))
+def print_report(report: "Report", console: Console = out, detail: bool = False) -> None:
+    """The terminal tables of a report: scores, speed, memory, cells not done; then its warnings."""
+    from kdeval.jobs.reports.terminal import cells_table, memory_table, scores_table, speed_table, warning_lines
+
+    width = console.width
+    console.print(scores_table(report, width, detail=detail))
     if report.perf:
-        console.print(perf_table(report.perf, report.meta.compare))
-    bad = cells_table(report)
+        console.print(speed_table(report, width))
+        console.print(memory_table(report, width))
+    bad = cells_table(report, width)
     if bad is not None:
         console.print(bad)
     for line in warning_lines(report):
@@ -42,6 +45,9 @@ def show_comparison(index: RunIndex, runs: list[str], out_dir: str | Path, *, co
                     console: Console | None = None, resamples: int = 2000) -> Path:
     """Print the comparison tables of ``runs`` against ``compare`` and the path of the HTML report
     written to ``out_dir/report.html`` (with ``report.json``); returns that path. ``make demo`` ends here."""
+    from kdeval.jobs.reports import ReportOptions, build_report
+    from kdeval.jobs.reports.output import write_report
+
     console = console or out
     rep = build_report(index, runs, ReportOptions(compare=compare, resamples=resamples))
     print_report(rep, console)
@@ -71,9 +77,13 @@ def report(
     detail: bool = typer.Option(False, "--detail", help="Terminal table: also per length / depth / level rows."),
 ) -> None:
     """Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."""
+    from kdeval.jobs.reports import ReportOptions, build_report, formats
+    from kdeval.jobs.reports.output import parse_formats, write_report
+    from kdeval.jobs.reports.terminal import warning_lines
+
     with bad_input():  # open_index's exit passes through
         fmts = parse_formats(fmt)
-        index = open_index(db)
+        index = open_index(db, write=False)  # reports read: a read-only index will do
         run_ids = list(runs) if runs else _latest_run(index)
         rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
                                                         results_dir=results_dir))
@@ -100,7 +110,8 @@ def report(
 def nightly(
     nightly_file: Path = typer.Argument(..., help="Grid file with a nightly: section (see examples/nightly.yaml)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    results_dir: Path = typer.Option(DEFAULT_RESULTS_DIR, "--results-dir", help="Where per-cell Parquet files go."),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir",
+                                               help="Where per-cell Parquet files go (default .kdeval/results)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare with this run (overrides nightly.baseline)."),
@@ -112,6 +123,7 @@ def nightly(
     with bad_input():
         nf = nightly_job.load_nightly(nightly_file)
         index = open_index(db, must_exist=run is not None)  # gating an existing run needs an existing index
+        results_dir = results_dir or nightly_job.service.DEFAULT_RESULTS_DIR
         try:
             outcome = nightly_job.run_nightly(index, nf, results_dir=results_dir, address=address,
                                               report_dir=out_dir, baseline=baseline, existing_run=run)

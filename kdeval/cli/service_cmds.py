@@ -6,8 +6,10 @@ Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish), 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,15 +21,16 @@ import typer
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
+from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.jobs import service
+from kdeval.jobs.drivers import describe_driver
 from kdeval.jobs.errors import GridError
-from kdeval.jobs.scheduler import RunProgress
+from kdeval.jobs.progress import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
     TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, to_jsonable,
@@ -50,27 +53,35 @@ def _exit_code(index: RunIndex, run_id: str) -> int:
     return EXIT_OK if run is not None and run.state == RunState.DONE.value else EXIT_FAILED
 
 
-def _execute(index: RunIndex, run_id: str, address: Optional[str], total: int) -> int:
-    """Run the scheduler with a rich progress bar; print the status table; return the exit code."""
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("failed {task.fields[failed]}  running {task.fields[running]}"),
-               TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task(run_id, total=total, failed=0, running=0)
+def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = True) -> int:
+    """Run the scheduler with its progress on stderr (bars in a terminal, plain lines in a log: samples done /
+    total and ETAs, cells waited for); print the status table; return the exit code."""
+    def describe(rid: str) -> str:
+        view = index.get_run(rid)
+        return describe_driver(view) if view is not None else f"run {rid}"
 
-        def on_progress(p: RunProgress) -> None:
-            bar.update(task, total=p.total, completed=p.done + p.failed, failed=p.failed, running=p.running)
+    display = (RichProgress if err.is_terminal else PlainProgress)(err, run_id, describe)
+    last: list[RunProgress] = []
 
-        try:
-            outcome = service.execute_run(index, run_id, address=address, on_progress=on_progress)
-        except (ConnectionError, service.RunBusyError, service.StaleRunError) as e:
-            err.print(f"error: {e}", markup=False)
-            return EXIT_BAD_INPUT
-        except KeyboardInterrupt:
-            index.recover_orphans(run_id)
+    def on_progress(p: RunProgress) -> None:
+        last[:] = [p]
+        display.update(p)
+
+    try:
+        with display:
+            outcome = service.execute_run(index, run_id, address=address, on_progress=on_progress, wait=wait,
+                                          on_wait=lambda msg: err.print(msg, markup=False, highlight=False))
+            display.close(last[0] if last else None)
+    except (ConnectionError, service.RunBusyError, service.StaleRunError) as e:
+        err.print(f"error: {e}", markup=False)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        run = index.get_run(run_id)
+        if run is not None and (run.driver_host, run.driver_pid) == (socket.gethostname(), os.getpid()):
+            index.recover_orphans(run_id)  # this process was the run's driver (not one it waited for)
             index.set_run_state(run_id, RunState.CANCELLED, "interrupted (Ctrl-C)")
             err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
-            return EXIT_FAILED
+        return EXIT_FAILED
     if outcome.message:
         err.print(f"[yellow]{outcome.message}[/]")
     out.print(_status_table(index, run_id))
@@ -100,7 +111,7 @@ def _headline(summary: dict | None) -> str:
     if not summary:
         return ""
     skip = ("n", "grid")
-    vals = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+    vals = [f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
             if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
             and not k.endswith("_bytes")]
     return " ".join(vals[:3])
@@ -222,6 +233,7 @@ def submit(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on: host:port, 'auto' or ray://head:10001; with --detach also a job server http://head:8265 (default: start Ray locally)."),
     detach: bool = typer.Option(False, "--detach", help="Return at once: the driver runs as a background process here (joining --address, if given), or as a Ray job on the cluster when --address is a job server http(s)://head:8265."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the cells and which are already done; write nothing."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Cells another live driver is computing: wait for them (default) or leave them (the run ends failed, naming that run)."),
 ) -> None:
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
     try:
@@ -240,6 +252,11 @@ def submit(
     if detach and is_job_server(address):
         _detach_ray_job(grid_file, db, results_dir, address)  # the run is recorded on the cluster
         raise typer.Exit(EXIT_OK)
+    if is_job_server(address):
+        err.print(f"error: --address: {address} is a Ray job server, which only --detach submits to; to run "
+                  "here give the cluster's address (host:port, auto or ray://head:10001)",
+                  markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
     results_dir = results_dir or service.DEFAULT_RESULTS_DIR
     check_results_dir(results_dir)  # a bad --results-dir or --db exits 2 before anything is written
     index = open_index(db, must_exist=False)
@@ -254,22 +271,23 @@ def submit(
     if detach:
         _detach_local(index, run_id, db, address)
         raise typer.Exit(EXIT_OK)
-    raise typer.Exit(_execute(index, run_id, address, len(p.cells)))
+    raise typer.Exit(_execute(index, run_id, address, wait))
 
 
 def resume(
     run: str = typer.Argument(..., help="Run id (or a unique prefix)."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on: host:port, 'auto' or ray://head:10001 (default: start Ray locally)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="When the run's driver is alive elsewhere, wait for it to finish, then run what is left (default); with --no-wait, refuse. Cells other live drivers compute are waited for likewise."),
 ) -> None:
     """Finish a run: retry failed and lost cells, never recompute done ones."""
     index = open_index(db)
     r = _run_or_exit(index, run)
-    if service.driver_alive(r):
+    if not wait and service.driver_alive(r):
         err.print(f"error: run {r.id} is still being run by pid {r.driver_pid} on {r.driver_host}; "
-                  f"`kdeval cancel {r.id}` first")
+                  f"`kdeval cancel {r.id}` first, or resume without --no-wait to wait for it")
         raise typer.Exit(EXIT_BAD_INPUT)
-    raise typer.Exit(_execute(index, r.id, address, r.n_cells))
+    raise typer.Exit(_execute(index, r.id, address, wait))
 
 
 def status(

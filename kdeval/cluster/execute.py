@@ -6,9 +6,17 @@ scheduler only sees :class:`~kdeval.cluster.workload.Workload`. Model ids ``stub
 
 How a cell becomes a task: the grid's task ``params`` are passed to the task's constructor, plus
 ``lengths=[cell length]``, ``seed`` and ``num_samples`` when the task has those parameters, and
-``max_new_tokens`` from the grid's generation settings when set and the task accepts it. The runner
-then takes the first ``samples`` samples (``limit``), generates ``max_new_tokens`` tokens per sample when the
-grid sets it (every task, whether its constructor takes the setting or not) and runs the cell's protocol.
+``max_new_tokens`` from the grid's generation settings when set and the task accepts it. The cell's prompts
+are those of the task's first ``samples`` samples (``limit``); a task runs its shard of them, samples
+``[sample_start, sample_stop)`` (:func:`shard_prompts`), generating ``max_new_tokens`` tokens per sample when
+the grid sets it (every task, whether its constructor takes the setting or not) under the cell's protocol.
+
+Shards and shared contexts: the runner compresses a context once for consecutive samples that share it
+(``context_shared`` rows). A shard boundary may split such a group; each side then compresses the context
+itself. Results do not change (every question still gets the same compressed context: sharing only saves
+computing it again), only the rows' ``context_shared`` / ``shared_prefill_s`` and the time spent
+(``tests/service/test_real_shards.py``). The cell's summary is computed by the driver from all its stored
+rows (:meth:`EvalWorkload.aggregate`).
 """
 from __future__ import annotations
 
@@ -85,6 +93,20 @@ def task_and_prompts(lm: Any, task: CellTask) -> tuple[Any, Any]:
     return hit
 
 
+def shard_prompts(prompts: tuple[Any, Any], task: CellTask) -> tuple[list[Any], list[Any]]:
+    """The task's shard of a cell's ``(samples, built prompts)`` (``runner.model_prompts`` of its first
+    ``samples`` samples): the slice ``[sample_start, sample_stop)`` of both lists (shorter, or empty, when
+    the task has fewer samples than the grid asked for)."""
+    samples, built = prompts
+    part = task.shard_slice
+    return list(samples[part]), list(built[part])
+
+
+#: Evals task objects the driver built to aggregate cells (:meth:`EvalWorkload.aggregate`), by prompt key.
+_TASKS: OrderedDict[str, Any] = OrderedDict()
+_TASKS_KEPT = 4
+
+
 @dataclass(frozen=True)
 class EvalWorkload:
     """Runs cells for real. ``device`` None = CUDA when available, else CPU."""
@@ -106,9 +128,26 @@ class EvalWorkload:
         from kdeval.evals import runner  # lazy: heavy imports only on workers that need them
 
         evals_task, prompts = task_and_prompts(handle, task)
+        prompts = shard_prompts(prompts, task)
+        if not prompts[0]:  # a shard past the task's last sample (it has fewer than the grid asked for)
+            return CellResult(rows=[], summary={}, peak_memory_bytes=None)
         rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
-                               budget=task.budget, chunk_size=task.chunk_size, limit=task.samples,
+                               budget=task.budget, chunk_size=task.chunk_size, limit=None,
                                engine=task.engine, prompts=prompts, max_new_tokens=task.max_new_tokens,
                                compress=task.compress, decode=task.decode)
         summary = runner.aggregate(evals_task, rows)
         return CellResult(rows=rows, summary=summary, peak_memory_bytes=summary.get("max_peak_memory_bytes"))
+
+    def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The cell's summary from all its rows: ``runner.aggregate`` with the cell's evals task (built here,
+        on the driver; the stub's own for ``stub:`` models)."""
+        if task.model_id.startswith(STUB_PREFIX):
+            return StubWorkload().aggregate(task, rows)
+        from kdeval.evals import runner
+
+        key = prompt_key(task)
+        evals_task = _TASKS.pop(key, None) or build_task(task)
+        _TASKS[key] = evals_task
+        while len(_TASKS) > _TASKS_KEPT:
+            _TASKS.popitem(last=False)
+        return runner.aggregate(evals_task, rows)

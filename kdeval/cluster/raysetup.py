@@ -35,10 +35,18 @@ class WorkerResources:
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: bool = True) -> None:
-    """Start or join Ray once per process (a no-op when already connected)."""
+    """Start or join Ray once per process (a no-op when already connected).
+
+    ``address``: a cluster (``host:port`` of its GCS, ``auto``, ``ray://head:10001``), or None for a local
+    Ray. A job server URL (``http(s)://head:8265``) is not a cluster to join: ``ConnectionError`` says so."""
+    if address and address.startswith(("http://", "https://")):
+        raise ConnectionError(f"--address {address} is a Ray job server, which only `submit --detach` uses; "
+                              "to run here give the cluster's address: host:port, auto or ray://head:10001")
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not address:  # a local Ray bound to loopback: no token auth (and no warning about it); a cluster's
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # auth stays as the cluster configures it
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": not quiet,
                               "configure_logging": True, "logging_level": "WARNING"}
     try:

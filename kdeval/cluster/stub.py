@@ -1,7 +1,9 @@
 """A model-free workload of known cost: scheduler tests, the scheduler benchmark, cluster smoke runs.
 
 Grids reach it through model ids ``stub:<seconds per cell>``; tests construct it directly to inject
-faults (a policy whose cells raise, or raise an out-of-memory error).
+faults (a policy whose cells raise, or raise an out-of-memory error) or to give a cost per sample (a
+large cell split in shards). Its rows depend only on the cell and the sample, never on the shard that
+computed them, so a cell's rows are the same whatever its shard size.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ class StubModel:
 
 @dataclass(frozen=True)
 class StubWorkload:
-    """Sleep ``cost_s`` per cell (default: the number in ``stub:<s>``, else 0) and emit one row per sample.
+    """Sleep ``cost_s`` per task (default: the number in ``stub:<s>``, else 0) plus ``cost_per_sample_s`` per
+    sample of the task's shard, and emit one row per sample of the shard.
 
     ``fail_policies`` raise ``RuntimeError``; ``oom_policies`` raise :class:`StubOutOfMemoryError`;
     ``crash_policies`` kill the worker process (``os._exit``) — every time, or only on a cell's first
@@ -47,6 +50,7 @@ class StubWorkload:
     """
 
     cost_s: float | None = None
+    cost_per_sample_s: float = 0.0
     load_cost_s: float = 0.0
     fail_policies: tuple[str, ...] = ()
     oom_policies: tuple[str, ...] = ()
@@ -81,9 +85,10 @@ class StubWorkload:
             self._maybe_crash(task)
         if task.policy in self.oom_policies:
             raise StubOutOfMemoryError("CUDA out of memory (stub): tried to allocate 2.00 GiB")
-        time.sleep(self._cost(task))
+        shard = range(task.samples)[task.shard_slice]
+        time.sleep(self._cost(task) + self.cost_per_sample_s * len(shard))
         rows = []
-        for i in range(task.samples):
+        for i in shard:
             sid = f"{task.task}/{task.length}/{task.seed}/{i}"
             h = int(hashlib.sha256(f"{task.cell_id}/{sid}".encode()).hexdigest()[:8], 16)
             rows.append({
@@ -93,6 +98,9 @@ class StubWorkload:
                 "peak_memory_bytes": self.peak_memory_bytes, "peak_kv_tokens": task.budget or 0,
                 "kept_tokens": task.budget or 0,
             })
-        score = 100.0 * sum(r["score"] for r in rows) / max(len(rows), 1)
-        return CellResult(rows=rows, summary={"score": round(score, 2), "n": len(rows)},
-                          peak_memory_bytes=self.peak_memory_bytes)
+        return CellResult(rows=rows, summary=self.aggregate(task, rows), peak_memory_bytes=self.peak_memory_bytes)
+
+    def aggregate(self, task: CellTask, rows: list[dict]) -> dict:
+        """Mean score (percent) and row count."""
+        score = 100.0 * sum(float(r["score"]) for r in rows) / max(len(rows), 1)
+        return {"score": round(score, 2), "n": len(rows)}

@@ -1,4 +1,4 @@
-"""The worker actor: holds one loaded model and runs cells with it, one at a time.
+"""The worker actor: holds one loaded model and runs cells (or sample shards of them) with it, one at a time.
 
 A worker never touches the index: it returns a :class:`CellOutcome` (rows and, for a done cell, the
 result's provenance included) to the driver.
@@ -56,11 +56,19 @@ class CellWorker:
         self.handle, self.loaded_key = None, None
         _free_accelerator_memory()
         self.handle = self.workload.load(task)
+        # Warm-up: one short forward before anything is timed, so the first cell on a fresh worker (always
+        # `full`, by expansion order) does not pay for kernel selection and allocator growth in its TTFT.
+        model = getattr(self.handle, "model", None)  # a LoadedModel; stub handles have none
+        torch = sys.modules.get("torch")  # imported by the workload that loaded a real model
+        if torch is not None and isinstance(model, torch.nn.Module):
+            device = next(model.parameters()).device
+            with torch.inference_mode():
+                model(input_ids=torch.zeros(1, 8, dtype=torch.long, device=device), use_cache=False)
         self.loaded_key = task.model_key
         self.model_loads += 1
 
     def run_cell(self, task: CellTask) -> CellOutcome:
-        """Run one cell; never raises for the cell's own errors."""
+        """Run one cell's shard (``task.shard_slice`` of its samples); never raises for the cell's own errors."""
         t0 = time.perf_counter()
         try:
             self._ensure_model(task)
@@ -73,12 +81,13 @@ class CellWorker:
                 cell_id=task.cell_id, ok=False, worker=self.name, node=self.node_id,
                 duration_s=time.perf_counter() - t0, model_loads=self.model_loads,
                 error="".join(traceback.format_exception(exc, limit=8)).strip(), out_of_memory=oom,
+                shard=task.shard,
             )
         return CellOutcome(
             cell_id=task.cell_id, ok=True, worker=self.name, node=self.node_id,
             duration_s=time.perf_counter() - t0, model_loads=self.model_loads, rows=result.rows,
             summary=result.summary, peak_memory_bytes=result.peak_memory_bytes,
-            provenance=collect_provenance(task),
+            provenance=collect_provenance(task), shard=task.shard,
         )
 
 

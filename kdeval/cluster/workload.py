@@ -1,9 +1,12 @@
 """The contract between the scheduler and a worker: what a cell asks for and what it returns.
 
-A *workload* is a picklable object with two methods, ``load(task) -> handle`` (load the model a cell
-needs) and ``run(handle, task) -> CellResult`` (run the cell). The worker actor calls ``load`` only when
-the model changes, so a model is loaded once per (worker, model). :class:`kdeval.cluster.execute.
-EvalWorkload` runs real evaluations; :class:`kdeval.cluster.stub.StubWorkload` costs a known time.
+A *workload* is a picklable object with three methods, ``load(task) -> handle`` (load the model a cell
+needs), ``run(handle, task) -> CellResult`` (run the task's shard of the cell: samples
+``[sample_start, sample_stop)`` of its first ``samples``) and ``aggregate(task, rows) -> summary`` (the
+cell's headline numbers from all its stored rows; the driver calls it once every shard is done). The worker
+actor calls ``load`` only when the model changes, so a model is loaded once per (worker, model).
+:class:`kdeval.cluster.execute.EvalWorkload` runs real evaluations; :class:`kdeval.cluster.stub.StubWorkload`
+costs a known time.
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ def model_key(model_id: str, revision: str | None, dtype: str, attn_implementati
 
 @dataclass(frozen=True)
 class CellTask:
-    """One cell as the worker sees it (built by ``kdeval.jobs`` from a cell spec)."""
+    """One cell, or one sample shard of it, as the worker sees it (built by ``kdeval.jobs`` from a cell spec).
+
+    The worker takes the cell's first ``samples`` samples, then runs those in ``[sample_start, sample_stop)``
+    (``sample_stop`` None: to the end); ``shard`` numbers that slice within the cell."""
 
     cell_id: str
     model_id: str
@@ -39,6 +45,20 @@ class CellTask:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, fuse_layers, ...)
     compress: str = "prompt"  # protocol: "prompt" (paper) or "context" (kvpress)
     decode: str = "evict"  # protocol: "evict" or "keep" after the prompt
+    shard: int = 0  # which shard of the cell this is (0 for a cell run whole)
+    sample_start: int = 0  # first sample of the shard (index into the cell's samples)
+    sample_stop: int | None = None  # one past its last sample (None: the cell's last)
+
+    def __post_init__(self) -> None:
+        stop = self.samples if self.sample_stop is None else self.sample_stop
+        if not 0 <= self.sample_start <= stop <= self.samples:
+            raise ValueError(f"sample_start/sample_stop: expected 0 <= {self.sample_start} <= {stop} <= "
+                             f"samples={self.samples}")
+
+    @property
+    def shard_slice(self) -> slice:
+        """The shard's samples as a slice of the cell's samples."""
+        return slice(self.sample_start, self.samples if self.sample_stop is None else self.sample_stop)
 
     @property
     def model_key(self) -> str:
@@ -57,7 +77,7 @@ class CellResult:
 
 @dataclass
 class CellOutcome:
-    """What the worker actor returns for one cell (never raises for the cell's own errors)."""
+    """What the worker actor returns for one cell's shard (never raises for the cell's own errors)."""
 
     cell_id: str
     ok: bool
@@ -72,6 +92,7 @@ class CellOutcome:
     out_of_memory: bool = False
     #: how a done cell's result was computed (``kdeval.cluster.provenance.collect_provenance``); {} if failed
     provenance: dict[str, Any] = field(default_factory=dict)
+    shard: int = 0  # the task's shard (rows are that shard's samples)
 
 
 @dataclass(frozen=True)
@@ -88,3 +109,5 @@ class Workload(Protocol):
     def load(self, task: CellTask) -> Any: ...
 
     def run(self, handle: Any, task: CellTask) -> CellResult: ...
+
+    def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]: ...

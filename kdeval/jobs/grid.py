@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-DType = Literal["float32", "float16", "bfloat16"]
+DType = Literal["auto", "float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
 
 #: Policies whose result does not depend on the budget (one cell serves every budget).
@@ -50,7 +50,7 @@ class ModelSpec(_Strict):
     """
 
     id: str = Field(min_length=1)
-    dtype: DType = "float32"
+    dtype: DType = "auto"  # the model's own dtype on a GPU, float32 on a CPU
     attn_implementation: AttnImpl = "sdpa"
     revision: str | None = None
 

@@ -1,21 +1,34 @@
-"""The scheduler: one loop over ``ray.wait`` that hands cells to worker actors and records everything.
+"""The scheduler: one loop over ``ray.wait`` that hands sample shards of cells to worker actors and records
+everything.
 
 Rules:
 
-* **Model affinity** — an idle worker gets a cell of the model it already holds; otherwise a model
-  held by the fewest workers (ties: most cells left), but only when that model has more cells queued
-  than workers holding it — so each model is loaded at most once per worker, usually less.
-* **Dead workers** (process or node died, or a cell exceeded ``cell_timeout_s``) are replaced; their
-  cell's attempt is recorded ``lost``/``timeout`` and the cell requeued until ``max_attempts``.
+* **One driver per cell** — a driver takes a cell (``RunIndex.claim_cell``) before running any of it and
+  gives it back when it is done or failed, or when the driver stops. A cell held by another live driver
+  (:func:`kdeval.jobs.drivers.driver_alive`) is never started here: this run waits for it (``wait_for_held``)
+  and counts it done once that driver stored it, or takes it over if that driver dies (its running attempts
+  at the cell become ``lost``; nothing else of it is touched). Without waiting, such cells are left
+  (:mod:`kdeval.jobs.holds`).
+* **Sample shards** — a taken cell is split in shards of ``shard_size`` samples (:mod:`kdeval.jobs.shards`),
+  each with its own attempts and its own Parquet part; idle workers take the next shard of a held cell
+  first, so several workers run one large cell at once, and a killed worker loses at most its shard. A cell
+  is done when all its shards are: its parts are read back and checked, and the workload's ``aggregate``
+  of all its rows becomes the cell's summary (:mod:`kdeval.jobs.outcomes`). Shards stored by an earlier
+  driver are kept.
+* **Model affinity** — an idle worker gets work of the model it already holds; otherwise a model held by
+  the fewest workers (ties: most work left), but only when that model has more cells or shards queued than
+  workers holding it — so each model is loaded at most once per worker, usually less.
+* **Dead workers** (process or node died, or a shard exceeded ``cell_timeout_s``) are replaced; their
+  shard's attempt is recorded ``lost``/``timeout`` and the shard requeued until ``max_attempts``.
 * **Cell errors** (the cell's own code raised, out-of-memory included) mark that cell failed with the
-  error text; the run goes on.
-* Only this loop (the driver) writes the index; per-sample rows, with the cell's identity columns added
-  (:func:`kdeval.jobs.export.self_describing`), are written to Parquet (temp + rename) *before* the cell
-  is marked done, with the provenance the worker reported.
-* A cell another run finished meanwhile is skipped only if its Parquet file checks out
+  error text; its other shards are dropped and the run goes on.
+* Only drivers write the index; per-sample rows, with the cell's identity columns added
+  (:func:`kdeval.jobs.export.self_describing`), are written to Parquet (temp + rename) *before* their shard
+  is recorded, with the provenance the worker reported; a driver that lost a cell stores nothing of it.
+* A cell another run finished meanwhile is skipped only if its Parquet files check out
   (:func:`kdeval.storage.verify_cell`); otherwise it is recomputed.
 * ``kdeval cancel`` is noticed at each heartbeat: dispatching stops, workers are killed, in-flight
-  cells go back to pending.
+  shards' attempts become lost and the cells go back to pending.
 """
 from __future__ import annotations
 
@@ -25,16 +38,20 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import pyarrow as pa
 import ray
 from ray import exceptions as rex
 
 from kdeval.cluster.raysetup import WorkerResources, missing_resources
 from kdeval.cluster.worker import worker_actor_class
 from kdeval.cluster.workload import CellOutcome, WorkerInfo, Workload
-from kdeval.jobs.cells import CellSpec
-from kdeval.jobs.export import self_describing
-from kdeval.storage import AttemptState, CellState, RunIndex, RunState, verify_cell, write_cell_rows
+from kdeval.jobs.cells import CellSpec, policy_label
+from kdeval.jobs.holds import Holds
+from kdeval.jobs.outcomes import Flight, ShardOutcomes
+from kdeval.jobs.progress import CellProgress, RunProgress
+from kdeval.jobs.shards import HeldCell, Shard, plan_cell, shard_ranges
+from kdeval.storage import AttemptState, CellState, CellView, RunIndex, RunState, remove_parts, verify_cell
+
+__all__ = ["RunOutcome", "RunProgress", "CellProgress", "Scheduler", "SchedulerConfig", "WORKER_LOST_ERRORS"]
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +62,22 @@ WORKER_LOST_ERRORS = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostE
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """How many workers, what each holds, and the reliability knobs."""
+    """How many workers, what each holds, how work is split, and the reliability knobs."""
 
     workers: int = 1
     resources: WorkerResources = WorkerResources()
-    max_attempts: int = 3
-    cell_timeout_s: float | None = None
+    max_attempts: int = 3  # per shard
+    cell_timeout_s: float | None = None  # per attempt, i.e. per shard
     poll_s: float = 0.25
     heartbeat_s: float = 1.0
     worker_start_timeout_s: float = 300.0
     max_replacements: int | None = None  # default: 2 x workers + 2
+    shard_size: int = 32  # samples per unit of work (a cell's plan keeps the size it was started with)
+    wait_for_held: bool = True  # cells another live driver holds: wait for them (False: leave them)
 
-
-@dataclass
-class RunProgress:
-    """Counters passed to the progress callback after every event."""
-
-    total: int
-    done: int = 0
-    failed: int = 0
-    running: int = 0  # cells in flight (set from the scheduler's flights before each callback)
-    workers_lost: int = 0
+    def __post_init__(self) -> None:
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size: expected a number of samples >= 1, got {self.shard_size}")
 
 
 @dataclass
@@ -74,8 +86,8 @@ class RunOutcome:
 
     done: int
     failed: int
-    left: int  # cells neither done nor failed (cancelled or no worker could start)
-    attempts: int
+    left: int  # cells neither done nor failed (cancelled, held by another driver, or no worker could start)
+    attempts: int  # attempts at shards in this session
     model_loads: int
     workers_lost: int
     cancelled: bool
@@ -94,31 +106,30 @@ class _Slot:
     loads: int = 0
 
 
-@dataclass
-class _Flight:
-    slot: _Slot
-    cell: CellSpec
-    attempt_id: int
-    started: float
+def _cell_label(cell: CellSpec) -> str:
+    budget = "-" if cell.budget is None else cell.budget
+    return f"{cell.id[:8]} {policy_label(cell.policy, cell.policy_params)} {budget}/{cell.chunk_size} {cell.task.label}"
 
 
-class Scheduler:
+class Scheduler(ShardOutcomes):
     """Runs ``cells`` of ``run_id`` on Ray workers (``ray`` must already be connected)."""
 
     def __init__(self, index: RunIndex, run_id: str, cells: list[CellSpec], workload: Workload,
                  results_dir: str, config: SchedulerConfig,
                  on_progress: Callable[[RunProgress], None] | None = None) -> None:
         self.index, self.run_id, self.workload = index, run_id, workload
-        self.results_dir, self.cfg = results_dir, config
+        self.results_dir, self.cfg = str(results_dir), config
         self.on_progress = on_progress or (lambda p: None)
-        self.queue: dict[str, deque[CellSpec]] = {}
+        self.queue: dict[str, deque[CellSpec | Shard]] = {}  # per model: cells not taken, shards of held cells
         for c in cells:
             self.queue.setdefault(c.model_key, deque()).append(c)
-        self.progress = RunProgress(total=len(cells))
+        self.progress = RunProgress(total=len(cells), samples_total=sum(c.task.samples for c in cells))
         self.slots: list[_Slot] = []
         self.starting: dict[Any, _Slot] = {}  # info() ref -> slot not yet ready
-        self.flights: dict[Any, _Flight] = {}
-        self.session_attempts: Counter[str] = Counter()
+        self.flights: dict[Any, Flight] = {}
+        self.held: dict[str, HeldCell] = {}  # cells this driver holds and has not finished
+        self.holds = Holds(index, run_id, wait=config.wait_for_held, recheck_s=config.heartbeat_s)
+        self.session_attempts: Counter[tuple[str, int]] = Counter()  # (cell id, shard) -> attempts here
         self.replacements = 0
         self.max_replacements = (config.max_replacements if config.max_replacements is not None
                                  else 2 * config.workers + 2)
@@ -143,7 +154,7 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - already dead
             pass
         log.warning("worker %s lost: %s", slot.name, why)
-        if self.replacements < self.max_replacements and self._pending_cells():
+        if self.replacements < self.max_replacements and self._queued():
             self.replacements += 1
             self._spawn()
 
@@ -151,12 +162,13 @@ class Scheduler:
         return [s for s in self.slots if s.alive]
 
     # ------------------------------------------------------------------ queue
-    def _pending_cells(self) -> int:
+    def _queued(self) -> int:
+        """Cells not taken and shards not started, of every model."""
         return sum(len(q) for q in self.queue.values())
 
-    def _pick(self, slot: _Slot) -> CellSpec | None:
-        """Next cell for an idle worker: its own model's first; else a model nobody holds, or one with
-        more cells queued than workers holding it (otherwise wait: loading costs more than waiting)."""
+    def _pick(self, slot: _Slot) -> CellSpec | Shard | None:
+        """Next cell or shard for an idle worker: its own model's first; else a model nobody holds, or one
+        with more work queued than workers holding it (otherwise wait: loading costs more than waiting)."""
         if slot.loaded_key and self.queue.get(slot.loaded_key):
             return self.queue[slot.loaded_key].popleft()
         holders = Counter(s.loaded_key for s in self._live() if s.info is not None and s is not slot)
@@ -166,13 +178,14 @@ class Scheduler:
         key = min(keys, key=lambda k: (holders[k], -len(self.queue[k])))
         return self.queue[key].popleft()
 
-    def _requeue(self, cell: CellSpec) -> None:
-        self.queue.setdefault(cell.model_key, deque()).appendleft(cell)
+    def _requeue(self, item: CellSpec | Shard) -> None:
+        self.queue.setdefault(item.model_key, deque()).appendleft(item)
 
-    def _done_elsewhere(self, cell: CellSpec) -> bool:
-        """True (and counted done) when another run sharing this cell finished it meanwhile and its Parquet
-        file is the cell's own (one that fails the check is recomputed)."""
-        view = self.index.get_cell(cell.id)
+    # ------------------------------------------------------------------ leases
+    def _done_elsewhere(self, cell: CellSpec, view: CellView | None = None) -> bool:
+        """True (and counted done) when another run finished the cell meanwhile and its Parquet files are the
+        cell's own (a done cell whose files fail the check is recomputed)."""
+        view = view if view is not None else self.index.get_cell(cell.id)
         if view is None or view.state != CellState.DONE.value:
             return False
         problem = verify_cell(view)
@@ -180,74 +193,91 @@ class Scheduler:
             log.warning("cell %s is done but its result file is not usable (%s): recomputing", cell.id, problem)
             return False
         self.progress.done += 1
+        self.progress.samples_done += cell.task.samples
         self.skipped_done += 1
         return True
 
+    def _take(self, cell: CellSpec) -> Shard | None:
+        """Take a cell and plan its shards; its first shard to run, or None when there is none to run here
+        (held by another driver, done meanwhile, or complete from shards already stored)."""
+        holder = self.holds.claim(cell.id)
+        if holder is not None:
+            self.holds.set_aside(cell, holder)
+            self.progress.waiting = self.holds.counts()
+            return None
+        if self._done_elsewhere(cell):
+            self.index.release_cells(self.run_id, [cell.id])
+            return None
+        existing = self.index.cell_shards(cell.id)
+        held = plan_cell(cell, existing, self.cfg.shard_size, self.results_dir)
+        if len(held.done) != len(existing):
+            self.index.drop_shards(cell.id, keep=list(held.done))
+        remove_parts(self.results_dir, cell.id, keep=held.done)
+        self.held[cell.id] = held
+        reused = sum(d.samples for d in held.done.values())
+        self.progress.cells[cell.id] = CellProgress(_cell_label(cell), cell.task.samples, samples_done=reused)
+        self.progress.samples_done += reused
+        todo = held.missing()
+        if not todo:
+            self._complete(held)
+            return None
+        for shard in reversed(todo[1:]):
+            self._requeue(shard)
+        return todo[0]
+
+    def _check_waiting(self) -> None:
+        """Cells waited for that their driver stored count done; those it gave back, or whose driver died, go
+        back to the queue to be taken."""
+        for cell in self.holds.recheck(self._done_elsewhere):
+            self._requeue(cell)
+        self.progress.waiting = self.holds.counts()
+
+    # ------------------------------------------------------------------ dispatch
     def _dispatch(self) -> None:
         for slot in self._live():
             if slot.busy or slot.info is None:
                 continue
-            cell = self._pick(slot)
-            while cell is not None and self._done_elsewhere(cell):
-                cell = self._pick(slot)
-            if cell is None:
+            work = self._pick(slot)
+            while isinstance(work, CellSpec):
+                work = self._take(work) or self._pick(slot)
+            if work is None:
                 continue
-            self.session_attempts[cell.id] += 1
-            att = self.index.start_attempt(self.run_id, cell.id, slot.name, slot.info.node_id)
-            ref = slot.actor.run_cell.remote(cell.to_task())
-            slot.busy, slot.loaded_key = True, cell.model_key
-            self.flights[ref] = _Flight(slot, cell, att, time.monotonic())
+            self._start(slot, work)
+
+    def _start(self, slot: _Slot, shard: Shard) -> None:
+        key = (shard.cell.id, shard.index)
+        self.session_attempts[key] += 1
+        att = self.index.start_attempt(self.run_id, shard.cell.id, slot.name, slot.info.node_id, shard=shard.index)
+        ref = slot.actor.run_cell.remote(shard.to_task())
+        slot.busy, slot.loaded_key = True, shard.model_key
+        self.flights[ref] = Flight(slot, shard, att, time.monotonic())
+        self.held[shard.cell.id].in_flight += 1
+        self.progress.cells[shard.cell.id].shards_running += 1
+        if self.progress.computing_since is None:
+            self.progress.computing_since = time.monotonic()
 
     # ------------------------------------------------------------------ outcomes
-    def _retry_or_fail(self, f: _Flight, state: AttemptState, error: str) -> None:
-        final = self.session_attempts[f.cell.id] >= self.cfg.max_attempts
-        if final:
-            error = f"{error} (gave up after {self.session_attempts[f.cell.id]} attempts)"
-        self.index.finish_attempt_failed(f.attempt_id, state=state, error=error, final=final,
-                                         duration_s=time.monotonic() - f.started)
-        if final:
-            self.progress.failed += 1
-        else:
-            self._requeue(f.cell)
-
     def _finish(self, ref: Any) -> None:
         f = self.flights.pop(ref)
         f.slot.busy = False
+        held = self._land(f)
         try:
             out: CellOutcome = ray.get(ref, timeout=60)
         except WORKER_LOST_ERRORS as e:
-            self._retry_or_fail(f, AttemptState.LOST, f"worker {f.slot.name} lost: {type(e).__name__}")
+            self._retry_or_fail(f, held, AttemptState.LOST, f"worker {f.slot.name} lost: {type(e).__name__}")
             self._lose(f.slot, type(e).__name__)
             return
         except rex.RayError as e:  # unexpected Ray-side failure of the call itself
-            self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.FAILED, error=str(e), final=True)
-            self.progress.failed += 1
+            self._fail_attempt(f, held, AttemptState.FAILED, str(e), final=True)
             return
         f.slot.loads = out.model_loads
-        if out.ok:
-            try:
-                table = self_describing(out.rows, f.cell, self.run_id)
-            except (pa.ArrowException, ValueError) as e:  # rows Arrow cannot store: the same every attempt
-                self.index.finish_attempt_failed(
-                    f.attempt_id, state=AttemptState.FAILED, error=f"the rows cannot be stored: {e}", final=True,
-                    duration_s=out.duration_s, worker=out.worker, node=out.node)
-                self.progress.failed += 1
-                return
-            try:
-                rel = write_cell_rows(self.results_dir, f.cell.id, table)
-            except OSError as e:  # e.g. disk full: the cell is not done; retry within the cap
-                self._retry_or_fail(f, AttemptState.FAILED, f"writing the results failed: {e}")
-                return
-            self.index.finish_attempt_done(
-                f.attempt_id, results_dir=self.results_dir, result_path=rel, n_rows=table.num_rows,
-                summary=out.summary, duration_s=out.duration_s, peak_memory_bytes=out.peak_memory_bytes,
-                worker=out.worker, node=out.node, provenance=out.provenance or None)
-            self.progress.done += 1
-        else:
-            self.index.finish_attempt_failed(
-                f.attempt_id, state=AttemptState.FAILED, error=out.error or "unknown error", final=True,
-                duration_s=out.duration_s, worker=out.worker, node=out.node)
-            self.progress.failed += 1
+        if not out.ok:
+            self._fail_attempt(f, held, AttemptState.FAILED, out.error or "unknown error", final=True, out=out)
+            return
+        if held.failed or not self.index.holds(held.cell.id, self.run_id):
+            self._discard(f, held, out)
+            return
+        self._store(f, held, out)
 
     def _started(self, ref: Any) -> None:
         slot = self.starting.pop(ref)
@@ -264,40 +294,46 @@ class Scheduler:
         for ref, f in list(self.flights.items()):
             if now - f.started > limit:
                 self.flights.pop(ref)
-                self._retry_or_fail(f, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}")
+                held = self._land(f)
+                self._retry_or_fail(f, held, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}")
                 self._lose(f.slot, "cell timeout")
 
-    def _cancel(self) -> None:
+    def _stop_flights(self, error: str) -> None:
+        """In-flight attempts become lost (cancel, or the driver stopping); their cells are given back."""
         for f in self.flights.values():
-            self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.LOST,
-                                             error="run cancelled", final=False)
+            self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.LOST, error=error, final=False)
         self.flights.clear()
 
     def _report(self) -> None:
-        self.progress.running = len(self.flights)
+        self.progress.running = sum(1 for c in self.progress.cells.values() if c.shards_running)
         self.on_progress(self.progress)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> RunOutcome:
         """Run until every cell is done or failed, the run is cancelled, or no worker can start."""
-        for _ in range(min(self.cfg.workers, max(self._pending_cells(), 1))):
+        size = self.cfg.shard_size
+        work = sum(len(shard_ranges(c.task.samples, size)) for q in self.queue.values() for c in q)
+        for _ in range(min(self.cfg.workers, max(work, 1))):
             self._spawn()
         cancelled, message = False, None
         last_beat = t_no_worker = time.monotonic()
         try:
-            while self._pending_cells() or self.flights:
+            while self._queued() or self.flights or self.holds.waiting:
                 self._dispatch()
                 refs = list(self.flights) + list(self.starting)
-                if not refs:
+                if refs:
+                    ready, _ = ray.wait(refs, num_returns=1, timeout=self.cfg.poll_s)
+                    for ref in ready:
+                        (self._finish if ref in self.flights else self._started)(ref)
+                elif self._queued():
                     message = "no worker left to run the remaining cells"
                     break
-                ready, _ = ray.wait(refs, num_returns=1, timeout=self.cfg.poll_s)
-                for ref in ready:
-                    (self._finish if ref in self.flights else self._started)(ref)
+                else:  # only cells other drivers hold are left: wait for them
+                    time.sleep(self.cfg.poll_s)
                 self._check_timeouts()
                 self._report()
                 now = time.monotonic()
-                if any(s.info is not None for s in self._live()):
+                if any(s.info is not None for s in self._live()) or not (self._queued() or self.flights):
                     t_no_worker = now
                 elif now - t_no_worker > self.cfg.worker_start_timeout_s:
                     why = missing_resources(self.cfg.resources) or "workers did not start in time"
@@ -307,8 +343,9 @@ class Scheduler:
                     last_beat = now
                     if self.index.heartbeat(self.run_id) == RunState.CANCELLED.value:
                         cancelled = True
-                        self._cancel()
+                        self._stop_flights("run cancelled")
                         break
+                    self._check_waiting()
         finally:
             loads = {s.name: s.loads for s in self.slots}
             for s in self.slots:
@@ -316,9 +353,15 @@ class Scheduler:
                     ray.kill(s.actor, no_restart=True)
                 except Exception:  # noqa: BLE001
                     pass
-        left = self._pending_cells() + len(self.flights)
+            try:
+                self._stop_flights("the driver stopped")
+                self.index.release_cells(self.run_id)
+            except Exception:  # noqa: BLE001 - never mask the loop's own error; resume recovers
+                log.exception("could not give back the cells of run %s", self.run_id)
+        message = message or self.holds.message()
+        p = self.progress
         self._report()
-        return RunOutcome(done=self.progress.done, failed=self.progress.failed, left=left,
+        return RunOutcome(done=p.done, failed=p.failed, left=p.total - p.done - p.failed,
                           attempts=sum(self.session_attempts.values()), model_loads=sum(loads.values()),
-                          workers_lost=self.progress.workers_lost, cancelled=cancelled,
+                          workers_lost=p.workers_lost, cancelled=cancelled,
                           message=message, model_loads_by_worker=loads)

@@ -1,33 +1,45 @@
 """Run-level operations behind the CLI: plan, submit, execute/resume, cancel, rescore.
 
 ``submit`` = :func:`create_run` + :func:`execute_run`. ``resume`` = :func:`execute_run` on an existing
-run: attempts left ``running`` by a dead driver become ``lost``, failed cells are retried, done cells are
-never recomputed, leftover temp files are deleted. A cell counts as done only when its Parquet file checks
-out (:func:`kdeval.storage.verify_cell`: readable, its rows all of this cell, as many as the index says);
-a truncated, shortened or foreign file, or one written before rows named their cell, is recomputed.
+run: attempts left ``running`` by its dead driver become ``lost``, failed cells are retried, done cells are
+never recomputed (nor the done shards of unfinished cells), leftover temp files are deleted. A cell counts as
+done only when its Parquet files check out (:func:`kdeval.storage.verify_cell`: readable, its rows all of
+this cell, as many as the index says); a truncated, shortened or foreign file, or one written before rows
+named their cell, is recomputed.
+
+Several drivers may share an index: a run whose driver is alive is waited for (``wait=True``) or refused
+(:class:`RunBusyError`), and cells another live driver holds are waited for by the scheduler, never taken
+from it (:mod:`kdeval.jobs.drivers`, :mod:`kdeval.jobs.scheduler`).
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from kdeval.cluster.raysetup import WorkerResources, connect
 from kdeval.cluster.workload import Workload
 from kdeval.jobs.cells import CellSpec, expand_grid, grid_hash, kdeval_version
+from kdeval.jobs.drivers import DRIVER_STALE_S, describe_driver, driver_alive
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.grid import GridSpec
-from kdeval.jobs.scheduler import RunOutcome, RunProgress, Scheduler, SchedulerConfig
+from kdeval.jobs.progress import RunProgress
 from kdeval.jobs.validate import parse_grid
 from kdeval.storage import (
     TERMINAL_RUN_STATES, CellState, CellView, RunIndex, RunState, RunView, age_seconds, clean_temp_files,
     verify_cell,
 )
+
+if TYPE_CHECKING:  # Ray is imported only by what runs cells (status, ls and report never need it)
+    from kdeval.jobs.scheduler import RunOutcome, SchedulerConfig
+
+__all__ = ["DRIVER_STALE_S", "driver_alive", "execute_run", "RunBusyError", "StaleRunError", "Plan", "plan",
+           "create_run", "cancel_run", "scheduler_config", "RunProgress"]
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +99,12 @@ def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str
 
 def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
     """Scheduler settings from the grid's resources and retries sections."""
+    from kdeval.cluster.raysetup import WorkerResources
+    from kdeval.jobs.scheduler import SchedulerConfig
+
     r = grid.resources
     cfg = dict(workers=r.workers, max_attempts=grid.retries.max_attempts,
-               cell_timeout_s=grid.retries.cell_timeout_s,
+               cell_timeout_s=grid.retries.cell_timeout_s, shard_size=getattr(r, "shard_size", 32),
                resources=WorkerResources(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
                                          accelerator_type=r.accelerator_type))
     cfg.update(overrides)
@@ -100,10 +115,6 @@ def default_workload() -> Workload:
     """The real evaluation workload (stub models handled inside it)."""
     from kdeval.cluster.execute import EvalWorkload
     return EvalWorkload()
-
-
-#: A driver whose heartbeat is older than this is presumed dead.
-DRIVER_STALE_S = 15.0
 
 
 class RunBusyError(RuntimeError):
@@ -127,61 +138,100 @@ def _stored_spec(view: CellView, run_id: str) -> CellSpec:
     return spec
 
 
-def driver_alive(run: RunView) -> bool:
-    """Whether a run's driver looks alive: state running, a fresh heartbeat and (same host) its pid exists."""
-    if run.state != RunState.RUNNING.value or run.driver_pid is None:
-        return False
-    age = age_seconds(run.heartbeat_at)
-    if age is None or age > DRIVER_STALE_S:
-        return False
-    if run.driver_host == socket.gethostname():
-        if run.driver_pid == os.getpid():
-            return False
-        try:
-            os.kill(run.driver_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-    return True
+def _wait_for_driver(index: RunIndex, run_id: str, on_wait: Callable[[str], None] | None, poll_s: float):
+    """Wait until run ``run_id``'s live driver is gone (finished or dead); returns the run then."""
+    run = index.get_run(run_id)
+    say = on_wait or log.warning
+    say(f"{describe_driver(run)} is running this run: waiting for it to finish (--no-wait: do not wait)")
+    while driver_alive(run):
+        time.sleep(poll_s)
+        run = index.get_run(run_id)
+    return run
+
+
+def _busy_cells(index: RunIndex, run_id: str) -> set[str]:
+    """Cells held by other runs whose drivers are alive (their temp files may be being written)."""
+    holders = index.cell_holders(None)
+    alive: dict[str, bool] = {}
+    for rid in set(holders.values()) - {run_id}:
+        view = index.get_run(rid)
+        alive[rid] = view is not None and driver_alive(view)
+    return {cid for cid, rid in holders.items() if alive.get(rid)}
+
+
+def _busy(run: RunView) -> RunBusyError:
+    return RunBusyError(f"run {run.id} is being run by pid {run.driver_pid} on {run.driver_host} "
+                        f"(heartbeat {age_seconds(run.heartbeat_at):.0f}s ago); cancel it or wait")
+
+
+def _take_run(index: RunIndex, run: RunView, *, wait: bool, on_wait: Callable[[str], None] | None) -> RunView:
+    """Become the run's driver: a live driver of it is waited for (or refused: :class:`RunBusyError`), and
+    taking it is atomic (``RunIndex.start_driver(expect=...)``), so two resumes never both run it."""
+    host, pid = socket.gethostname(), os.getpid()
+    while True:
+        if driver_alive(run):
+            if not wait:
+                raise _busy(run)
+            run = _wait_for_driver(index, run.id, on_wait, poll_s=1.0)
+        if index.start_driver(run.id, host, pid, expect=(run.driver_host, run.driver_pid)):
+            return index.get_run(run.id)
+        run = index.get_run(run.id)  # another driver took it in between: look again
+
+
+def _todo(index: RunIndex, run_id: str, *, warn: bool) -> list[CellSpec]:
+    """The run's cells that are not done, or done with a result file that fails its check (``warn``: say so)."""
+    todo = []
+    for v in index.run_cells(run_id):
+        problem = result_problem(v)
+        if problem is None:
+            continue
+        if warn and v.state == CellState.DONE.value:
+            log.warning("cell %s is done but its result file is not usable (%s): recomputing it", v.id, problem)
+        todo.append(_stored_spec(v, run_id))
+    return todo
 
 
 def execute_run(
     index: RunIndex, run_id: str, *, address: str | None = None, workload: Workload | None = None,
     on_progress: Callable[[RunProgress], None] | None = None, num_cpus: int | None = None,
-    **config_overrides,
+    wait: bool = True, on_wait: Callable[[str], None] | None = None, **config_overrides,
 ) -> RunOutcome:
-    """Run (or resume) every cell of ``run_id`` not yet done; returns what happened."""
+    """Run (or resume) every cell of ``run_id`` not yet done; returns what happened.
+
+    ``wait``: when the run's driver is alive elsewhere, wait for it to finish and then run what is left
+    (``on_wait`` gets the message saying so), and wait for cells other live drivers hold; ``False``: raise
+    :class:`RunBusyError` instead, and leave such cells (the outcome's message names the runs holding them).
+    """
+    from kdeval.cluster.raysetup import connect
+    from kdeval.jobs.scheduler import RunOutcome, Scheduler
+
     run = index.get_run(run_id)
     if run is None:
         raise LookupError(f"no run '{run_id}'")
     run_id = run.id
     if driver_alive(run):
-        raise RunBusyError(f"run {run_id} is being run by pid {run.driver_pid} on {run.driver_host} "
-                           f"(heartbeat {age_seconds(run.heartbeat_at):.0f}s ago); cancel it or wait")
+        if not wait:
+            raise _busy(run)
+        run = _wait_for_driver(index, run_id, on_wait, poll_s=1.0)
     try:
         grid = parse_grid(run.grid_yaml, f"run {run_id}")
     except GridError:
         raise StaleRunError(f"run {run_id}: its grid is no longer valid for this kdeval; fix the grid and "
                             "submit it again") from None
-    index.recover_orphans(run_id)
-    clean_temp_files(run.results_dir)
-    views = index.run_cells(run_id)
-    todo = []
-    for v in views:
-        problem = result_problem(v)
-        if problem is None:
-            continue
-        if v.state == CellState.DONE.value:
-            log.warning("cell %s is done but its result file is not usable (%s): recomputing it", v.id, problem)
-        todo.append(_stored_spec(v, run_id))
-    index.reset_cells([c.id for c in todo], [CellState.FAILED, CellState.DONE, CellState.RUNNING])
-    if not todo:
-        index.start_driver(run_id, socket.gethostname(), os.getpid())
-        index.set_run_state(run_id, RunState.DONE)
-        return RunOutcome(done=0, failed=0, left=0, attempts=0, model_loads=0, workers_lost=0, cancelled=False)
+    nothing = RunOutcome(done=0, failed=0, left=0, attempts=0, model_loads=0, workers_lost=0, cancelled=False)
+    if not _todo(index, run_id, warn=False):  # nothing to run: no Ray
+        if run.state != RunState.DONE.value:  # a run already done (e.g. by the driver waited for) keeps its record
+            _take_run(index, run, wait=wait, on_wait=on_wait)
+            index.set_run_state(run_id, RunState.DONE)
+        return nothing
     connect(address, num_cpus=num_cpus)  # before the run is marked running: a bad address changes nothing
-    index.start_driver(run_id, socket.gethostname(), os.getpid())
+    run = _take_run(index, run, wait=wait, on_wait=on_wait)
+    # this process is the run's driver now: what its previous (dead) driver left running is lost
+    index.recover_orphans(run_id)
+    clean_temp_files(run.results_dir, skip_cells=_busy_cells(index, run_id))
+    todo = _todo(index, run_id, warn=True)
+    index.reset_cells([c.id for c in todo], [CellState.FAILED, CellState.DONE, CellState.RUNNING])
+    config_overrides.setdefault("wait_for_held", wait)
     sched = Scheduler(index, run_id, todo, workload or default_workload(), run.results_dir,
                       scheduler_config(grid, **config_overrides), on_progress)
     outcome = sched.run()

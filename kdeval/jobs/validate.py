@@ -119,6 +119,10 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "
                                                       "leave it null to use graphs wherever CUDA is present"))
+    if res.gpus_per_worker > 1:
+        issues.append(GridIssue("resources.gpus_per_worker",
+                                f"at most 1: the engine runs a model on one device (its CUDA graphs and memory "
+                                f"figures are per device), got {res.gpus_per_worker:g}"))
     if res.accelerator_type and res.gpus_per_worker <= 0:
         issues.append(GridIssue("resources.gpus_per_worker",
                                 f"must be > 0 when accelerator_type is set (got {res.gpus_per_worker})"))

@@ -64,6 +64,11 @@ class LoadedModel:
     max_context: int
 
     @property
+    def dtype(self) -> str:
+        """The dtype the weights were loaded in (``"bfloat16"``, ...): what ``dtype="auto"`` resolved to."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    @property
     def eos_token_ids(self) -> list[int]:
         """Every id that ends generation: the tokenizer's eos and the generation config's."""
         ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -214,6 +219,29 @@ def resolve_attn_implementation(requested: str | None) -> str:
     raise ValueError(f"attn_implementation: expected 'sdpa', 'flash_attention_2' or 'eager', got {requested!r}")
 
 
+#: ``dtype="auto"``: the precision a model's checkpoint declares (on CPU always float32).
+AUTO_DTYPE = "auto"
+
+
+def resolve_dtype(dtype: str, config: PretrainedConfig | None, device: str) -> torch.dtype:
+    """The torch dtype to load in: ``dtype`` by name, or for ``"auto"`` float32 on a CPU and elsewhere the
+    model's own (its config's ``dtype``, formerly ``torch_dtype``; float32 when it names none)."""
+    if dtype != AUTO_DTYPE:
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected '{AUTO_DTYPE}' or one of {sorted(_DTYPES)}, got {dtype!r}")
+        return _DTYPES[dtype]
+    if torch.device(device).type == "cpu" or config is None:
+        return torch.float32
+    own = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if own is None:
+        return torch.float32
+    name = str(own).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: auto: the model's config names {name}, which the engine does not load; "
+                         f"pass one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
 def load_model(
     name: str,
     *,
@@ -224,18 +252,23 @@ def load_model(
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """Load ``name`` (see module docstring) in eval mode on ``device`` (default: CUDA if available)."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
-    torch_dtype = _DTYPES[dtype]
-    attn = resolve_attn_implementation(attn_implementation)
+    """Load ``name`` (see module docstring) in eval mode on ``device`` (default: CUDA if available).
+
+    ``dtype``: ``float32``, ``float16``, ``bfloat16``, ``float64``, or ``auto`` (:func:`resolve_dtype`: the
+    checkpoint's own precision on a GPU, float32 on a CPU); ``LoadedModel.dtype`` says what was loaded. One
+    device per model: the engine keeps its cache, CUDA graphs and memory figures on one device."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype != AUTO_DTYPE:
+        resolve_dtype(dtype, None, device)  # a bad name fails before anything loads
+    attn = resolve_attn_implementation(attn_implementation)
     if name.startswith(RANDOM_PREFIX):
+        torch_dtype = resolve_dtype(dtype, None, device)  # random models declare no dtype: float32 for auto
         loaded = _load_random(name[len(RANDOM_PREFIX):], torch_dtype, attn, seed, overrides or {})
     else:
         source = str(smollm2_safetensors_dir()) if name == SMOLLM2 else name
         config = AutoConfig.from_pretrained(source, revision=revision)
         check_supported(config, name)
+        torch_dtype = resolve_dtype(dtype, config, device)
         # trust_remote_code stays off: only architectures transformers ships are loaded.
         model = AutoModelForCausalLM.from_pretrained(
             source, revision=revision, dtype=torch_dtype, attn_implementation=attn

@@ -1,21 +1,39 @@
-"""Engine and session factory for the index: SQLite (WAL, busy timeout) by default, any SQLAlchemy URL."""
+"""Engine and session factory for the index: SQLite (WAL, busy timeout) by default, any SQLAlchemy URL.
+
+Opening checks the place before anything is written: a file that is not an index, a database that cannot
+be reached or has no driver, or an index that is read-only where the caller writes, raise
+:class:`IndexAccessError` (a ``ValueError``) with one line naming the place and the cause. A reader
+(``write=False``) opens a SQLite file it cannot write read-only (``mode=ro``), so ``status`` and reports
+work on an archived index.
+"""
 from __future__ import annotations
 
+import os
+import sqlite3
 import time
 from pathlib import Path
+from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, create_engine, event, false, inspect, make_url, update
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from kdeval.storage.migrate import add_missing_columns
-from kdeval.storage.models import Base
+from kdeval.storage.migrate import add_missing_columns, missing_columns
+from kdeval.storage.models import Base, Run
 
 #: Default index location, relative to the working directory (``--db`` overrides it).
 DEFAULT_DB_PATH = Path(".kdeval") / "index.sqlite"
 
 #: How long a SQLite connection waits for the writer's lock before raising (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+#: How long connecting to a server database may take before the index counts as unreachable (seconds).
+CONNECT_TIMEOUT_S = 10
+
+
+class IndexAccessError(ValueError):
+    """The index cannot be used as asked (not an index, unreachable, read-only for a writer); the message
+    names the place and the cause in one line."""
 
 
 def db_url(db: str | Path | None, *, make_dirs: bool = True) -> str:
@@ -41,6 +59,19 @@ def sqlite_path(url: str) -> Path | None:
     return None
 
 
+def sqlite_writable(path: Path) -> bool:
+    """Whether this process can write the SQLite index ``path``: the file (or, when missing, its directory),
+    and the directory SQLite keeps its ``-wal``/``-shm`` files in (unless both exist and are writable)."""
+    folder = path.parent
+    folder_ok = os.access(folder, os.W_OK | os.X_OK)
+    if not path.exists():
+        return folder_ok
+    if not os.access(path, os.W_OK):
+        return False
+    side = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
+    return folder_ok or all(os.access(p, os.W_OK) for p in side)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     """WAL lets readers (``kdeval status``) read while the driver writes (the busy timeout that waits
     for locks is set by ``make_engine``'s ``timeout`` connect argument)."""
@@ -51,18 +82,172 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def make_engine(db: str | Path | None = None) -> Engine:
-    """Create an engine for ``db`` (URL or path), make the tables if missing and add the columns an index
-    created by an older schema lacks (:mod:`kdeval.storage.migrate`)."""
-    url = db_url(db)
+def _sqlite_read_only_pragmas(dbapi_conn, _record) -> None:
+    """A read-only connection changes nothing, not even the journal mode."""
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA query_only=ON")
+    cur.close()
+
+
+def _postgres_utc(dbapi_conn, _record) -> None:
+    """Sessions in UTC: ``timestamptz`` values come back in UTC, and an index made before the columns were
+    ``timestamptz`` (plain ``timestamp``, naive UTC) is read and written in UTC too, whatever the server's
+    time zone. Set outside a transaction so that the pool's rollback keeps it."""
+    autocommit = getattr(dbapi_conn, "autocommit", None)
+    if autocommit is not None:
+        dbapi_conn.autocommit = True
+    cur = dbapi_conn.cursor()
+    cur.execute("SET TIME ZONE 'UTC'")
+    cur.close()
+    if autocommit is not None:
+        dbapi_conn.autocommit = autocommit
+
+
+def _read_only_uri(path: Path) -> str:
+    """A ``mode=ro`` SQLite URI for ``path``. When SQLite could not create the ``-shm`` file it needs to read
+    a WAL index (a read-only directory without one), the file is opened ``immutable``: with no ``-shm``
+    there, no writer has it open."""
+    params = "mode=ro"
+    if not path.with_name(path.name + "-shm").exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+        params += "&immutable=1"
+    return f"file:{quote(str(path))}?{params}"
+
+
+def _refuse_foreign_sqlite(path: Path, where: str) -> None:
+    """Look at an existing SQLite file read-only, before any pragma or table touches it: a file that is not
+    a database, or a database holding tables but no ``runs`` (something else's), is not an index."""
+    if not path.is_file():
+        return
+    try:
+        conn = sqlite3.connect(_read_only_uri(path), uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        try:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e):
+            raise IndexAccessError(f"{where} is not a kdeval index (not an SQLite database)") from None
+        raise IndexAccessError(f"cannot open the index at {where} ({e})") from None
+    if tables and "runs" not in tables:
+        raise IndexAccessError(f"{where} is not a kdeval index (an SQLite database without a runs table)")
+
+
+def _new_engine(url: str, read_only: bool) -> Engine:
     if url.startswith("sqlite"):
+        path = sqlite_path(url)
+        if read_only and path is not None:
+            engine = create_engine(f"sqlite:///{_read_only_uri(path)}&uri=true",
+                                   connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            event.listen(engine, "connect", _sqlite_read_only_pragmas)
+            return engine
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _sqlite_pragmas)
-    else:
-        engine = create_engine(url, pool_pre_ping=True)
-    _create_tables(engine)
-    add_missing_columns(engine)
+        return engine
+    parsed = make_url(url)
+    connect_args = {}
+    if parsed.get_driver_name() in ("psycopg2", "psycopg") and "connect_timeout" not in parsed.query:
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _postgres_utc)
     return engine
+
+
+def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
+    """Create an engine for ``db`` (URL or path), make the tables if missing and add the columns an index
+    created by an older schema lacks (:mod:`kdeval.storage.migrate`).
+
+    ``write=True`` (the driver, ``submit``, ``cancel``): an index this process cannot write is refused.
+    ``write=False`` (``status``, reports): a SQLite file it cannot write is opened read-only and must already
+    have the current schema. Raises :class:`IndexAccessError` when the place is not usable."""
+    where = str(db if db is not None else DEFAULT_DB_PATH)
+    try:
+        url = db_url(db, make_dirs=write)
+    except OSError as e:
+        raise IndexAccessError(f"cannot create the directory of {where}: {e.strerror or e}") from None
+    path = sqlite_path(url)
+    where = str(path) if path is not None else _safe_url(url)
+    read_only = False
+    if path is not None and not sqlite_writable(path):
+        if write:
+            raise IndexAccessError(f"{where} is read-only (this command writes to the index)")
+        read_only = path.exists()
+    if path is not None:
+        _refuse_foreign_sqlite(path, where)
+    try:
+        engine = _new_engine(url, read_only)
+    except (ArgumentError, NoSuchModuleError, ImportError) as e:
+        raise IndexAccessError(f"cannot open {where}: {_first_line(e)}{_driver_hint(e)}") from None
+    try:
+        if read_only:
+            _check_schema(engine, where)
+        else:
+            _create_tables(engine)
+            add_missing_columns(engine)
+            if write and path is None:
+                _check_writable(engine)
+    except IndexAccessError:
+        engine.dispose()
+        raise
+    except SQLAlchemyError as e:
+        engine.dispose()
+        raise IndexAccessError(_describe(where, e, sqlite=path is not None)) from None
+    return engine
+
+
+def _check_schema(engine: Engine, where: str) -> None:
+    """A read-only index must have every table and column this kdeval reads (it cannot be upgraded)."""
+    have = set(inspect(engine).get_table_names())
+    lacking = [t.name for t in Base.metadata.sorted_tables if t.name not in have]
+    lacking += [f"{c.table.name}.{c.name}" for c in missing_columns(engine)]
+    if lacking:
+        raise IndexAccessError(f"{where} is read-only and lacks {', '.join(lacking)} (made by an older kdeval); "
+                               "open it once where it is writable to bring it up to date")
+
+
+def _check_writable(engine: Engine) -> None:
+    """Plan an UPDATE that changes nothing and roll it back: a user without the privilege, a read-only
+    transaction or a standby server fail here, before anything is written."""
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            conn.execute(update(Run).where(false()).values(state=Run.state))
+        finally:
+            trans.rollback()
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _first_line(e: BaseException) -> str:
+    """The first non-empty line of the database's own message (without SQLAlchemy's SQL and links)."""
+    text = str(getattr(e, "orig", None) or e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _driver_hint(e: BaseException) -> str:
+    if isinstance(e, ImportError) and "psycopg" in str(e):
+        return " (pip install 'psycopg[binary]')"
+    return ""
+
+
+def _describe(where: str, e: SQLAlchemyError, *, sqlite: bool) -> str:
+    """One line for a database error met while opening the index."""
+    line = _first_line(e)
+    low = line.lower()
+    if sqlite and "not a database" in low:
+        return f"{where} is not a kdeval index (not an SQLite database)"
+    if "readonly" in low or "read-only" in low or "permission denied" in low:
+        return f"{where} is read-only for this user ({line}); this command writes to the index"
+    if isinstance(e, OperationalError) and not sqlite:
+        return f"cannot connect to {where} ({line})"
+    return f"cannot open the index at {where} ({line})"
 
 
 #: How often ``_create_tables`` tries when another process creates the same tables at the same moment.

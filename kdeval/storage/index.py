@@ -7,38 +7,46 @@ Reading::
     cells = idx.run_cells(run.id)                    # CellView, grid order
     table = idx.read_cell_table(cells[0].id)         # pyarrow.Table of per-sample rows
 
-Every write is its own short transaction, so SQLite readers in WAL mode never see half a change.
+Every write is its own short transaction, so SQLite readers in WAL mode never see half a change. Several
+drivers may write one index at once: each write transaction takes SQLite's write lock before it reads
+(:meth:`RunIndex._write`), and a cell is computed by the one driver holding it (:mod:`kdeval.storage.leases`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
-from sqlalchemy import func, select, update
+from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
 
 from kdeval.storage.db import make_engine, make_session_factory
 from kdeval.storage.models import (
-    TERMINAL_RUN_STATES, Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, utcnow,
+    TERMINAL_RUN_STATES, Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, as_utc, utcnow,
 )
+from kdeval.storage.leases import ShardLeases
 from kdeval.storage.parquet import read_cell_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
 
 
-class RunIndex:
-    """Access to the index database (see :mod:`kdeval.storage.models` for the schema)."""
+class RunIndex(ShardLeases):
+    """Access to the index database (see :mod:`kdeval.storage.models` for the schema; leases and shards:
+    :mod:`kdeval.storage.leases`)."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self._sessions = make_session_factory(engine)
 
     @classmethod
-    def open(cls, db: str | Path | None = None) -> "RunIndex":
-        """Open (creating tables if needed) the index at ``db``: a path, a URL, or None for the default."""
-        return cls(make_engine(db))
+    def open(cls, db: str | Path | None = None, *, write: bool = True) -> "RunIndex":
+        """Open (creating tables if needed) the index at ``db``: a path, a URL, or None for the default.
+
+        ``write=False`` for readers: a SQLite file this process cannot write is opened read-only. Raises
+        :class:`kdeval.storage.db.IndexAccessError` (a ``ValueError``) when ``db`` is not a usable index."""
+        return cls(make_engine(db, write=write))
 
     def session(self) -> Session:
         """A new ORM session (use as a context manager)."""
@@ -47,6 +55,16 @@ class RunIndex:
     def close(self) -> None:
         """Release the engine's connections."""
         self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A write transaction. On SQLite it takes the write lock first (a no-op UPDATE), waiting for other
+        writers up to the busy timeout: a transaction that read first and wrote next would fail at once when
+        another driver wrote in between (WAL's stale snapshot), whatever the timeout."""
+        with self.session() as s, s.begin():
+            if self.engine.dialect.name == "sqlite":
+                s.execute(update(Run).where(false()).values(state=Run.state))
+            yield s
 
     # ------------------------------------------------------------------ reading
     def _counts(self, s: Session, run_id: str | None = None) -> dict[str, dict[str, int]]:
@@ -169,7 +187,7 @@ class RunIndex:
         kdeval_version: str, cells: Sequence[CellRecord],
     ) -> None:
         """Create a run and link its cells, inserting the cells not yet known (others are reused)."""
-        with self.session() as s, s.begin():
+        with self._write() as s:
             s.add(Run(id=run_id, name=name, grid_yaml=grid_yaml, grid_hash=grid_hash,
                       results_dir=results_dir, kdeval_version=kdeval_version, n_cells=len(cells),
                       state=RunState.PENDING.value))
@@ -188,46 +206,71 @@ class RunIndex:
             values["message"] = message
         if state.value in TERMINAL_RUN_STATES:
             values["finished_at"] = utcnow()
-        with self.session() as s, s.begin():
+        with self._write() as s:
             s.execute(update(Run).where(Run.id == run_id).values(**values))
 
-    def start_driver(self, run_id: str, host: str, pid: int) -> None:
-        """Mark a run running under this driver."""
+    def start_driver(self, run_id: str, host: str, pid: int,
+                     expect: tuple[str | None, int | None] | None = None) -> bool:
+        """Mark a run running under this driver. With ``expect`` (the ``(driver_host, driver_pid)`` the caller
+        saw, and judged not alive), only if the run still records that driver: False when another driver
+        took the run in between (nothing written). Returns True when this driver now runs it."""
         now = utcnow()
-        with self.session() as s, s.begin():
-            s.execute(update(Run).where(Run.id == run_id).values(
+        where = [Run.id == run_id]
+        if expect is not None:
+            host_seen, pid_seen = expect
+            where.append(Run.driver_host.is_(None) if host_seen is None else Run.driver_host == host_seen)
+            where.append(Run.driver_pid.is_(None) if pid_seen is None else Run.driver_pid == pid_seen)
+        with self._write() as s:
+            n = s.execute(update(Run).where(*where).values(
                 state=RunState.RUNNING.value, started_at=now, heartbeat_at=now,
-                driver_host=host, driver_pid=pid, finished_at=None, message=None))
+                driver_host=host, driver_pid=pid, finished_at=None, message=None)).rowcount
+        return bool(n)
 
     def heartbeat(self, run_id: str) -> str:
         """Record that the driver is alive; returns the run's current state (to notice a cancel)."""
-        with self.session() as s, s.begin():
+        with self._write() as s:
             s.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=utcnow()))
             return s.scalar(select(Run.state).where(Run.id == run_id))
 
     def recover_orphans(self, run_id: str) -> int:
-        """After a driver died: its running attempts become lost, its running cells pending again."""
-        with self.session() as s, s.begin():
+        """After this run's driver died (call only when it is not alive): the run's own running attempts
+        become lost and the cells it held are given back (running ones pending again); so do running cells of
+        the run that nobody holds and no attempt runs (left by older kdeval). Attempts and cells of other
+        runs' drivers are untouched. Returns how many attempts became lost."""
+        with self._write() as s:
             ids = select(RunCell.cell_id).where(RunCell.run_id == run_id)
             n = s.execute(update(Attempt).where(
-                Attempt.cell_id.in_(ids), Attempt.state == AttemptState.RUNNING.value,
+                Attempt.run_id == run_id, Attempt.state == AttemptState.RUNNING.value,
             ).values(state=AttemptState.LOST.value, finished_at=utcnow(),
                      error="driver died while the attempt was running")).rowcount
             s.execute(update(Cell).where(
-                Cell.id.in_(ids), Cell.state == CellState.RUNNING.value,
+                Cell.held_by == run_id, Cell.state == CellState.RUNNING.value,
+            ).values(state=CellState.PENDING.value))
+            s.execute(update(Cell).where(Cell.held_by == run_id).values(held_by=None))
+            running = select(Attempt.cell_id).where(Attempt.state == AttemptState.RUNNING.value)
+            s.execute(update(Cell).where(
+                Cell.id.in_(ids), Cell.held_by.is_(None), Cell.state == CellState.RUNNING.value,
+                Cell.id.not_in(running),
             ).values(state=CellState.PENDING.value))
         return int(n or 0)
 
-    def start_attempt(self, run_id: str, cell_id: str, worker: str | None, node: str | None) -> int:
-        """Record a new attempt at a cell (cell → running); returns the attempt id."""
+    def start_attempt(self, run_id: str, cell_id: str, worker: str | None, node: str | None,
+                      shard: int | None = None) -> int:
+        """Record a new attempt at a cell's ``shard`` (None: the whole cell); the cell becomes running. Its
+        number counts the attempts at that shard; the cell's ``n_attempts`` is the most any shard took.
+        Returns the attempt id."""
         now = utcnow()
-        with self.session() as s, s.begin():
+        with self._write() as s:
             cell = s.get(Cell, cell_id)
-            cell.n_attempts += 1
+            same = Attempt.shard.is_(None) if shard is None else Attempt.shard == shard
+            number = 1 + s.scalar(select(func.count()).select_from(Attempt).where(Attempt.cell_id == cell_id, same))
+            cell.n_attempts = max(cell.n_attempts or 0, number)
+            if cell.state != CellState.RUNNING.value:  # other shards may be running: the cell started then
+                cell.started_at = now
             cell.state = CellState.RUNNING.value
-            cell.worker, cell.node, cell.started_at = worker, node, now
+            cell.worker, cell.node = worker, node
             cell.error = None
-            att = Attempt(cell_id=cell_id, run_id=run_id, number=cell.n_attempts, worker=worker,
+            att = Attempt(cell_id=cell_id, run_id=run_id, number=number, shard=shard, worker=worker,
                           node=node, started_at=now, state=AttemptState.RUNNING.value)
             s.add(att)
             s.flush()
@@ -241,7 +284,7 @@ class RunIndex:
         """Mark an attempt and its cell done (call only after the Parquet file is in place); ``provenance``
         is how the result was computed (versions, device, host)."""
         now = utcnow()
-        with self.session() as s, s.begin():
+        with self._write() as s:
             att = s.get(Attempt, attempt_id)
             att.state, att.finished_at, att.duration_s = AttemptState.DONE.value, now, duration_s
             att.peak_memory_bytes, att.worker, att.node = peak_memory_bytes, worker, node
@@ -250,38 +293,53 @@ class RunIndex:
             cell.results_dir, cell.result_path, cell.n_rows = results_dir, result_path, n_rows
             cell.summary, cell.peak_memory_bytes = summary, peak_memory_bytes
             cell.worker, cell.node, cell.error = worker, node, None
-            cell.provenance = provenance
+            cell.provenance, cell.held_by = provenance, None
 
     def finish_attempt_failed(
         self, attempt_id: int, *, state: AttemptState, error: str, final: bool,
         duration_s: float | None = None, peak_memory_bytes: int | None = None,
         worker: str | None = None, node: str | None = None,
     ) -> None:
-        """Record a failed/lost/timed-out attempt; the cell becomes failed if ``final`` else pending."""
+        """Record a failed/lost/timed-out attempt. ``final``: the cell becomes failed (and is given back by
+        the attempt's run). Else the cell becomes pending once no attempt at it runs (other shards may), unless
+        another run holds it; a failed or done cell stays so. An attempt already ended (lost when another
+        driver took its cell over) keeps its record."""
         now = utcnow()
-        with self.session() as s, s.begin():
+        with self._write() as s:
             att = s.get(Attempt, attempt_id)
+            if att.state != AttemptState.RUNNING.value:
+                return
             att.state, att.finished_at, att.error = state.value, now, error
             att.duration_s, att.peak_memory_bytes = duration_s, peak_memory_bytes
             if worker is not None:
                 att.worker, att.node = worker, node
             cell = s.get(Cell, att.cell_id)
-            cell.state = CellState.FAILED.value if final else CellState.PENDING.value
-            cell.error = error
             if final:
-                cell.finished_at = now
+                cell.state, cell.error, cell.finished_at = CellState.FAILED.value, error, now
+                if cell.held_by == att.run_id:
+                    cell.held_by = None
+            elif cell.state == CellState.RUNNING.value and cell.held_by in (None, att.run_id):
+                cell.error = error
+                running = s.scalar(select(func.count()).select_from(Attempt).where(
+                    Attempt.cell_id == att.cell_id, Attempt.state == AttemptState.RUNNING.value))
+                if not running:
+                    cell.state = CellState.PENDING.value
 
     def reset_cells(self, cell_ids: Sequence[str], from_states: Iterable[CellState]) -> int:
-        """Put cells in ``from_states`` back to pending (resume retries failed cells)."""
-        with self.session() as s, s.begin():
-            n = s.execute(update(Cell).where(
-                Cell.id.in_(list(cell_ids)), Cell.state.in_([x.value for x in from_states]),
-            ).values(state=CellState.PENDING.value)).rowcount
-        return int(n or 0)
+        """Put cells in ``from_states`` back to pending (resume retries failed cells); cells a driver holds
+        are left to it."""
+        states = [x.value for x in from_states]
+        n = 0
+        with self._write() as s:
+            for chunk in _chunks(cell_ids):
+                n += s.execute(update(Cell).where(
+                    Cell.id.in_(chunk), Cell.state.in_(states), Cell.held_by.is_(None),
+                ).values(state=CellState.PENDING.value)).rowcount or 0
+        return int(n)
 
     def set_cell_summary(self, cell_id: str, summary: dict[str, Any]) -> None:
         """Replace a cell's summary scores (``kdeval rescore``)."""
-        with self.session() as s, s.begin():
+        with self._write() as s:
             s.execute(update(Cell).where(Cell.id == cell_id).values(summary=summary))
 
 
@@ -293,10 +351,7 @@ def _chunks(ids: Sequence[str], size: int = 500) -> Iterator[list[str]]:
 
 
 def age_seconds(ts: datetime | None) -> float | None:
-    """Seconds since a stored (naive UTC or aware) timestamp."""
+    """Seconds since a timestamp of the index (aware; a naive one is taken to be UTC)."""
     if ts is None:
         return None
-    now = utcnow()
-    if ts.tzinfo is None:
-        now = now.replace(tzinfo=None)
-    return (now - ts).total_seconds()
+    return (utcnow() - as_utc(ts)).total_seconds()

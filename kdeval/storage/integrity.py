@@ -1,9 +1,11 @@
 """Is a done cell's Parquet file really its result? Checked before a done cell is reused or reported.
 
 A file counts when it can be read, every value of its ``cell_id`` column is the cell's id and it holds as
-many rows as the index recorded. Only the footer (row count, schema) and the ``cell_id`` column are read,
-so checking a whole grid stays cheap. Files written before rows carried ``cell_id`` cannot be checked and
-count as bad (their cells are recomputed).
+many rows as the index recorded. A cell stored as a directory of parts (sample shards) counts when every
+part does (readable, only this cell's rows) and the parts together hold as many rows as the index recorded.
+Only the footers (row count, schema) and the ``cell_id`` column are read, so checking a whole grid stays
+cheap. Files written before rows carried ``cell_id`` cannot be checked and count as bad (their cells are
+recomputed).
 """
 from __future__ import annotations
 
@@ -13,19 +15,42 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kdeval.storage.parquet import part_files
+
 #: The column every stored row carries with the id of the cell that produced it.
 CELL_ID_COLUMN = "cell_id"
 
 
 def verify_cell_file(results_dir: str | Path, result_path: str, cell_id: str, n_rows: int) -> str | None:
-    """None when ``<results_dir>/<result_path>`` holds exactly the ``n_rows`` rows of ``cell_id``; else why not.
+    """None when ``<results_dir>/<result_path>`` (a file, or a directory of parts) holds exactly the ``n_rows``
+    rows of ``cell_id``; else why not.
 
-    Reasons: ``missing file PATH``, ``unreadable parquet: ...``, ``no cell_id column (...)``,
-    ``holds cell OTHER``, ``12 rows, index says 24``.
+    Reasons: ``missing file PATH``, ``no part files in PATH``, ``unreadable parquet: ...``,
+    ``no cell_id column (...)``, ``holds cell OTHER``, ``12 rows, index says 24``; a part's own problem is
+    prefixed with its name (``part-0002.parquet: holds cell OTHER``).
     """
     path = Path(results_dir) / result_path
-    if not path.is_file():
+    if path.is_dir():
+        files = part_files(path)
+        if not files:
+            return f"no part files in {path}"
+    elif path.is_file():
+        files = [path]
+    else:
         return f"missing file {path}"
+    rows = 0
+    for file in files:
+        counted = _file_rows(file, cell_id)
+        if isinstance(counted, str):
+            return counted if len(files) == 1 else f"{file.name}: {counted}"
+        rows += counted
+    if rows != n_rows:
+        return f"{rows} rows, index says {n_rows}"
+    return None
+
+
+def _file_rows(path: Path, cell_id: str) -> int | str:
+    """The row count of one file whose rows are all ``cell_id``'s, else why it is not usable."""
     try:
         with pq.ParquetFile(path) as pf:
             rows = pf.metadata.num_rows
@@ -34,12 +59,12 @@ def verify_cell_file(results_dir: str | Path, result_path: str, cell_id: str, n_
             ids = pf.read(columns=[CELL_ID_COLUMN]).column(0)
     except (OSError, pa.ArrowException) as exc:
         return f"unreadable parquet: {_one_line(exc)}"
-    foreign = [v for v in ids.unique().to_pylist() if v != cell_id]
+    foreign = [v for v in ids.unique().to_pylist() if v is not None and v != cell_id]
     if foreign:
         return f"holds cell {foreign[0]}"
-    if rows != n_rows:
-        return f"{rows} rows, index says {n_rows}"
-    return None
+    if ids.null_count:
+        return f"holds rows of no cell ({ids.null_count} null {CELL_ID_COLUMN})"
+    return rows
 
 
 def verify_cell(view: Any, results_dir: str | Path | None = None) -> str | None:

@@ -8,11 +8,15 @@ Schema (one SQL database, SQLite by default):
   It carries the latest outcome: state, timings, worker/node, peak memory, summary scores (JSON), error,
   the Parquet file holding its per-sample rows (``result_path``, relative to the results directory) and the
   provenance of that result (``provenance``: code, library and CUDA versions, device, dtype, host; JSON).
+  While a driver computes it, ``held_by`` names that driver's run (a lease: one driver per cell).
 * ``run_cells`` — which cells a run contains, in grid order.
-* ``attempts`` — every execution attempt of a cell (also the lost ones, when a worker or node died),
-  with its own state, worker, node, timings and error.
+* ``attempts`` — every execution attempt of a cell's sample shard (``shard``; also the lost ones, when a
+  worker or node died), with its own state, worker, node, timings and error.
+* ``cell_shards`` — the done sample shards of cells being computed (one Parquet part each), so a killed
+  worker or driver loses at most the shards it was running.
 
-Only the driver (the scheduler process) writes; readers (``kdeval status``, reports) only read.
+Only drivers (scheduler processes) write; readers (``kdeval status``, reports) only read. Several drivers may
+share one index: a cell is computed by the one driver holding it.
 """
 from __future__ import annotations
 
@@ -21,11 +25,42 @@ from datetime import datetime, timezone
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 
 def utcnow() -> datetime:
-    """Timezone-aware current UTC time (stored naive-UTC by SQLite)."""
+    """Timezone-aware current UTC time: what every timestamp of the index is."""
     return datetime.now(timezone.utc)
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """``value`` as an aware UTC datetime; a naive one is taken to be UTC (what SQLite hands back)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A point in time, the same in every backend and whatever the server's or the session's time zone.
+
+    The column is ``DateTime(timezone=True)`` (PostgreSQL: ``timestamptz``, an absolute instant). Values
+    are written and read as aware UTC datetimes. Backends without a time-zone-aware type (SQLite, MySQL)
+    are handed naive UTC, since their drivers would drop or reinterpret an offset, and what they return is
+    tagged UTC on the way out."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        value = as_utc(value)
+        if value is not None and dialect.name != "postgresql":
+            value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        return as_utc(value)
 
 
 class RunState(str, enum.Enum):
@@ -78,10 +113,10 @@ class Run(Base):
     results_dir: Mapped[str] = mapped_column(Text)
     kdeval_version: Mapped[str] = mapped_column(String(32))
     n_cells: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     driver_host: Mapped[str | None] = mapped_column(String(200), nullable=True)
     driver_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -103,8 +138,8 @@ class Cell(Base):
     n_attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     node: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     summary: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # metric name -> value
@@ -115,6 +150,9 @@ class Cell(Base):
     # where and with what the result was computed (versions, device, host); see kdeval.cluster.provenance.
     # Added after the first schema: older indexes get it on open (kdeval.storage.migrate).
     provenance: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    # the run whose driver holds the cell while it is being computed (a lease: no other driver starts it
+    # while that driver is alive); None when nobody does. Added with sample shards (older indexes: on open).
+    held_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class RunCell(Base):
@@ -136,12 +174,39 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     cell_id: Mapped[str] = mapped_column(ForeignKey("cells.id"))
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    number: Mapped[int] = mapped_column(Integer)  # 1-based, per cell
+    number: Mapped[int] = mapped_column(Integer)  # 1-based, per cell and shard
+    # which sample shard of the cell (samples [shard*S, (shard+1)*S)); None: the whole cell (older indexes)
+    shard: Mapped[int | None] = mapped_column(Integer, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default=AttemptState.RUNNING.value)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     node: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class CellShard(Base):
+    """A done sample shard of a cell that is being computed: samples ``[start, stop)`` of the cell's samples,
+    stored as one Parquet part (``result_path``, relative to ``results_dir``). When every shard of a cell is
+    done, the cell is done and its ``result_path`` is the directory of its parts. Only done shards are
+    recorded; a recomputation that cannot reuse them deletes them."""
+
+    __tablename__ = "cell_shards"
+
+    cell_id: Mapped[str] = mapped_column(ForeignKey("cells.id"), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    shard_size: Mapped[int] = mapped_column(Integer)  # S of the cell's shard plan
+    start: Mapped[int] = mapped_column(Integer)
+    stop: Mapped[int] = mapped_column(Integer)
+    n_rows: Mapped[int] = mapped_column(Integer)
+    results_dir: Mapped[str] = mapped_column(Text)
+    result_path: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str] = mapped_column(String(32))  # the run whose driver stored it
+    attempt_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    provenance: Mapped[dict | None] = mapped_column(JSON, nullable=True)

@@ -1,16 +1,25 @@
 """Per-cell Parquet files of per-sample rows.
 
-Layout: ``<results_dir>/cells/<cell_id[:2]>/<cell_id>.parquet``. A file is written to
-``_tmp-<cell_id>-<pid>.parquet`` in the same directory, fsynced, then ``os.replace``-d into place; only
-after that does the driver mark the cell done in the index. A crash leaves at worst a temp file, which
-readers ignore (pyarrow.dataset and pandas skip ``_``-prefixed files too) and :func:`clean_temp_files` removes.
-Before a done cell is reused its file is checked (:mod:`kdeval.storage.integrity`).
+Layouts (both read the same way; ``result_path`` in the index says which one a cell has):
+
+* a cell computed in sample shards: a directory ``<results_dir>/cells/<id[:2]>/<id>/`` holding one part per
+  shard, ``part-0000.parquet``, ``part-0001.parquet``, ... (shard order = sample order); the cell's
+  ``result_path`` is the directory ``cells/<id[:2]>/<id>``;
+* one file per cell, ``<results_dir>/cells/<id[:2]>/<id>.parquet`` (written by older kdeval, and by
+  :func:`write_cell_rows` for a cell without parts).
+
+Every file is written to a ``_tmp-...-<pid>.parquet`` file in the same directory, fsynced, then
+``os.replace``-d into place; only after that does the driver record it in the index. A crash leaves at worst
+a temp file, which readers ignore (pyarrow.dataset and pandas skip ``_``-prefixed files too) and
+:func:`clean_temp_files` removes. Before a done cell is reused its files are checked
+(:mod:`kdeval.storage.integrity`).
 """
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,32 +27,112 @@ import pyarrow.parquet as pq
 from kdeval.storage.rows import conform_identity, rows_to_table
 
 TMP_PREFIX = "_tmp-"
+PART_RE = re.compile(r"^part-(\d{4,})\.parquet$")
 
 
 def cell_relpath(cell_id: str) -> str:
-    """Path of a cell's Parquet file relative to the results directory."""
+    """Path of a cell's single Parquet file relative to the results directory (one-file layout)."""
     return f"cells/{cell_id[:2]}/{cell_id}.parquet"
 
 
-def write_cell_rows(results_dir: str | Path, cell_id: str, rows: list[dict[str, Any]] | pa.Table) -> str:
-    """Atomically write a cell's rows; returns the path relative to ``results_dir``. Identity columns
-    present (``kdeval.storage.rows.IDENTITY_SCHEMA``) are stored with their fixed types."""
-    rel = cell_relpath(cell_id)
-    final = Path(results_dir) / rel
+def cell_dir_relpath(cell_id: str) -> str:
+    """Path of a cell's directory of parts relative to the results directory (sharded layout)."""
+    return f"cells/{cell_id[:2]}/{cell_id}"
+
+
+def part_relpath(cell_id: str, shard: int) -> str:
+    """Path of one shard's part relative to the results directory: ``cells/ab/<id>/part-0003.parquet``."""
+    return f"{cell_dir_relpath(cell_id)}/part-{shard:04d}.parquet"
+
+
+def part_files(directory: str | Path) -> list[Path]:
+    """The part files of a cell directory in shard order (temp files and anything else excluded)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    parts = [(int(m.group(1)), p) for p in d.iterdir() if (m := PART_RE.match(p.name)) and p.is_file()]
+    return [p for _, p in sorted(parts)]
+
+
+def _write_atomic(final: Path, table: pa.Table) -> None:
+    """``table`` to ``final`` through a temp file in the same directory (fsync, then ``os.replace``)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{TMP_PREFIX}{cell_id}-{os.getpid()}.parquet"
-    table = conform_identity(rows_to_table(rows))
-    with open(tmp, "wb") as fh:
-        pq.write_table(table, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    tmp = final.parent / f"{TMP_PREFIX}{final.stem}-{os.getpid()}.parquet"
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_part(results_dir: str | Path, cell_id: str, shard: int, rows: list[dict[str, Any]] | pa.Table) -> str:
+    """Atomically write one shard's rows as the cell's part ``shard``; returns its path relative to
+    ``results_dir``. Identity columns are stored with their fixed types."""
+    rel = part_relpath(cell_id, shard)
+    _write_atomic(Path(results_dir) / rel, conform_identity(rows_to_table(rows)))
     return rel
 
 
+def remove_parts(results_dir: str | Path, cell_id: str, keep: Collection[int] = ()) -> int:
+    """Delete the cell's parts whose shard is not in ``keep`` (a recomputation's stale parts); returns how
+    many were removed."""
+    removed = 0
+    for path in part_files(Path(results_dir) / cell_dir_relpath(cell_id)):
+        if int(PART_RE.match(path.name).group(1)) not in keep:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def remove_single_file(results_dir: str | Path, cell_id: str) -> bool:
+    """Delete the cell's one-file-layout file, once its parts replaced it (True when there was one)."""
+    path = Path(results_dir) / cell_relpath(cell_id)
+    if path.is_file():
+        path.unlink(missing_ok=True)
+        return True
+    return False
+
+
+def write_cell_rows(results_dir: str | Path, cell_id: str, rows: list[dict[str, Any]] | pa.Table) -> str:
+    """Atomically (re)write a cell's rows where they live; returns the path relative to ``results_dir``.
+
+    A cell stored as parts (a directory of parts exists) gets its rows back into those parts, in order, each
+    part its own count of rows (each part atomically; ``kdeval rescore`` rewrites scores this way, so
+    ``rows`` must have as many rows as the parts hold: ValueError otherwise). Any other cell is one file,
+    ``cells/<id[:2]>/<id>.parquet``. Identity columns present (``kdeval.storage.rows.IDENTITY_SCHEMA``) are
+    stored with their fixed types."""
+    table = conform_identity(rows_to_table(rows))
+    parts = part_files(Path(results_dir) / cell_dir_relpath(cell_id))
+    if not parts:
+        rel = cell_relpath(cell_id)
+        _write_atomic(Path(results_dir) / rel, table)
+        return rel
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in parts]
+    if sum(counts) != table.num_rows:
+        raise ValueError(f"rows: {table.num_rows} rows for cell {cell_id}, whose {len(parts)} parts hold "
+                         f"{sum(counts)}; a cell stored as parts is rewritten part by part")
+    offset = 0
+    for path, n in zip(parts, counts):
+        _write_atomic(path, table.slice(offset, n))
+        offset += n
+    return cell_dir_relpath(cell_id)
+
+
 def read_cell_table(results_dir: str | Path, result_path: str) -> pa.Table:
-    """Read a cell's per-sample rows as a pyarrow Table (``result_path`` as stored in the index)."""
-    return pq.read_table(Path(results_dir) / result_path)
+    """Read a cell's per-sample rows as a pyarrow Table (``result_path`` as stored in the index): one file,
+    or the concatenation of a directory's parts in shard order (column types unified across parts)."""
+    path = Path(results_dir) / result_path
+    if not path.is_dir():
+        return pq.read_table(path)
+    parts = part_files(path)
+    if not parts:
+        raise FileNotFoundError(f"no part files in {path}")
+    tables = [pq.read_table(p) for p in parts]
+    return conform_identity(pa.concat_tables(tables, promote_options="permissive"))
 
 
 def read_cell_rows(results_dir: str | Path, result_path: str) -> list[dict[str, Any]]:
@@ -52,13 +141,14 @@ def read_cell_rows(results_dir: str | Path, result_path: str) -> list[dict[str, 
 
 
 def _cell_files(results_dir: str | Path, pattern: str) -> list[Path]:
-    """Files matching ``pattern`` under ``<results_dir>/cells``, sorted (none when it does not exist)."""
+    """Files matching ``pattern`` under ``<results_dir>/cells`` (parts included), sorted (none when it does
+    not exist)."""
     root = Path(results_dir) / "cells"
     return sorted(root.rglob(pattern)) if root.is_dir() else []
 
 
 def list_result_files(results_dir: str | Path) -> list[Path]:
-    """All finished cell files (temp files excluded)."""
+    """All finished result files: one-file cells and the parts of sharded cells (temp files excluded)."""
     return [p for p in _cell_files(results_dir, "*.parquet") if not p.name.startswith(TMP_PREFIX)]
 
 
@@ -67,10 +157,24 @@ def list_temp_files(results_dir: str | Path) -> list[Path]:
     return _cell_files(results_dir, f"{TMP_PREFIX}*.parquet")
 
 
-def clean_temp_files(results_dir: str | Path) -> int:
-    """Delete leftover temp files; returns how many were removed."""
+def temp_file_cell(path: str | Path) -> str | None:
+    """The id of the cell a temp file was written for (None when the name does not tell)."""
+    p = Path(path)
+    if p.parent.parent.name != "cells":  # cells/ab/<id>/_tmp-part-0003-<pid>.parquet: a part of cell <id>
+        return p.parent.name
+    stem = p.name[len(TMP_PREFIX):-len(".parquet")]
+    cell, _, pid = stem.rpartition("-")
+    return cell if cell and pid.isdigit() else None
+
+
+def clean_temp_files(results_dir: str | Path, skip_cells: Collection[str] = ()) -> int:
+    """Delete leftover temp files, except those of the cells in ``skip_cells`` (cells a live driver is
+    writing); returns how many were removed."""
     removed = 0
+    skip = set(skip_cells)
     for path in list_temp_files(results_dir):
+        if skip and temp_file_cell(path) in skip:
+            continue
         try:
             path.unlink()
             removed += 1

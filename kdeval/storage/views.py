@@ -5,16 +5,16 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from kdeval.storage.models import Attempt, Cell, Run
+from kdeval.storage.models import Attempt, Cell, Run, as_utc
 
 
 def to_jsonable(view: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A view as a JSON-able dict (datetimes as ISO-8601 UTC strings)."""
+    """A view as a JSON-able dict (datetimes as ISO-8601 UTC strings with their offset, ``...+00:00``)."""
     out = {}
     for k, v in asdict(view).items():
         if k in drop:
             continue
-        out[k] = v.isoformat() + ("Z" if v.tzinfo is None else "") if isinstance(v, datetime) else v
+        out[k] = as_utc(v).isoformat() if isinstance(v, datetime) else v
     return out
 
 
@@ -86,6 +86,8 @@ class CellView:
     spec: dict[str, Any] = field(repr=False, default_factory=dict)
     #: How the stored result was computed (``kdeval.cluster.provenance``); None for cells done by older code.
     provenance: dict[str, Any] | None = field(repr=False, default=None)
+    #: The run whose driver holds the cell while computing it (None: nobody; ``kdeval.storage.leases``).
+    held_by: str | None = None
 
     @classmethod
     def of(cls, cell: Cell) -> "CellView":
@@ -117,6 +119,7 @@ class AttemptView:
     duration_s: float | None
     peak_memory_bytes: int | None
     error: str | None
+    shard: int | None = None  # the cell's sample shard it ran (None: the whole cell, older indexes)
 
     @classmethod
     def of(cls, a: Attempt) -> "AttemptView":

@@ -75,7 +75,8 @@ def test_stratified_benchmark_average_is_mean_of_task_means(store):
     assert avg.value == pytest.approx(75.0)  # not the pooled 66.67
     kd = _row(rep, "keydiff", "ruler.avg", "benchmark")
     assert kd.value == pytest.approx(62.5) and kd.delta == pytest.approx(-12.5)
-    assert _row(rep, "keydiff", "ruler.avg", "detail", length=4096).value == pytest.approx(62.5)
+    # one length: its slice would only repeat the average (and each task's score), so there is none
+    assert not [r for r in rep.scores if r.level == "detail"]
     # the task score is the evals package's own headline number
     from kdeval.evals.registry import get_scorer
     assert _row(rep, "full", "ruler.vt").value == get_scorer("ruler.vt").aggregate(vt)["score"]
@@ -95,8 +96,26 @@ def test_needle_grid_math_levels_and_longbench_buckets(store):
     assert _row(rep, "full", "needle", "detail", length=1024, depth=75.0).value == 50.0
     assert _row(rep, "full", "math500", "detail", subset="level 1").value == 100.0
     assert _row(rep, "full", "math500", "detail", subset="level 2").value == 50.0
-    assert _row(rep, "full", "longbench.avg", "detail", subset="8k+").value == 50.0
-    assert _row(rep, "full", "longbench.avg", "benchmark").value == 50.0
+    assert _row(rep, "full", "longbench.hotpotqa", "detail", subset="8k+").value == 50.0
+    assert _row(rep, "full", "longbench.hotpotqa").value == 50.0
+    assert not [r for r in rep.scores if r.metric == "longbench.avg"]  # the average of one task is that task
+
+
+def test_aggregates_that_equal_a_single_task_are_not_repeated(store):
+    """One RULER task at one length: one row, not four (task, ruler.avg, ruler.avg @L, task @L); slices
+    and averages appear once they differ from what they summarise."""
+    idx, res = store
+    one = rows([1.0, 0.0], task="ruler.vt", length=1024)
+    store_run(idx, res, "r1", [FakeCell("full", None, task="ruler.vt", length=1024, rows=one)])
+    rep = build_report(idx, ["r1"], ReportOptions(resamples=0))
+    assert [(r.level, r.metric, r.length) for r in rep.scores] == [("task", "ruler.vt", None)]
+    two = [FakeCell("full", None, task=t, length=n, rows=rows([1.0, 0.0], task=t, length=n))
+           for t in ("ruler.vt", "ruler.cwe") for n in (1024, 2048)]
+    store_run(idx, res, "r2", two, version="v2")
+    rep = build_report(idx, ["r2"], ReportOptions(resamples=0))
+    got = sorted((r.level, r.metric, r.length) for r in rep.scores)
+    assert got == sorted([("task", "ruler.cwe", None), ("task", "ruler.vt", None), ("benchmark", "ruler.avg", None)]
+                         + [("detail", m, n) for m in ("ruler.cwe", "ruler.vt", "ruler.avg") for n in (1024, 2048)])
 
 
 def test_failed_and_missing_cells_are_shown_not_dropped(store):

@@ -1,9 +1,11 @@
-"""The HTML report opens in headless Chromium without errors, its plots decode, and it renders non-blank.
+"""The HTML report opens in headless Chromium without errors, its plots decode, its tables carry the expected
+headers (the headline first), and it renders non-blank at 1400 px.
 
 Skipped where no Chromium is installed (Debian: ``apt-get install chromium``)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not 
                                                           "(Debian: apt-get install chromium)")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--window-size=1280,1600"]
+         "--hide-scrollbars", "--window-size=1400,1600"]
 
 
 def _chromium(args: list[str], timeout: float = 60.0) -> tuple[str, str]:
@@ -57,11 +59,26 @@ def test_html_report_opens_without_errors(html_file):
     dom, err = _chromium(["--virtual-time-budget=5000", "--enable-logging=stderr", "--v=0", "--dump-dom",
                           html_file.as_uri()])
     assert 'data-table="scores"' in dom and 'data-table="cells"' in dom
+    # the headline table comes first: policy rows, one column per benchmark headline number
+    assert dom.index('class="headline"') < dom.index("<h2>Figures</h2>") < dom.index('data-table="scores"')
+    headline = dom[dom.index('class="headline"'):]
+    assert _headers(headline) == ["policy", "needle"]
+    assert _headers(dom[dom.index('data-table="scores"'):]) == ["policy", "N", "metric", "n", "score", "Δ [95% CI]",
+                                                                 "note"]
+    assert _headers(dom[dom.index('data-table="perf"'):]) == ["policy", "N", "task", "n", "TTFT s", "TTFT ×",
+                                                               "decode tok/s", "tok/s ×", "note"]
+    assert "keydiff N=128" in headline and "†" in headline  # 6 paired samples: the CI is marked
     n_images = int(dom.split('data-images="')[1].split('"')[0])
     assert n_images >= 3  # score vs budget, needle heatmap, memory vs length
     assert f'data-images-ok="{n_images}"' in dom  # every inlined PNG decoded
     console = [ln for ln in err.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "Failed to load" in ln]
     assert console == []
+
+
+def _headers(fragment: str) -> list[str]:
+    """The header cells of the first table in ``fragment``."""
+    head = fragment[fragment.index("<thead>"): fragment.index("</thead>")]
+    return re.findall(r"<th(?:\s[^>]*)?>(.*?)</th>", head)
 
 
 def test_html_report_screenshot_is_not_blank(html_file, tmp_path):

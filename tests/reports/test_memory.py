@@ -7,7 +7,8 @@ from rich.console import Console
 
 from kdeval.jobs.reports import ReportOptions, build_report
 from kdeval.jobs.reports.plots import kv_memory_series, memory_figure, memory_vs_length
-from kdeval.jobs.reports.terminal import perf_table
+from kdeval.jobs.reports.terminal import memory_table
+from kdeval.jobs.reports.views import memory_view
 from tests.reports.helpers import FakeCell, rows, store_run
 
 MIB = 2**20
@@ -18,16 +19,18 @@ def _mem(kv: list[int], peak: int, kind: str = "process_rss"):
     return lambda i: {"peak_kv_bytes": kv[i % len(kv)], "peak_memory_bytes": peak, "memory_kind": kind}
 
 
-def _text(table) -> str:
+def _text(report) -> str:
+    """The memory table as the terminal prints it."""
     console = Console(record=True, width=250)
-    console.print(table)
+    console.print(memory_table(report, console.width))
     return console.export_text()
 
 
-def _cells(text: str, policy: str) -> list[str]:
-    """The cells of the table row of ``policy``."""
-    line = next(ln for ln in text.splitlines() if f" {policy} " in ln)
-    return [c.strip() for c in line.split("│")[1:-1]]
+def _cells(report, policy: str) -> dict[str, str]:
+    """The printed cells of the memory table's row of ``policy``, by header."""
+    view = memory_view(report)
+    row = next(cells for cells, raw in zip(view.rows, view.raw) if raw.policy == policy)
+    return dict(zip([c.header for c in view.columns], row))
 
 
 def test_mem_ratio_is_peak_kv_bytes_not_process_peak(store):
@@ -44,12 +47,13 @@ def test_mem_ratio_is_peak_kv_bytes_not_process_peak(store):
     assert kd.kv_bytes_ratio == 0.25  # 1 MiB / 4 MiB, not 5e9 / 4e9
     assert kd.peak_memory_bytes == 5_000_000_000 and kd.memory_kind == "process_rss"
     assert full.kv_bytes_ratio is None  # the reference itself
-    text = _text(perf_table(rep.perf, rep.meta.compare))
-    assert "process peak (RSS) GiB" in text and "mem ×" in text
-    kd_cells = _cells(text, "keydiff")
-    assert kd_cells[-1] == "0.250" and kd_cells[-4] == "4.657"  # mem × and the RSS peak (5e9 B in GiB)
-    assert kd_cells[9] == "1.00" and _cells(text, "full")[9] == "4.00"  # KV MiB
-    assert _cells(text, "full")[-1] == ""  # the reference has no ratio
+    text = _text(rep)
+    assert "process peak (RSS) GiB" in text and "mem ×" in text and "KV-cache MiB" in text
+    kd, full_cells = _cells(rep, "keydiff"), _cells(rep, "full")
+    assert kd["mem ×"] == "0.250" and kd["process peak (RSS) GiB"] == "4.66"  # 5e9 B in GiB, 3 digits
+    assert kd["KV-cache MiB"] == "1.00" and full_cells["KV-cache MiB"] == "4.00"
+    assert full_cells["mem ×"] == ""  # the reference has no ratio
+    assert kd["prompt tokens"] == "1024" and kd["peak KV tokens"] == "256"  # token counts as integers
 
 
 def test_gpu_peak_is_labelled_with_weights_and_mixed_kinds_per_value(store):
@@ -61,14 +65,15 @@ def test_gpu_peak_is_labelled_with_weights_and_mixed_kinds_per_value(store):
     ])
     rep = build_report(idx, ["r1"], ReportOptions(resamples=0))
     assert {p.policy: p.model_weight_bytes for p in rep.perf} == {"full": 2**30, "keydiff": None}
-    assert "GPU peak incl. weights GiB" in _text(perf_table(rep.perf, "full"))
+    assert "GPU peak incl. weights GiB" in _text(rep)
     store_run(idx, res, "r2", [
         FakeCell("full", None, chunk=32, rows=rows([1.0] * 2, extra=_mem([2 * MIB], 2**30, "cuda_max_allocated"))),
         FakeCell("keydiff", 64, chunk=32, rows=rows([1.0] * 2, extra=_mem([MIB], 2**30))),
     ], version="v2")
-    text = _text(perf_table(build_report(idx, ["r2"], ReportOptions(resamples=0)).perf, "full"))
-    assert "process/GPU peak GiB" in text
-    assert "1.000 (GPU peak incl. weights)" in text and "1.000 (process peak (RSS))" in text
+    rep2 = build_report(idx, ["r2"], ReportOptions(resamples=0))
+    assert "process/GPU peak GiB" in _text(rep2)
+    assert {c["process/GPU peak GiB"] for c in (_cells(rep2, "full"), _cells(rep2, "keydiff"))} == {
+        "1.00 (GPU peak incl. weights)", "1.00 (process peak (RSS))"}
 
 
 def _old_rows(scores: list[float]) -> list[dict]:
@@ -89,10 +94,9 @@ def test_old_rows_without_kv_bytes_show_dash_not_an_rss_ratio(store):
     assert perf["keydiff"].peak_kv_bytes is None and perf["keydiff"].kv_bytes_ratio is None
     assert perf["keydiff"].peak_memory_bytes == 1000 and perf["keydiff"].memory_kind == ""
     assert perf["sink"].peak_kv_bytes == 256 * 1024 and perf["sink"].kv_bytes_ratio is None
-    text = _text(perf_table(rep.perf, "full"))
-    assert "process/GPU peak GiB" in text  # an unknown kind beside process_rss: each value says its own
-    assert _cells(text, "keydiff")[-4] == "0.000 (peak memory)"
-    assert _cells(text, "keydiff")[-1] == "-" and _cells(text, "sink")[-1] == "-"
+    assert "process/GPU peak MiB" in _text(rep)  # an unknown kind beside process_rss: each value says its own
+    assert _cells(rep, "keydiff")["process/GPU peak MiB"] == "0.000954 (peak memory)"  # 1000 B
+    assert _cells(rep, "keydiff")["mem ×"] == "-" and _cells(rep, "sink")["mem ×"] == "-"
 
 
 def test_kv_bytes_fall_back_to_the_cell_summary(store):

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from kdeval.jobs import service
 from kdeval.jobs.validate import parse_grid
-from kdeval.storage import RunIndex, list_result_files, list_temp_files
+from kdeval.storage import RunIndex, list_result_files, list_temp_files, part_files
 
 
 def new_run(db: Path, results: Path, text: str) -> tuple[RunIndex, str, service.Plan]:
@@ -19,6 +19,15 @@ def new_run(db: Path, results: Path, text: str) -> tuple[RunIndex, str, service.
     grid = parse_grid(text)
     run_id, plan = service.create_run(idx, grid, text, results)
     return idx, run_id, plan
+
+
+def result_file(results: Path, view) -> Path:
+    """The one Parquet file holding a one-shard cell's rows: its only part (or an older one-file result)."""
+    path = Path(results) / view.result_path
+    if path.is_dir():
+        [part] = part_files(path)
+        return part
+    return path
 
 
 def assert_results_consistent(idx: RunIndex, run_id: str, results: Path, samples: int) -> None:

@@ -105,10 +105,11 @@ def test_resume_refuses_while_a_live_driver_runs_the_run(app, paths):
     try:
         idx.start_driver(run_id, socket.gethostname(), other.pid)
         assert service.driver_alive(idx.get_run(run_id))
-        r = runner.invoke(app, ["resume", run_id, "--db", str(paths["db"])])
+        # --no-wait refuses (by default resume waits for the live driver: tests/service/test_leases.py)
+        r = runner.invoke(app, ["resume", run_id, "--db", str(paths["db"]), "--no-wait"])
         assert r.exit_code == 2 and f"still being run by pid {other.pid}" in r.output
         with pytest.raises(service.RunBusyError):
-            service.execute_run(idx, run_id)
+            service.execute_run(idx, run_id, wait=False)
     finally:
         other.kill()
         other.wait(timeout=10)

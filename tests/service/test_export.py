@@ -27,7 +27,7 @@ from kdeval.storage import (
 )
 from kdeval.version import source_hash
 
-from .helpers import new_run
+from .helpers import new_run, result_file
 
 runner = CliRunner()
 
@@ -234,7 +234,7 @@ def test_export_unwritable_directory_and_missing_index(done_run, cli, tmp_path, 
 def test_export_leaves_out_a_damaged_cell_names_it_and_exits_1(done_run, cli, tmp_path):
     idx, run_id, db, res, _ = done_run
     victim = idx.run_cells(run_id)[3]
-    path = res / victim.result_path
+    path = result_file(res, victim)
     saved = path.read_bytes()
     try:
         path.write_bytes(saved[: len(saved) // 2])

@@ -76,7 +76,7 @@ def test_shorthands_and_defaults():
     (BASE.replace("[64, 128, 256]", "[64, -1]"), "budgets: every value must be a positive number of tokens (got -1)"),
     (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, abc]"), "chunk_sizes[1]: Input should be a valid integer"),
     (BASE.replace("random:llama-tiny", "random:llama-tyni"), "models[0].id: unknown random model 'random:llama-tyni' (did you mean 'random:llama-tiny'?)"),
-    (BASE.replace("dtype: bfloat16", "dtype: fp8"), "models[1].dtype: Input should be 'float32', 'float16' or 'bfloat16'"),
+    (BASE.replace("dtype: bfloat16", "dtype: fp8"), "models[1].dtype: Input should be 'auto', 'float32', 'float16' or 'bfloat16'"),
     (BASE.replace("dtype: bfloat16", "trust_remote_code: true"), "models[1].trust_remote_code: is not accepted in grid files"),
     (BASE.replace("samples: 2", "samples: 0"), "tasks[0].samples: Input should be greater than or equal to 1"),
     (BASE.replace("lengths: [256, 512]", "lenghts: [256]"), "tasks[0].lenghts: unknown field (did you mean 'lengths'?)"),
@@ -118,3 +118,11 @@ def test_every_grid_engine_option_is_one_the_worker_takes():
     from kdeval.jobs.grid import EngineSpec
 
     assert set(EngineSpec.model_fields) <= set(engine_options())
+
+
+def test_models_default_to_their_own_dtype_and_one_gpu_per_worker():
+    cells = expand(parse_grid(BASE))
+    assert {c.model.dtype for c in cells if c.model.id == "random:llama-tiny"} == {"auto"}
+    with pytest.raises(GridError) as e:
+        parse_grid(BASE + "resources: {gpus_per_worker: 2}\n")
+    assert "resources.gpus_per_worker: at most 1: the engine runs a model on one device" in str(e.value)

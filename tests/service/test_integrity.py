@@ -20,7 +20,7 @@ from kdeval.jobs.validate import parse_grid
 from kdeval.storage import RunIndex, verify_cell, verify_cell_file, write_cell_rows
 
 from .conftest import stub_grid
-from .helpers import assert_results_consistent, new_run
+from .helpers import assert_results_consistent, new_run, result_file
 
 
 def _rows(n: int) -> list[dict]:
@@ -78,7 +78,7 @@ def test_damaged_results_are_recomputed_exactly_on_resubmit_and_resume(local_ray
     views = {c.id: c for c in idx.run_cells(run1)}
     ids = list(views)
     truncated, shortened, foreign, donor, intact = ids
-    file = {cid: res / v.result_path for cid, v in views.items()}
+    file = {cid: result_file(res, v) for cid, v in views.items()}  # each cell's one part
     _cut_bytes(file[truncated])
     _keep_rows(file[shortened], 1)
     shutil.copyfile(file[donor], file[foreign])

@@ -8,7 +8,7 @@ from kdeval.cluster.stub import StubWorkload
 from kdeval.jobs import service
 
 from .conftest import stub_grid
-from .helpers import assert_results_consistent, attempt_states, new_run
+from .helpers import assert_results_consistent, attempt_states, new_run, result_file
 
 
 def test_run_completes_and_resubmit_runs_zero_cells(local_ray, paths):
@@ -22,7 +22,7 @@ def test_run_completes_and_resubmit_runs_zero_cells(local_ray, paths):
     assert run.message.startswith("5 done, 0 failed in 5 attempts; ")
     assert attempt_states(idx, run_id) == {"done": 5}
     assert_results_consistent(idx, run_id, paths["results"], samples=3)
-    mtimes = {c.id: (paths["results"] / c.result_path).stat().st_mtime_ns for c in idx.run_cells(run_id)}
+    mtimes = {c.id: result_file(paths["results"], c).stat().st_mtime_ns for c in idx.run_cells(run_id)}
 
     idx2, run2, plan2 = new_run(paths["db"], paths["results"], stub_grid(workers=1))  # same cells
     assert (len(plan2.cells), len(plan2.to_run)) == (5, 0)
@@ -30,7 +30,7 @@ def test_run_completes_and_resubmit_runs_zero_cells(local_ray, paths):
     assert (out2.done, out2.attempts) == (0, 0)
     assert idx2.get_run(run2).state == "done" and idx2.get_run(run2).counts == {"done": 5}
     assert len(idx2.run_attempts(run2)) == 0
-    assert {c.id: (paths["results"] / c.result_path).stat().st_mtime_ns for c in idx.run_cells(run2)} == mtimes
+    assert {c.id: result_file(paths["results"], c).stat().st_mtime_ns for c in idx.run_cells(run2)} == mtimes
 
 
 def test_raising_cell_fails_with_message_others_done(local_ray, paths):
@@ -134,14 +134,14 @@ def test_pick_prefers_held_model_and_does_not_steal_a_cell_its_holder_will_take(
 
 def test_cells_finished_by_another_run_meanwhile_are_not_rerun(local_ray, paths):
     from kdeval.jobs.cells import CellSpec
-    from kdeval.jobs.scheduler import Scheduler
+    from kdeval.jobs.scheduler import Scheduler, SchedulerConfig
 
     idx, run1, _ = new_run(paths["db"], paths["results"], stub_grid())
     _, run2, plan2 = new_run(paths["db"], paths["results"], stub_grid())
     assert len(plan2.to_run) == 5  # both runs planned before either ran
     todo2 = [CellSpec.model_validate(c.spec) for c in idx.run_cells(run2)]
     service.execute_run(idx, run1, workload=StubWorkload())
-    sched = Scheduler(idx, run2, todo2, StubWorkload(), str(paths["results"]), service.SchedulerConfig(workers=1))
+    sched = Scheduler(idx, run2, todo2, StubWorkload(), str(paths["results"]), SchedulerConfig(workers=1))
     out = sched.run()
     assert (out.done, out.attempts, sched.skipped_done) == (5, 0, 5)
     assert len(idx.run_attempts(run2)) == 0

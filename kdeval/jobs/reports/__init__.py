@@ -3,9 +3,22 @@ the HTML report and the nightly regression gate.
 
     from kdeval.jobs.reports import ReportOptions, build_report
     report = build_report(index, [run_id], ReportOptions(compare="full"))
-"""
-from kdeval.jobs.reports.aggregate import ReportOptions, build_report
-from kdeval.jobs.reports.model import CellRow, MetricRow, PerfRow, ProvenanceRow, Report, ReportMeta, State
 
-__all__ = ["ReportOptions", "build_report", "CellRow", "MetricRow", "PerfRow", "ProvenanceRow", "Report",
-           "ReportMeta", "State"]
+The names below are imported on first use, so that importing a light module of the package (``layout``,
+``units``) does not import numpy, pyarrow and the index.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"ReportOptions": "aggregate", "build_report": "aggregate", "CellRow": "model", "MetricRow": "model",
+            "PerfRow": "model", "ProvenanceRow": "model", "Report": "model", "ReportMeta": "model", "State": "model"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -18,6 +18,7 @@ import numpy as np
 
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
+from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
 from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, load_run
 from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
@@ -167,25 +168,8 @@ class _Comparer:
         """Speed and memory of the cell of one of this run's slots, and their ratios to its reference cell."""
         cell = self.own[slot]
         ref = None if (self.by_full and slot.policy == FULL) else self.ref.get(self.ref_slot(slot))
-        mine, theirs = _perf(cell), _perf(ref)
-        state = cell_state([cell])
-
-        def ratio(key: str, name: str) -> float | None:
-            a, b = mine.get(key), theirs.get(key)
-            return rounded(a / b, name) if a is not None and b not in (None, 0) else None
-
-        return PerfRow(
-            model=slot.model, policy=slot.policy, budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task,
-            state=state, n=len(cell.samples) if cell.samples is not None else 0,
-            prompt_tokens=rounded(mine.get("prompt_tokens"), "prompt_tokens"),
-            ttft_median_s=rounded(mine.get("ttft"), "ttft_median_s"),
-            decode_tok_s=rounded(mine.get("decode"), "decode_tok_s"),
-            peak_kv_bytes=_int(mine.get("kv_bytes")), peak_kv_tokens=_int(mine.get("kv")),
-            peak_memory_bytes=_int(mine.get("memory")), memory_kind=cell.memory_kind,
-            model_weight_bytes=_int(mine.get("weights")),
-            ttft_ratio=ratio("ttft", "ttft_ratio"), decode_ratio=ratio("decode", "decode_ratio"),
-            kv_bytes_ratio=ratio("kv_bytes", "kv_bytes_ratio"), kv_ratio=ratio("kv", "kv_ratio"),
-        )
+        return perf_row(slot, cell, ref, resamples=self.opt.resamples, seed=self.opt.seed,
+                        confidence=self.opt.confidence, state=cell_state([cell]))
 
     def cell_rows(self, compare_run: str) -> list[CellRow]:
         """Cells not done, and cells missing; ``run`` is the run that holds (or lacks) the cell."""
@@ -242,45 +226,6 @@ def _pair(own: Samples, ref: Samples) -> _Paired:
     return _Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object))
 
 
-def _median(values: np.ndarray) -> float | None:
-    v = values[~np.isnan(values)]
-    return float(np.median(v)) if v.size else None
-
-
-def _max(values: np.ndarray) -> float | None:
-    v = values[~np.isnan(values)]
-    return float(v.max()) if v.size else None
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-def _summary_number(cell: LoadedCell, key: str) -> float | None:
-    """A number of the cell's summary (None when absent or not a number)."""
-    value = (cell.view.summary or {}).get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _perf(cell: LoadedCell | None) -> dict[str, float | None]:
-    """Median TTFT, median decode tokens/s, max peak memory, KV bytes and KV tokens, median prompt length,
-    model weight bytes. Per-sample rows first; the cell's index record where the rows lack a column."""
-    if cell is None or cell.perf is None:
-        return {}
-    p = cell.perf
-    gen, dec = p["generated_tokens"], p["decode_s"]
-    ok = ~np.isnan(gen) & ~np.isnan(dec) & (dec > 0)
-    memory = _max(p["peak_memory_bytes"])
-    if memory is None and cell.view.peak_memory_bytes is not None:
-        memory = float(cell.view.peak_memory_bytes)
-    kv_bytes = _max(p["peak_kv_bytes"])
-    if kv_bytes is None:
-        kv_bytes = _summary_number(cell, "max_peak_kv_bytes")
-    return {"ttft": _median(p["ttft_s"]), "decode": _median(gen[ok] / dec[ok]) if ok.any() else None,
-            "memory": memory, "kv": _max(p["peak_kv_tokens"]), "kv_bytes": kv_bytes,
-            "weights": _summary_number(cell, "model_weight_bytes"), "prompt_tokens": _median(p["prompt_tokens"])}
-
-
 def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: str = "") -> CellRow:
     return CellRow(run=run, cell=cell.view.id if cell else "", model=slot.model, policy=slot.policy,
                    budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task, state=state,
@@ -318,9 +263,9 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
         notes.append(f"pairing by sample id left out {dropped} sample(s) present on one side only "
                      f"(see n_dropped per row)")
     provenance = provenance_rows(list(own.values()) + ([] if by_full else list(ref.values())))
-    warning = mismatch_warning(provenance)
+    warnings = [w for w in (mismatch_warning(provenance), noisy_timing_warning(perf, options.confidence)) if w]
     meta = ReportMeta(runs=run_ids, compare=compare, resamples=options.resamples, seed=options.seed,
                       confidence=options.confidence,
                       created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes,
-                      warnings=[warning] if warning else [])
+                      warnings=warnings)
     return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance)

@@ -1,12 +1,14 @@
-"""Writing a report as JSON, CSV, Markdown or HTML tables, and reading each back (round trip).
+"""Writing a report as JSON, CSV, Markdown or HTML tables.
 
-Every format carries every field of every row (:mod:`kdeval.jobs.reports.model`), printed by
-:func:`~kdeval.jobs.reports.model.format_value`, so each one parses back to the same rows.
+JSON and CSV are for programs: every field of every row (:mod:`kdeval.jobs.reports.model`), raw numbers,
+units in the field names (``ttft_median_s``, ``peak_kv_bytes``; scores in points); both parse back to the
+same rows. Markdown and HTML are for readers: the tables of :mod:`kdeval.jobs.reports.views`, printed
+as the terminal prints them; HTML rows also carry their raw row (``data-row``), so a page reads back too.
 
 * JSON: one file ``{"meta": ..., "scores": [...], "perf": [...], "cells": [...], "provenance": [...]}``
   (``meta.warnings``: one line each, e.g. the compared cells ran on different devices).
 * CSV: one file per table (``scores.csv``, ``perf.csv``, ``cells.csv``, ``provenance.csv``).
-* Markdown: one file, a section per table (``## scores``).
+* Markdown: one file: the headline table, then scores, speed, memory, cells, provenance, slices.
 * HTML tables: ``<table data-table="scores">`` (the HTML report embeds them, see ``html.py``).
 """
 from __future__ import annotations
@@ -20,9 +22,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from kdeval.jobs.reports.model import (
-    TABLES, Report, ReportMeta, format_value, row_from_dict,
-)
+from kdeval.jobs.reports import views
+from kdeval.jobs.reports.layout import Column, TableView
+from kdeval.jobs.reports.model import TABLES, Report, ReportMeta, format_value, row_from_dict
 
 
 def _fields(name: str) -> list[str]:
@@ -71,129 +73,105 @@ def read_csv(out_dir: Path) -> dict[str, list[Any]]:
 
 
 # ------------------------------------------------------------------ Markdown
-def _md_cell(value: Any) -> str:
-    return format_value(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+def _md_cell(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(view: TableView) -> list[str]:
+    """A view as a Markdown pipe table (numbers right-aligned), with its title and caption."""
+    lines = [f"**{_md_cell(view.title)}**", "", "| " + " | ".join(_md_cell(c.header) for c in view.columns) + " |",
+             "|" + "|".join("---:" if c.numeric else "---" for c in view.columns) + "|"]
+    lines += ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in view.rows]
+    return lines + (["", f"_{_md_cell(view.caption)}_"] if view.caption and view.rows else [])
 
 
 def to_markdown(report: Report) -> str:
-    """The report as Markdown: a header with what was compared, then one table per kind of row."""
+    """The report as Markdown for reading: what was compared, the headline table, then scores, speed, memory,
+    cells not done, provenance and slices, printed as the terminal prints them (JSON and CSV hold the raw
+    numbers)."""
     m = report.meta
     lines = ["# kdeval report", "",
              f"- runs: {', '.join(m.runs)}", f"- compared with: {m.compare}",
              f"- delta: {m.method}", f"- created: {m.created}"]
     lines += [f"- note: {n}" for n in m.notes]
     lines += [f"- **warning**: {w}" for w in m.warnings]
-    for name in TABLES:
-        fields = _fields(name)
-        lines += ["", f"## {name}", "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
-        for r in _rows(report, name):
-            lines.append("| " + " | ".join(_md_cell(v) for v in dataclasses.asdict(r).values()) + " |")
+    headline = [r for r in report.scores if r.level != "detail"]
+    detail = [r for r in report.scores if r.level == "detail"]
+    cells = views.cells_view(report)
+    setups = views.provenance_view(report)
+    sections: list[tuple[str, list[TableView]]] = [
+        ("Headline", [h.as_table() for h in views.headline_views(report)]),
+        ("Scores", [views.scores_view(report, headline)]),
+        ("Speed", [views.speed_view(report)] if report.perf else []),
+        ("Memory", [views.memory_view(report)] if report.perf else []),
+        ("Cells not done or missing", [cells] if cells is not None else []),
+        ("Provenance", [setups] if setups is not None else []),
+        ("Slices", [views.scores_view(report, detail)] if detail else []),
+    ]
+    for title, tables in sections:
+        if not tables:
+            continue
+        lines += ["", f"## {title}"]
+        for view in tables:
+            lines += [""] + md_table(view)
     return "\n".join(lines) + "\n"
 
 
-def _split_md_row(line: str) -> list[str]:
-    cells, cur, i = [], "", 1
-    body = line.strip()
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\" and i + 1 < len(body):
-            cur += body[i + 1]
-            i += 2
-            continue
-        if ch == "|":
-            cells.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-        i += 1
-    return cells
-
-
-def read_markdown(text: str) -> dict[str, list[Any]]:
-    """The tables of :func:`to_markdown` text."""
-    out: dict[str, list[Any]] = {name: [] for name in TABLES}
-    current, header = None, None
-    for line in text.splitlines():
-        if line.startswith("## "):
-            current, header = line[3:].strip(), None
-        elif current in TABLES and line.startswith("|"):
-            cells = _split_md_row(line)
-            if header is None:
-                header = cells
-            elif not set(line.replace("|", "").strip()) <= {"-"}:
-                out[current].append(row_from_dict(TABLES[current], dict(zip(header, cells))))
-    return out
+def fields_view(name: str, rows: list[Any]) -> TableView:
+    """Every field of ``rows`` as it is stored (for tables of text such as provenance)."""
+    fields = _fields(name)
+    body = [[format_value(v) for v in dataclasses.asdict(r).values()] for r in rows]
+    return TableView(name, name, [Column(f) for f in fields], body, [""] * len(rows), list(rows))
 
 
 # ------------------------------------------------------------------ HTML tables
-def html_table(name: str, rows: list[Any], *, css_class: str = "") -> str:
-    """One ``<table data-table=name>`` with every field (row state as a class, for colouring)."""
-    fields = _fields(name)
-    head = "".join(f"<th>{html.escape(f)}</th>" for f in fields)
+def html_table(view: TableView, *, source: str | None = None, css_class: str = "") -> str:
+    """A view as ``<table data-table=...>``: readable headers and cells (numbers right-aligned, class ``num``),
+    each row's state as its class and, with ``source`` (the report table the rows come from), the raw row
+    as JSON in ``data-row`` so :func:`read_html_tables` reads the page back exactly."""
+    name = source or view.name
+    head = "".join(f'<th class="{"num" if c.numeric else "txt"}">{html.escape(c.header)}</th>' for c in view.columns)
     body = []
-    for r in rows:
-        d = dataclasses.asdict(r)
-        cls = html.escape(str(d.get("state", "")))
-        tds = "".join(f"<td>{html.escape(format_value(v))}</td>" for v in d.values())
-        body.append(f'<tr class="{cls}">{tds}</tr>')
-    return (f'<table data-table="{name}" class="{css_class}"><thead><tr>{head}</tr></thead>'
+    for i, cells in enumerate(view.rows):
+        state = html.escape(view.states[i] if i < len(view.states) else "")
+        raw = ""
+        if source is not None:
+            raw = f' data-row="{html.escape(json.dumps(dataclasses.asdict(view.raw[i]), ensure_ascii=False))}"'
+        tds = "".join(f'<td class="{"num" if c.numeric else "txt"}">{html.escape(x)}</td>'
+                      for c, x in zip(view.columns, cells))
+        body.append(f'<tr class="{state}"{raw}>{tds}</tr>')
+    return (f'<table data-table="{html.escape(name)}" class="{css_class}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
 class _TableParser(HTMLParser):
-    """Collects the rows of every ``<table data-table=...>``."""
+    """Collects the ``data-row`` of every row of every ``<table data-table=...>``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.tables: dict[str, list[list[str]]] = {}
-        self.headers: dict[str, list[str]] = {}
+        self.tables: dict[str, list[dict[str, Any]]] = {}
         self._table: str | None = None
-        self._row: list[str] | None = None
-        self._cell: str | None = None
-        self._in_head = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
         if tag == "table":
-            self._table = dict(attrs).get("data-table")
-        elif self._table is None:
-            return
-        elif tag == "thead":
-            self._in_head = True
-        elif tag == "tr":
-            self._row = []
-        elif tag in ("td", "th"):
-            self._cell = ""
+            self._table = a.get("data-table")
+        elif tag == "tr" and self._table is not None and a.get("data-row"):
+            self.tables.setdefault(self._table, []).append(json.loads(a["data-row"]))
 
     def handle_endtag(self, tag: str) -> None:
-        if self._table is None:
-            return
-        if tag in ("td", "th") and self._row is not None and self._cell is not None:
-            self._row.append(self._cell)
-            self._cell = None
-        elif tag == "tr" and self._row is not None:
-            if self._in_head:
-                self.headers[self._table] = self._row
-            else:
-                self.tables.setdefault(self._table, []).append(self._row)
-            self._row = None
-        elif tag == "thead":
-            self._in_head = False
-        elif tag == "table":
+        if tag == "table":
             self._table = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell += data
 
 
 def read_html_tables(text: str) -> dict[str, list[Any]]:
-    """The rows of every ``data-table`` table in an HTML document (tables of one name concatenated)."""
+    """The rows of every ``data-table`` table of an HTML report (tables of one name concatenated)."""
     p = _TableParser()
     p.feed(text)
     out: dict[str, list[Any]] = {name: [] for name in TABLES}
     for name, rows in p.tables.items():
         if name in TABLES:
-            out[name] += [row_from_dict(TABLES[name], dict(zip(p.headers[name], r))) for r in rows]
+            out[name] += [row_from_dict(TABLES[name], r) for r in rows]
     return out
 
 

@@ -8,6 +8,9 @@ Every number is the (stratified) mean of per-sample scores over a selection of s
   (``0-4k``, ``4-8k``, ``8k+`` words) per task and averaged;
 * RULER: ``ruler.avg`` (mean of the task scores), per length per task and averaged;
 * Math-500: accuracy per level; needle: accuracy per length × depth; phonebook: per length.
+
+A number that would only repeat another is not defined: no benchmark average over a single task, no
+slice when the task (or average) has a single one (one length, one level, one bucket).
 """
 from __future__ import annotations
 
@@ -104,7 +107,7 @@ def _task_details(task: str, bench: str, samples: Samples) -> list[MetricDef]:
     elif bench == "longbench":
         for label, in_bucket in _buckets(samples, mask):
             out.append(MetricDef("detail", bench, task, only, _and(base, in_bucket), subset=label))
-    return out
+    return out if len(out) > 1 else []  # a single slice is the task's own score
 
 
 def _benchmark_defs(bench: str, tasks: frozenset[str], samples: Samples) -> list[MetricDef]:
@@ -113,13 +116,15 @@ def _benchmark_defs(bench: str, tasks: frozenset[str], samples: Samples) -> list
     base = _task_is(tasks)
     out = [MetricDef("benchmark", bench, name, tasks, base, stratified=True)]
     mask = base(samples)
+    slices = []
     if bench == "ruler":
         for length in _lengths(samples, mask):
-            out.append(MetricDef("detail", bench, name, tasks, _and(base, _length_is(length)), True, length=int(length)))
+            slices.append(MetricDef("detail", bench, name, tasks, _and(base, _length_is(length)), True,
+                                    length=int(length)))
     elif bench == "longbench":
         for label, in_bucket in _buckets(samples, mask):
-            out.append(MetricDef("detail", bench, name, tasks, _and(base, in_bucket), True, subset=label))
-    return out
+            slices.append(MetricDef("detail", bench, name, tasks, _and(base, in_bucket), True, subset=label))
+    return out + (slices if len(slices) > 1 else [])  # a single slice is the average itself
 
 
 def metric_defs(tasks: set[str], samples: Samples) -> list[MetricDef]:
@@ -132,6 +137,6 @@ def metric_defs(tasks: set[str], samples: Samples) -> list[MetricDef]:
         for t in sorted(names):
             defs.append(MetricDef("task", bench, t, frozenset({t}), _task_is(frozenset({t}))))
             defs.extend(_task_details(t, bench, samples))
-        if bench in AVERAGED:
+        if bench in AVERAGED and len(names) > 1:  # the average of one task is that task's score
             defs.extend(_benchmark_defs(bench, frozenset(names), samples))
     return sorted(defs, key=lambda d: d.sort_key)

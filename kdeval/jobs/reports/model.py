@@ -10,8 +10,8 @@
   its integrity check, or is missing: shown, never dropped.
 * :class:`ProvenanceRow` — where and with what code each compared cell ran (versions, device, host).
 
-Every float is rounded when the row is built (:data:`DIGITS`), so each output format prints the same
-numbers and parses back to equal rows (:func:`row_from_dict`).
+Every number is rounded when the row is built (:func:`~kdeval.jobs.reports.units.rounded`), so each
+output prints the number stored; JSON and CSV parse back to equal rows (:func:`row_from_dict`).
 """
 from __future__ import annotations
 
@@ -19,15 +19,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kdeval.jobs.reports.units import rounded  # noqa: F401 - rows are built with it (aggregate, perf)
+
 #: The full-cache policy: the default reference of a report.
 FULL = "full"
-
-#: Decimal digits kept per float field (points: 2 as LongBench prints them; seconds and ratios finer).
-DIGITS: dict[str, int] = {
-    "value": 2, "ref_value": 2, "delta": 2, "ci_low": 2, "ci_high": 2, "depth": 2,
-    "ttft_median_s": 5, "decode_tok_s": 2, "prompt_tokens": 0,
-    "ttft_ratio": 3, "decode_ratio": 3, "kv_bytes_ratio": 3, "kv_ratio": 3,
-}
 
 
 class State:
@@ -70,7 +65,10 @@ class MetricRow:
 
 @dataclass(frozen=True)
 class PerfRow:
-    """Speed and memory of one cell, and their ratio to the reference cell."""
+    """Speed and memory of one cell, and their ratio to the reference cell.
+
+    Speed ratios are ratios of medians over the samples present in both cells (``n_paired``), with a
+    bootstrap CI over those samples; ``speed_note`` says when they cannot rank the two (CI spanning 1.0)."""
 
     model: str
     policy: str
@@ -79,7 +77,7 @@ class PerfRow:
     task: str                  # task instance label, e.g. "needle@1024#s0"
     state: str = State.OK
     n: int = 0
-    prompt_tokens: float | None = None  # median prompt length
+    prompt_tokens: int | None = None    # median prompt length (tokens)
     ttft_median_s: float | None = None
     decode_tok_s: float | None = None   # median over samples of generated tokens / decode seconds
     peak_kv_bytes: int | None = None    # max over samples of the bytes of K/V the cache held (None: old rows)
@@ -87,8 +85,14 @@ class PerfRow:
     peak_memory_bytes: int | None = None  # process/GPU peak, max over samples (the cell's, when rows lack it)
     memory_kind: str = ""               # what peak_memory_bytes measures: MEMORY_KINDS key, "" when unknown
     model_weight_bytes: int | None = None  # the model's weights (included in a cuda_max_allocated peak)
-    ttft_ratio: float | None = None     # this / reference
-    decode_ratio: float | None = None
+    n_paired: int = 0                   # samples timed in both cells (the speed ratios' sample)
+    ttft_ratio: float | None = None     # this / reference (median TTFT over the paired samples)
+    ttft_ratio_low: float | None = None  # its CI
+    ttft_ratio_high: float | None = None
+    decode_ratio: float | None = None   # this / reference (median decode tokens/s over the paired samples)
+    decode_ratio_low: float | None = None
+    decode_ratio_high: float | None = None
+    speed_note: str = ""                # "too noisy to rank ..." when a speed ratio's CI spans 1.0
     kv_bytes_ratio: float | None = None  # peak KV-cache bytes / the reference's: the report's "mem ×"
     kv_ratio: float | None = None       # peak KV tokens / the reference's
 
@@ -178,13 +182,6 @@ def memory_label(kind: str) -> str:
     return MEMORY_KINDS.get(kind, "peak memory")
 
 
-def rounded(value: float | None, name: str) -> float | None:
-    """``value`` rounded to the digits of field ``name`` (None and NaN stay None)."""
-    if value is None or value != value:
-        return None
-    return round(float(value), DIGITS.get(name, 4))
-
-
 def _coerce(text: Any, annotation: str) -> Any:
     """A field value read back from text (CSV/Markdown/HTML cells) or JSON."""
     if text is None or text == "":
@@ -206,5 +203,5 @@ def row_from_dict(cls: type[RowT], data: dict[str, Any]) -> RowT:
 
 
 def format_value(value: Any) -> str:
-    """How every text format prints a value: '' for None, else ``str`` (floats are pre-rounded)."""
+    """How CSV (and the HTML rows' raw data) carry a value: '' for None, else ``str`` (numbers are pre-rounded)."""
     return "" if value is None else str(value)

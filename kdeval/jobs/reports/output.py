@@ -5,9 +5,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kdeval.jobs.reports import formats
-from kdeval.jobs.reports.html import render_html
 from kdeval.jobs.reports.model import Report
-from kdeval.jobs.reports.plots import all_plots
 
 #: Formats ``kdeval report --format`` accepts ("table" is the terminal view).
 FORMATS = ("table", "md", "csv", "json", "html")
@@ -38,6 +36,9 @@ def write_report(report: Report, out_dir: str | Path, fmts: Iterable[str], title
         elif fmt == "csv":
             written[fmt] = formats.write_csv(report, out)[0]
         elif fmt == "html":
+            from kdeval.jobs.reports.html import render_html
+            from kdeval.jobs.reports.plots import all_plots  # matplotlib: only when a page is written
+
             plots = all_plots(report)
             if plots:
                 (out / "plots").mkdir(exist_ok=True)

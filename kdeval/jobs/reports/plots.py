@@ -1,10 +1,13 @@
 """Plots of a report as PNG bytes (matplotlib, Agg, no pyplot global state).
 
-* score vs budget, one line per policy, per model × chunk × benchmark (the KeyDiff paper's figures),
-  the full cache as a dashed horizontal line;
-* needle heatmaps (depth × length, accuracy) per policy, per model × chunk × budget;
+* score vs budget, one line per policy with the CI of its Δ as error bars, per model × chunk × benchmark
+  (the KeyDiff paper's figures), the full cache as a dashed horizontal line;
+* needle heatmaps (depth × length: accuracy and n in each cell) per policy, per model × chunk × budget;
 * peak KV-cache bytes vs prompt length, per model × chunk, one line per policy × budget × task (a line
-  never joins two tasks), y axis from 0.
+  never joins two tasks), both axes from 0.
+
+Policies differ in colour (Okabe–Ito), marker and dash; heatmaps use ``cividis``: all readable with the
+common colour-vision deficiencies.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ from dataclasses import dataclass
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kdeval.jobs.reports.metrics import AVERAGED
 from kdeval.jobs.reports.model import FULL, MetricRow, Report
 from kdeval.jobs.reports.samples import task_of_label
+from kdeval.jobs.reports.views import headline_rows
 
 
 @dataclass(frozen=True)
@@ -42,81 +45,115 @@ def _slug(*parts: object) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
 
 
-def _headline(r: MetricRow) -> bool:
-    """The one number per benchmark that score-vs-budget plots: the average, or the single task's score."""
-    if r.benchmark in AVERAGED:
-        return r.level == "benchmark"
-    return r.level == "task" and r.metric == r.benchmark
+#: Okabe–Ito colours (distinguishable with the common colour-vision deficiencies), markers and dashes: each
+#: policy differs from the others in all three, so lines that overlap stay visible.
+COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)))
+
+
+def _style(i: int) -> dict:
+    return {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": DASHES[i % len(DASHES)]}
+
+
+def budget_figure(title: str, rows: list[MetricRow]) -> Figure:
+    """Score vs budget of one benchmark's headline ``rows``: a line per policy with the CI of its Δ as error
+    bars, dodged sideways a little so equal points stay visible; the full cache as a dashed line."""
+    lines: dict[str, list[MetricRow]] = defaultdict(list)
+    for r in rows:
+        if r.budget is not None:
+            lines[r.policy].append(r)
+    fig = Figure(figsize=(5.6, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_xscale("log", base=2)
+    for i, (policy, pts) in enumerate(sorted(lines.items())):
+        pts.sort(key=lambda r: r.budget)
+        shift = 2 ** (0.06 * (i - (len(lines) - 1) / 2))  # dodge: a few % of a doubling
+        low = [r.delta - r.ci_low if r.ci_low is not None else 0.0 for r in pts]
+        high = [r.ci_high - r.delta if r.ci_high is not None else 0.0 for r in pts]
+        ax.errorbar([r.budget * shift for r in pts], [r.value for r in pts], yerr=[low, high], capsize=3,
+                    linewidth=1.4, markersize=5, label=policy, **_style(i))
+    full = [r.value for r in rows if r.policy == FULL]
+    if full:
+        ax.axhline(full[0], color="#555555", linestyle="--", linewidth=1, label="full (reference)")
+    budgets = sorted({r.budget for pts in lines.values() for r in pts})
+    ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.minorticks_off()
+    ax.set_xlim(budgets[0] / 1.5, budgets[-1] * 1.5)
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel("KV budget N (tokens per layer and KV head)")
+    ax.set_ylabel(f"{rows[0].metric} (points)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    return fig
 
 
 def score_vs_budget(report: Report) -> list[Plot]:
-    """Headline score vs budget, one line per policy."""
+    """Headline score vs budget per model × chunk × benchmark (:func:`budget_figure`)."""
     groups: dict[tuple[str, int, str], list[MetricRow]] = defaultdict(list)
-    for r in report.scores:
-        if _headline(r) and r.value is not None:
+    for r in headline_rows(report.scores):
+        if r.value is not None:
             groups[(r.model, r.chunk, r.metric)].append(r)
     plots = []
     for (model, chunk, metric), rows in sorted(groups.items()):
-        lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        full = [r.value for r in rows if r.policy == FULL]
-        for r in rows:
-            if r.budget is not None:
-                lines[r.policy].append((r.budget, r.value))
-        if not lines:
+        if all(r.budget is None for r in rows):
             continue
-        fig = Figure(figsize=(5.5, 3.6), layout="constrained")
-        ax = fig.add_subplot()
-        for policy, pts in sorted(lines.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
-        if full:
-            ax.axhline(full[0], color="black", linestyle="--", linewidth=1, label="full")
-        budgets = sorted({p[0] for pts in lines.values() for p in pts})
-        if len(budgets) > 1 and budgets[-1] / budgets[0] >= 4:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(budgets, [str(b) for b in budgets])
-        ax.set_xlabel("KV budget (tokens per layer and head)")
-        ax.set_ylabel(f"{metric} (points)")
-        title = f"{metric} vs budget — {model}, chunk {chunk}"
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        plots.append(Plot("score_vs_budget", title, _slug("score", model, chunk, metric), _png(fig)))
+        title = f"{metric} vs budget — {model}, B={chunk}"
+        plots.append(Plot("score_vs_budget", title, _slug("score", model, chunk, metric),
+                          _png(budget_figure(title, rows))))
     return plots
 
 
+#: (length, depth) -> (accuracy in points, samples)
+NeedleGrid = dict[tuple[int, float], tuple[float, int]]
+
+
+def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
+    """One heatmap per (panel title, grid): accuracy by depth × length, each cell printing its value and n."""
+    fig = Figure(figsize=(min(2.6 * len(panels) + 1.0, 13.0), 3.0), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    image = None
+    for ax, (name, grid) in zip(axes, panels):
+        lengths = sorted({k[0] for k in grid})
+        depths = sorted({k[1] for k in grid})
+        z = [[grid.get((l, d), (float("nan"), 0))[0] for l in lengths] for d in depths]
+        image = ax.imshow(z, vmin=0, vmax=100, cmap="cividis", aspect="auto", origin="upper")
+        for yi, d in enumerate(depths):
+            for xi, l in enumerate(lengths):
+                if (l, d) in grid:
+                    value, n = grid[(l, d)]
+                    ax.text(xi, yi, f"{value:.0f}\nn={n}", ha="center", va="center", fontsize=8,
+                            color="white" if value < 55 else "black")  # cividis: dark below ~55
+        ax.set_xticks(range(len(lengths)), [str(l) for l in lengths], fontsize=8)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=8)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("length (tokens)", fontsize=8)
+    axes[0].set_ylabel("depth (%)", fontsize=8)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy (points)")
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
 def needle_heatmaps(report: Report) -> list[Plot]:
-    """Accuracy by depth × length, one panel per policy (full included), per model × chunk × budget."""
-    Grid = dict[tuple[int, float], float]  # (length, depth) -> accuracy
-    cells: dict[tuple[str, int], dict[tuple[str, int | None], Grid]] = defaultdict(lambda: defaultdict(dict))
+    """Needle accuracy by depth × length, one panel per policy (full included), per model × chunk × budget
+    (:func:`needle_figure`)."""
+    cells: dict[tuple[str, int], dict[tuple[str, int | None], NeedleGrid]] = defaultdict(lambda: defaultdict(dict))
     for r in report.scores:
         if r.benchmark == "needle" and r.level == "detail" and r.length is not None and r.depth is not None \
                 and r.value is not None:
-            cells[(r.model, r.chunk)][(r.policy, r.budget)][(r.length, r.depth)] = r.value
+            cells[(r.model, r.chunk)][(r.policy, r.budget)][(r.length, r.depth)] = (r.value, r.n)
     plots = []
     for (model, chunk), by_cfg in sorted(cells.items()):
         budgets = sorted({b for (_, b) in by_cfg if b is not None}) or [None]
         for budget in budgets:
-            panels = [(p, b) for (p, b) in sorted(by_cfg, key=lambda k: (k[0] != FULL, k[0])) if b in (None, budget)]
-            fig = Figure(figsize=(2.8 * len(panels) + 0.8, 3.0), layout="constrained")
-            axes = fig.subplots(1, len(panels), squeeze=False)[0]
-            image = None
-            for ax, (policy, b) in zip(axes, panels):
-                grid = by_cfg[(policy, b)]
-                lengths = sorted({k[0] for k in grid})
-                depths = sorted({k[1] for k in grid})
-                z = [[grid.get((l, d), float("nan")) for l in lengths] for d in depths]
-                image = ax.imshow(z, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto", origin="upper")
-                ax.set_xticks(range(len(lengths)), [str(l) for l in lengths], fontsize=7, rotation=45)
-                ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-                ax.set_title(policy if b is None else f"{policy} N={b}", fontsize=8)
-                ax.set_xlabel("length", fontsize=7)
-            axes[0].set_ylabel("depth (%)", fontsize=7)
-            if image is not None:
-                fig.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy")
-            title = f"needle accuracy — {model}, chunk {chunk}" + (f", budget {budget}" if budget else "")
-            fig.suptitle(title, fontsize=9)
-            plots.append(Plot("needle_heatmap", title, _slug("needle", model, chunk, budget), _png(fig)))
+            panels = [(p if b is None else f"{p} N={b}", by_cfg[(p, b)])
+                      for (p, b) in sorted(by_cfg, key=lambda k: (k[0] != FULL, k[0])) if b in (None, budget)]
+            title = f"needle accuracy — {model}, B={chunk}" + (f", N={budget}" if budget else "")
+            plots.append(Plot("needle_heatmap", title, _slug("needle", model, chunk, budget),
+                              _png(needle_figure(title, panels))))
     return plots
 
 
@@ -134,18 +171,26 @@ def kv_memory_series(report: Report) -> dict[tuple[str, int], dict[str, list[tup
 
 
 def memory_figure(title: str, lines: dict[str, list[tuple[float, float]]]) -> Figure:
-    """One figure of :func:`kv_memory_series` lines (label -> (prompt tokens, KV MiB)), both axes from 0."""
-    fig = Figure(figsize=(6.5, 3.8), layout="constrained")
+    """One figure of :func:`kv_memory_series` lines (label -> (prompt tokens, KV MiB)), both axes from 0:
+    a colour and dash per policy, a marker per task."""
+    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
     ax = fig.add_subplot()
+    policies = sorted({label.split(" · ")[0] for label in lines})
+    tasks = sorted({label.split(" · ")[-1] for label in lines})
     for label, pts in sorted(lines.items()):
-        ax.plot([x for x, _ in pts], [m for _, m in pts], marker="o",
-                linestyle="--" if label.startswith(f"{FULL} ") else "-", label=label)
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0)
+        policy, task = label.split(" · ")[0], label.split(" · ")[-1]
+        i = policies.index(policy)
+        style = _style(i)
+        style["marker"] = MARKERS[tasks.index(task) % len(MARKERS)]
+        # Policies with the same KV bytes share points: hollow markers, larger for earlier policies, nest.
+        ax.plot([x for x, _ in pts], [m for _, m in pts], linewidth=1.4, markersize=4 + 2.5 * (len(policies) - 1 - i),
+                markerfacecolor="none", markeredgewidth=1.5, label=label, **style)
+    ax.set_ylim(bottom=0, top=max((m for pts in lines.values() for _, m in pts), default=1.0) * 1.1)
+    ax.set_xlim(left=0, right=max((x for pts in lines.values() for x, _ in pts), default=1.0) * 1.1)
     ax.set_ylabel("peak KV-cache MiB")
     ax.set_xlabel("prompt tokens (median per cell)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_title(title, fontsize=9)
     return fig
 
@@ -155,7 +200,7 @@ def memory_vs_length(report: Report) -> list[Plot]:
     (its lengths and seeds are the points), both axes from 0."""
     plots = []
     for (model, chunk), lines in sorted(kv_memory_series(report).items()):
-        title = f"KV-cache memory vs prompt length — {model}, chunk {chunk}"
+        title = f"KV-cache memory vs prompt length — {model}, B={chunk}"
         plots.append(Plot("memory_vs_length", title, _slug("memory", model, chunk), _png(memory_figure(title, lines))))
     return plots
 

@@ -77,3 +77,31 @@ def paired_bootstrap(
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
     # A constant difference must give exactly [c, c]: clamp rounding noise of the resampled means.
     return Interval(estimate, float(min(low, estimate)), float(max(high, estimate)))
+
+
+def median_ratio_bootstrap(
+    own: np.ndarray, ref: np.ndarray, *, resamples: int = 2000, seed: int = 0, confidence: float = 0.95,
+) -> Interval | None:
+    """``median(own) / median(ref)`` over paired samples and its percentile CI from resampled pairs.
+
+    Args:
+        own, ref: ``[n]`` per-sample values (e.g. TTFT seconds) of the same samples, in the same order.
+        resamples: bootstrap resamples (0: no interval, ``low == high == estimate``).
+    Returns None without samples or when the reference's median is not positive.
+    """
+    own, ref = np.asarray(own, dtype=float), np.asarray(ref, dtype=float)
+    if own.shape != ref.shape:
+        raise ValueError(f"median_ratio_bootstrap: {own.size} own values vs {ref.size} reference values (paired)")
+    if own.size == 0 or np.median(ref) <= 0:
+        return None
+    estimate = float(np.median(own) / np.median(ref))
+    if resamples == 0:
+        return Interval(estimate, estimate, estimate)
+    picks = np.random.default_rng(seed).integers(0, own.size, size=(resamples, own.size))
+    den = np.median(ref[picks], axis=1)
+    ratios = np.median(own[picks], axis=1)[den > 0] / den[den > 0]
+    if ratios.size == 0:
+        return Interval(estimate, estimate, estimate)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
+    return Interval(estimate, float(min(low, estimate)), float(max(high, estimate)))

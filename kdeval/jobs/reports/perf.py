@@ -1,0 +1,129 @@
+"""Speed and memory of one cell against its reference cell: a :class:`~kdeval.jobs.reports.model.PerfRow`.
+
+Speed ratios (TTFT, decode tokens/s) are ratios of medians over the samples both cells timed, paired by
+sample key, with a bootstrap CI over those samples. A ratio whose CI spans 1.0 cannot say which cell is
+faster: the row's ``speed_note`` says so, and the report warns once (:func:`noisy_timing_warning`).
+Memory ratios (peak KV bytes and tokens) are ratios of the maxima over samples (no sampling noise).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kdeval.jobs.reports.model import PerfRow, rounded
+from kdeval.jobs.reports.samples import LoadedCell, Slot
+from kdeval.jobs.reports.stats import Interval, median_ratio_bootstrap
+
+#: The note of a speed ratio that cannot rank two cells.
+TOO_NOISY = "too noisy to rank"
+
+
+def _median(values: np.ndarray) -> float | None:
+    v = values[~np.isnan(values)]
+    return float(np.median(v)) if v.size else None
+
+
+def _max(values: np.ndarray) -> float | None:
+    v = values[~np.isnan(values)]
+    return float(v.max()) if v.size else None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _summary_number(cell: LoadedCell, key: str) -> float | None:
+    """A number of the cell's summary (None when absent or not a number)."""
+    value = (cell.view.summary or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decode_rates(cell: LoadedCell) -> np.ndarray:
+    """``[n]`` generated tokens / decode seconds per sample (NaN where not measurable)."""
+    p = cell.perf
+    gen, dec = p["generated_tokens"], p["decode_s"]
+    ok = ~np.isnan(gen) & ~np.isnan(dec) & (dec > 0)
+    return np.where(ok, gen / np.where(ok, dec, 1.0), np.nan)
+
+
+def cell_perf(cell: LoadedCell | None) -> dict[str, float | None]:
+    """Median TTFT, median decode tokens/s, max peak memory, KV bytes and KV tokens, median prompt length,
+    model weight bytes. Per-sample rows first; the cell's index record where the rows lack a column."""
+    if cell is None or cell.perf is None:
+        return {}
+    p = cell.perf
+    memory = _max(p["peak_memory_bytes"])
+    if memory is None and cell.view.peak_memory_bytes is not None:
+        memory = float(cell.view.peak_memory_bytes)
+    kv_bytes = _max(p["peak_kv_bytes"])
+    if kv_bytes is None:
+        kv_bytes = _summary_number(cell, "max_peak_kv_bytes")
+    return {"ttft": _median(p["ttft_s"]), "decode": _median(decode_rates(cell)),
+            "memory": memory, "kv": _max(p["peak_kv_tokens"]), "kv_bytes": kv_bytes,
+            "weights": _summary_number(cell, "model_weight_bytes"), "prompt_tokens": _median(p["prompt_tokens"])}
+
+
+def _paired(own: LoadedCell, ref: LoadedCell, own_values: np.ndarray, ref_values: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The values of the samples present (and measured) in both cells, in the same order."""
+    ref_at = {k: i for i, k in enumerate(ref.samples.key)}
+    pairs = [(i, ref_at[k]) for i, k in enumerate(own.samples.key) if k in ref_at]
+    oi = np.array([i for i, _ in pairs], dtype=int)
+    ri = np.array([j for _, j in pairs], dtype=int)
+    a, b = own_values[oi], ref_values[ri]
+    ok = ~np.isnan(a) & ~np.isnan(b)
+    return a[ok], b[ok]
+
+
+def speed_note(n_paired: int, intervals: dict[str, Interval | None]) -> str:
+    """Why the speed ratios cannot rank the cell against its reference ('' when they can)."""
+    if 0 < n_paired < 2:
+        return f"{TOO_NOISY} (1 sample)"
+    spanning = [iv for iv in intervals.values()  # a zero-width [1, 1] is a tie, not noise
+                if iv is not None and iv.low <= 1.0 <= iv.high and iv.low < iv.high]
+    return TOO_NOISY if spanning else ""
+
+
+def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples: int, seed: int,
+             confidence: float, state: str) -> PerfRow:
+    """Speed and memory of ``cell`` (at ``slot``) and their ratios to ``ref`` (None: no ratios)."""
+    mine, theirs = cell_perf(cell), cell_perf(ref)
+
+    def ratio(key: str, name: str) -> float | None:
+        a, b = mine.get(key), theirs.get(key)
+        return rounded(a / b, name) if a is not None and b not in (None, 0) else None
+
+    speed: dict[str, Interval | None] = {}
+    n_paired = 0
+    if cell.samples is not None and ref is not None and ref.samples is not None:
+        boot = dict(resamples=resamples, seed=seed, confidence=confidence)
+        ttft = _paired(cell, ref, cell.perf["ttft_s"], ref.perf["ttft_s"])
+        rates = _paired(cell, ref, decode_rates(cell), decode_rates(ref))
+        n_paired = int(max(ttft[0].size, rates[0].size))
+        speed = {"TTFT": median_ratio_bootstrap(*ttft, **boot), "tok/s": median_ratio_bootstrap(*rates, **boot)}
+    tt, dr = speed.get("TTFT"), speed.get("tok/s")
+    return PerfRow(
+        model=slot.model, policy=slot.policy, budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task,
+        state=state, n=len(cell.samples) if cell.samples is not None else 0,
+        prompt_tokens=rounded(mine.get("prompt_tokens"), "prompt_tokens"),
+        ttft_median_s=rounded(mine.get("ttft"), "ttft_median_s"),
+        decode_tok_s=rounded(mine.get("decode"), "decode_tok_s"),
+        peak_kv_bytes=_int(mine.get("kv_bytes")), peak_kv_tokens=_int(mine.get("kv")),
+        peak_memory_bytes=_int(mine.get("memory")), memory_kind=cell.memory_kind,
+        model_weight_bytes=_int(mine.get("weights")), n_paired=n_paired,
+        ttft_ratio=rounded(tt and tt.estimate, "ttft_ratio"), ttft_ratio_low=rounded(tt and tt.low, "ttft_ratio"),
+        ttft_ratio_high=rounded(tt and tt.high, "ttft_ratio"),
+        decode_ratio=rounded(dr and dr.estimate, "decode_ratio"),
+        decode_ratio_low=rounded(dr and dr.low, "decode_ratio"), decode_ratio_high=rounded(dr and dr.high, "decode_ratio"),
+        speed_note=speed_note(n_paired, speed),
+        kv_bytes_ratio=ratio("kv_bytes", "kv_bytes_ratio"), kv_ratio=ratio("kv", "kv_ratio"),
+    )
+
+
+def noisy_timing_warning(rows: list[PerfRow], confidence: float) -> str | None:
+    """One line when some speed ratios cannot rank their cells (None when every one can)."""
+    timed = [r for r in rows if r.ttft_ratio is not None or r.decode_ratio is not None]
+    noisy = [r for r in timed if r.speed_note]
+    if not noisy:
+        return None
+    return (f"timing: {len(noisy)} of {len(timed)} cells' speed ratios are {TOO_NOISY} (a {int(confidence * 100)}% "
+            f"CI spans 1.0, or one sample): no measured difference")
