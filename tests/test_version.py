@@ -39,3 +39,12 @@ def test_runs_record_the_package_version_and_cells_their_result_code():
     assert len(code_version()) <= 32 and len(cell_code_version("snapkv")) <= 32
     assert cell_code_version("snapkv") != cell_code_version("keydiff")
     assert cell_code_version("keydiff") == cell_code_version("keydiff-sw")  # one module
+
+
+def test_a_wrapping_policy_hashes_its_inner_policys_code_too():
+    from kdeval.cluster import catalog
+
+    assert catalog.policy_source_files("chunkkv") == ["baselines/chunkkv.py", "keydiff/keydiff.py"]
+    assert catalog.policy_source_files("chunkkv", {"inner": "snapkv"}) == ["baselines/chunkkv.py",
+                                                                          "baselines/snapkv.py"]
+    assert cell_code_version("chunkkv", {"inner": "snapkv"}) != cell_code_version("chunkkv")

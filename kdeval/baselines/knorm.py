@@ -14,6 +14,7 @@ from kdeval.keydiff.registry import register
 class KNorm(Policy):
     name = "knorm"
     rule = "keep the keys with the lowest L2 norm"
+    ties = True  # a repeated token's layer-0 keys have equal norms (RoPE rotates): break ties oldest first
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, h, n, d]`` → ``-|k| [b, h, n]``."""

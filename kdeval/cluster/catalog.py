@@ -43,9 +43,10 @@ def policy_budget_error(name: str, params: dict[str, Any], budget: int) -> str |
     return None
 
 
-def policy_source_files(name: str) -> list[str]:
+def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list[str]:
     """Package-relative source files of policy ``name``'s class and its bases (the policy interface module
-    excepted: it is engine code), e.g. ``["baselines/snapkv.py"]``."""
+    excepted: it is engine code), e.g. ``["baselines/snapkv.py"]``, and those of the policy it wraps when it
+    takes an ``inner`` policy (ChunkKV: its ``params["inner"]`` or the default)."""
     import inspect
     from pathlib import Path
 
@@ -60,6 +61,11 @@ def policy_source_files(name: str) -> list[str]:
         if module is None or module is interface or not module.__name__.startswith("kdeval."):
             continue
         files.append(Path(inspect.getsourcefile(cls)).resolve().relative_to(PACKAGE_ROOT).as_posix())
+    field = getattr(policy_class(name), "__dataclass_fields__", {}).get("inner")
+    if field is not None:
+        inner = (params or {}).get("inner", field.default)
+        if inner != name and inner in policy_names():
+            files += policy_source_files(inner)
     return sorted(set(files))
 
 

@@ -31,8 +31,12 @@ def _version(module: Any) -> str | None:
     return None if version is None else str(version)
 
 
-def collect_provenance(task: CellTask) -> dict[str, Any]:
-    """JSON-able facts about how ``task`` was computed here (keys below; None where not applicable)."""
+def collect_provenance(task: CellTask, handle: Any = None) -> dict[str, Any]:
+    """JSON-able facts about how ``task`` was computed here (keys below; None where not applicable).
+
+    ``dtype`` is the one the model was loaded in (``handle.dtype``, e.g. ``bfloat16`` for a grid's ``auto`` on a
+    GPU), else the grid's."""
+    loaded = getattr(handle, "dtype", None)
     torch = sys.modules.get("torch")
     transformers = sys.modules.get("transformers")
     return {
@@ -42,7 +46,7 @@ def collect_provenance(task: CellTask) -> dict[str, Any]:
         "transformers": _version(transformers),
         "cuda": getattr(getattr(torch, "version", None), "cuda", None),  # None: a CPU build (or no torch)
         "device": _device(torch),
-        "dtype": task.dtype,
+        "dtype": str(loaded).removeprefix("torch.") if loaded is not None else task.dtype,
         "attn_implementation": task.attn_implementation,
         "host": socket.gethostname(),
         "python": platform.python_version(),

@@ -198,7 +198,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              limit: int | None = None, chat: str = "auto", share_context: bool = True,
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
-             decode: str = "evict", max_new_tokens: int | None = None) -> list[dict[str, Any]]:
+             decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
 
     Args:
@@ -223,12 +223,19 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             ``"keep"`` (no eviction after the prompt: the cache grows by one token per generated token).
         max_new_tokens: every sample's generation length (the prompts are built for it; prebuilt
             ``prompts`` must have been); None: each sample's own.
+        batch_size: samples sent through the engine together (``Engine.generate_batch``, eager: no CUDA
+            graphs); the rows are the same as with 1 (tokens and kept sets; timings and memory are the
+            batch's, ``peak_kv_bytes`` the row's share). A shared context is still prefilled once, at batch
+            1, and its questions are rows continuing from it (several per batch).
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
 
     check_choice("compress", compress, COMPRESS)
     check_choice("decode", decode, DECODE)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+        raise EvalError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    check_positive("batch_size", batch_size)
     if prompts is None:
         samples, built = model_prompts(lm, task, sample_ids, limit, chat, max_new_tokens)
     else:  # built by model_prompts, which checked the context
@@ -245,15 +252,13 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
+    if batch_size > 1:
+        return _run_batched(eng, task, samples, built, builder, batch_size, share_context, context_only,
+                            decode == "evict", eos, device, weight_bytes)
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
     for group in _groups(built):
-        shared = share_context and len(group) > 1
-        state, shared_s = None, 0.0
-        if shared:
-            t0 = time.perf_counter()
-            state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
-            shared_s = time.perf_counter() - t0
+        shared, state, shared_s = _shared_prefill(eng, built, group, share_context, device)
         for i in group:
             s, p = samples[i], built[i]
             ids = list(p.suffix_ids) if shared else p.ids
@@ -271,6 +276,57 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         if shared:
             eng.release(state)
     return rows
+
+
+def _shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], share_context: bool,
+                    device: Any) -> tuple[bool, Any, float]:
+    """(shared, state, seconds): a group of questions on one context prefills that context once (compressed
+    as the engine's policy says); a lone sample, or ``share_context=False``, prefills nothing here."""
+    if not (share_context and len(group) > 1):
+        return False, None, 0.0
+    t0 = time.perf_counter()
+    state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
+    return True, state, time.perf_counter() - t0
+
+
+def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
+                 builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
+                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int) -> list[dict[str, Any]]:
+    """:func:`run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is prefilled once;
+    its questions are rows continuing from that state (read, not forked) and it goes back to the engine once
+    the last of them has run."""
+    rows: list[dict[str, Any] | None] = [None] * len(samples)
+    queue: list[tuple[int, Any, bool, float]] = []  # (sample, start state, shared, shared prefill seconds)
+    waiting: list[tuple[int, Any]] = []  # (last sample, state) of contexts not yet released
+
+    def flush() -> None:
+        if not queue:
+            return
+        res = eng.generate_batch(
+            [list(built[i].suffix_ids) if shared else built[i].ids for i, _, shared, _ in queue],
+            max_new_tokens=[samples[i].max_new_tokens for i, _, _, _ in queue], eos_token_id=eos,
+            states=[state for _, state, _, _ in queue],
+            protect_last=[len(built[i].suffix_ids) if context_only else 0 for i, _, _, _ in queue],
+            decode_evict=decode_evict)
+        for (i, _, shared, shared_s), r in zip(queue, res):
+            gen = r.tokens[0]
+            rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
+                           shared_s, weight_bytes)
+        done = queue[-1][0]
+        queue.clear()
+        while waiting and waiting[0][0] <= done:
+            eng.release(waiting.pop(0)[1])
+
+    for group in _groups(built):
+        shared, state, shared_s = _shared_prefill(eng, built, group, share_context, device)
+        if shared:
+            waiting.append((group[-1], state))
+        for i in group:
+            queue.append((i, state, shared, shared_s))
+            if len(queue) == batch_size:
+                flush()
+    flush()
+    return rows  # type: ignore[return-value]
 
 
 def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -139,10 +139,14 @@ def kdeval_version() -> str:
     return code_version()
 
 
+def cell_code_version(policy: str, params: dict[str, Any] | None = None) -> str:
+    """Release + hash of the code that computes a cell of ``policy`` with ``params`` (see ``kdeval.version``)."""
+    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str))
+
+
 @lru_cache(maxsize=None)
-def cell_code_version(policy: str) -> str:
-    """Release + hash of the code that computes a cell of ``policy`` (see ``kdeval.version``)."""
-    files = catalog.policy_source_files(policy)
+def _code_version(policy: str, params_json: str) -> str:
+    files = catalog.policy_source_files(policy, json.loads(params_json))
     return f"{__version__}+{result_code_hash(files, catalog.every_policy_source_file())}"
 
 
@@ -210,7 +214,7 @@ def expand_grid(grid: GridSpec, version: str | None = None) -> Expansion:
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
                                     protocol=ProtocolSpec() if free else grid.protocol,
                                     engine=EngineSpec() if free else grid.engine,
-                                    kdeval_version=version or cell_code_version(pol.name))
+                                    kdeval_version=version or cell_code_version(pol.name, dict(pol.params)))
                     cells.setdefault(cell.id, cell)
     return Expansion(list(cells.values()), notes)
 

@@ -82,10 +82,11 @@ class TaskSpec(_Strict):
 class GenerationSpec(_Strict):
     """Decoding settings shared by all cells. Decoding is greedy. ``max_new_tokens`` bounds every task's
     generation; None = each task's official length (LongBench's per-task table, RULER's, ...). ``batch_size``:
-    samples sent through the engine together; results do not depend on it, so it is not part of a cell's id."""
+    samples sent through the engine together; results do not depend on it, so it is not part of a cell's id.
+    None = chosen per worker from measurement (``kdeval.cluster.execute.default_batch_size``)."""
 
     max_new_tokens: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=1, ge=1, le=1024)
+    batch_size: int | None = Field(default=None, ge=1, le=1024)
 
 
 class ProtocolSpec(_Strict):

@@ -13,6 +13,10 @@ its own boolean mask (:func:`static_mask`: empty slots hidden, causal within the
 repeated per query head of a KV head) and attention runs per KV head with those query heads folded into the
 query axis, so SDPA takes the mask without the keys and values being repeated. Once the head is full no mask
 is passed (its mask function makes none): attention is plain lower-right causal.
+
+``kdeval_ragged`` serves a batch of independent requests (kdeval/keydiff/ragged.py): the engine passes a
+boolean mask ``[batch, 1, t, m]`` per row (padding and empty slots hidden), which both SDPA and the captured
+rows use.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from kdeval.keydiff.split_attention import HALF, split_kv_attention
 
 CAPTURE_IMPL = "kdeval_capture"
 STATIC_IMPL = "kdeval_static"
+RAGGED_IMPL = "kdeval_ragged"
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,8 @@ class AttentionCapture:
     def _probs(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int,
                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Softmax rows of the last ``w`` queries over all ``m`` keys: ``[b, kv_heads, group, w, m]``, at least
-        float32 (half-precision models are scored in float32). ``mask [1, 1, t, m]`` (True: visible) replaces
-        the default "all keys, causal within the chunk" when given."""
+        float32 (half-precision models are scored in float32). ``mask [1 or b, 1, t, m]`` (True: visible)
+        replaces the default "all keys, causal within the chunk" when given."""
         b, hq, t, d = query.shape
         hk, m = key.shape[1], key.shape[2]
         if self.half_logits(query):
@@ -182,6 +187,23 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
     return out, None
 
 
+def ragged_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """A ragged batch: SDPA under the engine's mask ``[b, 1, t, m]`` (``query [b, hq, t, d]``, ``key``/``value
+    [b, hk, m, d]``), and the rows a ``kdeval_capture`` asks for under the same mask; returns ``[b, t, hq, d]``.
+
+    SDPA takes the grouped KV heads as they are (``enable_gqa``): transformers' SDPA path would repeat the
+    keys and values per query head whenever a mask is passed."""
+    capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if capture is not None and capture.fuses_output(query):
+        return capture.attend(module.layer_idx, query, key, value, scale, attention_mask), None
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scale,
+                                                           enable_gqa=key.shape[1] != query.shape[1])
+    if capture is not None:
+        capture.record(module.layer_idx, query, key, scale, attention_mask)
+    return out.transpose(1, 2).contiguous(), None
+
+
 def _no_mask(*args, **kwargs) -> None:
     """The static layout's mask function: the engine passes the mask itself when one is needed."""
     return None
@@ -191,6 +213,8 @@ AttentionInterface.register(CAPTURE_IMPL, capture_attention_forward)
 AttentionMaskInterface.register(CAPTURE_IMPL, sdpa_mask)
 AttentionInterface.register(STATIC_IMPL, static_attention_forward)
 AttentionMaskInterface.register(STATIC_IMPL, _no_mask)
+AttentionInterface.register(RAGGED_IMPL, ragged_attention_forward)
+AttentionMaskInterface.register(RAGGED_IMPL, _no_mask)
 
 
 def static_mask(budget: int, t: int, cached: int | torch.Tensor, device: torch.device, group: int = 1) -> torch.Tensor:
@@ -210,7 +234,7 @@ def attention_implementation(model: torch.nn.Module, impl: str | None) -> Iterat
         return
     config = model.config
     before = config._attn_implementation
-    if before not in ("sdpa", CAPTURE_IMPL, STATIC_IMPL):
+    if before not in ("sdpa", CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL):
         raise ValueError(
             f"attn_implementation: policies that need attention weights run beside SDPA; the model uses {before!r}"
         )

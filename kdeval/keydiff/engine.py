@@ -17,18 +17,22 @@ Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and
 
 Steps that do not evict run eagerly: a static-layout (graph path) cache is first thawed into a dynamic one
 (``BudgetCache.thawed``) and its buffers, with the graphs captured on them, go back to the engine's pool.
+
+``generate`` takes rows of one length that share positions; ``generate_batch`` takes independent requests of
+any lengths, each as it runs alone (kdeval/keydiff/batching.py, kdeval/keydiff/ragged.py).
 """
 from __future__ import annotations
 
 import contextlib
 import time
 import weakref
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
+from kdeval.keydiff.batching import BatchView, generate_batch
 from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.config import EngineConfig
@@ -44,10 +48,13 @@ class Engine(Eviction):
     """Runs one policy under one budget on one model; reusable across prompts."""
 
     def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
-                 on_step: Callable[[PrefillState], None] | None = None):
-        """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing)."""
+                 on_step: Callable[[PrefillState], None] | None = None,
+                 on_batch_step: Callable[[BatchView], None] | None = None):
+        """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing);
+        ``on_batch_step(view)`` after every step of :meth:`generate_batch`."""
         self.model = model
         self.on_step = on_step
+        self.on_batch_step = on_batch_step
         self.policy = policy
         self.config = config
         cfg = model.config
@@ -186,6 +193,26 @@ class Engine(Eviction):
             memory_kind=memory.kind,
         )
         return GenerationResult(out, stats, state)
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: Sequence[Sequence[int] | torch.Tensor],
+                       max_new_tokens: int | Sequence[int] | None = None,
+                       eos_token_id: int | list[int] | None = None,
+                       states: PrefillState | Sequence[PrefillState | None] | None = None, *,
+                       protect_last: int | Sequence[int] = 0, decode_evict: bool = True) -> list[GenerationResult]:
+        """Independent requests in one batch: ``prompts[i]`` (token ids ``[L_i]``, any lengths) after
+        ``states[i]`` (a batch-1 state, e.g. a shared context, read and left as it is; ``None``: none), each
+        with its own ``max_new_tokens`` and ``protect_last``. Returns one result per prompt, in order, with
+        the tokens, kept set and counters :meth:`generate` gives that request alone (timings and memory are
+        the batch's; ``peak_kv_bytes``/``kv_cache_bytes``: the row's share of the batch's K/V buffers), and
+        the row's final state (a dynamic cache this engine can continue).
+
+        Rows are aligned on their first token and left-padded within each step; padding is masked and never
+        kept, and finished rows leave the batch (kdeval/keydiff/batching.py). Runs eagerly, also on an
+        engine that uses CUDA graphs.
+        """
+        return generate_batch(self, prompts, max_new_tokens, eos_token_id, states, protect_last, decode_evict,
+                              self.on_batch_step)
 
     def release(self, state: PrefillState) -> None:
         """Hand back a state the caller is done with; it must not be used again (fork it first to keep it).

@@ -14,6 +14,7 @@ from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.compiling import compile_fn
 from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
+from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask, lowest_first
 
 
 class Eviction:
@@ -93,6 +94,47 @@ class Eviction:
         else:
             compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
         cache.advance_static(t)
+
+
+    def _evict_ragged(self, cache: RaggedCache, step: RaggedStep, steps: int | torch.Tensor,
+                      capture: AttentionCapture | None, protected: list[list[tuple[int, int]]]) -> None:
+        """Eviction after a step of a ragged batch (kdeval/keydiff/ragged.py), per layer: row ``r`` keeps
+        ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as :meth:`_choose` chooses at batch 1 (the policy's
+        scores, its sink/recent positions and the row's ``protected`` ranges raised), the empty and padding
+        slots freed first; ``steps``: the rows' eviction steps before this one (an int when they agree)."""
+        m = step.M
+        drop = (m - step.keep).view(-1, 1, 1)
+        k = max(m - kept for kept in step.host_keep)
+        budget = self.config.budget
+        for idx, layer in enumerate(cache.layers):
+            keys, positions, pstate = layer.view(m)
+            if self.evicting:
+                attention = capture.by_layer.get(idx) if capture else None
+                ctx = ScoreContext(idx, positions, step.seen_after, step.T, attention, pstate, steps)
+                self.policy.observe(ctx)
+            if step.in_place:
+                continue
+            if step.drops:
+                tail = keys[:, :, step.base : m]
+                tail.masked_fill_(step.pad[:, step.base :].view(step.rows, 1, step.T, 1), 0)  # zero keys: no anchor
+                scores = plain_score(self.policy, keys, ctx)  # eager: a ragged batch's shapes change every step
+                scores = protect(scores, positions, step.seen_after, self.policy.n_sink(), self.policy.n_recent(budget))
+                if any(protected):
+                    held = torch.zeros_like(positions, dtype=torch.bool)
+                    for r, ranges in enumerate(protected):
+                        for start, end in ranges:
+                            held[r] |= (positions[r] >= start) & (positions[r] < end)
+                    scores = scores.masked_fill(held, float("inf"))
+                if scores.dtype not in (torch.float32, torch.float64):
+                    scores = scores.float()  # the empty slots' ranks need float32's range
+                order = lowest_first(step.invalid_ranks(scores), positions, k, self.policy.ties, ctx.position_order)
+                kept = kept_mask(order, drop, m)
+            else:
+                kept = step.valid.unsqueeze(1).expand(-1, keys.shape[1], -1)
+            compact_rows(layer.buffers(), kept, step.keep, step.movers)
+            clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), m)
+        if capture is not None:
+            capture.clear()
 
 
 def plain_score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:

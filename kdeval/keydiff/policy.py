@@ -35,6 +35,12 @@ class ScoreContext:
     - ``state``: the policy's per-token state (``slot_state`` names), each ``[batch, kv_heads, tokens]`` float32;
       the policy may update it in place and it moves with the tokens it belongs to.
     - ``step``: how many eviction steps ran before this one (chunks and decode steps).
+
+    In a batch of independent requests (``Engine.generate_batch``, kdeval/keydiff/ragged.py) every row has its
+    own count: ``seen`` is then a ``[batch, 1, 1]`` tensor, ``step`` one too where the rows' counts differ,
+    ``n_new`` counts the step's columns (padding included), and the tokens axis also holds empty and padding
+    slots (zero keys, positions that sort after every real one, no attention), whose scores the engine
+    overrides. A score must depend only on each row's own tensors.
     """
 
     layer_idx: int
@@ -134,9 +140,10 @@ def sort_oldest_first(scores: torch.Tensor, order: torch.Tensor, k: int) -> torc
 
 
 def lowest_oldest_first(scores: torch.Tensor, positions: torch.Tensor, k: int,
-                        position_order: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+                        position_order: Callable[[], torch.Tensor] | None = None, sorted: bool = False
+                        ) -> torch.Tensor:
     """The ``k`` lowest of ``scores [rows, h, n]`` per row, equal scores taken oldest position first →
-    indices ``[rows, h, k]`` (in no particular order).
+    indices ``[rows, h, k]`` (in no particular order; ``sorted``: lowest first).
 
     float32 (and half-precision) scores: one ``topk`` over 64-bit keys, the score's bits mapped to an integer
     of the same order above the position, instead of :func:`sort_oldest_first`. float64 scores do not fit such
@@ -149,4 +156,4 @@ def lowest_oldest_first(scores: torch.Tensor, positions: torch.Tensor, k: int,
     bits = (scores.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0, equal to it
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger bits, lower value
     key = (ordered << 32) | positions.clamp(max=2**31 - 1)  # empty slots' huge positions: their scores differ
-    return torch.topk(key, k, dim=-1, largest=False, sorted=False).indices
+    return torch.topk(key, k, dim=-1, largest=False, sorted=sorted).indices

@@ -21,6 +21,12 @@ class RunStats:
     - ``peak_memory_bytes``: the process or GPU peak, weights included; ``memory_kind`` says which:
       ``"cuda_max_allocated"`` (``torch.cuda.max_memory_allocated``) or ``"process_rss"`` (peak RSS sampled
       per chunk and decode step).
+
+    A request of a batch (``Engine.generate_batch``) has its own token counts (``prompt_tokens``,
+    ``decode_tokens``, ``peak_kv_tokens``, ``kept_tokens``: what it has alone); ``ttft_s`` runs from the start of
+    the batch, ``decode_s`` from the request's first token to its last, ``peak_memory_bytes`` is the batch's,
+    and ``peak_kv_bytes`` / ``kv_cache_bytes`` are the request's share (bytes over rows) of the batch's K/V
+    buffers, which are sized for the largest row.
     """
 
     prompt_tokens: int = 0

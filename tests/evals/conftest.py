@@ -62,3 +62,14 @@ def captured_steps(monkeypatch) -> list:
 
     monkeypatch.setattr(graphs.CapturedStep, "__init__", counted)
     return made
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The offline SmolLM2-135M (skips where its package is missing)."""
+    from kdeval.keydiff.models import load_model
+
+    try:
+        return load_model("smollm2-135m")
+    except Exception as e:  # noqa: BLE001 - the offline package is missing on this machine
+        pytest.skip(f"smollm2-135m not loadable here: {e}")

@@ -10,16 +10,6 @@ from kdeval.evals.registry import get_task
 from kdeval.evals.runner import aggregate, run_task
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from kdeval.keydiff.models import load_model
-
-    try:
-        return load_model("smollm2-135m")
-    except Exception as e:  # noqa: BLE001 - the offline package is missing on this machine
-        pytest.skip(f"smollm2-135m not loadable here: {e}")
-
-
 @pytest.mark.slow
 def test_needle_and_niah_above_chance(smollm2, data_dir):
     needle = get_task("needle", lengths=[1536], depths=[90], data_dir=str(data_dir), max_new_tokens=16)

@@ -164,3 +164,18 @@ def test_batch_size_and_shards_are_stored_but_not_hashed(data_dir):
     batched = expand(parse_grid(GRID + "generation: {batch_size: 4}\nresources: {shard_size: 2}\n"))
     assert {c.policy + "|" + c.task.name: c.id for c in batched} == _ids()
     assert {c.to_task().batch_size for c in batched} == {4}
+
+
+def test_an_unset_batch_size_is_chosen_per_worker():
+    import torch
+
+    from kdeval.cluster.execute import CPU_BATCH_SIZE, default_batch_size
+
+    class LM:
+        model = torch.nn.Linear(2, 2)
+
+    cell = expand(parse_grid(GRID.replace("  - {name: math500, samples: 3}\n", "")))[1]
+    assert cell.to_task().batch_size is None
+    assert default_batch_size(LM(), cell.to_task()) == CPU_BATCH_SIZE
+    eager = cell.model_copy(update={"model": cell.model.model_copy(update={"attn_implementation": "eager"})})
+    assert default_batch_size(LM(), eager.to_task()) == 1  # batches need the engine's masked SDPA

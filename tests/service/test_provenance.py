@@ -122,3 +122,11 @@ def test_add_column_ddl_is_compiled_by_the_dialect():
     ddl = migrate.AddColumn(cells, cells.c.provenance)
     assert str(ddl.compile(dialect=sqlite.dialect())) == "ALTER TABLE cells ADD COLUMN provenance JSON"
     assert str(ddl.compile(dialect=postgresql.dialect())) == "ALTER TABLE cells ADD COLUMN provenance JSON"
+
+
+def test_provenance_names_the_dtype_the_model_was_loaded_in():
+    class Loaded:
+        dtype = "bfloat16"  # what a grid's dtype 'auto' resolved to on the worker
+
+    assert collect_provenance(_task(), Loaded())["dtype"] == "bfloat16"
+    assert collect_provenance(_task())["dtype"] == _task().dtype

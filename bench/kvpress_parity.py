@@ -1,0 +1,275 @@
+"""Parity with NVIDIA kvpress: the positions each policy keeps, per layer and KV head, beside kvpress' press.
+
+One prompt of ``L`` tokens (Paul Graham's essays from ``$KDEVAL_DATA_DIR``) on the offline SmolLM2-135M in
+float32 on the CPU, compressed once: kdeval's engine with one chunk covering the prompt (``B = L``) and budget
+``N``, against kvpress' press at ``compression_ratio`` with ``int(L * (1 - ratio)) == N``. Agreement = kept
+positions in common / ``N``, over the 30 layers x 3 KV heads.
+
+kvpress pins an older transformers than kdeval, so it runs in its own virtualenv, created once under the kdeval
+cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
+this file is run there with ``--kvpress-side`` (it imports only torch, transformers and kvpress then) and hands
+back the kept positions in a ``torch.save`` file.
+
+    python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
+    python bench/kvpress_parity.py --print    # prints the table only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+BEGIN, END = "<!-- kvpress:begin -->", "<!-- kvpress:end -->"
+KVPRESS = "0.5.5"
+L = 1000
+QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
+         "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+# id, kdeval policy and parameters, kvpress press and arguments, kept tokens N, what differs by construction.
+CASES = [
+    dict(id="knorm", ours=("knorm", {}), press=("KnormPress", {}), n=500, rule="same rule"),
+    dict(id="keydiff", ours=("keydiff", {}), press=("KeyDiffPress", {}), n=500, rule="same rule"),
+    dict(id="sink", ours=("sink", {"n_sink_tokens": 4}), press=("StreamingLLMPress", {"n_sink": 4}), n=500,
+         rule="same rule (StreamingLLM without re-rotation)"),
+    dict(id="snapkv", ours=("snapkv", {"window": 64, "kernel": 5, "pooling": "avg"}),
+         press=("SnapKVPress", {"window_size": 64, "kernel_size": 5}), n=500, rule="same rule, kvpress' defaults"),
+    dict(id="tova", ours=("tova", {}), press=("TOVAPress", {}), n=500,
+         rule="kvpress always keeps the last token and drops its column before ranking; kdeval ranks it too"),
+    dict(id="chunkkv", ours=("chunkkv", {"group_size": 10}), press=("ChunkKVPress", {"chunk_length": 10}), n=500,
+         rule="inner KeyDiff, groups of 10, shared by the KV heads"),
+    dict(id="lagkv", ours=("lagkv", {"lag_size": 128}), press=("LagKVPress", {"lag_size": 128, "n_sink": 4}),
+         n=502, rule="kvpress averages the key score with the value score; kdeval scores the keys only"),
+    dict(id="lagkv vs kvpress on keys only", ours=("lagkv", {"lag_size": 128}),
+         press=("LagKVKeysOnly", {"lag_size": 128, "n_sink": 4}), n=502,
+         rule="kvpress' LagKVPress given the keys as values: the same rule"),
+    dict(id="expected-attention (score_from)", ours=("expected-attention", {}), press=("ExpectedAttentionPress", {}),
+         n=500, rule="same rule; kdeval's side fed the queries, RoPE and values the engine does not pass yet"),
+    dict(id="h2o (recent_fraction=0) vs ObservedAttention", ours=("h2o", {"recent_fraction": 0.0}),
+         press=("ObservedAttentionPress", {}), n=500, eager=True,
+         rule="different rules: kvpress divides each token's summed attention by the number of queries after it"),
+]
+
+
+# ---------------------------------------------------------------- kvpress side (its own virtualenv)
+
+
+def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
+    """Run every case's press on the prompt; save per case and layer the kept positions ``[h, N]``."""
+    from importlib.metadata import version
+
+    import kvpress
+    import transformers
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    class LagKVKeysOnly(kvpress.LagKVPress):
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            return super().score(module, hidden_states, keys, keys, attentions, kwargs)
+
+    ids = torch.load(ids_file)
+    models = {}
+
+    def model_for(eager: bool):
+        impl = "eager" if eager else "sdpa"
+        if impl not in models:
+            models[impl] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                                attn_implementation=impl).eval()
+        return models[impl]
+
+    out = {"versions": {"kvpress": version("kvpress"), "transformers": transformers.__version__,
+                        "torch": str(torch.__version__)}, "cases": {}}
+    with torch.no_grad():
+        cache = DynamicCache()
+        model_for(False)(ids, past_key_values=cache)
+        out["keys"] = [layer.keys.clone() for layer in cache.layers]
+    for case in CASES:
+        name, kwargs = case["press"]
+        ratio = 1 - case["n"] / L
+        if name == "ChunkKVPress":
+            press = kvpress.ChunkKVPress(press=kvpress.KeyDiffPress(compression_ratio=ratio), **kwargs)
+        else:
+            cls = LagKVKeysOnly if name == "LagKVKeysOnly" else getattr(kvpress, name)
+            press = cls(compression_ratio=ratio, **kwargs)
+        kept: dict[int, torch.Tensor] = {}
+        compress = press.compress
+
+        def recording(module, hidden_states, keys, values, attentions, kw, compress=compress, kept=kept):
+            k2, v2 = compress(module, hidden_states, keys, values, attentions, kw)
+            kept[module.layer_idx] = match_rows(keys[0], k2[0])
+            return k2, v2
+
+        press.compress = recording
+        t0 = time.perf_counter()
+        with torch.no_grad(), press(model_for(case.get("eager", False))):
+            model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
+        out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0}
+    torch.save(out, out_file)
+
+
+def match_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """Per head, the indices of ``after [h, N, d]``'s rows in ``before [h, L, d]`` (exact copies, matched by
+    their bytes) → ``[h, N]`` sorted."""
+    rows = []
+    for b, a in zip(before.contiguous().numpy(), after.contiguous().numpy()):
+        where = {row.tobytes(): i for i, row in enumerate(b)}
+        rows.append(sorted(where[row.tobytes()] for row in a))  # a KeyError: a kept key is no prompt key
+    return torch.tensor(rows)
+
+
+# ---------------------------------------------------------------- kdeval side
+
+
+def kvpress_python() -> Path:
+    """The kvpress virtualenv's interpreter, created on first use (about a minute with the wheels cached)."""
+    from kdeval.keydiff.models import cache_dir
+
+    venv = cache_dir() / f"kvpress-{KVPRESS}-venv"
+    python = venv / "bin" / "python"
+    done = venv / ".installed"
+    if not done.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        torch_pin = torch.__version__.split("+")[0]
+        pip = subprocess.run([str(python), "-m", "pip", "install", "-q", f"kvpress=={KVPRESS}", f"torch=={torch_pin}"],
+                             capture_output=True, text=True)
+        if pip.returncode != 0:
+            raise SystemExit(f"kvpress could not be installed in {venv}:\n{pip.stderr[-3000:]}")
+        done.write_text(f"kvpress=={KVPRESS} torch=={torch_pin}\n")
+    return python
+
+
+def prompt_ids(tokenizer) -> torch.Tensor:
+    from kdeval.evals.data import require_data_file
+
+    path = require_data_file(None, "haystack/PaulGrahamEssays.json", "It ships in the shared data directory.")
+    text = json.loads(path.read_text())["text"]
+    return tokenizer(text, return_tensors="pt").input_ids[:, :L]
+
+
+def ours_kept(lm, ids: torch.Tensor, case: dict) -> list[torch.Tensor]:
+    """kdeval's kept positions per layer ``[h, N]`` (sorted), one chunk covering the prompt."""
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff import Engine, EngineConfig
+
+    name, params = case["ours"]
+    if name == "expected-attention":
+        return expected_attention_kept(lm, ids, case["n"])
+    state = Engine(lm.model, get_policy(name, **params), EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
+    return [layer.view()[1][0].sort(-1).values for layer in state.cache.layers]
+
+
+def expected_attention_kept(lm, ids: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """ExpectedAttention's kept positions from ``score_from``, fed what the engine would have to pass: the
+    prompt's queries before RoPE (hooked at ``q_proj``), RoPE's cos/sin at the 512 positions after the prompt
+    and the values."""
+    from kdeval.baselines.expected_attention import ExpectedAttention
+    from kdeval.keydiff.policy import protect
+
+    model, cfg, pol = lm.model, lm.model.config, ExpectedAttention()
+    queries: dict[int, torch.Tensor] = {}
+    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda m, i, o, idx=idx: queries.__setitem__(idx, o))
+             for idx, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            cache = model(ids, use_cache=True).past_key_values
+    finally:
+        for h in hooks:
+            h.remove()
+    ahead = torch.arange(L, L + pol.n_future_positions).unsqueeze(0)
+    cos, sin = model.model.rotary_emb(cache.layers[0].keys, ahead)
+    kept = []
+    for idx, layer in enumerate(cache.layers):
+        q = queries[idx].view(1, L, cfg.num_attention_heads, -1).transpose(1, 2)
+        positions = torch.arange(L).expand(1, layer.keys.shape[1], L)
+        scores = pol.score_from(layer.keys, positions, q, torch.arange(L), cos[0], sin[0], layer.values)
+        scores = protect(scores, positions, L, pol.n_sink(), 0)
+        kept.append(scores[0].topk(n, dim=-1).indices.sort(-1).values)
+    return kept
+
+
+def agreement(ours: list[torch.Tensor], theirs: list[torch.Tensor], n: int) -> dict:
+    shares = [len(set(a.tolist()) & set(b.tolist())) / n for lo, lt in zip(ours, theirs) for a, b in zip(lo, lt)]
+    return {"mean": 100 * sum(shares) / len(shares), "min": 100 * min(shares),
+            "identical": sum(s == 1.0 for s in shares), "heads": len(shares)}
+
+
+def run(print_only: bool, reuse: str | None) -> None:
+    from kdeval.keydiff import load_model
+    from kdeval.keydiff.models import smollm2_safetensors_dir
+
+    t0 = time.perf_counter()
+    lm = load_model("smollm2-135m", device="cpu", dtype="float32")
+    ids = prompt_ids(lm.tokenizer)
+    assert ids.shape[1] == L, f"the essays give {ids.shape[1]} tokens, need {L}"
+    for case in CASES:
+        assert int(L * (1 - (1 - case["n"] / L))) == case["n"], case["id"]
+    python = kvpress_python()
+    t_venv = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(reuse) if reuse else Path(tmp) / "kvpress.pt"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            ids_file = Path(tmp) / "ids.pt"
+            torch.save(ids, ids_file)
+            side = subprocess.run([str(python), __file__, "--kvpress-side", str(smollm2_safetensors_dir()),
+                                   str(ids_file), str(out)], env={**os.environ, **QUIET}, capture_output=True,
+                                  text=True, timeout=900)
+            if side.returncode != 0:
+                raise SystemExit(f"the kvpress side failed:\n{side.stderr[-5000:]}")
+        theirs = torch.load(out)
+    t_kvpress = time.perf_counter()
+    with torch.no_grad():
+        mine = [layer.keys for layer in lm.model(ids, use_cache=True).past_key_values.layers]
+    key_diff = max((a - b).abs().max().item() for a, b in zip(mine, theirs["keys"]))
+    rows = []
+    for case in CASES:
+        got = agreement(ours_kept(lm, ids, case), theirs["cases"][case["id"]]["kept"], case["n"])
+        rows.append((case, got))
+    versions = theirs["versions"]
+    lines = [
+        f"`python bench/kvpress_parity.py`: SmolLM2-135M-Instruct (offline), float32, CPU; one prompt of {L} tokens "
+        f"(Paul Graham's essays), one chunk (B = {L}); kvpress {versions['kvpress']} with transformers "
+        f"{versions['transformers']} in its own virtualenv, kdeval with transformers "
+        f"{__import__('transformers').__version__}; torch {versions['torch']}. The two stacks' prompt keys differ by "
+        f"at most {key_diff:.2e}. Agreement: kept positions in common / N, over 30 layers x 3 KV heads.",
+        "",
+        "| policy | kvpress press | N | agreement % (mean) | lowest head % | identical heads | rule |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for case, got in rows:
+        lines.append(f"| `{case['id']}` | `{case['press'][0]}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
+                     f"{got['identical']}/{got['heads']} | {case['rule']} |")
+    lines += ["", f"Wall time: {time.perf_counter() - t0:.0f} s (venv {t_venv - t0:.0f} s incl. model load, kvpress "
+                  f"side {t_kvpress - t_venv:.0f} s)."]
+    table = "\n".join(lines)
+    print(table)
+    if not print_only:
+        text = RESULTS.read_text()
+        if BEGIN in text and END in text:
+            text = text[: text.index(BEGIN)] + f"{BEGIN}\n{table}\n{END}" + text[text.index(END) + len(END):]
+        else:
+            text = text.rstrip("\n") + f"\n\n## kvpress parity (CPU)\n\n{BEGIN}\n{table}\n{END}\n"
+        RESULTS.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
+    ap.add_argument("--kvpress-out", metavar="FILE", help="keep kvpress' kept sets in FILE; reuse them if it exists")
+    ap.add_argument("--kvpress-side", nargs=3, metavar=("MODEL_DIR", "IDS", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.kvpress_side:
+        kvpress_side(*args.kvpress_side)
+    else:
+        run(args.print, args.kvpress_out)
+
+
+if __name__ == "__main__":
+    main()

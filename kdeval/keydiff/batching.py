@@ -1,0 +1,320 @@
+"""Independent requests in one batch (``Engine.generate_batch``): each row as it would run alone.
+
+Every row follows exactly the steps ``Engine.generate`` takes for it at batch 1: its prompt is cut into chunks
+of ``B`` from *its own* first token (after its own prefilled state, if any), the protected question last, then
+one step per generated token. The rows advance in lockstep, one step of their own each per forward, so a
+shorter prompt starts decoding while longer ones are still prefilling (a row's decode token then rides in a
+step of ``B`` columns, padded: no forward is spent on idle rows). Rows are thus aligned on their first token,
+as right padding aligns them; within a step each row's tokens are left-padded (kdeval/keydiff/ragged.py says
+why). Each row keeps its own absolute positions (its first token is position 0, or its state's next one), its
+own budget and kept set, and stops at its own eos or generation length; a finished row leaves the batch.
+
+Requests run eagerly (no CUDA graphs): the shapes change from step to step. A state prefilled on the graph
+path is read as it is; a row's resulting state is a dynamic slot (or gather) cache the same engine can
+continue.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import torch
+
+from kdeval.keydiff.attention import RAGGED_IMPL, AttentionCapture, attention_implementation
+from kdeval.keydiff.cache import BudgetCache
+from kdeval.keydiff.memory import PeakMemory
+from kdeval.keydiff.ragged import RaggedCache, RaggedStep
+from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.engine import Engine
+
+PAD_ID = 0  # the token fed at padding columns (masked: any id does)
+
+
+@dataclass
+class _Row:
+    """One request's progress: its plan of prompt steps, then its decoding."""
+
+    index: int
+    plan: list[tuple[torch.Tensor, bool, bool]]  # prompt chunks: (ids [t], evict, protect)
+    max_new: int
+    seen: int
+    steps: int
+    protected: list[tuple[int, int]]
+    peak_kv_tokens: int
+    peak_kv_bytes: int
+    done_chunks: int = 0
+    prompt_tokens: int = 0
+    taken: int = 0  # next-token choices made (the loop index of Engine.generate)
+    pending: int = 0  # the token to feed next
+    out: list[int] = field(default_factory=list)
+    last_logits: torch.Tensor | None = None
+    t_first: float = 0.0
+    ttft: float = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done_chunks < len(self.plan)
+
+    def protect(self, start: int, end: int) -> None:
+        if self.protected and self.protected[-1][1] == start:
+            self.protected[-1] = (self.protected[-1][0], end)
+        else:
+            self.protected.append((start, end))
+
+
+class BatchView:
+    """What ``Engine(on_batch_step=...)`` sees after every step of a batch: ``requests[r]`` is the request
+    (its index in the call) in row ``r``; ``seen[r]`` its tokens processed."""
+
+    def __init__(self, cache: RaggedCache, requests: list[int], seen: list[int]):
+        self.cache, self.requests, self.seen = cache, requests, seen
+
+    def kept_positions(self, request: int) -> list[torch.Tensor]:
+        """Per layer, the sorted absolute positions the request's row holds: ``[1, kv_heads, tokens]``."""
+        r = self.requests.index(request)
+        n = self.cache.lengths[r]
+        return [layer.positions[r : r + 1, :, :n].sort(dim=-1).values.clone() for layer in self.cache.layers]
+
+
+def _as_ids(prompt, i: int) -> torch.Tensor:
+    ids = torch.as_tensor(prompt, dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"prompts[{i}]: expected a non-empty list of token ids, got shape {tuple(ids.shape)}")
+    return ids
+
+
+def _per_row(name: str, value, n: int) -> list:
+    if isinstance(value, (int, type(None))) and not isinstance(value, bool):
+        return [value] * n
+    value = list(value)
+    if len(value) != n:
+        raise ValueError(f"{name}: expected one value per prompt ({n}), got {len(value)}")
+    return value
+
+
+def _plan(ids: torch.Tensor, chunk: int, protect_last: int) -> list[tuple[torch.Tensor, bool, bool]]:
+    """The prompt steps of ``Engine.generate``: chunks of the unprotected part (evicting), then of the
+    protected question (not evicting, protected)."""
+    split = ids.shape[0] - protect_last
+    plan = [(ids[s : min(s + chunk, split)], True, False) for s in range(0, split, chunk)]
+    plan += [(ids[split + s : split + s + chunk], False, True) for s in range(0, protect_last, chunk)]
+    return plan
+
+
+def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evict: bool) -> int:
+    """Slots per layer the batch can need: the most any row holds before a step plus the widest step."""
+    budget = engine.config.budget
+    most_n, most_t = 0, 1
+    for row, n in zip(rows, lengths):
+        held = sum(e - s for s, e in row.protected)
+        steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.plan] + [(1, decode_evict, False)] * max(row.max_new - 1, 0)
+        for t, ev, pr in steps:
+            most_n, most_t = max(most_n, n), max(most_t, t)
+            n = min(budget + held, n + t) if engine.evicting and ev else n + t
+            held += t if pr else 0
+    return most_n + most_t
+
+
+def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> PrefillState:
+    """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's store)."""
+    n = cache.lengths[r]
+    names = cache.state_names
+    out = BudgetCache(len(cache.layers), engine.config.store, n, names)
+    for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
+        layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
+        layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
+        layer.length, layer.pending = n, 0
+        layer._note_held()
+    out.owner = weakref.ref(engine)
+    out.thawed_from = engine.config.budget if engine.use_graphs else None
+    return PrefillState(out, row.seen, row.last_logits, row.peak_kv_tokens, row.steps,
+                        protected=list(row.protected), peak_kv_bytes=row.peak_kv_bytes)
+
+
+def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int) -> None:
+    """Allocate the buffers for ``rows`` rows and copy every start state's valid tokens into its row."""
+    first = next((s for s in states if s is not None and s.cache.length), None)
+    if first is None:  # only empty states: the first forward allocates
+        return
+    for layer, src in zip(cache.layers, first.cache.layers):
+        k, _, _ = src.view()
+        v = src.values
+        layer.allocate(rows, k.shape[1], k.shape[3], v.shape[3], k.dtype, k.device)
+    for r, state in enumerate(states):
+        if state is None or not state.cache.length:
+            continue
+
+        def layers(state=state):
+            for src in state.cache.layers:
+                k, p, st = src.view()
+                yield k, src.values[:, :, : k.shape[2]], p, st
+
+        cache.load_row(r, layers())
+        cache.lengths[r] = state.cache.length
+
+
+def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
+                   decode_evict: bool, on_batch_step: Callable[[BatchView], None] | None) -> list[GenerationResult]:
+    """See ``Engine.generate_batch``."""
+    n_req = len(prompts)
+    if n_req == 0:
+        raise ValueError("prompts: expected at least one prompt")
+    ids = [_as_ids(p, i) for i, p in enumerate(prompts)]
+    max_new = _per_row("max_new_tokens", engine.config.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                       n_req)
+    starts = [states] * n_req if isinstance(states, PrefillState) else _per_row("states", states, n_req)
+    protect = _per_row("protect_last", protect_last, n_req)
+    impl = engine.model.config._attn_implementation
+    if impl not in ("sdpa", RAGGED_IMPL):
+        raise ValueError(f"prompts: a batch of requests runs on SDPA with a padding mask; the model uses {impl!r} "
+                         f"(load it with attn_implementation='sdpa', or send one request at a time)")
+    rows: list[_Row] = []
+    for i in range(n_req):
+        if not isinstance(max_new[i], int) or max_new[i] < 0:
+            raise ValueError(f"max_new_tokens[{i}]: must be an integer >= 0, got {max_new[i]!r}")
+        state = starts[i]
+        if state is not None and (not isinstance(state, PrefillState) or state.last_logits.shape[0] > 1):
+            raise ValueError(f"states[{i}]: expected a batch-1 PrefillState or None")
+        try:
+            ids[i] = engine._check_ids(ids[i].unsqueeze(0), state, max_new[i])[0]
+        except ValueError as e:
+            raise ValueError(f"prompts[{i}]: {e}") from None
+        p = protect[i]
+        if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= ids[i].shape[0]:
+            raise ValueError(f"protect_last[{i}]: expected 0 .. {ids[i].shape[0]} prompt tokens, got {p!r}")
+        rows.append(_Row(i, _plan(ids[i], engine.config.chunk_size, p), max_new[i],
+                         state.seen if state else 0, state.steps if state else 0,
+                         list(state.protected) if state else [], state.peak_kv_tokens if state else 0,
+                         state.peak_kv_bytes if state else 0))
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    cache = RaggedCache(engine.num_layers, 1, engine.policy.slot_state if engine.evicting else ())
+    cache.lengths = [s.cache.length if s is not None else 0 for s in starts]
+    for layer in cache.layers:
+        layer.capacity = _capacity(engine, rows, cache.lengths, decode_evict)
+    if any(s is not None for s in starts):
+        _load(cache, starts, n_req)
+    return _Batch(engine, cache, rows, eos, decode_evict, on_batch_step).run()
+
+
+class _Batch:
+    """The lockstep loop over the rows of one ``generate_batch`` call."""
+
+    def __init__(self, engine: "Engine", cache: RaggedCache, rows: list[_Row], eos: set[int], decode_evict: bool,
+                 on_batch_step):
+        self.engine, self.cache, self.rows, self.eos = engine, cache, rows, eos
+        self.decode_evict, self.on_batch_step = decode_evict, on_batch_step
+        self.memory = PeakMemory(engine.device)
+        self.results: list[GenerationResult | None] = [None] * len(rows)
+
+    def _feeds(self) -> list[tuple[torch.Tensor | int, bool, bool]]:
+        return [row.plan[row.done_chunks] if row.prefilling else (row.pending, self.decode_evict, False)
+                for row in self.rows]
+
+    def _keep(self, row: _Row, n: int, t: int, evict: bool) -> int:
+        if not (self.engine.evicting and evict):
+            return n + t
+        return min(self.engine.config.budget + sum(e - s for s, e in row.protected), n + t)
+
+    def run(self) -> list[GenerationResult]:
+        eng, cache = self.engine, self.cache
+        self.t0 = time.perf_counter()
+        while self.rows:
+            feeds = self._feeds()
+            t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
+            n = list(cache.lengths)
+            keep = [self._keep(row, a, b, f[1]) for row, a, b, f in zip(self.rows, n, t, feeds)]
+            step = RaggedStep(n, t, keep, [row.seen for row in self.rows], eng.device)
+            ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.device)
+            for r, (f, tr) in enumerate(zip(feeds, t)):
+                ids[r, step.T - tr :] = f[0] if isinstance(f[0], torch.Tensor) else f[0]
+            for row, a, b in zip(self.rows, n, t):
+                row.peak_kv_tokens = max(row.peak_kv_tokens, a + b)
+            steps = [row.steps for row in self.rows]
+            steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
+                steps, dtype=torch.long, device=eng.device).view(-1, 1, 1)
+            logits = self._forward(ids, step, steps_arg)
+            cache.lengths = keep
+            self.memory.sample()
+            share = cache.nbytes() // step.rows
+            for row, f, b in zip(self.rows, feeds, t):
+                row.peak_kv_bytes = max(row.peak_kv_bytes, share)
+                if f[2]:
+                    row.protect(row.seen, row.seen + b)
+                row.seen += b
+                row.steps += 1
+            if self.on_batch_step is not None:
+                self.on_batch_step(BatchView(cache, [row.index for row in self.rows], [row.seen for row in self.rows]))
+            self._choose(logits, share)
+        return self.results  # type: ignore[return-value]
+
+    def _forward(self, ids: torch.Tensor, step: RaggedStep, steps) -> torch.Tensor:
+        """The model on ``ids [rows, T]`` under the step's mask, then eviction; the last column's logits."""
+        eng = self.engine
+        capture = None
+        if eng.need is not None:
+            capture = AttentionCapture(eng.need, float32_logits=eng.config.score_precision == "float32")
+        kwargs = {"kdeval_capture": capture} if capture is not None else {}
+        self.cache.begin_step(step.base, step.cache_positions)
+        with attention_implementation(eng.model, RAGGED_IMPL):
+            out = eng.model(input_ids=ids, position_ids=step.position_ids, attention_mask=step.mask(),
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
+        eng._evict_ragged(self.cache, step, steps, capture, [row.protected for row in self.rows])
+        return out.logits[:, -1, :]
+
+    def _choose(self, logits: torch.Tensor, share: int) -> None:
+        """Greedy tokens as ``Engine.generate`` takes them; finished rows leave the batch."""
+        tokens = logits.argmax(dim=-1).tolist()
+        now = time.perf_counter()
+        finished: list[int] = []
+        for r, row in enumerate(self.rows):
+            if row.prefilling:
+                row.done_chunks += 1
+                if row.prefilling:
+                    continue
+                row.last_logits = logits[r : r + 1].clone()
+                row.prompt_tokens, row.t_first = row.seen, now
+            if row.taken >= row.max_new:
+                finished.append(r)
+                continue
+            if row.taken == 0:
+                row.t_first, row.ttft = now, now - self.t0
+            tok = tokens[r]
+            if tok in self.eos or row.taken == row.max_new - 1:
+                if tok not in self.eos:
+                    row.out.append(tok)
+                finished.append(r)
+                continue
+            row.out.append(tok)
+            row.taken += 1
+            row.pending = tok
+        for r in finished:
+            self.results[self.rows[r].index] = self._result(r, self.rows[r], share)
+        if finished:
+            stay = [r for r in range(len(self.rows)) if r not in finished]
+            if stay:
+                self.cache.keep_rows(stay)
+            self.rows = [self.rows[r] for r in stay]
+
+    def _result(self, r: int, row: _Row, share: int) -> GenerationResult:
+        decode_s = time.perf_counter() - row.t_first
+        n = len(row.out)
+        stats = RunStats(
+            prompt_tokens=row.prompt_tokens,
+            ttft_s=row.ttft,
+            decode_s=decode_s,
+            decode_tokens=n,
+            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            peak_kv_tokens=row.peak_kv_tokens,
+            kept_tokens=self.cache.lengths[r],
+            peak_memory_bytes=self.memory.peak_bytes,
+            kv_cache_bytes=share,
+            peak_kv_bytes=row.peak_kv_bytes,
+            memory_kind=self.memory.kind,
+        )
+        return GenerationResult([list(row.out)], stats, _row_state(self.engine, self.cache, r, row))

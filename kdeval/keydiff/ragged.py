@@ -1,0 +1,245 @@
+"""The KV cache of a batch of independent requests: each row has its own length, positions and kept set.
+
+Buffers are the slot store's, ``[rows, kv_heads, slots, ...]``. Row ``r``'s kept tokens fill slots ``[0, n_r)``
+(``n_r``: its own length, known on the host). A step feeds ``T`` columns per row, *left-padded*: row ``r``'s
+``t_r`` real tokens are the step's last ``t_r`` columns and its first ``T - t_r`` columns are padding. Every
+row writes the step's ``T`` columns to the same tail slots ``[base, base + T)``, ``base = max_r n_r``, so the
+write is one slice, as in the slot store, and slots ``[n_r, base)`` of a shorter row are empty.
+
+Why the padding goes on the left of a step: the model then returns every row's next-token logits from the
+step's last column (``logits_to_keep=1``), whatever the rows' lengths; right padding would need the logits
+of every column, or of a different column per row.
+
+Padding never takes budget and is never seen: the step's mask (:meth:`RaggedStep.mask`) lets a real query
+see its row's ``n_r`` cached slots and its row's real tail slots up to its own (causal), and a padding query
+only its own slot (so its softmax row is finite and its attention never lands on a real token); eviction
+(:func:`compact_rows`) ranks the empty and padding slots below every real token and frees them first, so each
+row keeps ``keep_r`` real tokens in ``[0, keep_r)``. Between steps every slot at or past a row's length is
+*clean*: zero key, the empty position (:data:`EMPTY_POSITION`, which sorts after every real position). Zero
+keys leave KeyDiff's anchor unchanged (the sum of unit keys, or of raw keys, gains nothing), and empty
+positions keep position-ordered pooling (SnapKV) as at batch 1; other scores of those slots are overridden.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from kdeval.keydiff.policy import lowest_oldest_first
+from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
+
+
+class RaggedLayer(DynamicLayer):
+    """One decoder layer's buffers for a ragged batch; the step's chunk lands in ``[base, base + T)``."""
+
+    is_croppable = False
+
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = ()):
+        DynamicLayer.__init__(self)
+        self.capacity = capacity
+        self.state_names = state_names
+        self.base = 0
+        self.next_positions: torch.Tensor | None = None  # [rows, 1, T] (padding: EMPTY_POSITION)
+        self.state: dict[str, torch.Tensor] = {}
+
+    def allocate(self, rows: int, heads: int, key_dim: int, value_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        """Clean buffers of ``capacity`` slots for ``rows`` rows."""
+        self.dtype, self.device, self.is_initialized = dtype, device, True
+        cap = self.capacity
+        self.keys = torch.zeros(rows, heads, cap, key_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(rows, heads, cap, value_dim, dtype=dtype, device=device)
+        self.positions = torch.full((rows, heads, cap), EMPTY_POSITION, dtype=torch.long, device=device)
+        self.state = {n: torch.zeros(rows, heads, cap, dtype=torch.float32, device=device) for n in self.state_names}
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.keys, self.values, self.positions, *self.state.values()]
+
+    def grow(self, need: int) -> None:
+        """At least ``need`` slots (doubling); the new slots are clean."""
+        if need <= self.capacity:
+            return
+        cap = max(need, 2 * self.capacity)
+
+        def grown(t: torch.Tensor, fill) -> torch.Tensor:
+            out = t.new_full((*t.shape[:2], cap, *t.shape[3:]), fill)
+            out[:, :, : t.shape[2]] = t
+            return out
+
+        if self.is_initialized:
+            self.keys, self.values = grown(self.keys, 0), grown(self.values, 0)
+            self.positions = grown(self.positions, EMPTY_POSITION)
+            self.state = {n: grown(s, 0) for n, s in self.state.items()}
+        self.capacity = cap
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the step's ``[rows, kv_heads, T, d]`` to ``[base, base + T)``; return slots ``[0, base + T)``."""
+        b, h, t, d = key_states.shape
+        if not self.is_initialized:
+            self.allocate(b, h, d, value_states.shape[-1], key_states.dtype, key_states.device)
+        end = self.base + t
+        self.grow(end)
+        self.keys[:, :, self.base : end] = key_states
+        self.values[:, :, self.base : end] = value_states
+        self.positions[:, :, self.base : end] = self.next_positions
+        for s in self.state.values():
+            s[:, :, self.base : end] = 0.0
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def view(self, m: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Slots ``[0, m)``: keys, positions, state (views, writable)."""
+        return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
+
+    def get_seq_length(self) -> int:
+        return self.base
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class RaggedCache(Cache):
+    """A transformers ``Cache`` of :class:`RaggedLayer`; ``lengths[r]`` is row ``r``'s kept tokens (every layer
+    keeps the same number, as at batch 1)."""
+
+    def __init__(self, num_layers: int, capacity: int, state_names: tuple[str, ...] = ()):
+        super().__init__(layers=[RaggedLayer(capacity, tuple(state_names)) for _ in range(num_layers)])
+        self.state_names = tuple(state_names)
+        self.lengths: list[int] = []
+
+    def load_row(self, row: int, layers) -> None:
+        """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows):
+        ``layers`` yields ``(keys, values, positions, state)`` ``[1, kv_heads, n, ...]`` per layer."""
+        for layer, (k, v, p, st) in zip(self.layers, layers):
+            n = k.shape[2]
+            layer.grow(n)
+            layer.keys[row, :, :n] = k[0]
+            layer.values[row, :, :n] = v[0]
+            layer.positions[row, :, :n] = p[0]
+            for name in self.state_names:
+                layer.state[name][row, :, :n] = st[name][0]
+
+    def row(self, row: int):
+        """Copies of row ``row``'s kept tokens per layer: ``(keys, values, positions, state)`` ``[1, h, n, ...]``."""
+        n = self.lengths[row]
+        for layer in self.layers:
+            yield (layer.keys[row : row + 1, :, :n].clone(), layer.values[row : row + 1, :, :n].clone(),
+                   layer.positions[row : row + 1, :, :n].clone(),
+                   {name: s[row : row + 1, :, :n].clone() for name, s in layer.state.items()})
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every other row (finished requests), keeping the order of ``rows``."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.layers[0].keys.device)
+        for layer in self.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            layer.positions = layer.positions.index_select(0, index)
+            layer.state = {n: s.index_select(0, index) for n, s in layer.state.items()}
+        self.lengths = [self.lengths[r] for r in rows]
+
+    def begin_step(self, base: int, positions: torch.Tensor) -> None:
+        """The next forward writes at ``base`` the cache positions ``[rows, 1, T]``."""
+        for layer in self.layers:
+            layer.base, layer.next_positions = base, positions
+
+    def nbytes(self) -> int:
+        """Bytes of the key/value buffers, all rows and layers (allocated, not just valid slots)."""
+        return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
+                   for l in self.layers if l.is_initialized)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].base
+
+
+class RaggedStep:
+    """The geometry of one step of a ragged batch, shared by every layer.
+
+    Row ``r`` holds ``n[r]`` tokens, feeds ``t[r]`` (``1 <= t[r] <= T``) and keeps ``keep[r]`` afterwards;
+    ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``.
+    """
+
+    def __init__(self, n: list[int], t: list[int], keep: list[int], seen: list[int], device: torch.device):
+        self.rows = len(n)
+        self.base, self.T = max(n), max(t)
+        self.M = self.base + self.T
+        self.host_n, self.host_t, self.host_keep = n, t, keep
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        self.n, self.t, self.keep = as_t(n), as_t(t), as_t(keep)
+        self.slots = torch.arange(self.M, device=device)
+        first = (self.base + self.T - self.t).view(-1, 1)  # [rows, 1]: a row's first real tail slot
+        self.pad = (self.slots >= self.base) & (self.slots < first)  # [rows, M]
+        self.valid = (self.slots < self.n.view(-1, 1)) | (self.slots >= first)  # [rows, M]
+        #: real tokens dropped by some row: eviction must score
+        self.drops = any(k < a + b for k, a, b in zip(keep, n, t))
+        #: every row fills the whole step after a full-length head and keeps everything: nothing moves
+        self.in_place = all(a == self.base for a in n) and min(t) == self.T and not self.drops
+        #: the most kept slots at or past a row's ``keep[r]`` (they move down): its real tail tokens, plus any
+        #: cached ones past ``keep[r]`` (a state holding more than this engine keeps)
+        self.movers = min(self.M, max(max(a - k, 0) + b for a, b, k in zip(n, t, keep)))
+        col = torch.arange(self.T, device=device)
+        offset = col.view(1, -1) - (self.T - self.t).view(-1, 1)  # [rows, T]: < 0 on padding
+        seen_t = as_t(seen).view(-1, 1)
+        #: model positions ``[rows, T]`` (padding: the row's next position, never cached)
+        self.position_ids = seen_t + offset.clamp(min=0)
+        #: cache positions ``[rows, 1, T]`` (padding: EMPTY_POSITION)
+        self.cache_positions = torch.where(offset >= 0, seen_t + offset, EMPTY_POSITION).unsqueeze(1)
+        #: tokens seen after the step, ``[rows, 1, 1]`` (what ``ScoreContext.seen`` is in a ragged batch)
+        self.seen_after = (seen_t + self.t.view(-1, 1)).view(-1, 1, 1)
+
+    def mask(self) -> torch.Tensor:
+        """``[rows, 1, T, M]`` (True: visible): a real query sees its row's cached slots ``[0, n_r)`` and its
+        row's real tail slots up to its own; a padding query sees only its own slot."""
+        tail = (self.slots - self.base).view(1, 1, -1)  # [1, 1, M]
+        col = torch.arange(self.T, device=self.slots.device).view(1, -1, 1)  # [1, T, 1]
+        first = (self.T - self.t).view(-1, 1, 1)  # [rows, 1, 1]: first real column
+        head = (self.slots.view(1, 1, -1) < self.n.view(-1, 1, 1))
+        causal = (tail >= first) & (tail <= col)
+        real = col >= first  # [rows, T, 1]
+        return torch.where(real, head | causal, tail == col).unsqueeze(1)
+
+    def invalid_ranks(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores [rows, h, M]`` (float32 or float64) with the empty and padding slots below every real score
+        (distinct, lowest slot lowest), as the static layout ranks its empty slots."""
+        ranks = -1e30 * (2.0 - self.slots.to(scores.dtype) / self.M)
+        return torch.where(self.valid.unsqueeze(1), scores, ranks)
+
+
+def lowest_first(scores: torch.Tensor, positions: torch.Tensor, k: int, ties: bool, position_order=None
+                 ) -> torch.Tensor:
+    """The ``k`` lowest of ``scores [rows, h, n]`` in ascending order → indices ``[rows, h, k]``; with ``ties``
+    equal scores oldest position first (:func:`kdeval.keydiff.policy.lowest_oldest_first`)."""
+    if ties:
+        return lowest_oldest_first(scores, positions, k, position_order, sorted=True)
+    return torch.topk(scores, k, dim=-1, largest=False, sorted=True).indices
+
+
+def kept_mask(order: torch.Tensor, drop: torch.Tensor, m: int) -> torch.Tensor:
+    """``order [rows, h, k]`` slots, lowest first; ``drop [rows, 1, 1]`` how many of them each row frees →
+    ``[rows, h, m]`` True where a slot is kept."""
+    k = order.shape[-1]
+    freed = (torch.arange(k, device=order.device).view(1, 1, -1) < drop).expand_as(order)
+    out = torch.ones(*order.shape[:2], m, dtype=torch.bool, device=order.device)
+    return out.scatter_(-1, order, ~freed)
+
+
+def compact_rows(buffers, kept: torch.Tensor, keep: torch.Tensor, width: int) -> None:
+    """Move each row's kept slots (``kept [rows, h, m]``, ``keep[r]`` of them) into ``[0, keep[r])`` of every
+    buffer ``[rows, h, slots, ...]``: each free slot below ``keep[r]`` (a hole) receives one kept slot from
+    ``[keep[r], m)``, at most ``width`` per row and head (``RaggedStep.movers``); an O(width) move."""
+    m = kept.shape[-1]
+    slot = torch.arange(m, device=kept.device)
+    below = slot < keep.view(-1, 1, 1)
+    holes = torch.where(below & ~kept, slot, m).topk(width, dim=-1, largest=False, sorted=True).values
+    movers = torch.where(~below & kept, slot, m).topk(width, dim=-1, largest=False, sorted=True).values
+    unused = holes == m  # as many holes as movers per row and head: unused entries copy slot m - 1 onto itself
+    dst, src = holes.masked_fill(unused, m - 1), movers.masked_fill(unused, m - 1)
+    for buf in buffers:
+        moved = buf.gather(2, expand_index(src, buf))
+        buf.scatter_(2, expand_index(dst, buf), moved)
+
+
+def clear_past(keys: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, lo: int, m: int) -> None:
+    """Make slots ``[keep[r], m)`` of every row clean (zero keys, empty positions): ``keys [rows, h, slots, d]``,
+    ``positions [rows, h, slots]``; ``lo``: the smallest ``keep[r]`` (known on the host)."""
+    if lo >= m:
+        return
+    past = (torch.arange(lo, m, device=keys.device).view(1, 1, -1) >= keep.view(-1, 1, 1))  # [rows, 1, m - lo]
+    keys[:, :, lo:m].masked_fill_(past.unsqueeze(-1), 0)
+    positions[:, :, lo:m].masked_fill_(past, EMPTY_POSITION)
