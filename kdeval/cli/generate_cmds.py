@@ -115,16 +115,6 @@ def register(app: typer.Typer) -> None:
         chat: bool = typer.Option(True, help="wrap the prompt in the model's chat template when it has one"),
         graphs: Optional[bool] = typer.Option(None, "--graphs/--no-graphs",
                                               help="CUDA graphs for the chunk and decode steps (default: on with CUDA)"),
-        # GPU speed options of the engine, not of the method: accepted, left out of --help.
-        fuse_layers: bool = typer.Option(False, hidden=True, help="with graphs: score and evict all layers at once"),
-        compile_scoring: bool = typer.Option(False, hidden=True,
-                                             help="with graphs: compile the policy's scoring (torch.compile)"),
-        compile_blocks: bool = typer.Option(False, hidden=True,
-                                            help="with graphs: compile the layers' norms, MLP and rotary"),
-        attention_splits: int = typer.Option(0, hidden=True,
-                                             help="with graphs: attend to a full cache in this many key splits"),
-        flex_attention: bool = typer.Option(False, hidden=True,
-                                            help="with graphs: FlexAttention, skipping empty cache slots"),
         score_precision: str = typer.Option("model", help="TOVA/SnapKV/H2O logits in a half-precision model: "
                                                           "model (its precision) or float32"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -143,9 +133,7 @@ def register(app: typer.Typer) -> None:
                 text = prompt if prompt is not None else prompt_file.read_text()
                 pol = get_policy(policy, **parse_params(param))
                 config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
-                                      cuda_graphs=graphs, fuse_layers=fuse_layers, compile_scoring=compile_scoring,
-                                      compile_blocks=compile_blocks, attention_splits=attention_splits,
-                                      flex_attention=flex_attention, score_precision=score_precision)
+                                      cuda_graphs=graphs, score_precision=score_precision)
                 lm = load_model(model, dtype=dtype, device=device)
                 ids = build_prompt_ids(lm.tokenizer, text, chat)
                 engine = Engine(lm.model, pol, config)

@@ -21,6 +21,8 @@ class EngineConfig:
     #: without CUDA; on CUDA, the eager reference the captured graphs are checked against).
     cuda_graphs: bool | None = None
     emulate_graphs: bool = False
+    #: Experimental GPU speed options (fuse_layers, compile_scoring, compile_blocks, attention_splits,
+    #: flex_attention): used by bench/ only, not user options (bench/README.md), until a GPU run decides them.
     #: with graphs: score and evict all layers at once (one batch of ``layers * batch`` rows over shared
     #: buffers) instead of layer by layer: ~28x fewer, larger kernels per step. Off until measured on a GPU.
     fuse_layers: bool = False

@@ -44,7 +44,7 @@ class MetricRow:
     benchmark: str             # "ruler", "longbench", "needle", "math500", "phonebook" (or the task name)
     metric: str                # task name ("ruler.vt") or headline ("ruler.avg")
     model: str
-    policy: str                # policy name, with its params when it has any: "sink(sink_tokens=8)"
+    policy: str                # policy name, with its params when it has any: "sink(n_sink_tokens=8)"
     budget: int | None         # None for the full cache
     chunk: int
     length: int | None = None  # slice: target prompt length
