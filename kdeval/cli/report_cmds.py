@@ -41,21 +41,6 @@ def print_report(report: "Report", console: Console = out, detail: bool = False)
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def show_comparison(index: RunIndex, runs: list[str], out_dir: str | Path, *, compare: str = "full",
-                    console: Console | None = None, resamples: int = 2000) -> Path:
-    """Print the comparison tables of ``runs`` against ``compare`` and the path of the HTML report
-    written to ``out_dir/report.html`` (with ``report.json``); returns that path. ``make demo`` ends here."""
-    from kdeval.jobs.reports import ReportOptions, build_report
-    from kdeval.jobs.reports.output import write_report
-
-    console = console or out
-    rep = build_report(index, runs, ReportOptions(compare=compare, resamples=resamples))
-    print_report(rep, console)
-    paths = write_report(rep, out_dir, ["html", "json"], title=f"kdeval report: {', '.join(rep.meta.runs)}")
-    console.print(f"HTML report: {paths['html'].resolve()}", highlight=False)
-    return paths["html"]
-
-
 def _latest_run(index: RunIndex) -> list[str]:
     runs = index.list_runs()
     if not runs:

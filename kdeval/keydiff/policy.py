@@ -34,7 +34,8 @@ class ScoreContext:
       KV head), at least float32; ``None`` otherwise.
     - ``state``: the policy's per-token state (``slot_state`` names), each ``[batch, kv_heads, tokens]`` float32;
       the policy may update it in place and it moves with the tokens it belongs to.
-    - ``step``: how many eviction steps ran before this one (chunks and decode steps).
+    - ``step``: how many eviction steps ran before this one (chunks and decode steps); 0 on the CUDA graph
+      path, where one captured step serves every chunk (so graph-safe policies must not read it).
 
     In a batch of independent requests (``Engine.generate_batch``, kdeval/keydiff/ragged.py) every row has its
     own count: ``seen`` is then a ``[batch, 1, 1]`` tensor, ``step`` one too where the rows' counts differ,

@@ -12,6 +12,7 @@ from kdeval.jobs.reports import ReportOptions, build_report
 from kdeval.jobs.reports import formats, views
 from kdeval.jobs.reports.output import write_report
 from tests.reports.helpers import FakeCell, provenance, rows, store_run
+from tests.reports import readers
 
 
 def _sorted(rs):
@@ -43,10 +44,10 @@ def test_every_format_round_trips_the_same_rows(report, tmp_path):
     paths = write_report(report, tmp_path, ["md", "csv", "json", "html"])
     assert set(paths) == {"md", "csv", "json", "html"}
     tables = {
-        "csv": formats.read_csv(tmp_path),
+        "csv": readers.read_csv(tmp_path),
         "json": {k: getattr(formats.from_json(paths["json"].read_text()), k)
                  for k in ("scores", "perf", "cells", "provenance")},
-        "html": formats.read_html_tables(paths["html"].read_text()),
+        "html": readers.read_html_tables(paths["html"].read_text()),
     }
     for fmt, got in tables.items():
         for name in ("scores", "perf", "cells", "provenance"):
@@ -99,7 +100,7 @@ def test_cli_report_json_to_stdout(store, report):
     assert _sorted(formats.from_json(res.stdout).scores) == _sorted(report.scores)
 
 
-def test_cli_report_compare_run_and_demo_hook(store, tmp_path):
+def test_cli_report_compare_run(store, tmp_path):
     idx, res = store
     store_run(idx, res, "before", [FakeCell("full", None, rows=rows([1.0] * 4)),
                                    FakeCell("keydiff", 64, rows=rows([1.0] * 4))], version="v1")
@@ -110,12 +111,3 @@ def test_cli_report_compare_run_and_demo_hook(store, tmp_path):
     assert out.exit_code == 0, out.output
     line = next(ln for ln in out.stdout.splitlines() if ",keydiff," in ln)
     assert ",-25.0," in line  # one of four needles lost: -25 points against the run before
-    from rich.console import Console
-
-    from kdeval.cli.report_cmds import show_comparison
-
-    console = Console(record=True, width=200)
-    path = show_comparison(idx, ["after"], tmp_path / "demo", console=console, resamples=100)
-    text = console.export_text()
-    assert path == tmp_path / "demo" / "report.html" and path.is_file()
-    assert "keydiff" in text and f"HTML report: {path.resolve()}" in text

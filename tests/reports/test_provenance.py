@@ -12,6 +12,7 @@ from kdeval.jobs.reports import formats
 from kdeval.jobs.reports.html import render_html
 from kdeval.jobs.reports.provenance import combinations
 from tests.reports.helpers import FakeCell, provenance, rows, store_run
+from tests.reports import readers
 
 
 def _run(store, *provs, run="r1", version="v1"):
@@ -40,7 +41,7 @@ def test_matching_provenance_is_carried_and_gives_no_warning(store):
     page = render_html(rep, [])
     assert "<h2>Provenance</h2>" in page and "keydiff N=256 needle@1024#s0 (run r1)" in page
     assert 'class="warning"' not in page
-    assert formats.read_html_tables(page)["provenance"] == rep.provenance
+    assert readers.read_html_tables(page)["provenance"] == rep.provenance
 
 
 def test_device_mismatch_warns_in_every_format(store, tmp_path):

@@ -18,7 +18,6 @@ import dataclasses
 import html
 import io
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +60,6 @@ def write_csv(report: Report, out_dir: Path) -> list[Path]:
             fh.write(csv_text(report, name))
         paths.append(path)
     return paths
-
-
-def read_csv(out_dir: Path) -> dict[str, list[Any]]:
-    """The tables written by :func:`write_csv`."""
-    out = {}
-    for name, cls in TABLES.items():
-        with open(out_dir / f"{name}.csv", newline="", encoding="utf-8") as fh:
-            out[name] = [row_from_dict(cls, r) for r in csv.DictReader(fh)]
-    return out
 
 
 # ------------------------------------------------------------------ Markdown
@@ -128,7 +118,7 @@ def fields_view(name: str, rows: list[Any]) -> TableView:
 def html_table(view: TableView, *, source: str | None = None, css_class: str = "") -> str:
     """A view as ``<table data-table=...>``: readable headers and cells (numbers right-aligned, class ``num``),
     each row's state as its class and, with ``source`` (the report table the rows come from), the raw row
-    as JSON in ``data-row`` so :func:`read_html_tables` reads the page back exactly."""
+    as JSON in ``data-row``, so the page can be read back exactly."""
     name = source or view.name
     head = "".join(f'<th class="{"num" if c.numeric else "txt"}">{html.escape(c.header)}</th>' for c in view.columns)
     body = []
@@ -142,37 +132,6 @@ def html_table(view: TableView, *, source: str | None = None, css_class: str = "
         body.append(f'<tr class="{state}"{raw}>{tds}</tr>')
     return (f'<table data-table="{html.escape(name)}" class="{css_class}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
-
-
-class _TableParser(HTMLParser):
-    """Collects the ``data-row`` of every row of every ``<table data-table=...>``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tables: dict[str, list[dict[str, Any]]] = {}
-        self._table: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        if tag == "table":
-            self._table = a.get("data-table")
-        elif tag == "tr" and self._table is not None and a.get("data-row"):
-            self.tables.setdefault(self._table, []).append(json.loads(a["data-row"]))
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "table":
-            self._table = None
-
-
-def read_html_tables(text: str) -> dict[str, list[Any]]:
-    """The rows of every ``data-table`` table of an HTML report (tables of one name concatenated)."""
-    p = _TableParser()
-    p.feed(text)
-    out: dict[str, list[Any]] = {name: [] for name in TABLES}
-    for name, rows in p.tables.items():
-        if name in TABLES:
-            out[name] += [row_from_dict(TABLES[name], r) for r in rows]
-    return out
 
 
 def write_text(path: Path, text: str) -> Path:

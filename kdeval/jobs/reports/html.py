@@ -6,8 +6,7 @@ benchmark: the score and its Δ with CI) and the figures (score vs budget with C
 memory vs prompt length); the cells not done, if any; then the details: every score, speed, memory,
 provenance and the slices. Tables read like the terminal's (:mod:`kdeval.jobs.reports.views`): text
 left-aligned, numbers right-aligned, headers that stay in view while scrolling. Each detail row carries its
-raw row (``data-row``), so :func:`kdeval.jobs.reports.formats.read_html_tables` reads the page back.
-A tiny inline script counts decoded images into ``<body data-images-ok>`` (the browser test reads it).
+raw row (``data-row``), so the page can be read back exactly (the tests do).
 """
 from __future__ import annotations
 
@@ -56,15 +55,6 @@ table.headline tr.ref td { background: #f6f8fa; }
 .figures figcaption { font-size: .85em; color: #57606a; }
 details { margin: .6em 0; } summary { cursor: pointer; color: #0550ae; }
 table.setups td:last-child { min-width: 24em; }
-"""
-
-_SCRIPT = """
-window.addEventListener('load', function () {
-  var ok = 0; var imgs = document.images;
-  for (var i = 0; i < imgs.length; i++) { if (imgs[i].complete && imgs[i].naturalWidth > 0) ok++; }
-  document.body.setAttribute('data-images-ok', String(ok));
-  document.body.setAttribute('data-images', String(imgs.length));
-});
 """
 
 _CAPTIONS = {
@@ -134,7 +124,7 @@ def render_html(report: Report, plots: list[Plot], title: str = "kdeval report")
     meta = [f"runs: {', '.join(m.runs)}", f"compared with: {ref}", f"Δ = {m.method}", f"created: {m.created}"]
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>",
              "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-             f"<style>{_CSS}</style><script>{_SCRIPT}</script></head><body>",
+             f"<style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1><ul class=\"meta\">",
              "".join(f"<li>{html.escape(x)}</li>" for x in meta), "</ul>"]
     parts += [f'<p class="warning"><b>warning:</b> {html.escape(w)}</p>' for w in m.warnings]
