@@ -140,7 +140,7 @@ def load_results(db: str | os.PathLike | None = None, run: str | None = None, *,
     path = sqlite_path(db_url(None if db is None else str(db), make_dirs=False))
     if path is not None and not path.is_file():
         raise ValueError(f"db: no index at {path} (nothing submitted yet?)")
-    index = RunIndex.open(None if db is None else str(db))
+    index = RunIndex.open(None if db is None else str(db), write=False)  # reads only: a read-only index works
     try:
         if run is None:
             runs = index.list_runs()

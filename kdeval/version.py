@@ -31,11 +31,18 @@ def _py_files(root: Path, rel: str) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in path.rglob("*.py"))
 
 
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
+    """sha256 of one file's bytes (cached per path, size and modification time: a grid's cells share files)."""
+    return hashlib.sha256(Path(path).read_bytes()).digest()
+
+
 def files_hash(root: Path, relpaths: Iterable[str]) -> str:
     """sha256 (12 hex digits) of the named files under ``root``, by relative path and content."""
     digest = hashlib.sha256()
     for rel in sorted(set(relpaths)):
-        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+        st = (root / rel).stat()
+        digest.update(rel.encode() + b"\0" + _file_digest(str(root / rel), st.st_size, st.st_mtime_ns) + b"\0")
     return digest.hexdigest()[:12]
 
 

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
-from kdeval.jobs.export import FORMATS, check_format, check_out, export_run
+from kdeval.jobs.export import FORMATS, export_run
 
 out = Console()
 err = Console(stderr=True)
@@ -31,9 +31,7 @@ def export(
 ) -> None:
     """One table of every sample of a run's done cells: identity columns (run_id, cell_id, model, policy,
     params, budget, chunk_size, task, length, seed, dtype, protocol) and every row column."""
-    with bad_input():  # arguments first: a bad --format or --out never opens the index
-        check_out(out_file)
-        check_format(fmt, out_file)
+    with bad_input():  # export_run checks --format and --out before it reads anything
         index = open_index(db, write=False)  # export only reads the index
         res = export_run(index, run, fmt, out_file, results_dir=results_dir)
     target = Path(out_file).expanduser().absolute()

@@ -27,6 +27,7 @@ from rich.text import Text
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
 from kdeval.cli.progress import PlainProgress, RichProgress
+from kdeval.cluster.raysetup import is_job_server
 from kdeval.jobs import service
 from kdeval.jobs.drivers import describe_driver
 from kdeval.jobs.errors import GridError
@@ -158,11 +159,6 @@ def _status_json(index: RunIndex, run_id: str | None) -> str:
                     heartbeat_age_s=age_seconds(run.heartbeat_at))
     return json.dumps({"run": run_json, "cells": cells}, indent=2)
 
-
-def is_job_server(address: Optional[str]) -> bool:
-    """Whether ``--address`` names a Ray job server (``http(s)://head:8265``), where ``--detach`` submits a
-    Ray job; any other address (``host:port``, ``auto``, ``ray://...``) is a cluster the driver joins."""
-    return bool(address) and address.startswith(("http://", "https://"))
 
 
 def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str]) -> list[str]:

@@ -6,6 +6,7 @@ so commands that never validate a grid do not pay for them.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 
@@ -69,9 +70,10 @@ def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list
     return sorted(set(files))
 
 
-def every_policy_source_file() -> list[str]:
+@lru_cache(maxsize=1)
+def every_policy_source_file() -> tuple[str, ...]:
     """:func:`policy_source_files` of every registered policy."""
-    return sorted({f for name in policy_names() for f in policy_source_files(name)})
+    return tuple(sorted({f for name in policy_names() for f in policy_source_files(name)}))
 
 
 def random_model_names() -> list[str]:

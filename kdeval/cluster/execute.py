@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask
@@ -81,15 +81,21 @@ def task_and_prompts(lm: Any, task: CellTask) -> tuple[Any, Any]:
     """The cell's evals task and ``runner.model_prompts`` for it on ``lm`` (reused from a recent cell)."""
     from kdeval.evals import runner
 
-    key = prompt_key(task)
-    hit = _PROMPTS.pop(key, None)
-    if hit is None:
+    def make() -> tuple[Any, Any]:
         evals_task = build_task(task)
-        hit = (evals_task, runner.model_prompts(lm, evals_task, limit=task.samples,
-                                                max_new_tokens=task.max_new_tokens))
-    _PROMPTS[key] = hit
-    while len(_PROMPTS) > _PROMPTS_KEPT:
-        _PROMPTS.popitem(last=False)
+        return evals_task, runner.model_prompts(lm, evals_task, limit=task.samples, max_new_tokens=task.max_new_tokens)
+
+    return _recent(_PROMPTS, prompt_key(task), make, _PROMPTS_KEPT)
+
+
+def _recent(cache: OrderedDict, key: str, make: Callable[[], Any], keep: int) -> Any:
+    """``cache[key]``, made with ``make()`` when missing; the ``keep`` most recently used entries are kept."""
+    hit = cache.pop(key, None)
+    if hit is None:
+        hit = make()
+    cache[key] = hit
+    while len(cache) > keep:
+        cache.popitem(last=False)
     return hit
 
 
@@ -149,8 +155,9 @@ class EvalWorkload:
                                engine=task.engine, prompts=prompts, max_new_tokens=task.max_new_tokens,
                                compress=task.compress, decode=task.decode,
                                batch_size=task.batch_size or default_batch_size(handle, task))
-        summary = runner.aggregate(evals_task, rows)
-        return CellResult(rows=rows, summary=summary, peak_memory_bytes=summary.get("max_peak_memory_bytes"))
+        # a shard's rows only: the driver aggregates the whole cell (:meth:`aggregate`) once every shard is in
+        peaks = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
+        return CellResult(rows=rows, summary={}, peak_memory_bytes=max(peaks) if peaks else None)
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """The cell's summary from all its rows: ``runner.aggregate`` with the cell's evals task (built here,
@@ -159,9 +166,4 @@ class EvalWorkload:
             return StubWorkload().aggregate(task, rows)
         from kdeval.evals import runner
 
-        key = prompt_key(task)
-        evals_task = _TASKS.pop(key, None) or build_task(task)
-        _TASKS[key] = evals_task
-        while len(_TASKS) > _TASKS_KEPT:
-            _TASKS.popitem(last=False)
-        return runner.aggregate(evals_task, rows)
+        return runner.aggregate(_recent(_TASKS, prompt_key(task), lambda: build_task(task), _TASKS_KEPT), rows)

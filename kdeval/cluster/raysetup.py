@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-
 NAMESPACE = "kdeval"
 
 
@@ -34,12 +32,20 @@ class WorkerResources:
         return opts
 
 
+def is_job_server(address: str | None) -> bool:
+    """Whether ``address`` names a Ray job server (``http(s)://head:8265``), where ``submit --detach`` submits a
+    Ray job; any other address (``host:port``, ``auto``, ``ray://...``) is a cluster a driver joins."""
+    return bool(address) and address.startswith(("http://", "https://"))
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: bool = True) -> None:
     """Start or join Ray once per process (a no-op when already connected).
 
     ``address``: a cluster (``host:port`` of its GCS, ``auto``, ``ray://head:10001``), or None for a local
     Ray. A job server URL (``http(s)://head:8265``) is not a cluster to join: ``ConnectionError`` says so."""
-    if address and address.startswith(("http://", "https://")):
+    import ray  # here, not at import: the CLI names addresses without loading Ray
+
+    if is_job_server(address):
         raise ConnectionError(f"--address {address} is a Ray job server, which only `submit --detach` uses; "
                               "to run here give the cluster's address: host:port, auto or ray://head:10001")
     if ray.is_initialized():
@@ -63,6 +69,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: b
 
 def missing_resources(res: WorkerResources) -> str | None:
     """Why no node in the cluster can ever host a worker (None when some node can), for messages."""
+    import ray
+
     total = ray.cluster_resources()
     if res.num_gpus > 0 and total.get("GPU", 0) < res.num_gpus:
         return f"no GPU in the cluster (workers ask for {res.num_gpus:g} GPU each)"

@@ -81,13 +81,12 @@ class CellWorker:
                 cell_id=task.cell_id, ok=False, worker=self.name, node=self.node_id,
                 duration_s=time.perf_counter() - t0, model_loads=self.model_loads,
                 error="".join(traceback.format_exception(exc, limit=8)).strip(), out_of_memory=oom,
-                shard=task.shard,
             )
         return CellOutcome(
             cell_id=task.cell_id, ok=True, worker=self.name, node=self.node_id,
             duration_s=time.perf_counter() - t0, model_loads=self.model_loads, rows=result.rows,
             summary=result.summary, peak_memory_bytes=result.peak_memory_bytes,
-            provenance=collect_provenance(task, self.handle), shard=task.shard,
+            provenance=collect_provenance(task, self.handle),
         )
 
 

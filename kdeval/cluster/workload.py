@@ -92,7 +92,6 @@ class CellOutcome:
     out_of_memory: bool = False
     #: how a done cell's result was computed (``kdeval.cluster.provenance.collect_provenance``); {} if failed
     provenance: dict[str, Any] = field(default_factory=dict)
-    shard: int = 0  # the task's shard (rows are that shard's samples)
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def _check_protocol(task: Task, samples: Sequence[Sample], prompts: Sequence[Bui
     not ``max_new_tokens``, before anything runs."""
     check_positive("max_new_tokens", max_new_tokens, allow_none=True)
     if compress == "context":
-        if not getattr(task, "separable_question", True):
+        if not task.separable_question:
             raise EvalError(f"protocol.compress: 'context' needs a task with a separable question; {task.name} has "
                             f"none (its prompt is all question)")
         for s, p in zip(samples, prompts):

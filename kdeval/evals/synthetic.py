@@ -38,7 +38,7 @@ def essay_path(data_dir: str | None) -> Path | None:
 
 def essay_words(data_dir: str | None, required: bool) -> list[str] | None:
     """The essay haystack split on whitespace (as RULER), read once per file; None when absent and not ``required``."""
-    path = find_data_file(data_dir, ESSAY_FILE)
+    path = essay_path(data_dir)
     if path is None:
         if required:
             require_data_file(data_dir, ESSAY_FILE, _ESSAY_HOW)

@@ -142,8 +142,8 @@ WRITERS: dict[str, Callable[[pa.Table, Any], None]] = {
 
 
 def write_table(table: pa.Table, fmt: str, out: Path) -> Path:
-    """Write ``table`` as ``fmt`` to ``out`` atomically (temp file beside it, fsync, ``os.replace``)."""
-    out = check_out(out)
+    """Write ``table`` as ``fmt`` to ``out`` (checked by :func:`check_out`) atomically: a temp file beside it,
+    fsync, ``os.replace``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -104,7 +104,7 @@ def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
 
     r = grid.resources
     cfg = dict(workers=r.workers, max_attempts=grid.retries.max_attempts,
-               cell_timeout_s=grid.retries.cell_timeout_s, shard_size=getattr(r, "shard_size", 32),
+               cell_timeout_s=grid.retries.cell_timeout_s, shard_size=r.shard_size,
                resources=WorkerResources(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
                                          accelerator_type=r.accelerator_type))
     cfg.update(overrides)
@@ -178,14 +178,14 @@ def _take_run(index: RunIndex, run: RunView, *, wait: bool, on_wait: Callable[[s
         run = index.get_run(run.id)  # another driver took it in between: look again
 
 
-def _todo(index: RunIndex, run_id: str, *, warn: bool) -> list[CellSpec]:
-    """The run's cells that are not done, or done with a result file that fails its check (``warn``: say so)."""
+def _todo(index: RunIndex, run_id: str) -> list[CellSpec]:
+    """The run's cells that are not done, or done with a result file that fails its check (logged)."""
     todo = []
     for v in index.run_cells(run_id):
         problem = result_problem(v)
         if problem is None:
             continue
-        if warn and v.state == CellState.DONE.value:
+        if v.state == CellState.DONE.value:
             log.warning("cell %s is done but its result file is not usable (%s): recomputing it", v.id, problem)
         todo.append(_stored_spec(v, run_id))
     return todo
@@ -219,7 +219,9 @@ def execute_run(
         raise StaleRunError(f"run {run_id}: its grid is no longer valid for this kdeval; fix the grid and "
                             "submit it again") from None
     nothing = RunOutcome(done=0, failed=0, left=0, attempts=0, model_loads=0, workers_lost=0, cancelled=False)
-    if not _todo(index, run_id, warn=False):  # nothing to run: no Ray
+    # read the result files once: cells another driver finishes meanwhile are skipped when the scheduler takes them
+    todo = _todo(index, run_id)
+    if not todo:  # nothing to run: no Ray
         if run.state != RunState.DONE.value:  # a run already done (e.g. by the driver waited for) keeps its record
             _take_run(index, run, wait=wait, on_wait=on_wait)
             index.set_run_state(run_id, RunState.DONE)
@@ -229,7 +231,6 @@ def execute_run(
     # this process is the run's driver now: what its previous (dead) driver left running is lost
     index.recover_orphans(run_id)
     clean_temp_files(run.results_dir, skip_cells=_busy_cells(index, run_id))
-    todo = _todo(index, run_id, warn=True)
     index.reset_cells([c.id for c in todo], [CellState.FAILED, CellState.DONE, CellState.RUNNING])
     config_overrides.setdefault("wait_for_held", wait)
     sched = Scheduler(index, run_id, todo, workload or default_workload(), run.results_dir,

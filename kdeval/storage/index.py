@@ -27,7 +27,7 @@ from kdeval.storage.db import make_engine, make_session_factory
 from kdeval.storage.models import (
     TERMINAL_RUN_STATES, Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, as_utc, utcnow,
 )
-from kdeval.storage.leases import ShardLeases
+from kdeval.storage.leases import ShardLeases, _chunks
 from kdeval.storage.parquet import read_cell_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
 
@@ -341,13 +341,6 @@ class RunIndex(ShardLeases):
         """Replace a cell's summary scores (``kdeval rescore``)."""
         with self._write() as s:
             s.execute(update(Cell).where(Cell.id == cell_id).values(summary=summary))
-
-
-def _chunks(ids: Sequence[str], size: int = 500) -> Iterator[list[str]]:
-    """``ids`` in lists of at most ``size`` (keeps ``IN (...)`` under SQLite's variable limit)."""
-    ids = list(ids)
-    for i in range(0, len(ids), size):
-        yield ids[i:i + size]
 
 
 def age_seconds(ts: datetime | None) -> float | None:

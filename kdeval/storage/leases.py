@@ -15,12 +15,19 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from kdeval.storage.models import Attempt, AttemptState, Cell, CellShard, CellState, utcnow
+
+
+def _chunks(ids: Sequence[str], size: int = 500) -> Iterator[list[str]]:
+    """``ids`` in lists of at most ``size`` (keeps ``IN (...)`` under SQLite's variable limit)."""
+    ids = list(ids)
+    for i in range(0, len(ids), size):
+        yield ids[i:i + size]
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,9 @@ class ShardLeases:
         with self.session() as s:
             if cell_ids is None:
                 return {cid: holder for cid, holder in s.execute(held).all()}
-            ids, out = list(cell_ids), {}
-            for i in range(0, len(ids), 500):
-                out.update({cid: holder for cid, holder in s.execute(held.where(Cell.id.in_(ids[i:i + 500]))).all()})
+            out = {}
+            for chunk in _chunks(cell_ids):
+                out.update({cid: holder for cid, holder in s.execute(held.where(Cell.id.in_(chunk))).all()})
             return out
 
     def release_cells(self, run_id: str, cell_ids: Sequence[str] | None = None) -> int:

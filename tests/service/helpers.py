@@ -1,6 +1,8 @@
 """Shared helpers of the service tests: submit a stub grid, inspect the index and the Parquet files, wait."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,3 +59,15 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str, every: flo
             return
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop_background(pid: int) -> None:
+    """End a background driver the test started (if it is still alive) and reap it."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

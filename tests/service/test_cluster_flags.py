@@ -2,9 +2,7 @@
 ray://) is a cluster the background driver joins. Shown on a ``ray.cluster_utils.Cluster``."""
 from __future__ import annotations
 
-import os
 import re
-import signal
 import sys
 
 import pytest
@@ -14,7 +12,7 @@ from kdeval.cli import service_cmds
 from kdeval.storage import RunIndex
 
 from .conftest import stub_grid
-from .helpers import wait_until
+from .helpers import stop_background, wait_until
 
 
 def test_which_addresses_are_job_servers():
@@ -82,14 +80,7 @@ def test_detached_run_joins_the_given_cluster(two_nodes, app, paths, monkeypatch
         assert {c.node for c in idx.run_cells(run_id)} <= node_ids
         idx.close()
     finally:
-        try:
-            os.kill(pid, signal.SIGTERM)  # the background driver we started, if still alive
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        stop_background(pid)
 
 
 def test_a_job_server_without_detach_is_refused_before_anything_is_written(app, paths):

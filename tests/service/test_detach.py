@@ -1,9 +1,7 @@
 """``kdeval submit --detach`` (local): returns at once; a background driver finishes the run."""
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 
 from typer.testing import CliRunner
@@ -11,7 +9,7 @@ from typer.testing import CliRunner
 from kdeval.storage import RunIndex
 
 from .conftest import stub_grid
-from .helpers import wait_until
+from .helpers import stop_background, wait_until
 
 
 def test_detached_submit_finishes_in_background(app, paths, monkeypatch):
@@ -31,12 +29,5 @@ def test_detached_submit_finishes_in_background(app, paths, monkeypatch):
         assert run.state == "done" and run.counts == {"done": 5}, run
         assert run.driver_pid == pid
     finally:
-        try:
-            os.kill(pid, signal.SIGTERM)  # the background driver we started, if still alive
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        stop_background(pid)
     assert time.monotonic() - t0 < 120

@@ -33,7 +33,7 @@ def provenance_rows(cells: list[LoadedCell]) -> list[ProvenanceRow]:
             seen[c.view.id] = c
     rows = []
     for c in sorted(seen.values(), key=lambda c: (c.slot, c.run)):
-        prov = getattr(c.view, "provenance", None)  # absent on index versions before provenance
+        prov = c.view.provenance
         prov = prov if isinstance(prov, dict) else {}
         rows.append(ProvenanceRow(run=c.run, cell=c.view.id, model=c.slot.model, policy=c.slot.policy,
                                   budget=c.slot.budget_or_none, chunk=c.slot.chunk, task=c.slot.task,
