@@ -22,9 +22,11 @@ the same index (``db``) and results directory, run through the same service func
 (:func:`kdeval.jobs.service.create_run`, :func:`kdeval.jobs.service.execute_run`) on a local Ray (or
 ``address``). Cells already done there — by the CLI or an earlier call — are reused, not recomputed.
 Each row is one sample of one cell: its identity columns (``run_id``, ``cell_id``, ``model``, ``policy``,
-``params``, ``budget`` (None for ``full``), ``chunk_size``, ``task``, ``length``, ``seed``, ``dtype``,
-``protocol``), then the prediction, references, ``score`` (0-1; reports print 100 × the mean as points),
-latencies (``ttft_s``, ``decode_s``) and memory (``peak_kv_bytes``, ``peak_memory_bytes`` with its
+``params``, ``budget`` (N; None for ``full`` and for a share of the prompt), ``budget_share`` (0.25 for a
+``"25%"`` budget, else None), ``chunk_size``, ``task``, ``length``, ``seed``, ``dtype``, ``protocol``), then
+the prediction, references, ``score`` (0-1; reports print 100 × the mean as points),
+``resolved_budget`` (the N the sample kept: a share's resolved per prompt), latencies (``ttft_s``,
+``decode_s``) and memory (``peak_kv_bytes``, ``peak_memory_bytes`` with its
 ``memory_kind``). ``df.attrs`` holds ``run_id``, ``cells``, ``reused`` (done before this call) and
 ``failed`` (cell id -> error line).
 """

@@ -142,7 +142,7 @@ def _status_table(index: RunIndex, run_id: str) -> Group:
         detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
-        nb = f"{'-' if c.budget is None else c.budget}/{c.chunk_size}"
+        nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{c.chunk_size}"
         row = [c.id[:8]] + ([] if one_model else [c.model]) + [c.policy, nb, c.task, state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
         t.add_row(*row)

@@ -33,7 +33,7 @@ class CellTask:
     revision: str | None
     policy: str
     policy_params: dict[str, Any]
-    budget: int | None
+    budget: int | str | None  # N tokens, a share of each prompt ("25%", resolved per sample), None: no eviction
     chunk_size: int
     task: str
     length: int | None

@@ -9,6 +9,13 @@ prompt (the KeyDiff paper); ``compress="context"`` evicts while prefilling the c
 question without eviction and never evicts it (kvpress). ``decode="evict"`` keeps evicting after every
 generated token; ``decode="keep"`` lets the cache grow while decoding.
 
+A budget is N tokens or a share of each prompt (``"25%"``, :mod:`kdeval.evals.budget`): a sample then keeps
+``N = ⌈share × tokens⌉``, tokens being what is compressed (the whole prompt under ``compress="prompt"``, the
+context under ``"context"``, as kvpress's ratio). Samples run on one engine per resolved N, each group in
+sample order, so a batch only holds samples of one N (and equals batch 1). A sample whose N is below what the
+policy always keeps (sinks, recent window) fails the run before anything runs: it is not raised to that
+minimum, which would make the cell something else than the share it names.
+
     lm = load_model("random:llama-tiny")
     task = get_task("needle", lengths=[600], depths=[50], haystack="noise")
     rows = run_task(lm, task, policy="keydiff", budget=256, chunk_size=64)
@@ -26,6 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence, TypedDict
 import torch
 
 from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
+from kdeval.evals.budget import BUDGET_EXPECTED, Budget, is_share, parse_budget, resolve_budget
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 
@@ -80,6 +88,7 @@ class EvalRow(TypedDict):
     peak_kv_bytes: int         # most bytes of K/V tensors the cache had allocated during the call, all layers
     model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
+    resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
     meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
@@ -102,7 +111,7 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
-         shared: bool, shared_s: float, weight_bytes: int = 0) -> dict[str, Any]:
+         shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None) -> dict[str, Any]:
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -125,6 +134,7 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
         "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
         "model_weight_bytes": int(weight_bytes),
         "kept_tokens": int(stats.get("kept_tokens", 0)),
+        "resolved_budget": budget,
         "length": meta.pop("length", None),
         "depth": meta.pop("depth", None),
         "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),
@@ -194,7 +204,7 @@ def _check_protocol(task: Task, samples: Sequence[Sample], prompts: Sequence[Bui
 
 
 def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mapping[str, Any] | None = None,
-             budget: int | None = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
+             budget: Budget = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
              limit: int | None = None, chat: str = "auto", share_context: bool = True,
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
@@ -206,7 +216,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         task: a task from :func:`kdeval.evals.registry.get_task`.
         policy: a policy name for ``kdeval.keydiff.registry.get_policy`` or a policy object.
         policy_params: parameters for a policy given by name.
-        budget: KV budget in tokens (None: no eviction).
+        budget: KV budget: N tokens, a share of each sample's prompt such as ``"25%"`` (resolved per sample, see
+            the module docstring; rows record the N in ``resolved_budget``), or None (no eviction).
         chunk_size: prefill chunk size.
         sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
         chat: ``"auto"`` / ``"never"`` / ``"always"`` chat-template use (see PromptBuilder).
@@ -247,14 +258,58 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
-    config = EngineConfig(budget=budget, chunk_size=chunk_size, **dict(engine or {}))
-    eng = Engine(lm.model, _resolve_policy(policy, policy_params), config)
+    pol = _resolve_policy(policy, policy_params)
+    groups = _budget_groups(budget, pol, samples, built, context_only)
+    configs = {n: EngineConfig(budget=n, chunk_size=chunk_size, **dict(engine or {})) for n in groups}
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
-    if batch_size > 1:
-        return _run_batched(eng, task, samples, built, builder, batch_size, share_context, context_only,
-                            decode == "evict", eos, device, weight_bytes)
+    rows: list[dict[str, Any]] = [{}] * len(samples)
+    for n, members in groups.items():
+        eng = Engine(lm.model, pol, configs[n])
+        part = [samples[i] for i in members], [built[i] for i in members]
+        if batch_size > 1:
+            done = _run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
+                                decode == "evict", eos, device, weight_bytes)
+        else:
+            done = _run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
+                             device, weight_bytes)
+        for i, row in zip(members, done):
+            rows[i] = row
+    return rows
+
+
+def _budget_groups(budget: Budget, policy: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
+                   context_only: bool) -> dict[int | None, list[int]]:
+    """The samples (indices, in order) of each N they keep: all of them under N tokens or None; under a share
+    each sample's ``⌈share × tokens⌉`` of what is compressed (the prompt, or the context alone). A share is
+    checked against what ``policy`` always keeps for every sample before anything runs (EvalError naming the
+    first sample below it)."""
+    if not is_share(budget):
+        return {budget: list(range(len(samples)))}
+    try:
+        share = parse_budget(budget)
+    except ValueError:
+        raise EvalError(f"budget: {BUDGET_EXPECTED}, got {budget!r}") from None
+    what = "context" if context_only else "prompt"
+    groups: dict[int | None, list[int]] = {}
+    for i, (s, p) in enumerate(zip(samples, built)):
+        tokens = len(p.prefix_ids) if context_only else p.n_tokens
+        n = resolve_budget(share, tokens)
+        if policy.evicts:
+            try:
+                policy.check_budget(n)
+            except ValueError as e:
+                raise EvalError(f"budget: {share} of sample {s.id!r} ({tokens} {what} tokens) is N={n}; "
+                                f"{str(e).removeprefix('budget: ')}") from None
+        groups.setdefault(n, []).append(i)
+    return groups
+
+
+def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
+              builder: PromptBuilder, share_context: bool, context_only: bool, decode_evict: bool, eos: Any,
+              device: Any, weight_bytes: int) -> list[dict[str, Any]]:
+    """:func:`run_task`'s loop one sample at a time (batch 1), in order, on one engine."""
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
     for group in _groups(built):
@@ -267,10 +322,10 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
                 fork = scratch = state.fork(into=scratch)
             res = eng.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
                                eos_token_id=eos, state=fork, protect_last=len(p.suffix_ids) if context_only else 0,
-                               decode_evict=decode == "evict")
+                               decode_evict=decode_evict)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes))
+                             weight_bytes, eng.config.budget if eng.evicting else None))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
@@ -311,7 +366,7 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
         for (i, _, shared, shared_s), r in zip(queue, res):
             gen = r.tokens[0]
             rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes)
+                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None)
         done = queue[-1][0]
         queue.clear()
         while waiting and waiting[0][0] <= done:

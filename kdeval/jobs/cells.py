@@ -6,7 +6,8 @@ length, seed, parameters, the ids of the samples it runs, a digest of the data i
 from, its generation length), generation and engine settings, and the version of the code that computes
 results (``kdeval.version.result_code_hash``: the engine, this policy's own modules, the tasks and metrics, the
 cell execution). Nothing else enters it: not the grid name, resources or retry limits, nor the CLI, scheduler,
-storage or report code. ``full`` keeps every token, so its cells carry ``budget=None`` and the default engine
+storage or report code. A budget is N tokens (an int, hashed as before) or a share of each prompt (its
+canonical text, ``"25%"``: a different cell from any N). ``full`` keeps every token, so its cells carry ``budget=None`` and the default engine
 options and protocol (which only matter to evicting policies): one cell serves every budget, engine setting and
 protocol.
 """
@@ -26,6 +27,7 @@ from kdeval.cluster import catalog
 from kdeval.cluster.execute import build_eval_task
 from kdeval.cluster.workload import CellTask, model_key
 from kdeval.evals.base import EvalError
+from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.evals.identity import task_data
 from kdeval.jobs.errors import GridError, GridIssue
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
@@ -86,7 +88,7 @@ class CellSpec(BaseModel):
     model: ModelSpec
     policy: str
     policy_params: dict[str, Any] = {}
-    budget: int | None
+    budget: int | str | None  # N tokens, a share such as "25%" (kdeval.evals.budget), None for ``full``
     chunk_size: int
     task: TaskRef
     generation: GenerationSpec
@@ -121,7 +123,8 @@ class CellSpec(BaseModel):
     def record(self) -> CellRecord:
         """The row the index stores for this cell."""
         return CellRecord(id=self.id, spec=self.model_dump(mode="json"), model=self.model.id,
-                          policy=self.policy, budget=self.budget, chunk_size=self.chunk_size,
+                          policy=self.policy, budget=budget_tokens(self.budget),
+                          budget_share=budget_share(self.budget), chunk_size=self.chunk_size,
                           task=self.task.label)
 
     def describe(self) -> str:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.jobs.cells import CellSpec
 from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell, with_identity
 
@@ -31,7 +32,8 @@ def cell_identity(cell: CellSpec, run_id: str) -> dict[str, Any]:
     """The identity columns of ``cell``'s rows as computed by run ``run_id`` (``IDENTITY_SCHEMA`` order)."""
     return {
         "run_id": run_id, "cell_id": cell.id, "model": cell.model.id, "policy": cell.policy,
-        "params": json.dumps(cell.policy_params, sort_keys=True), "budget": cell.budget,
+        "params": json.dumps(cell.policy_params, sort_keys=True), "budget": budget_tokens(cell.budget),
+        "budget_share": budget_share(cell.budget),
         "chunk_size": cell.chunk_size, "task": cell.task.name, "length": cell.task.length,
         "seed": cell.task.seed, "dtype": cell.model.dtype, "protocol": cell.protocol.label,
     }

@@ -10,7 +10,7 @@ Example (see ``examples/*.yaml``)::
       - full                                   # budget-independent: one cell per model x chunk x task
       - {name: keydiff}
       - {name: sink, params: {n_sink_tokens: 4}}
-    budgets: [256, 512]                        # absolute tokens kept per layer and KV head
+    budgets: [256, 512, 25%]                   # tokens kept per layer and KV head, or a share of each prompt
     chunk_sizes: [64]
     tasks:
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
@@ -25,12 +25,25 @@ Validation errors are :class:`kdeval.jobs.errors.GridError`; see :func:`kdeval.j
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+
+from kdeval.evals.budget import parse_budget
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
+
+
+def _budget_entry(value: Any) -> Any:
+    """A ``budgets`` entry: an int as it is (the list's own check wants it positive), anything else parsed
+    as a budget (``"25%"`` -> its canonical text; ValueError naming what is expected)."""
+    return value if type(value) is int else parse_budget(value)
+
+
+#: A grid budget: N tokens, or a share of each sample's prompt as its canonical text (``"25%"``; see
+#: :mod:`kdeval.evals.budget`), resolved per sample by the runner.
+BudgetValue = Annotated[int | str, BeforeValidator(_budget_entry)]
 
 #: Policies whose result does not depend on the budget (one cell serves every budget).
 BUDGET_FREE_POLICIES = frozenset({"full"})
@@ -148,7 +161,7 @@ class GridSpec(_Strict):
     name: str = Field(default="grid", min_length=1, max_length=200)
     models: list[ModelSpec] = Field(min_length=1)
     policies: list[PolicySpec] = Field(min_length=1)
-    budgets: list[int] = Field(default_factory=list)
+    budgets: list[BudgetValue] = Field(default_factory=list)
     chunk_sizes: list[int] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(min_length=1)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
@@ -168,10 +181,10 @@ class GridSpec(_Strict):
 
     @field_validator("budgets", "chunk_sizes")
     @classmethod
-    def _positive_ints(cls, v: list[int]) -> list[int]:
-        bad = [x for x in v if x < 1]
+    def _positive_ints(cls, v: list[int | str]) -> list[int | str]:
+        bad = [x for x in v if isinstance(x, int) and x < 1]  # other budgets were checked by parse_budget
         if bad:
             raise ValueError(f"every value must be a positive number of tokens (got {bad[0]})")
-        if len(set(v)) != len(v):
+        if len(set(v)) != len(v):  # shares are canonical text: "25.0%" repeats "25%"
             raise ValueError("values must be distinct")
         return v

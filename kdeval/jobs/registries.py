@@ -9,6 +9,7 @@ from kdeval.cluster import catalog
 from kdeval.cluster.execute import GRID_OWNED_TASK_PARAMS
 from kdeval.cluster.stub import stub_seconds
 from kdeval.evals import registry as task_registry
+from kdeval.evals.budget import is_share
 from kdeval.jobs.errors import GridIssue, did_you_mean
 from kdeval.names import RANDOM_PREFIX  # the built-in tiny random models (``stub:<s>``: see :func:`stub_seconds`)
 
@@ -50,10 +51,15 @@ def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> l
     return issues
 
 
-def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[int]) -> list[GridIssue]:
-    """Issues for budgets smaller than what ``policies[index]`` always keeps (sink and recent tokens)."""
+def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[int | str]) -> list[GridIssue]:
+    """Issues for token budgets smaller than what ``policies[index]`` always keeps (sink and recent tokens).
+
+    A share (``"25%"``) resolves per sample once its prompt is tokenized: the runner fails the cell, naming
+    the sample, when a sample's N is below that minimum (``kdeval.evals.runner``)."""
     issues = []
     for budget in budgets:
+        if is_share(budget):
+            continue
         msg = catalog.policy_budget_error(name, params, budget)
         if msg is not None:
             issues.append(GridIssue("budgets", f"{msg.removeprefix('budget: ')} (policies[{index}])"))

@@ -195,6 +195,7 @@ class RunIndex(ShardLeases):
             for pos, c in enumerate(cells):
                 if c.id not in known:
                     s.add(Cell(id=c.id, spec=c.spec, model=c.model, policy=c.policy, budget=c.budget,
+                               budget_share=c.budget_share,
                                chunk_size=c.chunk_size, task=c.task, state=CellState.PENDING.value))
                     known.add(c.id)
                 s.add(RunCell(run_id=run_id, cell_id=c.id, position=pos))

@@ -153,6 +153,9 @@ class Cell(Base):
     # the run whose driver holds the cell while it is being computed (a lease: no other driver starts it
     # while that driver is alive); None when nobody does. Added with sample shards (older indexes: on open).
     held_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # the share of each prompt kept, in (0, 1], when the budget is one ("25%": 0.25; ``budget`` is then None).
+    # Added with share budgets (older indexes: on open).
+    budget_share: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class RunCell(Base):

@@ -17,7 +17,8 @@ IDENTITY_SCHEMA = pa.schema([
     ("model", pa.string()),       # model id
     ("policy", pa.string()),      # policy name
     ("params", pa.string()),      # policy parameters as JSON, keys sorted ("{}" when none)
-    ("budget", pa.int64()),       # N; null for the budget-free ``full``
+    ("budget", pa.int64()),       # N; null for the budget-free ``full`` and for a share of the prompt
+    ("budget_share", pa.float64()),  # the share of each prompt kept, in (0, 1] ("25%": 0.25); null for N
     ("chunk_size", pa.int64()),   # B
     ("task", pa.string()),        # the row's own task name when it has one, else the cell's
     ("length", pa.int64()),       # the row's own target length when set, else the cell's (null: natural)

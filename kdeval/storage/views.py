@@ -31,9 +31,10 @@ class CellRecord:
     spec: dict[str, Any]
     model: str
     policy: str
-    budget: int | None
+    budget: int | None  # N; None for ``full`` and for a share of the prompt
     chunk_size: int
     task: str
+    budget_share: float | None = None  # the share of each prompt kept, in (0, 1] (a "25%" budget: 0.25)
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,18 @@ class CellView:
     provenance: dict[str, Any] | None = field(repr=False, default=None)
     #: The run whose driver holds the cell while computing it (None: nobody; ``kdeval.storage.leases``).
     held_by: str | None = None
+    #: The share of each prompt a share-budget cell keeps, in (0, 1] (``budget`` is then None).
+    budget_share: float | None = None
 
     @classmethod
     def of(cls, cell: Cell) -> "CellView":
         return _from_row(cls, cell, summary=dict(cell.summary) if cell.summary else None, spec=dict(cell.spec or {}),
                          provenance=dict(cell.provenance) if cell.provenance else None)
+
+    @property
+    def grid_budget(self) -> int | str | None:
+        """The budget as the cell's spec holds it: N, a share's text (``"25%"``), or None (``full``)."""
+        return self.spec["budget"] if "budget" in self.spec else self.budget
 
     @property
     def error_line(self) -> str | None:

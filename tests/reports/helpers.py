@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.jobs.cells import TaskRef
 from kdeval.storage import AttemptState, CellRecord, RunIndex, RunState, write_cell_rows
 
@@ -16,7 +17,7 @@ class FakeCell:
     """One cell to store: ``rows`` None with ``error`` = a failed cell; ``pending`` = never run."""
 
     policy: str
-    budget: int | None
+    budget: int | str | None  # N, a share of the prompt ("25%"), None for full
     task: str = "needle"
     length: int | None = 1024
     seed: int = 0
@@ -87,7 +88,8 @@ def store_run(idx: RunIndex, results: Path, run_id: str, cells: list[FakeCell], 
               grid_hash: str = "grid-hash", name: str = "grid", state: RunState = RunState.DONE) -> str:
     """Record a run with ``cells`` (done/failed/pending as described) and write their Parquet files."""
     records = [CellRecord(id=c.cell_id(version), spec=c.spec(version), model=c.model, policy=c.policy,
-                          budget=c.budget, chunk_size=c.chunk, task=c.label) for c in cells]
+                          budget=budget_tokens(c.budget), chunk_size=c.chunk, task=c.label,
+                          budget_share=budget_share(c.budget)) for c in cells]
     idx.create_run(run_id, name=name, grid_yaml="name: grid\n", grid_hash=grid_hash, results_dir=str(results),
                    kdeval_version=version, cells=records)
     for c, rec in zip(cells, records):

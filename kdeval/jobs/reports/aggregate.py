@@ -20,11 +20,9 @@ from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
-from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, load_run
+from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run
 from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
 from kdeval.storage import RunIndex
-
-Config = tuple[str, str, int, int]  # model, policy label, budget (-1: none), chunk
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class _Comparer:
         self.own, self.ref, self.by_full, self.opt = own, ref, by_full, options
 
     def ref_slot(self, slot: Slot) -> Slot:
-        return Slot(slot.model, FULL, -1, slot.chunk, slot.task) if self.by_full else slot
+        return Slot(slot.model, FULL, None, slot.chunk, slot.task) if self.by_full else slot
 
     def is_reference(self, config: Config) -> bool:
         return self.by_full and config[1] == FULL
@@ -143,7 +141,7 @@ class _Comparer:
         model, policy, budget, chunk = config
         sel, value = _selected(own, d)
         base = dict(level=d.level, benchmark=d.benchmark, metric=d.metric, model=model, policy=policy,
-                    budget=None if budget < 0 else budget, chunk=chunk, length=d.length,
+                    budget=budget, chunk=chunk, length=d.length,
                     depth=rounded(d.depth, "depth"), subset=d.subset, state=state, n=len(sel),
                     value=rounded(value, "value"))
         if self.is_reference(config):
@@ -228,7 +226,7 @@ def _pair(own: Samples, ref: Samples) -> _Paired:
 
 def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: str = "") -> CellRow:
     return CellRow(run=run, cell=cell.view.id if cell else "", model=slot.model, policy=slot.policy,
-                   budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task, state=state,
+                   budget=slot.budget, chunk=slot.chunk, task=slot.task, state=state,
                    error=error or (cell.error if cell else ""))
 
 
@@ -254,7 +252,7 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
         ref = _load(index, [compare], options.results_dir, notes, cache)
     cmp = _Comparer(own, ref, by_full, options)
     scores: list[MetricRow] = []
-    for config, slots in sorted(cmp.configs().items()):
+    for config, slots in sorted(cmp.configs().items(), key=lambda item: config_order(item[0])):
         scores.extend(cmp.metric_rows(config, slots))
     perf = [cmp.perf_row(slot) for slot in sorted(own)]
     cells = cmp.cell_rows(compare)

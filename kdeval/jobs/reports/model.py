@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kdeval.evals.budget import Budget, parse_budget
 from kdeval.jobs.reports.units import rounded  # noqa: F401 - rows are built with it (aggregate, perf)
 
 #: The full-cache policy: the default reference of a report.
@@ -45,7 +46,7 @@ class MetricRow:
     metric: str                # task name ("ruler.vt") or headline ("ruler.avg")
     model: str
     policy: str                # policy name, with its params when it has any: "sink(n_sink_tokens=8)"
-    budget: int | None         # None for the full cache
+    budget: Budget             # N, a share of the prompt ("25%"), None for the full cache
     chunk: int
     length: int | None = None  # slice: target prompt length
     depth: float | None = None  # slice: needle depth (%)
@@ -72,7 +73,7 @@ class PerfRow:
 
     model: str
     policy: str
-    budget: int | None
+    budget: Budget
     chunk: int
     task: str                  # task instance label, e.g. "needle@1024#s0"
     state: str = State.OK
@@ -105,7 +106,7 @@ class CellRow:
     cell: str                  # cell id ("" for a missing one)
     model: str
     policy: str
-    budget: int | None
+    budget: Budget
     chunk: int
     task: str
     state: str                 # failed (also: done but its result file fails its check) | pending | running | missing
@@ -120,7 +121,7 @@ class ProvenanceRow:
     cell: str
     model: str
     policy: str
-    budget: int | None
+    budget: Budget
     chunk: int
     task: str
     kdeval_version: str = ""
@@ -186,6 +187,8 @@ def _coerce(text: Any, annotation: str) -> Any:
     """A field value read back from text (CSV/Markdown/HTML cells) or JSON."""
     if text is None or text == "":
         return "" if annotation == "str" else None
+    if annotation == "Budget":
+        return parse_budget(text)  # "256" -> 256, "25%" stays a share
     if annotation.startswith("int"):
         return int(text)
     if annotation.startswith("float"):

@@ -102,7 +102,7 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
         speed = {"TTFT": median_ratio_bootstrap(*ttft, **boot), "tok/s": median_ratio_bootstrap(*rates, **boot)}
     tt, dr = speed.get("TTFT"), speed.get("tok/s")
     return PerfRow(
-        model=slot.model, policy=slot.policy, budget=slot.budget_or_none, chunk=slot.chunk, task=slot.task,
+        model=slot.model, policy=slot.policy, budget=slot.budget, chunk=slot.chunk, task=slot.task,
         state=state, n=len(cell.samples) if cell.samples is not None else 0,
         prompt_tokens=rounded(mine.get("prompt_tokens"), "prompt_tokens"),
         ttft_median_s=rounded(mine.get("ttft"), "ttft_median_s"),

@@ -1,7 +1,8 @@
 """Plots of a report as PNG bytes (matplotlib, Agg, no pyplot global state).
 
 * score vs budget, one line per policy with the CI of its Δ as error bars, per model × chunk × benchmark
-  (the KeyDiff paper's figures), the full cache as a dashed horizontal line;
+  (the KeyDiff paper's figures), the full cache as a dashed horizontal line; budgets in tokens and budgets as
+  a share of the prompt (``25%``) get a figure each, never one axis;
 * needle heatmaps (depth × length: accuracy and n in each cell) per policy, per model × chunk × budget;
 * peak KV-cache bytes vs prompt length, per model × chunk, one line per policy × budget × task (a line
   never joins two tasks), both axes from 0.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from kdeval.evals.budget import budget_order, is_share, share_fraction
 from kdeval.jobs.reports.model import FULL, MetricRow, Report
 from kdeval.jobs.reports.samples import task_of_label
 from kdeval.jobs.reports.views import headline_rows
@@ -57,32 +59,42 @@ def _style(i: int) -> dict:
             "linestyle": DASHES[i % len(DASHES)]}
 
 
+def _budget_x(budget: int | str) -> float:
+    """Where a budget sits on a score-vs-budget axis: N tokens, or a share in percent."""
+    return float(share_fraction(budget) * 100) if is_share(budget) else float(budget)
+
+
 def budget_figure(title: str, rows: list[MetricRow]) -> Figure:
     """Score vs budget of one benchmark's headline ``rows``: a line per policy with the CI of its Δ as error
-    bars, dodged sideways a little so equal points stay visible; the full cache as a dashed line."""
+    bars, dodged sideways a little so equal points stay visible; the full cache as a dashed line. The budgets
+    are all tokens or all shares of the prompt (ValueError otherwise: one axis cannot hold both)."""
     lines: dict[str, list[MetricRow]] = defaultdict(list)
     for r in rows:
         if r.budget is not None:
             lines[r.policy].append(r)
+    shares = {is_share(r.budget) for pts in lines.values() for r in pts}
+    if len(shares) > 1:
+        raise ValueError("rows: budgets in tokens and shares of the prompt cannot share a score-vs-budget axis")
     fig = Figure(figsize=(5.6, 3.6), layout="constrained")
     ax = fig.add_subplot()
     ax.set_xscale("log", base=2)
     for i, (policy, pts) in enumerate(sorted(lines.items())):
-        pts.sort(key=lambda r: r.budget)
+        pts.sort(key=lambda r: budget_order(r.budget))
         shift = 2 ** (0.06 * (i - (len(lines) - 1) / 2))  # dodge: a few % of a doubling
         low = [r.delta - r.ci_low if r.ci_low is not None else 0.0 for r in pts]
         high = [r.ci_high - r.delta if r.ci_high is not None else 0.0 for r in pts]
-        ax.errorbar([r.budget * shift for r in pts], [r.value for r in pts], yerr=[low, high], capsize=3,
+        ax.errorbar([_budget_x(r.budget) * shift for r in pts], [r.value for r in pts], yerr=[low, high], capsize=3,
                     linewidth=1.4, markersize=5, label=policy, **_style(i))
     full = [r.value for r in rows if r.policy == FULL]
     if full:
         ax.axhline(full[0], color="#555555", linestyle="--", linewidth=1, label="full (reference)")
-    budgets = sorted({r.budget for pts in lines.values() for r in pts})
-    ax.set_xticks(budgets, [str(b) for b in budgets])
+    budgets = sorted({r.budget for pts in lines.values() for r in pts}, key=budget_order)
+    ax.set_xticks([_budget_x(b) for b in budgets], [str(b) for b in budgets])
     ax.minorticks_off()
-    ax.set_xlim(budgets[0] / 1.5, budgets[-1] * 1.5)
+    ax.set_xlim(_budget_x(budgets[0]) / 1.5, _budget_x(budgets[-1]) * 1.5)
     ax.set_ylim(-5, 105)
-    ax.set_xlabel("KV budget N (tokens per layer and KV head)")
+    ax.set_xlabel("KV budget: share of each prompt kept (per layer and KV head)" if shares == {True}
+                  else "KV budget N (tokens per layer and KV head)")
     ax.set_ylabel(f"{rows[0].metric} (points)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -91,18 +103,21 @@ def budget_figure(title: str, rows: list[MetricRow]) -> Figure:
 
 
 def score_vs_budget(report: Report) -> list[Plot]:
-    """Headline score vs budget per model × chunk × benchmark (:func:`budget_figure`)."""
+    """Headline score vs budget per model × chunk × benchmark (:func:`budget_figure`), token budgets and
+    shares of the prompt in separate figures (each with the full cache's line)."""
     groups: dict[tuple[str, int, str], list[MetricRow]] = defaultdict(list)
     for r in headline_rows(report.scores):
         if r.value is not None:
             groups[(r.model, r.chunk, r.metric)].append(r)
     plots = []
     for (model, chunk, metric), rows in sorted(groups.items()):
-        if all(r.budget is None for r in rows):
-            continue
-        title = f"{metric} vs budget — {model}, B={chunk}"
-        plots.append(Plot("score_vs_budget", title, _slug("score", model, chunk, metric),
-                          _png(budget_figure(title, rows))))
+        for shares in (False, True):
+            part = [r for r in rows if r.budget is None or is_share(r.budget) == shares]
+            if all(r.budget is None for r in part):
+                continue
+            title = f"{metric} vs budget{' (share of the prompt)' if shares else ''} — {model}, B={chunk}"
+            slug = _slug("score", model, chunk, metric, *(["share"] if shares else []))
+            plots.append(Plot("score_vs_budget", title, slug, _png(budget_figure(title, part))))
     return plots
 
 
@@ -140,14 +155,14 @@ def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
 def needle_heatmaps(report: Report) -> list[Plot]:
     """Needle accuracy by depth × length, one panel per policy (full included), per model × chunk × budget
     (:func:`needle_figure`)."""
-    cells: dict[tuple[str, int], dict[tuple[str, int | None], NeedleGrid]] = defaultdict(lambda: defaultdict(dict))
+    cells: dict[tuple[str, int], dict[tuple[str, int | str | None], NeedleGrid]] = defaultdict(lambda: defaultdict(dict))
     for r in report.scores:
         if r.benchmark == "needle" and r.level == "detail" and r.length is not None and r.depth is not None \
                 and r.value is not None:
             cells[(r.model, r.chunk)][(r.policy, r.budget)][(r.length, r.depth)] = (r.value, r.n)
     plots = []
     for (model, chunk), by_cfg in sorted(cells.items()):
-        budgets = sorted({b for (_, b) in by_cfg if b is not None}) or [None]
+        budgets = sorted({b for (_, b) in by_cfg if b is not None}, key=budget_order) or [None]
         for budget in budgets:
             panels = [(p if b is None else f"{p} N={b}", by_cfg[(p, b)])
                       for (p, b) in sorted(by_cfg, key=lambda k: (k[0] != FULL, k[0])) if b in (None, budget)]

@@ -36,7 +36,7 @@ def provenance_rows(cells: list[LoadedCell]) -> list[ProvenanceRow]:
         prov = c.view.provenance
         prov = prov if isinstance(prov, dict) else {}
         rows.append(ProvenanceRow(run=c.run, cell=c.view.id, model=c.slot.model, policy=c.slot.policy,
-                                  budget=c.slot.budget_or_none, chunk=c.slot.chunk, task=c.slot.task,
+                                  budget=c.slot.budget, chunk=c.slot.chunk, task=c.slot.task,
                                   **{k: _text(prov.get(k)) for k in PROVENANCE_KEYS}))
     return rows
 

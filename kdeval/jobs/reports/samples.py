@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from functools import total_ordering
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +17,41 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kdeval.evals.budget import Budget, budget_order
 from kdeval.jobs.cells import policy_label
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 
 
-@dataclass(frozen=True, order=True)
+#: (model, policy label, budget, chunk): one line of a plot or table.
+Config = tuple[str, str, Budget, int]
+
+
+def config_order(config: Config) -> tuple:
+    """Sort key of a :data:`Config`: budgets by :func:`kdeval.evals.budget.budget_order` (no budget, then
+    tokens, then shares of the prompt)."""
+    model, policy, budget, chunk = config
+    return (model, policy, budget_order(budget), chunk)
+
+
+@total_ordering
+@dataclass(frozen=True)
 class Slot:
-    """Where a cell sits in a grid, independent of run and code version."""
+    """Where a cell sits in a grid, independent of run and code version (ordered by :func:`config_order`,
+    then task)."""
 
     model: str
     policy: str          # policy label (name plus params)
-    budget: int          # -1 for budget-free policies (sorts first)
+    budget: Budget       # N, a share of the prompt ("25%"), None for budget-free policies (sorts first)
     chunk: int
     task: str            # task instance label: "needle@1024#s0"
 
     @property
-    def config(self) -> tuple[str, str, int, int]:
+    def config(self) -> Config:
         """(model, policy, budget, chunk): one line of a plot or table."""
         return (self.model, self.policy, self.budget, self.chunk)
 
-    @property
-    def budget_or_none(self) -> int | None:
-        return None if self.budget < 0 else self.budget
+    def __lt__(self, other: "Slot") -> bool:
+        return (config_order(self.config), self.task) < (config_order(other.config), other.task)
 
 
 def task_of_label(label: str) -> str:
@@ -55,8 +69,8 @@ def task_name(view: CellView) -> str:
 
 def slot_of(view: CellView) -> Slot:
     """The slot of a cell."""
-    return Slot(view.model, policy_label(view.policy, (view.spec or {}).get("policy_params") or {}), -1 if view.budget is None else int(view.budget),
-                int(view.chunk_size), view.task)
+    return Slot(view.model, policy_label(view.policy, (view.spec or {}).get("policy_params") or {}),
+                view.grid_budget, int(view.chunk_size), view.task)
 
 
 def benchmark_of(task: str) -> str:

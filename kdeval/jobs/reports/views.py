@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kdeval.evals.budget import Budget, budget_order
 from kdeval.jobs.reports.layout import Column, TableView
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, State, memory_label
 from kdeval.jobs.reports.provenance import COMBINATION_KEYS, cell_label, combinations
@@ -34,12 +35,13 @@ def metric_label(r: MetricRow) -> str:
     return " ".join(parts)
 
 
-def budget_text(b: int | None) -> str:
+def budget_text(b: Budget) -> str:
+    """``256``, ``25%`` (a share of each prompt) or ``-`` (no budget)."""
     return "-" if b is None else str(b)
 
 
-def config_label(policy: str, budget: int | None) -> str:
-    """``keydiff N=256``; the full cache (no budget) is its policy alone."""
+def config_label(policy: str, budget: Budget) -> str:
+    """``keydiff N=256``, ``keydiff N=25%``; the full cache (no budget) is its policy alone."""
     return policy if budget is None else f"{policy} N={budget}"
 
 
@@ -171,7 +173,7 @@ def headline_views(report: Report) -> list[Headline]:
     for (model, chunk), rows in sorted(groups.items()):
         metrics = sorted({r.metric for r in rows})
         configs = sorted({(r.policy, r.budget) for r in rows},
-                         key=lambda c: (c[0] != FULL, c[0], -1 if c[1] is None else c[1]))
+                         key=lambda c: (c[0] != FULL, c[0], budget_order(c[1])))
         at = {(r.policy, r.budget, r.metric): r for r in rows}
         table = []
         for policy, budget in configs:

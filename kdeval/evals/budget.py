@@ -1,0 +1,82 @@
+"""A KV budget N: an absolute number of tokens, or a share of the prompt resolved per sample (``"25%"``).
+
+A share keeps ``N = ⌈share × tokens⌉`` tokens per layer and KV head of each sample, as kvpress's compression
+ratio does (``tokens``: the whole prompt under ``compress: prompt``; the context under ``compress: context``,
+the part that is compressed). It is written, hashed and stored as its canonical text (``"25%"``, ``"12.5%"``:
+the percentage without trailing zeros), so ``"25.0%"`` and ``"25%"`` are one cell while ``"25%"`` and the
+absolute N it resolves to are two. Resolution is exact (fractions, not floats: 10% of 30 tokens is 3).
+"""
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, Union
+
+#: A cell's budget: tokens, a share's canonical text (``"25%"``), or None (no eviction: ``full``).
+Budget = Union[int, str, None]
+
+#: What a budget may be (grid errors and the runner's).
+BUDGET_EXPECTED = 'expected a positive number of tokens or a share of the prompt such as "25%" (0 < share <= 100)'
+
+_SHARE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
+
+
+def parse_budget(value: Any) -> int | str:
+    """``value`` as a budget: a positive int (also from an integral float or digit string) or a share's
+    canonical text (``"12.50 %"`` -> ``"12.5%"``). ValueError(:data:`BUDGET_EXPECTED`) otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(BUDGET_EXPECTED)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(BUDGET_EXPECTED)
+        return value
+    m = _SHARE.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(BUDGET_EXPECTED)
+    percent = Decimal(m.group(1))
+    if not 0 < percent <= 100:
+        raise ValueError(BUDGET_EXPECTED)
+    return f"{percent.normalize():f}%"
+
+
+def is_share(budget: Budget) -> bool:
+    """Whether ``budget`` is a share of the prompt (canonical text) rather than tokens or None."""
+    return isinstance(budget, str)
+
+
+def share_fraction(budget: str) -> Fraction:
+    """A share's exact value in (0, 1]: ``"12.5%"`` -> ``Fraction(1, 8)``."""
+    return Fraction(Decimal(budget[:-1])) / 100
+
+
+def budget_share(budget: Budget) -> float | None:
+    """The share as a float in (0, 1] (``"25%"`` -> 0.25, what storage records); None for tokens or None."""
+    return float(share_fraction(budget)) if is_share(budget) else None
+
+
+def budget_tokens(budget: Budget) -> int | None:
+    """The absolute N of a token budget; None for a share or no budget (what storage records as ``budget``)."""
+    return None if budget is None or is_share(budget) else int(budget)
+
+
+def resolve_budget(budget: Budget, tokens: int) -> int | None:
+    """The N a sample keeps: ``budget`` itself when absolute (or None), ``⌈share × tokens⌉`` for a share."""
+    if not is_share(budget):
+        return budget
+    f = share_fraction(budget)
+    return -(-f.numerator * tokens // f.denominator)
+
+
+def budget_order(budget: Budget) -> tuple[int, Fraction]:
+    """Sort key: no budget first, then token budgets by N, then shares by size (the two never interleave)."""
+    if budget is None:
+        return (0, Fraction(0))
+    if is_share(budget):
+        return (2, share_fraction(budget))
+    return (1, Fraction(budget))
+
