@@ -16,8 +16,8 @@ from kdeval.jobs.errors import GridError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTION = "## Python API"
-IDENTITY = ["run_id", "cell_id", "model", "policy", "params", "budget", "chunk_size", "task", "length", "seed",
-            "dtype", "protocol"]
+IDENTITY = ["run_id", "cell_id", "model", "policy", "params", "budget", "budget_share", "chunk_size", "task",
+            "length", "seed", "dtype", "protocol"]
 
 
 def docstring_example() -> str:

@@ -5,13 +5,17 @@ ratio does (``tokens``: the whole prompt under ``compress: prompt``; the context
 the part that is compressed). It is written, hashed and stored as its canonical text (``"25%"``, ``"12.5%"``:
 the percentage without trailing zeros), so ``"25.0%"`` and ``"25%"`` are one cell while ``"25%"`` and the
 absolute N it resolves to are two. Resolution is exact (fractions, not floats: 10% of 30 tokens is 3).
+:func:`budget_groups` resolves a run's samples (the runner gives each N its own engine).
 """
 from __future__ import annotations
 
 import re
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Union
+from typing import Any, Sequence, Union
+
+from kdeval.evals.base import EvalError, Sample
+from kdeval.evals.prompting import BuiltPrompt
 
 #: A cell's budget: tokens, a share's canonical text (``"25%"``), or None (no eviction: ``full``).
 Budget = Union[int, str, None]
@@ -80,3 +84,29 @@ def budget_order(budget: Budget) -> tuple[int, Fraction]:
         return (2, share_fraction(budget))
     return (1, Fraction(budget))
 
+
+def budget_groups(budget: Budget, policy: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
+                  context_only: bool) -> dict[int | None, list[int]]:
+    """The samples (indices, in order) of each N they keep: all of them under N tokens or None; under a share
+    each sample's ``⌈share × tokens⌉`` of what is compressed (the prompt, or the context alone). A share is
+    checked against what ``policy`` always keeps for every sample before anything runs (EvalError naming the
+    first sample below it)."""
+    if not is_share(budget):
+        return {budget: list(range(len(samples)))}
+    try:
+        share = parse_budget(budget)
+    except ValueError:
+        raise EvalError(f"budget: {BUDGET_EXPECTED}, got {budget!r}") from None
+    what = "context" if context_only else "prompt"
+    groups: dict[int | None, list[int]] = {}
+    for i, (s, p) in enumerate(zip(samples, built)):
+        tokens = len(p.prefix_ids) if context_only else p.n_tokens
+        n = resolve_budget(share, tokens)
+        if policy.evicts:
+            try:
+                policy.check_budget(n)
+            except ValueError as e:
+                raise EvalError(f"budget: {share} of sample {s.id!r} ({tokens} {what} tokens) is N={n}; "
+                                f"{str(e).removeprefix('budget: ')}") from None
+        groups.setdefault(n, []).append(i)
+    return groups

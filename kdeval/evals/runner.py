@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence, TypedDict
 import torch
 
 from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
-from kdeval.evals.budget import BUDGET_EXPECTED, Budget, is_share, parse_budget, resolve_budget
+from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 
@@ -259,7 +259,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     pol = _resolve_policy(policy, policy_params)
-    groups = _budget_groups(budget, pol, samples, built, context_only)
+    groups = budget_groups(budget, pol, samples, built, context_only)
     configs = {n: EngineConfig(budget=n, chunk_size=chunk_size, **dict(engine or {})) for n in groups}
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
@@ -277,33 +277,6 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         for i, row in zip(members, done):
             rows[i] = row
     return rows
-
-
-def _budget_groups(budget: Budget, policy: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
-                   context_only: bool) -> dict[int | None, list[int]]:
-    """The samples (indices, in order) of each N they keep: all of them under N tokens or None; under a share
-    each sample's ``⌈share × tokens⌉`` of what is compressed (the prompt, or the context alone). A share is
-    checked against what ``policy`` always keeps for every sample before anything runs (EvalError naming the
-    first sample below it)."""
-    if not is_share(budget):
-        return {budget: list(range(len(samples)))}
-    try:
-        share = parse_budget(budget)
-    except ValueError:
-        raise EvalError(f"budget: {BUDGET_EXPECTED}, got {budget!r}") from None
-    what = "context" if context_only else "prompt"
-    groups: dict[int | None, list[int]] = {}
-    for i, (s, p) in enumerate(zip(samples, built)):
-        tokens = len(p.prefix_ids) if context_only else p.n_tokens
-        n = resolve_budget(share, tokens)
-        if policy.evicts:
-            try:
-                policy.check_budget(n)
-            except ValueError as e:
-                raise EvalError(f"budget: {share} of sample {s.id!r} ({tokens} {what} tokens) is N={n}; "
-                                f"{str(e).removeprefix('budget: ')}") from None
-        groups.setdefault(n, []).append(i)
-    return groups
 
 
 def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
