@@ -89,7 +89,7 @@ class StubWorkload:
         shard = range(task.samples)[task.shard_slice]
         time.sleep(self._cost(task) + self.cost_per_sample_s * len(shard))
         rows = []
-        n = resolve_budget(task.budget, task.length or 0) or 0  # the stub's prompts are ``length`` tokens
+        n = resolve_budget(task.budget, task.length or 0)  # the stub's prompts are ``length`` tokens
         for i in shard:
             sid = f"{task.task}/{task.length}/{task.seed}/{i}"
             h = int(hashlib.sha256(f"{task.cell_id}/{sid}".encode()).hexdigest()[:8], 16)
@@ -97,8 +97,8 @@ class StubWorkload:
                 "id": sid, "prompt_hash": f"{h:016x}", "prompt_tokens": task.length or 0,
                 "truncated": False, "prediction": f"answer-{h % 7}", "references": [f"answer-{i % 7}"],
                 "score": float(h % 7 == i % 7), "ttft_s": 0.0, "decode_s": 0.0,
-                "peak_memory_bytes": self.peak_memory_bytes, "peak_kv_tokens": n,
-                "kept_tokens": n, "resolved_budget": n,
+                "peak_memory_bytes": self.peak_memory_bytes, "peak_kv_tokens": n or 0,
+                "kept_tokens": n or 0, "resolved_budget": n,
             })
         return CellResult(rows=rows, summary=self.aggregate(task, rows), peak_memory_bytes=self.peak_memory_bytes)
 
