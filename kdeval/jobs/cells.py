@@ -30,6 +30,7 @@ from kdeval.evals.base import EvalError
 from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.evals.identity import task_data
 from kdeval.jobs.errors import GridError, GridIssue
+from kdeval.jobs.registries import share_budget_notes
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
@@ -206,6 +207,10 @@ def expand_grid(grid: GridSpec, version: str | None = None) -> Expansion:
     ``version``: the code version every cell records (tests); None = each policy's :func:`cell_code_version`.
     """
     refs, notes = _task_refs(grid)
+    lengths = [(i, t.name, max(t.lengths)) for i, t in enumerate(grid.tasks) if t.lengths]
+    for i, pol in enumerate(grid.policies):
+        if pol.name not in BUDGET_FREE_POLICIES:
+            notes += share_budget_notes(i, pol.name, dict(pol.params), grid.budgets, lengths)
     cells: dict[str, CellSpec] = {}
     for model, chunk, (i, task) in product(grid.models, grid.chunk_sizes, enumerate(grid.tasks)):
         for length, seed in product(task.lengths or [None], task.seeds):

@@ -9,7 +9,7 @@ from kdeval.cluster import catalog
 from kdeval.cluster.execute import GRID_OWNED_TASK_PARAMS
 from kdeval.cluster.stub import stub_seconds
 from kdeval.evals import registry as task_registry
-from kdeval.evals.budget import is_share
+from kdeval.evals.budget import is_share, resolve_budget
 from kdeval.jobs.errors import GridIssue, did_you_mean
 from kdeval.names import RANDOM_PREFIX  # the built-in tiny random models (``stub:<s>``: see :func:`stub_seconds`)
 
@@ -64,6 +64,23 @@ def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[i
         if msg is not None:
             issues.append(GridIssue("budgets", f"{msg.removeprefix('budget: ')} (policies[{index}])"))
     return issues
+
+
+def share_budget_notes(index: int, name: str, params: dict[str, Any], budgets: list[int | str],
+                       lengths: list[tuple[int, str, int]]) -> list[str]:
+    """Warnings for shares that look too small for ``policies[index]``: at a task's target ``length`` (given
+    as (task index, task name, longest length)) a share resolves to about ``N = ⌈share × length⌉``; below what
+    the policy always keeps, its samples will fail. Prompts are only about their target length (shorter
+    under ``compress: context``), hence a note, not a grid error."""
+    notes = []
+    for share in (b for b in budgets if is_share(b)):
+        for i, task, length in lengths:
+            n = resolve_budget(share, length)
+            msg = catalog.policy_budget_error(name, params, n)
+            if msg is not None:
+                notes.append(f"budgets: {share} of tasks[{i}] ({task}) at length {length} is about N={n}; "
+                             f"{msg.removeprefix('budget: ')} (policies[{index}]): its samples will fail")
+    return notes
 
 
 def check_protocol(compress: str, tasks: list[str]) -> list[GridIssue]:

@@ -136,3 +136,29 @@ def test_an_index_without_the_share_column_opens_and_gains_it(paths):
     assert {v.grid_budget for v in idx.run_cells(run_id)} == {None, "25%"}
     assert {v.budget_share for v in idx.run_cells(run_id)} == {None, 0.25}
     idx.close()
+
+
+TOO_SMALL = """
+models: [random:llama-tiny]
+policies: [{name: sink, params: {n_sink_tokens: 16}}]
+budgets: [1%]
+chunk_sizes: [32]
+tasks: [{name: needle, lengths: [512], samples: 1, params: {haystack: noise, depths: [50]}}]
+generation: {max_new_tokens: 1}
+retries: {max_attempts: 1}
+"""
+
+
+def test_a_share_below_what_the_policy_keeps_is_noted_then_fails_its_cell(local_ray, paths):
+    idx, run_id, plan = new_run(paths["db"], paths["results"], TOO_SMALL)
+    assert plan.notes == ["budgets: 1% of tasks[0] (needle) at length 512 is about N=6; must be >= the 16 tokens "
+                          "policy 'sink' always keeps (n_sink=16 + recent=0), got 6 (policies[0]): its samples "
+                          "will fail"]
+    out = service.execute_run(idx, run_id)
+    assert (out.done, out.failed) == (0, 1)
+    [cell] = idx.run_cells(run_id)
+    # N = ⌈1% × 510 prompt tokens⌉ = 6
+    assert cell.error_line == ("kdeval.evals.base.EvalError: budget: 1% of sample 'needle/L512/D50' (510 prompt "
+                               "tokens) is N=6; must be >= the 16 tokens policy 'sink' always keeps (n_sink=16 + "
+                               "recent=0), got 6")
+    idx.close()
