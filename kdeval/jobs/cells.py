@@ -7,9 +7,9 @@ from, its generation length), generation and engine settings, and the version of
 results (``kdeval.version.result_code_hash``: the engine, this policy's own modules, the tasks and metrics, the
 cell execution). Nothing else enters it: not the grid name, resources or retry limits, nor the CLI, scheduler,
 storage or report code. A budget is N tokens (an int, hashed as before) or a share of each prompt (its
-canonical text, ``"25%"``: a different cell from any N). ``full`` keeps every token, so its cells carry ``budget=None`` and the default engine
-options and protocol (which only matter to evicting policies): one cell serves every budget, engine setting and
-protocol.
+canonical text, ``"25%"``: a different cell from any N). ``full`` keeps every token, so its cells carry
+``budget=None`` and the default engine options and protocol (which only matter to evicting policies): one
+cell serves every budget, engine setting and protocol.
 """
 from __future__ import annotations
 

@@ -109,8 +109,8 @@ def _registry_issues(raw: dict) -> list[GridIssue]:
 def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     issues: list[GridIssue] = []
     if any(p.name not in BUDGET_FREE_POLICIES for p in grid.policies) and not grid.budgets:
-        issues.append(GridIssue("budgets", "required when a policy other than 'full' is listed "
-                                           "(a list of positive token counts or shares of the prompt, e.g. [256, 512, 25%])"))
+        issues.append(GridIssue("budgets", "required when a policy other than 'full' is listed (a list of "
+                                           "positive token counts or shares of the prompt, e.g. [256, 512, 25%])"))
     for i, p in enumerate(grid.policies):
         if p.name not in BUDGET_FREE_POLICIES:
             issues += registries.check_budgets(i, p.name, dict(p.params), grid.budgets)

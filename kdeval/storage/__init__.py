@@ -18,17 +18,19 @@ Public API (used by the CLI and reports)::
 Schema: see :mod:`kdeval.storage.models` (tables ``runs``, ``cells``, ``run_cells``, ``attempts``,
 ``cell_shards``); drivers' leases on cells and done shards: :mod:`kdeval.storage.leases`.
 ``CellView.spec`` is the cell's full spec as JSON (``model``, ``policy``, ``policy_params``, ``budget``
-(N, a share's text such as ``"25%"``, or None for ``full``), ``chunk_size``, ``task`` {name, data_version, length, samples, seed, params},
-``generation``, ``protocol``, ``kdeval_version``); ``CellView.summary`` the task's aggregate (JSON);
+(N, a share's text such as ``"25%"``, or None for ``full``), ``chunk_size``, ``task`` {name, data_version,
+length, samples, seed, params}, ``generation``, ``protocol``, ``kdeval_version``); ``CellView.summary`` the
+task's aggregate (JSON);
 ``CellView.provenance`` how its result was computed (JSON: versions, device, dtype, host).
 Per-sample rows: per done cell a directory of parts, one per sample shard
 (``<results_dir>/cells/<id[:2]>/<id>/part-0000.parquet``, ...; older results: one file
 ``<results_dir>/cells/<id[:2]>/<id>.parquet``; :mod:`kdeval.storage.parquet`), whose
 columns are the evals runner's ``EvalRow`` (``kdeval/evals/runner.py``: id, prompt_hash, prompt_tokens,
 truncated, prediction, references, score, ttft_s, decode_s, peak_memory_bytes, peak_kv_tokens,
-kept_tokens, resolved_budget, length, depth, meta_json, ...) plus the metric's sub-score columns, and the identity columns the
-driver adds to every row (``run_id, cell_id, model, policy, params, budget, budget_share, chunk_size, task,
-length, seed, dtype, protocol``; ``kdeval.storage.rows.IDENTITY_SCHEMA``), so the results directory reads on its own.
+kept_tokens, resolved_budget, length, depth, meta_json, ...) plus the metric's sub-score columns, and the
+identity columns the driver adds to every row (``run_id, cell_id, model, policy, params, budget, budget_share,
+chunk_size, task, length, seed, dtype, protocol``; ``kdeval.storage.rows.IDENTITY_SCHEMA``), so the results
+directory reads on its own.
 """
 from kdeval.storage.db import DEFAULT_DB_PATH, IndexAccessError, db_url, make_engine, sqlite_path
 from kdeval.storage.index import RunIndex, age_seconds

@@ -75,7 +75,8 @@ def test_stored_rows_carry_the_identity_of_their_cell(done_run):
         assert ident == {
             "run_id": {run_id}, "cell_id": {view.id}, "model": {"stub:0.01"}, "policy": {view.policy},
             "params": {'{"window_fraction": 0.25}' if view.policy == "keydiff-sw" else "{}"},
-            "budget": {view.budget}, "budget_share": {None}, "chunk_size": {32}, "task": {"needle"}, "length": {cell.task.length},
+            "budget": {view.budget}, "budget_share": {None}, "chunk_size": {32}, "task": {"needle"},
+            "length": {cell.task.length},
             "seed": {0}, "dtype": {"bfloat16"}, "protocol": {"prompt/evict" if view.policy == "full" else "prompt/keep"},
         }
         assert view.n_rows == table.num_rows == 2

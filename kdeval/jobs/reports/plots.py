@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kdeval.evals.budget import budget_order, is_share, share_fraction
+from kdeval.evals.budget import Budget, budget_order, is_share, share_fraction
 from kdeval.jobs.reports.model import FULL, MetricRow, Report
 from kdeval.jobs.reports.samples import task_of_label
 from kdeval.jobs.reports.views import headline_rows
@@ -155,7 +155,7 @@ def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
 def needle_heatmaps(report: Report) -> list[Plot]:
     """Needle accuracy by depth × length, one panel per policy (full included), per model × chunk × budget
     (:func:`needle_figure`)."""
-    cells: dict[tuple[str, int], dict[tuple[str, int | str | None], NeedleGrid]] = defaultdict(lambda: defaultdict(dict))
+    cells: dict[tuple[str, int], dict[tuple[str, Budget], NeedleGrid]] = defaultdict(lambda: defaultdict(dict))
     for r in report.scores:
         if r.benchmark == "needle" and r.level == "detail" and r.length is not None and r.depth is not None \
                 and r.value is not None:
