@@ -30,8 +30,8 @@ from kdeval.evals.base import EvalError
 from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.evals.identity import task_data
 from kdeval.jobs.errors import GridError, GridIssue
-from kdeval.jobs.registries import share_budget_notes
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
+from kdeval.jobs.registries import share_budget_notes
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
 

@@ -55,7 +55,8 @@ def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[i
     """Issues for token budgets smaller than what ``policies[index]`` always keeps (sink and recent tokens).
 
     A share (``"25%"``) resolves per sample once its prompt is tokenized: the runner fails the cell, naming
-    the sample, when a sample's N is below that minimum (``kdeval.evals.runner``)."""
+    the sample, when a sample's N is below that minimum (``kdeval.evals.budget.budget_groups``);
+    :func:`share_budget_notes` warns at submit when a task's target length already says so."""
     issues = []
     for budget in budgets:
         if is_share(budget):
