@@ -41,6 +41,7 @@ from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.queries import capture_queries, record_step
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 
@@ -64,12 +65,14 @@ class Engine(Eviction):
         if self.evicting:
             policy.check_budget(config.budget)
         self.need = policy.attention_need() if self.evicting else None
+        self.query_need = policy.query_need() if self.evicting else None
         self.device = next(model.parameters()).device
         if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
         self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
+        self.use_graphs = self.use_graphs and self.query_need is None  # the query window is kept between steps
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
         self.compiled_scoring = self.use_graphs and config.compile_scoring
         self._score = compiled_score() if self.compiled_scoring else plain_score
@@ -326,7 +329,8 @@ class Engine(Eviction):
             if phase != "full" and (capture is not None or not flex):
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
         blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
-        with attention_implementation(self.model, impl), blocks:
+        queries = capture_queries(self.model) if self.query_need is not None else contextlib.nullcontext()
+        with attention_implementation(self.model, impl), blocks, queries as captured:
             out = self.model(
                 input_ids=ids,
                 position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),
@@ -335,7 +339,10 @@ class Engine(Eviction):
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
-        self._evict(cache, t, seen_after, steps, capture, empty, evict, protected)
+        recent = None
+        if self.query_need is not None:
+            recent = record_step(self.model, self.query_need, cache, captured, positions.unsqueeze(0), seen_after)
+        self._evict(cache, t, seen_after, steps, capture, empty, evict, protected, recent)
         return out.logits
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):

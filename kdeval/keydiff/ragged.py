@@ -104,6 +104,7 @@ class RaggedCache(Cache):
         super().__init__(layers=[RaggedLayer(capacity, tuple(state_names)) for _ in range(num_layers)])
         self.state_names = tuple(state_names)
         self.lengths: list[int] = []
+        self.query_window = None  # the rows' recent queries, for a policy with a QueryNeed (queries.py)
 
     def load_row(self, row: int, layers) -> None:
         """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows):
@@ -133,6 +134,8 @@ class RaggedCache(Cache):
             layer.positions = layer.positions.index_select(0, index)
             layer.state = {n: s.index_select(0, index) for n, s in layer.state.items()}
         self.lengths = [self.lengths[r] for r in rows]
+        if self.query_window is not None:
+            self.query_window = self.query_window.rows(index)
 
     def begin_step(self, base: int, positions: torch.Tensor) -> None:
         """The next forward writes at ``base`` the cache positions ``[rows, 1, T]``."""
