@@ -238,7 +238,7 @@ class _Batch:
             t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
             n = list(cache.lengths)
             keep = [self._keep(row, a, b, f[1]) for row, a, b, f in zip(self.rows, n, t, feeds)]
-            step = RaggedStep(n, t, keep, [row.seen for row in self.rows], eng.device)
+            step = RaggedStep(n, t, keep, [row.seen for row in self.rows], eng.device, eng.rerotate)
             ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.device)
             for r, (f, tr) in enumerate(zip(feeds, t)):
                 ids[r, step.T - tr :] = f[0] if isinstance(f[0], torch.Tensor) else f[0]

@@ -66,13 +66,15 @@ class Engine(Eviction):
             policy.check_budget(config.budget)
         self.need = policy.attention_need() if self.evicting else None
         self.query_need = policy.query_need() if self.evicting else None
+        self.rerotate = self.evicting and policy.rerotates
         self.device = next(model.parameters()).device
         if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
         self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
-        self.use_graphs = self.use_graphs and self.query_need is None  # the query window is kept between steps
+        # eager: the query window is kept between steps; re-rotation moves every kept key
+        self.use_graphs = self.use_graphs and self.query_need is None and not self.rerotate
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
         self.compiled_scoring = self.use_graphs and config.compile_scoring
         self._score = compiled_score() if self.compiled_scoring else plain_score
@@ -333,7 +335,7 @@ class Engine(Eviction):
         with attention_implementation(self.model, impl), blocks, queries as captured:
             out = self.model(
                 input_ids=ids,
-                position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),
+                position_ids=self._rope_positions(cache, positions).unsqueeze(0).expand(ids.shape[0], t),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=0 if all_logits else 1,
@@ -344,6 +346,13 @@ class Engine(Eviction):
             recent = record_step(self.model, self.query_need, cache, captured, positions.unsqueeze(0), seen_after)
         self._evict(cache, t, seen_after, steps, capture, empty, evict, protected, recent)
         return out.logits
+
+    def _rope_positions(self, cache: BudgetCache, positions: torch.Tensor) -> torch.Tensor:
+        """The RoPE positions ``[t]`` of a chunk at absolute ``positions [t]``: the same, or, for a policy that
+        re-rotates, right after the ``cache.length`` cached tokens."""
+        if not self.rerotate:
+            return positions
+        return torch.arange(cache.length, cache.length + positions.shape[0], device=positions.device)
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):
         """The captured step for this cache and chunk shape, when graphs apply (static layout); else ``None``."""

@@ -15,6 +15,7 @@ from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.compiling import compile_fn
 from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
 from kdeval.keydiff.queries import StepQueries
+from kdeval.keydiff.rerotation import rerotate
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask, lowest_first
 
 
@@ -50,7 +51,11 @@ class Eviction:
             if not evict or m <= keep:
                 layer.evict(None)
                 continue
+            before = positions.sort(dim=-1).values if self.rerotate else None
             layer.evict(self._choose(keys, ctx, m - keep, empty, protected))
+            if before is not None:
+                kept_keys, kept_positions, _ = layer.view()
+                rerotate(self.model, kept_keys, kept_positions, before)
         if capture is not None:
             capture.clear()
 
@@ -143,8 +148,12 @@ class Eviction:
                 kept = kept_mask(order, drop, m)
             else:
                 kept = step.valid.unsqueeze(1).expand(-1, keys.shape[1], -1)
+            before = positions.sort(dim=-1).values if self.rerotate and step.drops else None
             compact_rows(layer.buffers(), kept, step.keep, step.movers)
             clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), m)
+            if before is not None:
+                n = max(step.host_keep)
+                rerotate(self.model, layer.keys[:, :, :n], layer.positions[:, :, :n], before)
         if capture is not None:
             capture.clear()
 

@@ -85,6 +85,10 @@ class Policy:
     #: ``True`` when scores depend on nothing but each batch row's own tensors (not on ``ctx.layer_idx``): the
     #: engine may then score all layers at once, as one batch of ``layers * batch`` rows (``fuse_layers``).
     layer_independent: ClassVar[bool] = True
+    #: ``True``: after every eviction the kept keys are re-rotated to contiguous RoPE positions ``0 .. n-1`` (in
+    #: position order) and new tokens are fed from ``n`` (StreamingLLM's cache positions,
+    #: kdeval/keydiff/rerotation.py); ``ScoreContext.positions`` stay absolute. Such a policy runs eagerly.
+    rerotates: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()

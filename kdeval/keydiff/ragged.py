@@ -155,10 +155,13 @@ class RaggedStep:
     """The geometry of one step of a ragged batch, shared by every layer.
 
     Row ``r`` holds ``n[r]`` tokens, feeds ``t[r]`` (``1 <= t[r] <= T``) and keeps ``keep[r]`` afterwards;
-    ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``.
+    ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``. ``rerotate``: the
+    model positions start after each row's ``n[r]`` cached tokens instead of ``seen[r]`` (a policy that
+    re-rotates its kept keys, kdeval/keydiff/rerotation.py); the cache positions stay absolute.
     """
 
-    def __init__(self, n: list[int], t: list[int], keep: list[int], seen: list[int], device: torch.device):
+    def __init__(self, n: list[int], t: list[int], keep: list[int], seen: list[int], device: torch.device,
+                 rerotate: bool = False):
         self.rows = len(n)
         self.base, self.T = max(n), max(t)
         self.M = self.base + self.T
@@ -180,7 +183,7 @@ class RaggedStep:
         offset = col.view(1, -1) - (self.T - self.t).view(-1, 1)  # [rows, T]: < 0 on padding
         seen_t = as_t(seen).view(-1, 1)
         #: model positions ``[rows, T]`` (padding: the row's next position, never cached)
-        self.position_ids = seen_t + offset.clamp(min=0)
+        self.position_ids = (self.n.view(-1, 1) if rerotate else seen_t) + offset.clamp(min=0)
         #: cache positions ``[rows, 1, T]`` (padding: EMPTY_POSITION)
         self.cache_positions = torch.where(offset >= 0, seen_t + offset, EMPTY_POSITION).unsqueeze(1)
         #: tokens seen after the step, ``[rows, 1, 1]`` (what ``ScoreContext.seen`` is in a ragged batch)

@@ -20,7 +20,8 @@ BUDGET, CHUNK, NEW = 24, 16, 12
 LENGTHS = [37, 70, 101, 5, 64, 90, 16]  # a partial last chunk, several chunks, one token short of a chunk, ...
 PARAMS = {"snapkv": {"window": 8},  # the default window (32) is more than the budget
           "expected-attention": {"query_window": 20}}  # fills up and slides within a request
-POLICIES = ["keydiff", "keydiff-sw", "sink", "tova", "h2o", "snapkv", "knorm", "random", "expected-attention", "full"]
+POLICIES = ["keydiff", "keydiff-sw", "sink", "sink-rerotate", "tova", "h2o", "snapkv", "knorm", "random",
+            "expected-attention", "full"]
 COUNTERS = ("prompt_tokens", "decode_tokens", "peak_kv_tokens", "kept_tokens")
 
 
@@ -107,7 +108,8 @@ def test_batch_equals_each_request_alone(policy):
     assert rows[0] == len(ps) and rows[-1] < len(ps) and rows == sorted(rows, reverse=True)  # ... and left
 
 
-@pytest.mark.parametrize("policy", ["keydiff", "h2o", "snapkv", "random", "expected-attention", "full"])
+@pytest.mark.parametrize("policy", ["keydiff", "h2o", "snapkv", "random", "expected-attention", "sink-rerotate",
+                                    "full"])
 @pytest.mark.parametrize("decode_evict", [True, False])
 def test_shared_contexts_and_the_context_protocol(policy, decode_evict):
     """Questions continue from prefilled contexts (one context shared by three rows, another by one, two rows

@@ -14,8 +14,10 @@ from kdeval.keydiff.cache import EmptySlots
 
 from .helpers import assert_same_run, kept_positions, prompt, tiny
 
-# a policy that reads recent queries (a QueryNeed) runs eagerly: see test_query_policies_run_eagerly
-GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe and get_policy(n).query_need() is None]
+# policies that read recent queries (a QueryNeed) or re-rotate keys run eagerly: test_query_policies_run_eagerly,
+# tests/baselines/test_sink_rerotate.py
+GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe
+              and get_policy(n).query_need() is None and not get_policy(n).rerotates]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
