@@ -22,7 +22,8 @@ The rule, per layer:
 The engine passes the window, RoPE's ``cos``/``sin`` ahead and the values through ``ScoreContext.queries`` and
 ``ScoreContext.values`` because :meth:`ExpectedAttention.query_need` asks for them; such a policy runs on the
 eager path. :meth:`ExpectedAttention.score_from` computes the same scores from queries given directly (one
-chunk); ``bench/kvpress_parity.py`` checks both against kvpress on the real model.
+chunk; the tests check the engine against it); ``bench/kvpress_parity.py`` checks the policy against kvpress on
+the real model.
 """
 from __future__ import annotations
 
