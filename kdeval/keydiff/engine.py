@@ -3,7 +3,8 @@
 Per layer and KV head the cache never holds more than ``budget + chunk_size`` tokens (``budget + 1`` while
 decoding), whatever the prompt length. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
 ``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
-distances.
+distances (a policy that ``rerotates``, StreamingLLM's cache, is fed after the cached tokens instead and its kept
+keys are re-rotated: kdeval/keydiff/rerotation.py).
 
 Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and ``decode_evict``):
 
@@ -41,7 +42,7 @@ from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy
-from kdeval.keydiff.queries import capture_queries, record_step
+from kdeval.keydiff.queries import capture_queries, query_sources, record_step, rotary_embedding
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 
@@ -67,6 +68,10 @@ class Engine(Eviction):
         self.need = policy.attention_need() if self.evicting else None
         self.query_need = policy.query_need() if self.evicting else None
         self.rerotate = self.evicting and policy.rerotates
+        if self.query_need is not None:
+            query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
+        if self.query_need is not None or self.rerotate:
+            rotary_embedding(model)
         self.device = next(model.parameters()).device
         if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")

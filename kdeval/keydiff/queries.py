@@ -121,11 +121,23 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [layer.self_attn for layer in layers]
 
 
+def query_sources(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
+    """Per decoder layer, the module whose output is the queries before RoPE (``q_norm`` where the attention has
+    one: Qwen3 and Gemma normalise the projected queries before RoPE; else ``q_proj``) and the head size."""
+    out = []
+    for idx, attn in enumerate(attention_modules(model)):
+        head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        source = getattr(attn, "q_norm", None) or getattr(attn, "q_proj", None)
+        if source is None:
+            raise ValueError(f"model: layer {idx}'s attention has no q_proj to read the queries from")
+        out.append((source, head_dim))
+    return out
+
+
 @contextlib.contextmanager
 def capture_queries(model: torch.nn.Module) -> Iterator[dict[int, torch.Tensor]]:
-    """While open, every forward of ``model`` stores each layer's queries before RoPE in the yielded dict:
-    ``{layer: [batch, q_heads, T, head_dim]}`` (``q_norm``'s output where the attention has one: Qwen3 and
-    Gemma normalise the projected queries before RoPE; else ``q_proj``'s)."""
+    """While open, every forward of ``model`` stores each layer's queries before RoPE (:func:`query_sources`) in
+    the yielded dict: ``{layer: [batch, q_heads, T, head_dim]}``."""
     out: dict[int, torch.Tensor] = {}
     hooks = []
 
@@ -136,11 +148,7 @@ def capture_queries(model: torch.nn.Module) -> Iterator[dict[int, torch.Tensor]]
         return store
 
     try:
-        for idx, attn in enumerate(attention_modules(model)):
-            head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-            source = getattr(attn, "q_norm", None) or getattr(attn, "q_proj", None)
-            if source is None:
-                raise ValueError(f"model: layer {idx}'s attention has no q_proj to read the queries from")
+        for idx, (source, head_dim) in enumerate(query_sources(model)):
             hooks.append(source.register_forward_hook(hook(idx, head_dim)))
         yield out
     finally:

@@ -107,3 +107,11 @@ def test_runs_eagerly_and_a_ragged_batch_equals_each_request_alone():
                  EngineConfig(budget=24, chunk_size=16, cuda_graphs=True, emulate_graphs=True))
     assert not eng.use_graphs and eng.rerotate
     assert_ragged_batch_matches_alone(get_policy("sink-rerotate"))
+
+
+@pytest.mark.parametrize("policy", ["sink-rerotate", "expected-attention"])
+def test_a_model_without_a_rotary_embedding_is_refused_up_front(policy):
+    lm = load_model("random:llama-tiny", device="cpu")
+    del lm.model.model.rotary_emb
+    with pytest.raises(ValueError, match=r"model: LlamaForCausalLM has no rotary embedding \(rotary_emb\)"):
+        Engine(lm.model, get_policy(policy), EngineConfig(budget=24))
