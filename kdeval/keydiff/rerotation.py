@@ -17,6 +17,7 @@ Shapes: ``keys [batch, kv_heads, tokens, head_dim]``, ``positions [batch, kv_hea
 from __future__ import annotations
 
 import torch
+from transformers.models.llama.modeling_llama import rotate_half
 
 from kdeval.keydiff.queries import rotary_embedding
 
@@ -34,9 +35,7 @@ def rotation(model: torch.nn.Module, delta: torch.Tensor, like: torch.Tensor) ->
 
 def rotate(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE's rotation of ``keys`` (transformers' layout: ``rotate_half`` pairs dimension ``i`` with ``i + d/2``)."""
-    half = keys.shape[-1] // 2
-    turned = torch.cat([-keys[..., half:], keys[..., :half]], dim=-1)
-    return keys * cos + turned * sin
+    return keys * cos + rotate_half(keys) * sin
 
 
 def ranks(positions: torch.Tensor, sorted_positions: torch.Tensor) -> torch.Tensor:

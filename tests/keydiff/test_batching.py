@@ -84,6 +84,12 @@ def assert_same(got, ref, got_steps, ref_steps):
         assert g.state.seen == r.state.seen and g.state.protected == r.state.protected
         assert g.state.steps == r.state.steps
         assert torch.allclose(g.state.last_logits, r.state.last_logits, rtol=0, atol=1e-10)
+        window, ref_window = g.state.cache.query_window, r.state.cache.query_window  # a QueryNeed's recent queries
+        assert (window is None) == (ref_window is None)
+        if ref_window is not None:
+            assert torch.equal(window.count, ref_window.count)
+            for layer, q in ref_window.queries.items():
+                assert torch.allclose(window.queries[layer], q, rtol=0, atol=1e-10)
 
 
 def eos_ending_one_request(policy, ps, **kw):
