@@ -135,6 +135,7 @@ def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> Prefi
         layer._note_held()
     out.owner = weakref.ref(engine)
     out.thawed_from = engine.config.budget if engine.use_graphs else None
+    out.rerotated = engine.rerotate
     if cache.query_window is not None:
         out.query_window = cache.query_window.rows(torch.tensor([r], device=engine.device))
     return PrefillState(out, row.seen, row.last_logits, row.peak_kv_tokens, row.steps,

@@ -109,6 +109,7 @@ class Engine(Eviction):
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
                             static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
+        cache.rerotated = self.rerotate
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
@@ -255,6 +256,11 @@ class Engine(Eviction):
                 state.cache.static_base is None and state.cache.thawed_from == layout):
             raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
                              "continue it with the engine that made it")
+        if state is not None and state.cache.rerotated != self.rerotate and state.cache.length < state.seen:
+            raise ValueError("state: its kept keys are rotated at " + ("contiguous" if state.cache.rerotated else
+                             "their absolute") + f" positions, policy '{self.policy.name}' expects "
+                             + ("contiguous" if self.rerotate else "absolute") + " ones; continue it with the policy "
+                             "that made it")
         wanted = self.policy.slot_state if self.evicting else ()
         if state is not None and set(wanted) - set(state.cache.state_names):
             raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
@@ -286,6 +292,7 @@ class Engine(Eviction):
         t = ids.shape[1]
         if not evict and state.cache.static_base is not None:
             self._make_room(state, t)
+        state.cache.rerotated = self.rerotate  # _check_ids let it through: the schemes agree so far
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits) if evict else None
         if graph is not None:

@@ -115,3 +115,17 @@ def test_a_model_without_a_rotary_embedding_is_refused_up_front(policy):
     del lm.model.model.rotary_emb
     with pytest.raises(ValueError, match=r"model: LlamaForCausalLM has no rotary embedding \(rotary_emb\)"):
         Engine(lm.model, get_policy(policy), EngineConfig(budget=24))
+
+
+def test_a_state_of_the_other_position_scheme_is_refused_once_it_evicted():
+    lm = tiny("random:llama-tiny", 2)
+    engines = {p: Engine(lm.model, get_policy(p), EngineConfig(budget=24, chunk_size=16)) for p in ("sink", "sink-rerotate")}
+    for made, other in (("sink", "sink-rerotate"), ("sink-rerotate", "sink")):
+        fresh = engines[made].prefill(prompt(20))  # nothing evicted: both schemes hold the same keys
+        engines[other].generate(prompt(3), max_new_tokens=2, state=fresh.fork())
+        assert engines[other].generate(prompt(9), max_new_tokens=2, state=fresh).state.cache.rerotated == (
+            other == "sink-rerotate")  # continued and evicted by the other scheme: its keys are that scheme's now
+        evicted = engines[made].prefill(prompt(40))
+        with pytest.raises(ValueError, match=rf"state: its kept keys are rotated at .* positions, policy '{other}' "
+                                             rf"expects .* ones; continue it with the policy that made it"):
+            engines[other].generate(prompt(3), max_new_tokens=2, state=evicted)
