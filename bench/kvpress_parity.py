@@ -8,7 +8,8 @@ positions in common / ``N``, over the 30 layers x 3 KV heads.
 kvpress pins an older transformers than kdeval, so it runs in its own virtualenv, created once under the kdeval
 cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
 this file is run there with ``--kvpress-side`` (it imports only torch, transformers and kvpress then) and hands
-back the kept positions in a ``torch.save`` file.
+back the kept positions in a ``torch.save`` file. For the re-rotating case (kvpress' ``KeyRerotationPress``) the
+kept keys themselves are compared too: both sides re-rotate them to positions ``0 .. N-1``.
 
     python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
     python bench/kvpress_parity.py --print    # prints the table only
@@ -51,8 +52,10 @@ CASES = [
     dict(id="lagkv vs kvpress on keys only", ours=("lagkv", {"lag_size": 128}),
          press=("LagKVKeysOnly", {"lag_size": 128, "n_sink": 4}), n=502,
          rule="kvpress' LagKVPress given the keys as values: the same rule"),
-    dict(id="expected-attention (score_from)", ours=("expected-attention", {}), press=("ExpectedAttentionPress", {}),
-         n=500, rule="same rule; kdeval's side fed the queries, RoPE and values the engine does not pass yet"),
+    dict(id="expected-attention", ours=("expected-attention", {"query_window": L}), press=("ExpectedAttentionPress", {}),
+         n=500, rule="same rule; the query window (1000) covers the prompt"),
+    dict(id="sink-rerotate", ours=("sink-rerotate", {"n_sink_tokens": 4}), press=("KeyRerotationPress", {"n_sink": 4}),
+         n=500, rule="same rule, `StreamingLLMPress` wrapped in `KeyRerotationPress`; re-rotated keys compared too"),
     dict(id="h2o (recent_fraction=0) vs ObservedAttention", ours=("h2o", {"recent_fraction": 0.0}),
          press=("ObservedAttentionPress", {}), n=500, eager=True,
          rule="different rules: kvpress divides each token's summed attention by the number of queries after it"),
@@ -95,22 +98,31 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
         ratio = 1 - case["n"] / L
         if name == "ChunkKVPress":
             press = kvpress.ChunkKVPress(press=kvpress.KeyDiffPress(compression_ratio=ratio), **kwargs)
+        elif name == "KeyRerotationPress":
+            press = kvpress.KeyRerotationPress(press=kvpress.StreamingLLMPress(compression_ratio=ratio, **kwargs))
         else:
             cls = LagKVKeysOnly if name == "LagKVKeysOnly" else getattr(kvpress, name)
             press = cls(compression_ratio=ratio, **kwargs)
         kept: dict[int, torch.Tensor] = {}
+        kept_keys: dict[int, torch.Tensor] = {}
         compress = press.compress
 
-        def recording(module, hidden_states, keys, values, attentions, kw, compress=compress, kept=kept):
+        def recording(module, hidden_states, keys, values, attentions, kw, compress=compress, kept=kept, press=press):
             k2, v2 = compress(module, hidden_states, keys, values, attentions, kw)
-            kept[module.layer_idx] = match_rows(keys[0], k2[0])
+            if isinstance(press, kvpress.KeyRerotationPress):  # new keys: the kept set is the inner press' top N
+                scores = press.press.score(module, hidden_states, keys, values, attentions, kw)
+                kept[module.layer_idx] = scores[0].topk(k2.shape[2], dim=-1).indices.sort(-1).values
+                kept_keys[module.layer_idx] = k2[0].clone()
+            else:
+                kept[module.layer_idx] = match_rows(keys[0], k2[0])
             return k2, v2
 
         press.compress = recording
         t0 = time.perf_counter()
         with torch.no_grad(), press(model_for(case.get("eager", False))):
             model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
-        out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0}
+        out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0,
+                                    "keys": [kept_keys[i] for i in sorted(kept_keys)]}
     torch.save(out, out_file)
 
 
@@ -153,45 +165,21 @@ def prompt_ids(tokenizer) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt").input_ids[:, :L]
 
 
-def ours_kept(lm, ids: torch.Tensor, case: dict) -> list[torch.Tensor]:
-    """kdeval's kept positions per layer ``[h, N]`` (sorted), one chunk covering the prompt."""
+def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """kdeval's kept positions per layer ``[h, N]`` (sorted) and their keys ``[h, N, d]`` in that order, one chunk
+    covering the prompt."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
 
     name, params = case["ours"]
-    if name == "expected-attention":
-        return expected_attention_kept(lm, ids, case["n"])
     state = Engine(lm.model, get_policy(name, **params), EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
-    return [layer.view()[1][0].sort(-1).values for layer in state.cache.layers]
-
-
-def expected_attention_kept(lm, ids: torch.Tensor, n: int) -> list[torch.Tensor]:
-    """ExpectedAttention's kept positions from ``score_from``, fed what the engine would have to pass: the
-    prompt's queries before RoPE (hooked at ``q_proj``), RoPE's cos/sin at the 512 positions after the prompt
-    and the values."""
-    from kdeval.baselines.expected_attention import ExpectedAttention
-    from kdeval.keydiff.policy import protect
-
-    model, cfg, pol = lm.model, lm.model.config, ExpectedAttention()
-    queries: dict[int, torch.Tensor] = {}
-    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda m, i, o, idx=idx: queries.__setitem__(idx, o))
-             for idx, layer in enumerate(model.model.layers)]
-    try:
-        with torch.no_grad():
-            cache = model(ids, use_cache=True).past_key_values
-    finally:
-        for h in hooks:
-            h.remove()
-    ahead = torch.arange(L, L + pol.n_future_positions).unsqueeze(0)
-    cos, sin = model.model.rotary_emb(cache.layers[0].keys, ahead)
-    kept = []
-    for idx, layer in enumerate(cache.layers):
-        q = queries[idx].view(1, L, cfg.num_attention_heads, -1).transpose(1, 2)
-        positions = torch.arange(L).expand(1, layer.keys.shape[1], L)
-        scores = pol.score_from(layer.keys, positions, q, torch.arange(L), cos[0], sin[0], layer.values)
-        scores = protect(scores, positions, L, pol.n_sink(), 0)
-        kept.append(scores[0].topk(n, dim=-1).indices.sort(-1).values)
-    return kept
+    kept, keys = [], []
+    for layer in state.cache.layers:
+        k, positions, _ = layer.view()
+        order = positions[0].argsort(-1)
+        kept.append(positions[0].gather(-1, order))
+        keys.append(k[0].gather(1, order.unsqueeze(-1).expand(-1, -1, k.shape[-1])))
+    return kept, keys
 
 
 def agreement(ours: list[torch.Tensor], theirs: list[torch.Tensor], n: int) -> dict:
@@ -230,8 +218,15 @@ def run(print_only: bool, reuse: str | None) -> None:
     key_diff = max((a - b).abs().max().item() for a, b in zip(mine, theirs["keys"]))
     rows = []
     for case in CASES:
-        got = agreement(ours_kept(lm, ids, case), theirs["cases"][case["id"]]["kept"], case["n"])
-        rows.append((case, got))
+        kept, keys = ours_kept(lm, ids, case)
+        side = theirs["cases"][case["id"]]
+        got = agreement(kept, side["kept"], case["n"])
+        rule = case["rule"]
+        if side.get("keys"):
+            diff = max((a - b).abs().max().item() for a, b in zip(keys, side["keys"]))
+            scale = max(b.abs().max().item() for b in side["keys"])
+            rule += f" (kept keys differ by at most {diff:.1e}, keys up to {scale:.0f})"
+        rows.append((dict(case, rule=rule), got))
     versions = theirs["versions"]
     lines = [
         f"`python bench/kvpress_parity.py`: SmolLM2-135M-Instruct (offline), float32, CPU; one prompt of {L} tokens "

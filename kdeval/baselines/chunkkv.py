@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from kdeval.keydiff.attention import AttentionNeed
 from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.queries import QueryNeed
 from kdeval.keydiff.registry import policy_class, policy_names, register
 from kdeval.names import suggest
 
@@ -77,13 +78,18 @@ class ChunkKV(Policy):
             raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
         cls = policy_class(self.inner)
         self._inner: Policy = cls()
-        # What the engine reads from the policy is the inner policy's (per-token state, graphs, layer fusion).
+        # What the engine reads from the policy is the inner policy's (per-token state, graphs, layer fusion,
+        # re-rotation).
         self.slot_state = cls.slot_state
         self.graph_safe = cls.graph_safe
         self.layer_independent = cls.layer_independent
+        self.rerotates = cls.rerotates
 
     def attention_need(self) -> AttentionNeed | None:
         return self._inner.attention_need()
+
+    def query_need(self) -> QueryNeed | None:
+        return self._inner.query_need()
 
     def n_sink(self) -> int:
         return self._inner.n_sink()

@@ -1,7 +1,7 @@
 """StreamingLLM (Xiao et al. 2023): keep the first ``n_sink`` tokens (attention sinks) and the most recent ones.
 
-Cached keys keep the positions they were rotated with (our engine never re-rotates); the paper's variant that
-re-assigns positions inside the cache is not implemented.
+Cached keys keep the positions they were rotated with (kvpress' StreamingLLMPress); ``sink-rerotate``
+(kdeval/baselines/sink_rerotate.py) is the paper's variant that re-assigns positions inside the cache.
 """
 from __future__ import annotations
 

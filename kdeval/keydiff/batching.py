@@ -15,6 +15,7 @@ continue.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import torch
 from kdeval.keydiff.attention import RAGGED_IMPL, AttentionCapture, attention_implementation
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.memory import PeakMemory
+from kdeval.keydiff.queries import QueryWindow, capture_queries, record_step
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
@@ -133,12 +135,20 @@ def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> Prefi
         layer._note_held()
     out.owner = weakref.ref(engine)
     out.thawed_from = engine.config.budget if engine.use_graphs else None
+    out.rerotated = engine.rerotate
+    if cache.query_window is not None:
+        out.query_window = cache.query_window.rows(torch.tensor([r], device=engine.device))
     return PrefillState(out, row.seen, row.last_logits, row.peak_kv_tokens, row.steps,
                         protected=list(row.protected), peak_kv_bytes=row.peak_kv_bytes)
 
 
-def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int) -> None:
-    """Allocate the buffers for ``rows`` rows and copy every start state's valid tokens into its row."""
+def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int, window: int | None) -> None:
+    """Allocate the buffers for ``rows`` rows and copy every start state's valid tokens into its row (and its
+    recent queries, for a policy that keeps ``window`` of them)."""
+    if window is not None:
+        cache.query_window = QueryWindow(window)
+        for r, state in enumerate(states):
+            cache.query_window.load_row(r, state.cache.query_window if state is not None else None, rows)
     first = next((s for s in states if s is not None and s.cache.length), None)
     if first is None:  # only empty states: the first forward allocates
         return
@@ -198,7 +208,7 @@ def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_toke
     for layer in cache.layers:
         layer.capacity = _capacity(engine, rows, cache.lengths, decode_evict)
     if any(s is not None for s in starts):
-        _load(cache, starts, n_req)
+        _load(cache, starts, n_req, engine.query_need.window if engine.query_need is not None else None)
     return _Batch(engine, cache, rows, eos, decode_evict, on_batch_step).run()
 
 
@@ -229,7 +239,7 @@ class _Batch:
             t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
             n = list(cache.lengths)
             keep = [self._keep(row, a, b, f[1]) for row, a, b, f in zip(self.rows, n, t, feeds)]
-            step = RaggedStep(n, t, keep, [row.seen for row in self.rows], eng.device)
+            step = RaggedStep(n, t, keep, [row.seen for row in self.rows], eng.device, eng.rerotate)
             ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.device)
             for r, (f, tr) in enumerate(zip(feeds, t)):
                 ids[r, step.T - tr :] = f[0] if isinstance(f[0], torch.Tensor) else f[0]
@@ -261,10 +271,15 @@ class _Batch:
             capture = AttentionCapture(eng.need, float32_logits=eng.config.score_precision == "float32")
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         self.cache.begin_step(step.base, step.cache_positions)
-        with attention_implementation(eng.model, RAGGED_IMPL):
+        queries = capture_queries(eng.model) if eng.query_need is not None else contextlib.nullcontext()
+        with attention_implementation(eng.model, RAGGED_IMPL), queries as captured:
             out = eng.model(input_ids=ids, position_ids=step.position_ids, attention_mask=step.mask(),
                             past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
-        eng._evict_ragged(self.cache, step, steps, capture, [row.protected for row in self.rows])
+        recent = None
+        if eng.query_need is not None:
+            recent = record_step(eng.model, eng.query_need, self.cache, captured, step.cache_positions[:, 0],
+                                 step.seen_after)
+        eng._evict_ragged(self.cache, step, steps, capture, [row.protected for row in self.rows], recent)
         return out.logits[:, -1, :]
 
     def _choose(self, logits: torch.Tensor, share: int) -> None:

@@ -255,6 +255,8 @@ class BudgetCache(Cache):
         self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (Engine.phase)
         self.owner = None  # a weak reference to the engine that made this cache (its pool takes only its own)
         self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
+        self.query_window = None  # the recent queries of a policy with a QueryNeed (kdeval/keydiff/queries.py)
+        self.rerotated = False  # its keys sit at contiguous RoPE positions (kdeval/keydiff/rerotation.py)
 
     @property
     def length(self) -> int:

@@ -3,7 +3,8 @@
 Per layer and KV head the cache never holds more than ``budget + chunk_size`` tokens (``budget + 1`` while
 decoding), whatever the prompt length. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
 ``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
-distances.
+distances (a policy that ``rerotates``, StreamingLLM's cache, is fed after the cached tokens instead and its kept
+keys are re-rotated: kdeval/keydiff/rerotation.py).
 
 Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and ``decode_evict``):
 
@@ -41,6 +42,7 @@ from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.queries import capture_queries, query_sources, record_step, rotary_embedding
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 
@@ -64,12 +66,20 @@ class Engine(Eviction):
         if self.evicting:
             policy.check_budget(config.budget)
         self.need = policy.attention_need() if self.evicting else None
+        self.query_need = policy.query_need() if self.evicting else None
+        self.rerotate = self.evicting and policy.rerotates
+        if self.query_need is not None:
+            query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
+        if self.query_need is not None or self.rerotate:
+            rotary_embedding(model)
         self.device = next(model.parameters()).device
         if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
         self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
+        # eager: the query window is kept between steps; re-rotation moves every kept key
+        self.use_graphs = self.use_graphs and self.query_need is None and not self.rerotate
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
         self.compiled_scoring = self.use_graphs and config.compile_scoring
         self._score = compiled_score() if self.compiled_scoring else plain_score
@@ -99,6 +109,7 @@ class Engine(Eviction):
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
                             static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
+        cache.rerotated = self.rerotate
         return PrefillState(cache, 0, torch.empty(0))
 
     @torch.inference_mode()
@@ -245,6 +256,11 @@ class Engine(Eviction):
                 state.cache.static_base is None and state.cache.thawed_from == layout):
             raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
                              "continue it with the engine that made it")
+        if state is not None and state.cache.rerotated != self.rerotate and state.cache.length < state.seen:
+            raise ValueError("state: its kept keys are rotated at " + ("contiguous" if state.cache.rerotated else
+                             "their absolute") + f" positions, policy '{self.policy.name}' expects "
+                             + ("contiguous" if self.rerotate else "absolute") + " ones; continue it with the policy "
+                             "that made it")
         wanted = self.policy.slot_state if self.evicting else ()
         if state is not None and set(wanted) - set(state.cache.state_names):
             raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
@@ -276,6 +292,7 @@ class Engine(Eviction):
         t = ids.shape[1]
         if not evict and state.cache.static_base is not None:
             self._make_room(state, t)
+        state.cache.rerotated = self.rerotate  # _check_ids let it through: the schemes agree so far
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits) if evict else None
         if graph is not None:
@@ -326,17 +343,28 @@ class Engine(Eviction):
             if phase != "full" and (capture is not None or not flex):
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
         blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
-        with attention_implementation(self.model, impl), blocks:
+        queries = capture_queries(self.model) if self.query_need is not None else contextlib.nullcontext()
+        with attention_implementation(self.model, impl), blocks, queries as captured:
             out = self.model(
                 input_ids=ids,
-                position_ids=positions.unsqueeze(0).expand(ids.shape[0], t),
+                position_ids=self._rope_positions(cache, positions).unsqueeze(0).expand(ids.shape[0], t),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
-        self._evict(cache, t, seen_after, steps, capture, empty, evict, protected)
+        recent = None
+        if self.query_need is not None:
+            recent = record_step(self.model, self.query_need, cache, captured, positions.unsqueeze(0), seen_after)
+        self._evict(cache, t, seen_after, steps, capture, empty, evict, protected, recent)
         return out.logits
+
+    def _rope_positions(self, cache: BudgetCache, positions: torch.Tensor) -> torch.Tensor:
+        """The RoPE positions ``[t]`` of a chunk at absolute ``positions [t]``: the same, or, for a policy that
+        re-rotates, right after the ``cache.length`` cached tokens."""
+        if not self.rerotate:
+            return positions
+        return torch.arange(cache.length, cache.length + positions.shape[0], device=positions.device)
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool):
         """The captured step for this cache and chunk shape, when graphs apply (static layout); else ``None``."""

@@ -14,6 +14,8 @@ from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.compiling import compile_fn
 from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
+from kdeval.keydiff.queries import StepQueries
+from kdeval.keydiff.rerotation import rerotate
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask, lowest_first
 
 
@@ -22,8 +24,9 @@ class Eviction:
 
     def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
                capture: AttentionCapture | None, empty: EmptySlots | None = None, evict: bool = True,
-               protected: tuple[tuple[int, int], ...] = ()) -> None:
-        """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise).
+               protected: tuple[tuple[int, int], ...] = (), recent: StepQueries | None = None) -> None:
+        """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise);
+        ``recent``: the step's recent queries, for a policy with a ``QueryNeed``.
 
         Each layer keeps ``budget`` tokens plus the protected ones (``protected``: position ranges, all held);
         ``evict=False``: the policy observes the step and everything is kept."""
@@ -40,6 +43,7 @@ class Eviction:
                 continue
             keys, positions, pstate = layer.view()
             ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
+            self._add_queries(ctx, recent, layer.values, keys.shape[2])
             self.policy.observe(ctx)
             if empty is not None and empty.room_slots is not None:
                 layer.commit_into(empty.room_slots)
@@ -47,9 +51,20 @@ class Eviction:
             if not evict or m <= keep:
                 layer.evict(None)
                 continue
+            before = positions.sort(dim=-1).values if self.rerotate else None
             layer.evict(self._choose(keys, ctx, m - keep, empty, protected))
+            if before is not None:
+                kept_keys, kept_positions, _ = layer.view()
+                rerotate(self.model, kept_keys, kept_positions, before)
         if capture is not None:
             capture.clear()
+
+    def _add_queries(self, ctx: ScoreContext, recent: StepQueries | None, values: torch.Tensor, m: int) -> None:
+        """Give ``ctx`` the layer's recent queries and, when the policy asks, its values' first ``m`` slots."""
+        if recent is not None:
+            ctx.queries = recent.layer(ctx.layer_idx)
+            if self.query_need.values:
+                ctx.values = values[:, :, :m]
 
     def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, empty: EmptySlots | None,
                 protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
@@ -97,7 +112,8 @@ class Eviction:
 
 
     def _evict_ragged(self, cache: RaggedCache, step: RaggedStep, steps: int | torch.Tensor,
-                      capture: AttentionCapture | None, protected: list[list[tuple[int, int]]]) -> None:
+                      capture: AttentionCapture | None, protected: list[list[tuple[int, int]]],
+                      recent: StepQueries | None = None) -> None:
         """Eviction after a step of a ragged batch (kdeval/keydiff/ragged.py), per layer: row ``r`` keeps
         ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as :meth:`_choose` chooses at batch 1 (the policy's
         scores, its sink/recent positions and the row's ``protected`` ranges raised), the empty and padding
@@ -111,6 +127,7 @@ class Eviction:
             if self.evicting:
                 attention = capture.by_layer.get(idx) if capture else None
                 ctx = ScoreContext(idx, positions, step.seen_after, step.T, attention, pstate, steps)
+                self._add_queries(ctx, recent, layer.values, m)
                 self.policy.observe(ctx)
             if step.in_place:
                 continue
@@ -131,8 +148,12 @@ class Eviction:
                 kept = kept_mask(order, drop, m)
             else:
                 kept = step.valid.unsqueeze(1).expand(-1, keys.shape[1], -1)
+            before = positions.sort(dim=-1).values if self.rerotate and step.drops else None
             compact_rows(layer.buffers(), kept, step.keep, step.movers)
             clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), m)
+            if before is not None:
+                n = max(step.host_keep)
+                rerotate(self.model, layer.keys[:, :, :n], layer.positions[:, :, :n], before)
         if capture is not None:
             capture.clear()
 

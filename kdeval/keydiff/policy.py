@@ -19,6 +19,7 @@ from typing import Callable, ClassVar
 import torch
 
 from kdeval.keydiff.attention import AttentionNeed
+from kdeval.keydiff.queries import QueryNeed, RecentQueries
 
 
 @dataclass
@@ -36,6 +37,10 @@ class ScoreContext:
       the policy may update it in place and it moves with the tokens it belongs to.
     - ``step``: how many eviction steps ran before this one (chunks and decode steps); 0 on the CUDA graph
       path, where one captured step serves every chunk (so graph-safe policies must not read it).
+    - ``queries``: for policies with a :class:`QueryNeed`, the layer's recent queries before RoPE and RoPE's
+      ``cos``/``sin`` ahead (:class:`kdeval.keydiff.queries.RecentQueries`); ``None`` otherwise.
+    - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the cached values beside ``keys``, when the policy's
+      ``QueryNeed`` asks for them; ``None`` otherwise.
 
     In a batch of independent requests (``Engine.generate_batch``, kdeval/keydiff/ragged.py) every row has its
     own count: ``seen`` is then a ``[batch, 1, 1]`` tensor, ``step`` one too where the rows' counts differ,
@@ -51,6 +56,8 @@ class ScoreContext:
     attention: torch.Tensor | None = None
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     step: int = 0
+    queries: RecentQueries | None = None
+    values: torch.Tensor | None = None
     _order: torch.Tensor | None = field(default=None, repr=False)
 
     def position_order(self) -> torch.Tensor:
@@ -78,6 +85,10 @@ class Policy:
     #: ``True`` when scores depend on nothing but each batch row's own tensors (not on ``ctx.layer_idx``): the
     #: engine may then score all layers at once, as one batch of ``layers * batch`` rows (``fuse_layers``).
     layer_independent: ClassVar[bool] = True
+    #: ``True``: after every eviction the kept keys are re-rotated to contiguous RoPE positions ``0 .. n-1`` (in
+    #: position order) and new tokens are fed from ``n`` (StreamingLLM's cache positions,
+    #: kdeval/keydiff/rerotation.py); ``ScoreContext.positions`` stay absolute. Such a policy runs eagerly.
+    rerotates: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -87,6 +98,11 @@ class Policy:
 
     def attention_need(self) -> AttentionNeed | None:
         """What attention rows the policy needs captured beside SDPA (``None``: none, run plain SDPA)."""
+        return None
+
+    def query_need(self) -> QueryNeed | None:
+        """Recent queries, RoPE ahead and values the policy needs (``None``: none, nothing is captured). Such a
+        policy runs on the eager path (the window is kept per request between steps)."""
         return None
 
     def n_sink(self) -> int:

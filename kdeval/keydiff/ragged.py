@@ -104,6 +104,7 @@ class RaggedCache(Cache):
         super().__init__(layers=[RaggedLayer(capacity, tuple(state_names)) for _ in range(num_layers)])
         self.state_names = tuple(state_names)
         self.lengths: list[int] = []
+        self.query_window = None  # the rows' recent queries, for a policy with a QueryNeed (queries.py)
 
     def load_row(self, row: int, layers) -> None:
         """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows):
@@ -133,6 +134,8 @@ class RaggedCache(Cache):
             layer.positions = layer.positions.index_select(0, index)
             layer.state = {n: s.index_select(0, index) for n, s in layer.state.items()}
         self.lengths = [self.lengths[r] for r in rows]
+        if self.query_window is not None:
+            self.query_window = self.query_window.rows(index)
 
     def begin_step(self, base: int, positions: torch.Tensor) -> None:
         """The next forward writes at ``base`` the cache positions ``[rows, 1, T]``."""
@@ -152,10 +155,13 @@ class RaggedStep:
     """The geometry of one step of a ragged batch, shared by every layer.
 
     Row ``r`` holds ``n[r]`` tokens, feeds ``t[r]`` (``1 <= t[r] <= T``) and keeps ``keep[r]`` afterwards;
-    ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``.
+    ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``. ``rerotate``: the
+    model positions start after each row's ``n[r]`` cached tokens instead of ``seen[r]`` (a policy that
+    re-rotates its kept keys, kdeval/keydiff/rerotation.py); the cache positions stay absolute.
     """
 
-    def __init__(self, n: list[int], t: list[int], keep: list[int], seen: list[int], device: torch.device):
+    def __init__(self, n: list[int], t: list[int], keep: list[int], seen: list[int], device: torch.device,
+                 rerotate: bool = False):
         self.rows = len(n)
         self.base, self.T = max(n), max(t)
         self.M = self.base + self.T
@@ -177,7 +183,7 @@ class RaggedStep:
         offset = col.view(1, -1) - (self.T - self.t).view(-1, 1)  # [rows, T]: < 0 on padding
         seen_t = as_t(seen).view(-1, 1)
         #: model positions ``[rows, T]`` (padding: the row's next position, never cached)
-        self.position_ids = seen_t + offset.clamp(min=0)
+        self.position_ids = (self.n.view(-1, 1) if rerotate else seen_t) + offset.clamp(min=0)
         #: cache positions ``[rows, 1, T]`` (padding: EMPTY_POSITION)
         self.cache_positions = torch.where(offset >= 0, seen_t + offset, EMPTY_POSITION).unsqueeze(1)
         #: tokens seen after the step, ``[rows, 1, 1]`` (what ``ScoreContext.seen`` is in a ragged batch)

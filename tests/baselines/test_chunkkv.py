@@ -79,7 +79,15 @@ def test_attention_inner_policy_keeps_its_window():
     assert seen_steps[-1] == 93
 
 
-VARIANTS = [dict(heads="each", group_size=7), dict(inner="h2o", group_size=4), dict(inner="snapkv", group_size=3)]
+def test_the_inner_policys_queries_and_rerotation_are_the_engines():
+    pol = get_policy("chunkkv", inner="expected-attention", group_size=4)
+    assert pol.query_need() == get_policy("expected-attention").query_need() and not pol.rerotates
+    pol = get_policy("chunkkv", inner="sink-rerotate", group_size=4)
+    assert pol.query_need() is None and pol.rerotates and Engine(tiny().model, pol, EngineConfig(budget=40)).rerotate
+
+
+VARIANTS = [dict(heads="each", group_size=7), dict(inner="h2o", group_size=4), dict(inner="snapkv", group_size=3),
+            dict(inner="expected-attention", group_size=4), dict(inner="sink-rerotate", group_size=4)]
 
 
 @pytest.mark.parametrize("params", VARIANTS, ids=lambda p: "-".join(map(str, p.values())))

@@ -18,8 +18,10 @@ from .helpers import kept_positions
 
 BUDGET, CHUNK, NEW = 24, 16, 12
 LENGTHS = [37, 70, 101, 5, 64, 90, 16]  # a partial last chunk, several chunks, one token short of a chunk, ...
-PARAMS = {"snapkv": {"window": 8}}  # the default window (32) is more than the budget
-POLICIES = ["keydiff", "keydiff-sw", "sink", "tova", "h2o", "snapkv", "knorm", "random", "full"]
+PARAMS = {"snapkv": {"window": 8},  # the default window (32) is more than the budget
+          "expected-attention": {"query_window": 20}}  # fills up and slides within a request
+POLICIES = ["keydiff", "keydiff-sw", "sink", "sink-rerotate", "tova", "h2o", "snapkv", "knorm", "random",
+            "expected-attention", "full"]
 COUNTERS = ("prompt_tokens", "decode_tokens", "peak_kv_tokens", "kept_tokens")
 
 
@@ -82,6 +84,12 @@ def assert_same(got, ref, got_steps, ref_steps):
         assert g.state.seen == r.state.seen and g.state.protected == r.state.protected
         assert g.state.steps == r.state.steps
         assert torch.allclose(g.state.last_logits, r.state.last_logits, rtol=0, atol=1e-10)
+        window, ref_window = g.state.cache.query_window, r.state.cache.query_window  # a QueryNeed's recent queries
+        assert (window is None) == (ref_window is None)
+        if ref_window is not None:
+            assert torch.equal(window.count, ref_window.count)
+            for layer, q in ref_window.queries.items():
+                assert torch.allclose(window.queries[layer], q, rtol=0, atol=1e-10)
 
 
 def eos_ending_one_request(policy, ps, **kw):
@@ -106,7 +114,8 @@ def test_batch_equals_each_request_alone(policy):
     assert rows[0] == len(ps) and rows[-1] < len(ps) and rows == sorted(rows, reverse=True)  # ... and left
 
 
-@pytest.mark.parametrize("policy", ["keydiff", "h2o", "snapkv", "random", "full"])
+@pytest.mark.parametrize("policy", ["keydiff", "h2o", "snapkv", "random", "expected-attention", "sink-rerotate",
+                                    "full"])
 @pytest.mark.parametrize("decode_evict", [True, False])
 def test_shared_contexts_and_the_context_protocol(policy, decode_evict):
     """Questions continue from prefilled contexts (one context shared by three rows, another by one, two rows
@@ -178,11 +187,12 @@ def test_padding_takes_no_budget_and_is_never_kept():
     assert all(r.stats.kept_tokens == min(BUDGET, n + NEW - 1) for r, n in zip(res, LENGTHS))
 
 
-def test_result_state_continues_like_the_batch_1_state():
+@pytest.mark.parametrize("policy", ["keydiff", "expected-attention"])  # its state carries the query window
+def test_result_state_continues_like_the_batch_1_state(policy):
     ps = prompts([50, 23])
-    ref, _ = alone("keydiff", ps)
-    got, _, _ = batched("keydiff", ps)
-    eng = engine("keydiff")
+    ref, _ = alone(policy, ps)
+    got, _, _ = batched(policy, ps)
+    eng = engine(policy)
     more = prompts([19], seed=5)[0].unsqueeze(0)
     for g, r in zip(got, ref):
         a = eng.generate(more, max_new_tokens=5, state=g.state)

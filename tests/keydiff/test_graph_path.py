@@ -14,7 +14,10 @@ from kdeval.keydiff.cache import EmptySlots
 
 from .helpers import assert_same_run, kept_positions, prompt, tiny
 
-GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe]
+# policies that read recent queries (a QueryNeed) or re-rotate keys run eagerly: test_query_policies_run_eagerly,
+# tests/baselines/test_sink_rerotate.py
+GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe
+              and get_policy(n).query_need() is None and not get_policy(n).rerotates]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
@@ -136,6 +139,20 @@ def test_fuse_layers_needs_a_layer_independent_policy():
     assert Engine(lm.model, get_policy("keydiff"), config).fused
     eng = Engine(lm.model, PerLayer(), config)
     assert eng.use_graphs and not eng.fused
+
+
+def test_query_policies_run_eagerly():
+    """A policy with a QueryNeed keeps a window of recent queries per request between steps: the engine runs it
+    eagerly even when graphs are asked for, and it gives the eager engine's run."""
+    lm = tiny("random:llama-tiny", 2, "float64")
+    graphs = Engine(lm.model, get_policy("expected-attention"),
+                    EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True))
+    eager = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16))
+    assert not graphs.use_graphs and graphs.query_need is not None
+    ids = prompt(90, seed=9)
+    got = graphs.generate(ids, max_new_tokens=6)
+    assert not got.state.cache.graphs and got.state.cache.static_base is None
+    assert_same_run(got, eager.generate(ids, max_new_tokens=6), atol=0)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
