@@ -4,7 +4,9 @@ The registry in ``kdeval.keydiff`` imports this package on its first lookup, so 
 and the names re-exported here see the same policies: KeyDiff's variants, ``full`` and the baselines.
 A new baseline module is imported below.
 """
-from kdeval.baselines import chunkkv, h2o, knorm, lagkv, random_policy, sink, snapkv, tova  # noqa: F401  (registration)
+from kdeval.baselines import (  # noqa: F401  (registration)
+    chunkkv, h2o, knorm, lagkv, pyramidkv, random_policy, sink, snapkv, tova,
+)
 from kdeval.keydiff.registry import UnknownPolicyError, describe, get_policy, list_policies, policy_names
 
 __all__ = ["UnknownPolicyError", "describe", "get_policy", "list_policies", "policy_names"]
