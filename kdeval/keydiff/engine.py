@@ -1,7 +1,8 @@
 """Chunked prefill and greedy decoding with eviction to a hard budget after every chunk and every token.
 
 Per layer and KV head the cache never holds more than ``budget + chunk_size`` tokens (``budget + 1`` while
-decoding), whatever the prompt length. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
+decoding), whatever the prompt length; a policy with per-layer budgets (``Policy.layer_budgets``, PyramidKV)
+makes that bound each layer's own budget, the layers' total staying ``layers * budget``. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
 ``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
 distances.
 
