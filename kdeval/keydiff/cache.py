@@ -353,11 +353,11 @@ class BudgetCache(Cache):
         buffers; for the gather store the cached tokens plus the chunk, before eviction gathered the kept ones."""
         return sum(l.held_nbytes for l in self.layers)
 
-    def reserve(self, tokens: int) -> None:
-        """Room for ``tokens`` per layer in every layer's buffers, allocated at once (slot store; a no-op for
-        the gather store and where there is room)."""
+    def reserve_more(self, tokens: int) -> None:
+        """Room for ``tokens`` more than each layer holds, allocated at once (slot store; a no-op for the gather
+        store and where there is room): a layer with a smaller budget grows less."""
         for layer in self.layers:
-            layer.reserve(tokens)
+            layer.reserve(layer.length + tokens)
 
     def thawed(self, capacity: int) -> "BudgetCache":
         """A copy of this static-layout cache's valid tokens ``[0, length)`` in a dynamic slot cache with room for

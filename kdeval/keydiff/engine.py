@@ -282,13 +282,12 @@ class Engine(Eviction):
         """Room for ``tokens`` more without eviction: a static-layout cache is thawed into a dynamic one (its
         buffers and graphs go back to the pool), a slot cache grows its buffers once."""
         cache = state.cache
-        need = cache.length + tokens
         if cache.static_base is not None:
-            state.cache = cache.thawed(need)
+            state.cache = cache.thawed(cache.length + tokens)
             if cache.graphs or cache.batch_size not in self._spare:  # keep a pooled cache with graphs
                 self._pool(cache)
         else:
-            cache.reserve(need)
+            cache.reserve_more(tokens)
 
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
               protect: bool = False) -> torch.Tensor:

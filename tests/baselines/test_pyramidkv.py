@@ -87,15 +87,18 @@ def test_every_step_keeps_the_layer_budgets_and_protected_question():
     assert len(seen) > 8 and res.stats.peak_kv_tokens <= budgets[0] + chunk + 10
 
 
-def test_kv_bytes_equal_the_uniform_policys():
-    """Same model, same N and B: PyramidKV's per-layer buffers hold as many bytes as SnapKV's uniform ones."""
+@pytest.mark.parametrize("protect_last,decode_evict,grown", [(0, True, 0), (10, False, 10 + 20 - 1)])
+def test_kv_bytes_equal_the_uniform_policys(protect_last, decode_evict, grown):
+    """Same model, same N and B: PyramidKV's per-layer buffers hold as many bytes as SnapKV's uniform ones, also
+    when a protected question and decoding without eviction grow each layer by the same tokens."""
     ids = prompt(120, seed=1)
     got = {}
     for name in ("pyramidkv", "snapkv"):
-        res = engine(get_policy(name, window=8), 40, 16, dtype="float32").generate(ids, max_new_tokens=4)
+        res = engine(get_policy(name, window=8), 40, 16, dtype="float32").generate(
+            ids, max_new_tokens=20, protect_last=protect_last, decode_evict=decode_evict)
         got[name] = (res.stats.peak_kv_bytes, res.stats.kv_cache_bytes)
         slots = [layer.keys.shape[2] for layer in res.state.cache.layers]
-        assert slots == [b + 16 for b in get_policy(name, window=8).layer_budgets(40, len(slots))]
+        assert slots == [b + max(16, grown) for b in get_policy(name, window=8).layer_budgets(40, len(slots))]
     assert got["pyramidkv"] == got["snapkv"]
 
 
