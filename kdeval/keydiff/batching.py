@@ -107,7 +107,8 @@ def _plan(ids: torch.Tensor, chunk: int, protect_last: int) -> list[tuple[torch.
     return plan
 
 
-def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evict: bool, budget: int | None) -> int:
+def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evict: bool,
+              budget: int | None) -> int:
     """Slots a layer that keeps ``budget`` can need: the most any row holds before a step plus the widest step."""
     most_n, most_t = 0, 1
     for row, n in zip(rows, lengths):

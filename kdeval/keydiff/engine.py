@@ -2,9 +2,9 @@
 
 Per layer and KV head the cache never holds more than ``budget + chunk_size`` tokens (``budget + 1`` while
 decoding), whatever the prompt length; a policy with per-layer budgets (``Policy.layer_budgets``, PyramidKV)
-makes that bound each layer's own budget, the layers' total staying ``layers * budget``. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
-``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
-distances.
+makes that bound each layer's own budget, the layers' total staying ``layers * budget``. Positions are
+absolute: chunk ``[s, s + t)`` of the prompt is fed with ``position_ids = s .. s + t - 1`` even when only
+``budget`` older tokens remain cached, so RoPE sees the true distances.
 
 Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and ``decode_evict``):
 
@@ -244,8 +244,8 @@ class Engine(Eviction):
         policy.check_budget(n)
         budgets = policy.layer_budgets(n, self.num_layers)
         if len(budgets) != self.num_layers or not all(isinstance(b, int) and b > 0 for b in budgets):
-            raise ValueError(f"budget: policy '{policy.name}' must give each of the {self.num_layers} layers a positive "
-                             f"number of tokens, got {budgets!r}")
+            raise ValueError(f"budget: policy '{policy.name}' must give each of the {self.num_layers} layers a "
+                             f"positive number of tokens, got {budgets!r}")
         for i, b in enumerate(budgets):
             try:
                 policy.check_budget(b)

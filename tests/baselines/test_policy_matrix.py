@@ -19,7 +19,8 @@ def run(policy, store="slot", kv_heads=2, chunk=16, batch=1, n=90, new=6, seed=0
 
 def layer_budgets(policy, kv_heads=2):
     """What each layer of the tiny model keeps under ``BUDGET`` (N everywhere but for per-layer policies)."""
-    return get_policy(policy).layer_budgets(BUDGET, tiny("random:llama-tiny", kv_heads).model.config.num_hidden_layers)
+    layers = tiny("random:llama-tiny", kv_heads).model.config.num_hidden_layers
+    return get_policy(policy).layer_budgets(BUDGET, layers)
 
 
 def test_registry_has_every_policy():
