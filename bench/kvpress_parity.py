@@ -3,7 +3,9 @@
 One prompt of ``L`` tokens (Paul Graham's essays from ``$KDEVAL_DATA_DIR``) on the offline SmolLM2-135M in
 float32 on the CPU, compressed once: kdeval's engine with one chunk covering the prompt (``B = L``) and budget
 ``N``, against kvpress' press at ``compression_ratio`` with ``int(L * (1 - ratio)) == N``. Agreement = kept
-positions in common / ``N``, over the 30 layers x 3 KV heads.
+positions in common / the larger of the two kept counts (``N``, but for per-layer budgets), over the 30 layers x
+3 KV heads; "inside" = kept positions in common / the smaller count (100%: the smaller kept set is inside the
+larger one, as when one ranking is cut at two budgets).
 
 kvpress pins an older transformers than kdeval, so it runs in its own virtualenv, created once under the kdeval
 cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
@@ -56,6 +58,10 @@ CASES = [
          n=500, rule="same rule; the query window (1000) covers the prompt"),
     dict(id="sink-rerotate", ours=("sink-rerotate", {"n_sink_tokens": 4}), press=("KeyRerotationPress", {"n_sink": 4}),
          n=500, rule="same rule, `StreamingLLMPress` wrapped in `KeyRerotationPress`; re-rotated keys compared too"),
+    dict(id="pyramidkv", ours=("pyramidkv", {"window": 64, "kernel": 5, "pooling": "avg", "beta": 20}),
+         press=("PyramidKVPress", {"window_size": 64, "kernel_size": 5, "beta": 20}), n=500,
+         rule="SnapKV's scores under other per-layer budgets: kdeval 914 down to 86 (the window on top of a "
+              "pyramid of N - window), kvpress 936 down to 64 (the window inside, the top capped at L - window)"),
     dict(id="h2o (recent_fraction=0) vs ObservedAttention", ours=("h2o", {"recent_fraction": 0.0}),
          press=("ObservedAttentionPress", {}), n=500, eager=True,
          rule="different rules: kvpress divides each token's summed attention by the number of queries after it"),
@@ -182,10 +188,12 @@ def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list[torch.Tensor], li
     return kept, keys
 
 
-def agreement(ours: list[torch.Tensor], theirs: list[torch.Tensor], n: int) -> dict:
-    shares = [len(set(a.tolist()) & set(b.tolist())) / n for lo, lt in zip(ours, theirs) for a, b in zip(lo, lt)]
-    return {"mean": 100 * sum(shares) / len(shares), "min": 100 * min(shares),
-            "identical": sum(s == 1.0 for s in shares), "heads": len(shares)}
+def agreement(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> dict:
+    pairs = [(set(a.tolist()), set(b.tolist())) for lo, lt in zip(ours, theirs) for a, b in zip(lo, lt)]
+    shares = [len(a & b) / max(len(a), len(b)) for a, b in pairs]
+    inside = [len(a & b) / min(len(a), len(b)) for a, b in pairs]
+    return {"mean": 100 * sum(shares) / len(shares), "min": 100 * min(shares), "inside": 100 * sum(inside) / len(inside),
+            "identical": sum(a == b for a, b in pairs), "heads": len(shares)}
 
 
 def run(print_only: bool, reuse: str | None) -> None:
@@ -220,7 +228,7 @@ def run(print_only: bool, reuse: str | None) -> None:
     for case in CASES:
         kept, keys = ours_kept(lm, ids, case)
         side = theirs["cases"][case["id"]]
-        got = agreement(kept, side["kept"], case["n"])
+        got = agreement(kept, side["kept"])
         rule = case["rule"]
         if side.get("keys"):
             diff = max((a - b).abs().max().item() for a, b in zip(keys, side["keys"]))
@@ -233,14 +241,15 @@ def run(print_only: bool, reuse: str | None) -> None:
         f"(Paul Graham's essays), one chunk (B = {L}); kvpress {versions['kvpress']} with transformers "
         f"{versions['transformers']} in its own virtualenv, kdeval with transformers "
         f"{__import__('transformers').__version__}; torch {versions['torch']}. The two stacks' prompt keys differ by "
-        f"at most {key_diff:.2e}. Agreement: kept positions in common / N, over 30 layers x 3 KV heads.",
+        f"at most {key_diff:.2e}. Agreement: kept positions in common / the larger kept count (N but for per-layer "
+        f"budgets), over 30 layers x 3 KV heads; inside: in common / the smaller count.",
         "",
-        "| policy | kvpress press | N | agreement % (mean) | lowest head % | identical heads | rule |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| policy | kvpress press | N | agreement % (mean) | lowest head % | inside % (mean) | identical heads | rule |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for case, got in rows:
         lines.append(f"| `{case['id']}` | `{case['press'][0]}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
-                     f"{got['identical']}/{got['heads']} | {case['rule']} |")
+                     f"{got['inside']:.2f} | {got['identical']}/{got['heads']} | {case['rule']} |")
     lines += ["", f"Wall time: {time.perf_counter() - t0:.0f} s (venv {t_venv - t0:.0f} s incl. model load, kvpress "
                   f"side {t_kvpress - t_venv:.0f} s)."]
     table = "\n".join(lines)

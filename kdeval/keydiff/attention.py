@@ -12,7 +12,9 @@ Both interfaces must be registered: without ``AttentionMaskInterface`` the mask 
 its own boolean mask (:func:`static_mask`: empty slots hidden, causal within the chunk's tail slots, rows
 repeated per query head of a KV head) and attention runs per KV head with those query heads folded into the
 query axis, so SDPA takes the mask without the keys and values being repeated. Once the head is full no mask
-is passed (its mask function makes none): attention is plain lower-right causal.
+is passed (its mask function makes none): attention is plain lower-right causal. That is also the rule of a
+dynamic cache whose layers hold different numbers of tokens (per-layer budgets), where transformers' one mask,
+sized from layer 0, would be wrong: the engine runs such a cache under ``kdeval_static`` with no mask.
 
 ``kdeval_ragged`` serves a batch of independent requests (kdeval/keydiff/ragged.py): the engine passes a
 boolean mask ``[batch, 1, t, m]`` per row (padding and empty slots hidden), which both SDPA and the captured
@@ -192,8 +194,12 @@ def ragged_attention_forward(module, query, key, value, attention_mask, dropout=
     [b, hk, m, d]``), and the rows a ``kdeval_capture`` asks for under the same mask; returns ``[b, t, hq, d]``.
 
     SDPA takes the grouped KV heads as they are (``enable_gqa``): transformers' SDPA path would repeat the
-    keys and values per query head whenever a mask is passed."""
+    keys and values per query head whenever a mask is passed. ``kdeval_layer_masks`` (one mask per layer, when
+    the layers keep budgets of their own and so hold different numbers of slots) replaces the mask."""
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
+    layer_masks = kwargs.pop("kdeval_layer_masks", None)
+    if layer_masks is not None:
+        attention_mask = layer_masks[module.layer_idx]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if capture is not None and capture.fuses_output(query):
         return capture.attend(module.layer_idx, query, key, value, scale, attention_mask), None

@@ -78,8 +78,8 @@ class BatchView:
     def kept_positions(self, request: int) -> list[torch.Tensor]:
         """Per layer, the sorted absolute positions the request's row holds: ``[1, kv_heads, tokens]``."""
         r = self.requests.index(request)
-        n = self.cache.lengths[r]
-        return [layer.positions[r : r + 1, :, :n].sort(dim=-1).values.clone() for layer in self.cache.layers]
+        return [layer.positions[r : r + 1, :, : lengths[r]].sort(dim=-1).values.clone()
+                for layer, lengths in zip(self.cache.layers, self.cache.lengths)]
 
 
 def _as_ids(prompt, i: int) -> torch.Tensor:
@@ -109,9 +109,9 @@ def _plan(ids: torch.Tensor, chunk: int, protect_last: int) -> list[tuple[torch.
     return plan
 
 
-def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evict: bool) -> int:
-    """Slots per layer the batch can need: the most any row holds before a step plus the widest step."""
-    budget = engine.config.budget
+def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evict: bool,
+              budget: int | None) -> int:
+    """Slots a layer that keeps ``budget`` can need: the most any row holds before a step plus the widest step."""
     most_n, most_t = 0, 1
     for row, n in zip(rows, lengths):
         held = sum(e - s for s, e in row.protected)
@@ -125,13 +125,12 @@ def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evi
 
 def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> PrefillState:
     """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's store)."""
-    n = cache.lengths[r]
     names = cache.state_names
-    out = BudgetCache(len(cache.layers), engine.config.store, n, names)
+    out = BudgetCache(len(cache.layers), engine.config.store, [lengths[r] for lengths in cache.lengths], names)
     for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
         layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
         layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
-        layer.length, layer.pending = n, 0
+        layer.length, layer.pending = k.shape[2], 0
         layer._note_held()
     out.owner = weakref.ref(engine)
     out.thawed_from = engine.config.budget if engine.use_graphs else None
@@ -166,7 +165,6 @@ def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int, wind
                 yield k, src.values[:, :, : k.shape[2]], p, st
 
         cache.load_row(r, layers())
-        cache.lengths[r] = state.cache.length
 
 
 def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
@@ -204,9 +202,14 @@ def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_toke
                          state.peak_kv_bytes if state else 0))
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     cache = RaggedCache(engine.num_layers, 1, engine.policy.slot_state if engine.evicting else ())
-    cache.lengths = [s.cache.length if s is not None else 0 for s in starts]
-    for layer in cache.layers:
-        layer.capacity = _capacity(engine, rows, cache.lengths, decode_evict)
+    budgets = engine.budgets or [None] * engine.num_layers
+    cache.lengths = [[s.cache.layers[i].length if s is not None else 0 for s in starts] for i in range(len(budgets))]
+    capacity: dict = {}  # one computation per distinct (budget, lengths)
+    for layer, budget, lengths in zip(cache.layers, budgets, cache.lengths):
+        key = (budget, tuple(lengths))
+        if key not in capacity:
+            capacity[key] = _capacity(engine, rows, lengths, decode_evict, budget)
+        layer.capacity = capacity[key]
     if any(s is not None for s in starts):
         _load(cache, starts, n_req, engine.query_need.window if engine.query_need is not None else None)
     return _Batch(engine, cache, rows, eos, decode_evict, on_batch_step).run()
@@ -226,10 +229,25 @@ class _Batch:
         return [row.plan[row.done_chunks] if row.prefilling else (row.pending, self.decode_evict, False)
                 for row in self.rows]
 
-    def _keep(self, row: _Row, n: int, t: int, evict: bool) -> int:
+    def _keep(self, row: _Row, n: int, t: int, evict: bool, budget: int | None) -> int:
         if not (self.engine.evicting and evict):
             return n + t
-        return min(self.engine.config.budget + sum(e - s for s, e in row.protected), n + t)
+        return min(budget + sum(e - s for s, e in row.protected), n + t)
+
+    def _geometries(self, t: list[int], feeds) -> list[RaggedStep]:
+        """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row (layers whose rows hold and keep
+        the same counts share one)."""
+        eng = self.engine
+        seen = [row.seen for row in self.rows]
+        by_counts: dict = {}
+        out = []
+        for lengths, budget in zip(self.cache.lengths, eng.budgets or [None] * eng.num_layers):
+            keep = [self._keep(row, a, b, f[1], budget) for row, a, b, f in zip(self.rows, lengths, t, feeds)]
+            key = (tuple(lengths), tuple(keep))
+            if key not in by_counts:
+                by_counts[key] = RaggedStep(list(lengths), t, keep, seen, eng.device, eng.rerotate)
+            out.append(by_counts[key])
+        return out
 
     def run(self) -> list[GenerationResult]:
         eng, cache = self.engine, self.cache
@@ -237,19 +255,18 @@ class _Batch:
         while self.rows:
             feeds = self._feeds()
             t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
-            n = list(cache.lengths)
-            keep = [self._keep(row, a, b, f[1]) for row, a, b, f in zip(self.rows, n, t, feeds)]
-            step = RaggedStep(n, t, keep, [row.seen for row in self.rows], eng.device, eng.rerotate)
+            layer_steps = self._geometries(t, feeds)
+            step = layer_steps[0]
             ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.device)
             for r, (f, tr) in enumerate(zip(feeds, t)):
                 ids[r, step.T - tr :] = f[0] if isinstance(f[0], torch.Tensor) else f[0]
-            for row, a, b in zip(self.rows, n, t):
-                row.peak_kv_tokens = max(row.peak_kv_tokens, a + b)
+            for r, (row, b) in enumerate(zip(self.rows, t)):
+                row.peak_kv_tokens = max(row.peak_kv_tokens, max(lengths[r] for lengths in cache.lengths) + b)
             steps = [row.steps for row in self.rows]
             steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
                 steps, dtype=torch.long, device=eng.device).view(-1, 1, 1)
-            logits = self._forward(ids, step, steps_arg)
-            cache.lengths = keep
+            logits = self._forward(ids, layer_steps, steps_arg)
+            cache.lengths = [list(s.host_keep) for s in layer_steps]
             self.memory.sample()
             share = cache.nbytes() // step.rows
             for row, f, b in zip(self.rows, feeds, t):
@@ -263,23 +280,27 @@ class _Batch:
             self._choose(logits, share)
         return self.results  # type: ignore[return-value]
 
-    def _forward(self, ids: torch.Tensor, step: RaggedStep, steps) -> torch.Tensor:
-        """The model on ``ids [rows, T]`` under the step's mask, then eviction; the last column's logits."""
+    def _forward(self, ids: torch.Tensor, layer_steps: list[RaggedStep], steps) -> torch.Tensor:
+        """The model on ``ids [rows, T]`` under each layer's step mask, then eviction; the last column's logits."""
         eng = self.engine
         capture = None
         if eng.need is not None:
             capture = AttentionCapture(eng.need, float32_logits=eng.config.score_precision == "float32")
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
-        self.cache.begin_step(step.base, step.cache_positions)
+        step = layer_steps[0]
+        masks = {id(s): s.mask() for s in layer_steps}
+        if len(masks) > 1:  # the layers' geometries differ: each layer's attention takes its own mask
+            kwargs["kdeval_layer_masks"] = [masks[id(s)] for s in layer_steps]
+        self.cache.begin_step([s.base for s in layer_steps], step.cache_positions)
         queries = capture_queries(eng.model) if eng.query_need is not None else contextlib.nullcontext()
         with attention_implementation(eng.model, RAGGED_IMPL), queries as captured:
-            out = eng.model(input_ids=ids, position_ids=step.position_ids, attention_mask=step.mask(),
+            out = eng.model(input_ids=ids, position_ids=step.position_ids, attention_mask=masks[id(step)],
                             past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
         recent = None
         if eng.query_need is not None:
             recent = record_step(eng.model, eng.query_need, self.cache, captured, step.cache_positions[:, 0],
                                  step.seen_after)
-        eng._evict_ragged(self.cache, step, steps, capture, [row.protected for row in self.rows], recent)
+        eng._evict_ragged(self.cache, layer_steps, steps, capture, [row.protected for row in self.rows], recent)
         return out.logits[:, -1, :]
 
     def _choose(self, logits: torch.Tensor, share: int) -> None:
@@ -326,7 +347,7 @@ class _Batch:
             decode_tokens=n,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
             peak_kv_tokens=row.peak_kv_tokens,
-            kept_tokens=self.cache.lengths[r],
+            kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
             peak_memory_bytes=self.memory.peak_bytes,
             kv_cache_bytes=share,
             peak_kv_bytes=row.peak_kv_bytes,

@@ -231,21 +231,26 @@ class GatherLayer(_BudgetLayerMixin, DynamicLayer):
 class BudgetCache(Cache):
     """A transformers ``Cache`` of :class:`SlotLayer` or :class:`GatherLayer`, one per decoder layer."""
 
-    def __init__(self, num_layers: int, store: str, capacity: int, state_names: tuple[str, ...] = (),
+    def __init__(self, num_layers: int, store: str, capacity: int | list[int], state_names: tuple[str, ...] = (),
                  static_base: int | None = None, fused: bool = False):
-        """``fused``: the static layout's layers share buffers ``[layers * batch, kv_heads, slots, ...]`` (layer
+        """``capacity``: slots per layer, one number or one per layer (per-layer budgets, dynamic layout only).
+
+        ``fused``: the static layout's layers share buffers ``[layers * batch, kv_heads, slots, ...]`` (layer
         ``i`` owns rows ``[i * batch, (i + 1) * batch)``), so eviction can treat all layers as one batch."""
         if static_base is not None and store != "slot":
             raise ValueError("static_base: only the slot store has a static layout")
         if fused and static_base is None:
             raise ValueError("fused: layer-fused buffers need the static layout")
+        capacities = [capacity] * num_layers if isinstance(capacity, int) else list(capacity)
+        if static_base is not None and len(set(capacities)) > 1:
+            raise ValueError("capacity: the static layout gives every layer the same slots")
         self.static_base = static_base
         self.state_names = tuple(state_names)
         self.fused: dict[str, torch.Tensor] | None = None  # the shared buffers, once allocated
-        self._fused_specs = (num_layers, capacity, state_names) if fused else None
+        self._fused_specs = (num_layers, capacities[0], state_names) if fused else None
         if store == "slot":
-            layers = [SlotLayer(capacity, state_names, static_base, self._fused_view(i) if fused else None)
-                      for i in range(num_layers)]
+            layers = [SlotLayer(cap, state_names, static_base, self._fused_view(i) if fused else None)
+                      for i, cap in enumerate(capacities)]
         elif store == "gather":
             layers = [GatherLayer(state_names) for _ in range(num_layers)]
         else:
@@ -260,7 +265,8 @@ class BudgetCache(Cache):
 
     @property
     def length(self) -> int:
-        return self.layers[0].length
+        """Tokens held per KV head by the fullest layer (every layer's count under a uniform budget)."""
+        return max(layer.length for layer in self.layers)
 
     def _fused_view(self, idx: int):
         def allocate(key_states: torch.Tensor, value_states: torch.Tensor):
@@ -349,11 +355,11 @@ class BudgetCache(Cache):
         buffers; for the gather store the cached tokens plus the chunk, before eviction gathered the kept ones."""
         return sum(l.held_nbytes for l in self.layers)
 
-    def reserve(self, tokens: int) -> None:
-        """Room for ``tokens`` per layer in every layer's buffers, allocated at once (slot store; a no-op for
-        the gather store and where there is room)."""
+    def reserve_more(self, tokens: int) -> None:
+        """Room for ``tokens`` more than each layer holds, allocated at once (slot store; a no-op for the gather
+        store and where there is room): a layer with a smaller budget grows less."""
         for layer in self.layers:
-            layer.reserve(tokens)
+            layer.reserve(layer.length + tokens)
 
     def thawed(self, capacity: int) -> "BudgetCache":
         """A copy of this static-layout cache's valid tokens ``[0, length)`` in a dynamic slot cache with room for

@@ -1,10 +1,12 @@
 """Chunked prefill and greedy decoding with eviction to a hard budget after every chunk and every token.
 
 Per layer and KV head the cache never holds more than ``budget + chunk_size`` tokens (``budget + 1`` while
-decoding), whatever the prompt length. Positions are absolute: chunk ``[s, s + t)`` of the prompt is fed with
-``position_ids = s .. s + t - 1`` even when only ``budget`` older tokens remain cached, so RoPE sees the true
-distances (a policy that ``rerotates``, StreamingLLM's cache, is fed after the cached tokens instead and its kept
-keys are re-rotated: kdeval/keydiff/rerotation.py).
+decoding), whatever the prompt length; a policy with per-layer budgets (``Policy.layer_budgets``, PyramidKV)
+makes that bound each layer's own budget, the layers' total staying ``layers * budget``. Positions are
+absolute: chunk ``[s, s + t)`` of the prompt is fed with ``position_ids = s .. s + t - 1`` even when only
+``budget`` older tokens remain cached, so RoPE sees the true distances (a policy that ``rerotates``,
+StreamingLLM's cache, is fed after the cached tokens instead and its kept keys are re-rotated:
+kdeval/keydiff/rerotation.py).
 
 Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and ``decode_evict``):
 
@@ -63,8 +65,10 @@ class Engine(Eviction):
         self.num_layers = cfg.num_hidden_layers
         self.max_context = int(getattr(cfg, "max_position_embeddings", 0) or 0)
         self.evicting = policy.evicts and config.budget is not None
-        if self.evicting:
-            policy.check_budget(config.budget)
+        #: tokens each layer keeps (the policy's allocation of N; ``None`` without eviction)
+        self.budgets = self._layer_budgets() if self.evicting else None
+        #: every layer keeps N: the static layout, graphs and transformers' own mask apply
+        self.uniform = self.budgets is None or len(set(self.budgets)) == 1
         self.need = policy.attention_need() if self.evicting else None
         self.query_need = policy.query_need() if self.evicting else None
         self.rerotate = self.evicting and policy.rerotates
@@ -77,7 +81,7 @@ class Engine(Eviction):
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
-        self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe
+        self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe and self.uniform
         # eager: the query window is kept between steps; re-rotation moves every kept key
         self.use_graphs = self.use_graphs and self.query_need is None and not self.rerotate
         self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
@@ -104,7 +108,8 @@ class Engine(Eviction):
         if spare is not None:
             spare.reset()
             return PrefillState(spare, 0, torch.empty(0))
-        cap = (self.config.budget + self.config.chunk_size) if self.evicting else max(tokens, self.config.chunk_size)
+        B = self.config.chunk_size
+        cap = [b + B for b in self.budgets] if self.evicting else max(tokens, B)
         state_names = self.policy.slot_state if self.evicting else ()
         cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
                             static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
@@ -244,6 +249,23 @@ class Engine(Eviction):
 
     # ------------------------------------------------------------------ internals
 
+    def _layer_budgets(self) -> list[int]:
+        """The policy's per-layer budgets, checked: one integer per layer, each holding the tokens the policy
+        always keeps."""
+        n, policy = self.config.budget, self.policy
+        policy.check_budget(n)
+        budgets = policy.layer_budgets(n, self.num_layers)
+        if len(budgets) != self.num_layers or not all(isinstance(b, int) and b > 0 for b in budgets):
+            raise ValueError(f"budget: policy '{policy.name}' must give each of the {self.num_layers} layers a "
+                             f"positive number of tokens, got {budgets!r}")
+        for i, b in enumerate(budgets):
+            try:
+                policy.check_budget(b)
+            except ValueError as e:
+                raise ValueError(f"budget: layer {i} keeps {b} of N={n} tokens under policy '{policy.name}', "
+                                 f"{str(e).removeprefix('budget: ')}") from None
+        return budgets
+
     def _check_ids(self, input_ids: torch.Tensor, state: PrefillState | None, max_new: int = 0) -> torch.Tensor:
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
@@ -277,13 +299,12 @@ class Engine(Eviction):
         """Room for ``tokens`` more without eviction: a static-layout cache is thawed into a dynamic one (its
         buffers and graphs go back to the pool), a slot cache grows its buffers once."""
         cache = state.cache
-        need = cache.length + tokens
         if cache.static_base is not None:
-            state.cache = cache.thawed(need)
+            state.cache = cache.thawed(cache.length + tokens)
             if cache.graphs or cache.batch_size not in self._spare:  # keep a pooled cache with graphs
                 self._pool(cache)
         else:
-            cache.reserve(need)
+            cache.reserve_more(tokens)
 
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
               protect: bool = False) -> torch.Tensor:
@@ -326,6 +347,11 @@ class Engine(Eviction):
             capture = AttentionCapture(self.need, float32_logits=self.config.score_precision == "float32")
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         impl = CAPTURE_IMPL if capture is not None else None
+        if not self.uniform:
+            # Layers hold different numbers of tokens: transformers builds one mask from layer 0's length, so
+            # attention takes none and is lower-right causal over each layer's own keys (the static layout's
+            # function with no mask, which also captures the rows a policy needs).
+            impl = STATIC_IMPL
         empty = None
         if cache.static_base is not None:
             impl = STATIC_IMPL

@@ -28,19 +28,18 @@ class Eviction:
         """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise);
         ``recent``: the step's recent queries, for a policy with a ``QueryNeed``.
 
-        Each layer keeps ``budget`` tokens plus the protected ones (``protected``: position ranges, all held);
-        ``evict=False``: the policy observes the step and everything is kept."""
+        Each layer keeps its budget (``budgets[idx]``) plus the protected tokens (``protected``: position
+        ranges, all held); ``evict=False``: the policy observes the step and everything is kept."""
         if cache.fused is not None:
             self._evict_fused(cache, t, seen, steps, capture, empty)
             return
-        keep = self.config.budget if self.evicting else None
-        if keep is not None and protected:
-            keep += sum(end - start for start, end in protected)
+        held = sum(end - start for start, end in protected)
         for idx, layer in enumerate(cache.layers):
-            m = keep + t if empty is not None else layer.length + layer.pending
             if not self.evicting:
                 layer.evict(None)
                 continue
+            keep = self.budgets[idx] + held
+            m = keep + t if empty is not None else layer.length + layer.pending
             keys, positions, pstate = layer.view()
             ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
             self._add_queries(ctx, recent, layer.values, keys.shape[2])
@@ -52,7 +51,7 @@ class Eviction:
                 layer.evict(None)
                 continue
             before = positions.sort(dim=-1).values if self.rerotate else None
-            layer.evict(self._choose(keys, ctx, m - keep, empty, protected))
+            layer.evict(self._choose(keys, ctx, m - keep, self.budgets[idx], empty, protected))
             if before is not None:
                 kept_keys, kept_positions, _ = layer.view()
                 rerotate(self.model, kept_keys, kept_positions, before)
@@ -66,13 +65,12 @@ class Eviction:
             if self.query_need.values:
                 ctx.values = values[:, :, :m]
 
-    def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, empty: EmptySlots | None,
+    def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, budget: int, empty: EmptySlots | None,
                 protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
-        """The ``k`` slots to free per row of ``keys [rows, h, slots, d]``: the policy's scores (over every
-        cached token, protected ones included), the kept positions (the policy's sink and recent ones, the
-        ``protected`` ranges) raised, empty slots (static layout) lowered, then the ``k`` lowest →
-        ``[rows, h, k]``."""
-        budget = self.config.budget
+        """The ``k`` slots to free per row of ``keys [rows, h, slots, d]`` in a layer that keeps ``budget``: the
+        policy's scores (over every cached token, protected ones included), the kept positions (the policy's
+        sink and recent ones, the ``protected`` ranges) raised, empty slots (static layout) lowered, then the
+        ``k`` lowest → ``[rows, h, k]``."""
         scores = self._score(self.policy, keys, ctx)
         scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
         if protected:
@@ -107,22 +105,25 @@ class Eviction:
         if empty.room_slots is not None:
             move_tail(list(buffers.values()), empty.room_slots, budget)
         else:
-            compact(list(buffers.values()), self._choose(keys, ctx, t, empty), budget)
+            compact(list(buffers.values()), self._choose(keys, ctx, t, budget, empty), budget)
         cache.advance_static(t)
 
 
-    def _evict_ragged(self, cache: RaggedCache, step: RaggedStep, steps: int | torch.Tensor,
+    def _evict_ragged(self, cache: RaggedCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
                       capture: AttentionCapture | None, protected: list[list[tuple[int, int]]],
                       recent: StepQueries | None = None) -> None:
-        """Eviction after a step of a ragged batch (kdeval/keydiff/ragged.py), per layer: row ``r`` keeps
-        ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as :meth:`_choose` chooses at batch 1 (the policy's
-        scores, its sink/recent positions and the row's ``protected`` ranges raised), the empty and padding
-        slots freed first; ``steps``: the rows' eviction steps before this one (an int when they agree)."""
-        m = step.M
-        drop = (m - step.keep).view(-1, 1, 1)
-        k = max(m - kept for kept in step.host_keep)
-        budget = self.config.budget
+        """Eviction after a step of a ragged batch (kdeval/keydiff/ragged.py), per layer with its step
+        ``layer_steps[idx]``: row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as
+        :meth:`_choose` chooses at batch 1 (the policy's scores, its sink/recent positions and the row's
+        ``protected`` ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction
+        steps before this one (an int when they agree); ``recent``: the step's recent queries, for a policy
+        with a ``QueryNeed``."""
         for idx, layer in enumerate(cache.layers):
+            step = layer_steps[idx]
+            m = step.M
+            drop = (m - step.keep).view(-1, 1, 1)
+            k = max(m - kept for kept in step.host_keep)
+            budget = self.budgets[idx] if self.evicting else None
             keys, positions, pstate = layer.view(m)
             if self.evicting:
                 attention = capture.by_layer.get(idx) if capture else None

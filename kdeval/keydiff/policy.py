@@ -113,6 +113,13 @@ class Policy:
         """How many most recent positions are always kept under ``budget``."""
         return 0
 
+    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
+        """Tokens each layer keeps per KV head under the engine's budget ``budget`` (N): N in every layer by
+        default. A policy that spreads the budget unevenly (PyramidKV) returns ``num_layers`` integers summing
+        to ``num_layers * budget``, so the cache holds as many tokens as under a uniform N; the engine then
+        sizes each layer's buffer to its own budget + chunk and runs eagerly (no static layout)."""
+        return [budget] * num_layers
+
     def check_budget(self, budget: int) -> None:
         """Refuse a budget smaller than the tokens this policy always keeps."""
         protected = self.n_sink() + self.n_recent(budget)

@@ -97,20 +97,21 @@ class RaggedLayer(DynamicLayer):
 
 
 class RaggedCache(Cache):
-    """A transformers ``Cache`` of :class:`RaggedLayer`; ``lengths[r]`` is row ``r``'s kept tokens (every layer
-    keeps the same number, as at batch 1)."""
+    """A transformers ``Cache`` of :class:`RaggedLayer`; ``lengths[l][r]`` is row ``r``'s kept tokens in layer
+    ``l``, as at batch 1 (the same in every layer unless the policy gives the layers budgets of their own)."""
 
     def __init__(self, num_layers: int, capacity: int, state_names: tuple[str, ...] = ()):
         super().__init__(layers=[RaggedLayer(capacity, tuple(state_names)) for _ in range(num_layers)])
         self.state_names = tuple(state_names)
-        self.lengths: list[int] = []
+        self.lengths: list[list[int]] = [[] for _ in range(num_layers)]
         self.query_window = None  # the rows' recent queries, for a policy with a QueryNeed (queries.py)
 
     def load_row(self, row: int, layers) -> None:
-        """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows):
-        ``layers`` yields ``(keys, values, positions, state)`` ``[1, kv_heads, n, ...]`` per layer."""
-        for layer, (k, v, p, st) in zip(self.layers, layers):
+        """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows) and set its
+        lengths: ``layers`` yields ``(keys, values, positions, state)`` ``[1, kv_heads, n, ...]`` per layer."""
+        for layer, lengths, (k, v, p, st) in zip(self.layers, self.lengths, layers):
             n = k.shape[2]
+            lengths[row] = n
             layer.grow(n)
             layer.keys[row, :, :n] = k[0]
             layer.values[row, :, :n] = v[0]
@@ -120,8 +121,8 @@ class RaggedCache(Cache):
 
     def row(self, row: int):
         """Copies of row ``row``'s kept tokens per layer: ``(keys, values, positions, state)`` ``[1, h, n, ...]``."""
-        n = self.lengths[row]
-        for layer in self.layers:
+        for layer, lengths in zip(self.layers, self.lengths):
+            n = lengths[row]
             yield (layer.keys[row : row + 1, :, :n].clone(), layer.values[row : row + 1, :, :n].clone(),
                    layer.positions[row : row + 1, :, :n].clone(),
                    {name: s[row : row + 1, :, :n].clone() for name, s in layer.state.items()})
@@ -133,13 +134,13 @@ class RaggedCache(Cache):
             layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
             layer.positions = layer.positions.index_select(0, index)
             layer.state = {n: s.index_select(0, index) for n, s in layer.state.items()}
-        self.lengths = [self.lengths[r] for r in rows]
+        self.lengths = [[lengths[r] for r in rows] for lengths in self.lengths]
         if self.query_window is not None:
             self.query_window = self.query_window.rows(index)
 
-    def begin_step(self, base: int, positions: torch.Tensor) -> None:
-        """The next forward writes at ``base`` the cache positions ``[rows, 1, T]``."""
-        for layer in self.layers:
+    def begin_step(self, bases: list[int], positions: torch.Tensor) -> None:
+        """The next forward writes the cache positions ``[rows, 1, T]`` at ``bases[l]`` in layer ``l``."""
+        for layer, base in zip(self.layers, bases):
             layer.base, layer.next_positions = base, positions
 
     def nbytes(self) -> int:
@@ -152,7 +153,8 @@ class RaggedCache(Cache):
 
 
 class RaggedStep:
-    """The geometry of one step of a ragged batch, shared by every layer.
+    """The geometry of one step of a ragged batch in the layers whose rows hold the same counts (every layer
+    under a uniform budget; per-layer budgets make one geometry per distinct budget).
 
     Row ``r`` holds ``n[r]`` tokens, feeds ``t[r]`` (``1 <= t[r] <= T``) and keeps ``keep[r]`` afterwards;
     ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``. ``rerotate``: the

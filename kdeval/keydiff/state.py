@@ -13,7 +13,8 @@ from kdeval.keydiff.cache import BudgetCache
 class RunStats:
     """Per-run figures.
 
-    - ``peak_kv_tokens``: the most tokens one layer held during a forward.
+    - ``peak_kv_tokens``: the most tokens one layer held during a forward; ``kept_tokens``: the most one layer
+      keeps at the end (every layer's count under a uniform budget).
     - ``peak_kv_bytes``: the most bytes of key/value tensors the cache had *allocated* during a forward, all
       layers (what the cache costs: the slot store's ``N + B`` buffer from the first chunk on, a growing
       cache's buffers at their largest); positions and per-token policy state are not counted.

@@ -17,6 +17,12 @@ def run(policy, store="slot", kv_heads=2, chunk=16, batch=1, n=90, new=6, seed=0
     return eng.generate(prompt(n, batch=batch, seed=seed), max_new_tokens=new)
 
 
+def layer_budgets(policy, kv_heads=2):
+    """What each layer of the tiny model keeps under ``BUDGET`` (N everywhere but for per-layer policies)."""
+    layers = tiny("random:llama-tiny", kv_heads).model.config.num_hidden_layers
+    return get_policy(policy).layer_budgets(BUDGET, layers)
+
+
 def test_registry_has_every_policy():
     assert set(policy_names()) >= {"full", "keydiff", "sink", "tova", "h2o", "snapkv", "knorm", "random"}
 
@@ -26,26 +32,28 @@ def test_registry_has_every_policy():
 @pytest.mark.parametrize("chunk", [15, 30])  # 90 = 3 x 30; 15 ...; decode steps after
 def test_budget_invariant_every_step(policy, kv_heads, chunk):
     steps = []
+    budgets = layer_budgets(policy, kv_heads)
+    assert sum(budgets) == BUDGET * len(budgets)
 
     def check(state):
-        for layer in state.cache.layers:
+        for layer, budget in zip(state.cache.layers, budgets):
             keys, positions, _ = layer.view()
             assert keys.shape[1] == kv_heads
-            assert keys.shape[2] == min(BUDGET, state.seen)
+            assert keys.shape[2] == min(budget, state.seen)
             assert int(positions.max()) < state.seen
             flat = positions.reshape(-1, positions.shape[-1])
             assert all(len(set(row.tolist())) == row.numel() for row in flat)
         steps.append(state.seen)
 
     res = run(policy, kv_heads=kv_heads, chunk=chunk, check=check)
-    assert res.stats.peak_kv_tokens <= BUDGET + chunk
+    assert res.stats.peak_kv_tokens <= max(budgets) + chunk  # the fullest layer's budget + B
     assert len(steps) == -(-90 // chunk) + len(res.tokens[0]) - 1
 
 
 @pytest.mark.parametrize("policy", EVICTING)
 def test_chunk_size_not_dividing_prompt(policy):
     res = run(policy, chunk=17, n=91)
-    assert res.state.cache.length == BUDGET
+    assert [layer.length for layer in res.state.cache.layers] == layer_budgets(policy)
     assert res.stats.prompt_tokens == 91
 
 

@@ -10,7 +10,7 @@ import sys
 from kdeval.baselines import policy_names
 
 BUILTIN = {"full", "keydiff", "keydiff-mean", "keydiff-pairwise", "keydiff-sw", "sink", "tova", "h2o", "snapkv",
-           "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate"}
+           "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate", "pyramidkv"}
 
 
 def fresh(code: str) -> dict:

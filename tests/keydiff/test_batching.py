@@ -170,9 +170,9 @@ def test_padding_takes_no_budget_and_is_never_kept():
 
     def check(view):
         for r, i in enumerate(view.requests):
-            n = view.cache.lengths[r]
-            assert n == min(BUDGET, view.seen[r])
-            for layer in view.cache.layers:
+            for layer, lengths in zip(view.cache.layers, view.cache.lengths):  # lengths[layer][row]
+                n = lengths[r]
+                assert n == min(BUDGET, view.seen[r])
                 pos = layer.positions[r, :, :n]
                 assert int(pos.max()) < view.seen[r]
                 assert all(len(set(h.tolist())) == n for h in pos)

@@ -14,10 +14,12 @@ from kdeval.keydiff.cache import EmptySlots
 
 from .helpers import assert_same_run, kept_positions, prompt, tiny
 
-# policies that read recent queries (a QueryNeed) or re-rotate keys run eagerly: test_query_policies_run_eagerly,
-# tests/baselines/test_sink_rerotate.py
+# Policies that run eagerly: those that read recent queries (a QueryNeed) or re-rotate keys
+# (test_query_policies_run_eagerly, tests/baselines/test_sink_rerotate.py) and those with per-layer budgets
+# (PyramidKV: the static layout gives every layer N slots; tests/baselines/test_pyramidkv.py).
 GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe
-              and get_policy(n).query_need() is None and not get_policy(n).rerotates]
+              and get_policy(n).query_need() is None and not get_policy(n).rerotates
+              and len(set(get_policy(n).layer_budgets(40, 3))) == 1]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
