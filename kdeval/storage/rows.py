@@ -65,10 +65,18 @@ def with_identity(rows: list[dict[str, Any]], identity: Mapping[str, Any]) -> pa
     return conform_identity(rows_to_table(out))
 
 
+#: Row columns that are null in some cells (``resolved_budget`` in a ``full`` cell), typed as in the others so
+#: that a directory of cells reads as one dataset whichever file comes first.
+NULLABLE_ROW_SCHEMA = pa.schema([
+    ("resolved_budget", pa.int64()),  # N the sample kept; null without eviction
+])
+
+
 def conform_identity(table: pa.Table) -> pa.Table:
-    """``table`` with the identity columns it has cast to their :data:`IDENTITY_SCHEMA` types (a column of
-    nulls read back from a ``full`` cell is null-typed; it is stored as int64 again)."""
-    for f in IDENTITY_SCHEMA:
+    """``table`` with the identity columns it has cast to their :data:`IDENTITY_SCHEMA` types, and the row
+    columns of :data:`NULLABLE_ROW_SCHEMA` to theirs (a column of nulls, as in a ``full`` cell, is null-typed;
+    it is stored as int64 again)."""
+    for f in (*IDENTITY_SCHEMA, *NULLABLE_ROW_SCHEMA):
         i = table.schema.get_field_index(f.name)
         if i >= 0 and table.schema.field(i).type != f.type:
             table = table.set_column(i, f, table.column(i).cast(f.type))

@@ -248,3 +248,12 @@ def test_export_leaves_out_a_damaged_cell_names_it_and_exits_1(done_run, cli, tm
     finally:
         path.write_bytes(saved)
     assert len(list_result_files(res)) == 10
+
+
+def test_a_cell_without_eviction_types_resolved_budget_as_the_others():
+    """A ``full`` cell's rows have no resolved budget: the column is still int64, so a directory of cells reads
+    as one dataset whichever file pyarrow opens first."""
+    cells = expand(parse_grid(GRID))
+    full = next(c for c in cells if c.policy == "full")
+    t = with_identity([{"id": "a", "resolved_budget": None}], cell_identity(full, "r9"))
+    assert t.schema.field("resolved_budget").type == pa.int64()
