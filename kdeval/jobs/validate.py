@@ -13,8 +13,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from kdeval.jobs import registries
-from kdeval.jobs.errors import GridError, GridIssue, did_you_mean, join_path
+from kdeval.jobs.errors import GridError, GridIssue, join_path
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GridSpec
+from kdeval.names import suggest
 
 _FORBIDDEN = {
     "trust_remote_code": "is not accepted in grid files: remote model code never runs from a grid",
@@ -49,7 +50,7 @@ def _unknown_keys(raw: Any, cls: type[BaseModel], path: list[str | int]) -> list
         if key in _FORBIDDEN:
             issues.append(GridIssue(join_path(here), _FORBIDDEN[key]))
         elif key not in fields:
-            issues.append(GridIssue(join_path(here), f"unknown field{did_you_mean(key, fields)}; "
+            issues.append(GridIssue(join_path(here), f"unknown field{suggest(key, fields)}; "
                                                      f"expected one of {', '.join(fields)}"))
         else:
             sub, is_list = _model_of(fields[key].annotation)

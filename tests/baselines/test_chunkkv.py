@@ -99,7 +99,7 @@ def test_a_ragged_batch_keeps_what_each_request_keeps_alone():
     assert_ragged_batch_matches_alone(get_policy("chunkkv", group_size=4, heads="each"))
 
 @pytest.mark.parametrize("params,msg", [
-    (dict(inner="keydif"), r"inner: unknown policy 'keydif'; did you mean 'keydiff'"),
+    (dict(inner="keydif"), r"inner: unknown policy 'keydif' \(did you mean 'keydiff'"),
     (dict(inner="full"), r"inner: expected a policy that scores tokens, got 'full'"),
     (dict(inner="chunkkv"), r"inner: cannot be 'chunkkv' itself"),
     (dict(group_size=0), r"group_size: must be an integer > 0, got 0"),

@@ -72,7 +72,7 @@ def test_shorthands_and_defaults():
     (BASE.replace("[full, keydiff,", "[full, keydif,"), "policies[1].name: unknown policy 'keydif' (did you mean 'keydiff'?)"),
     (BASE.replace("keydiff-sw, params: {window_fraction: 0.5}", "snapkv, params: {window: 0}"), "policies[2].params.window: must be > 0"),
     (BASE.replace("window_fraction: 0.5", "window_fraction: 2.0"), "policies[2].params.window_fraction: must be in [0, 1)"),
-    (BASE.replace("window_fraction: 0.5", "windw_fraction: 0.5"), "policies[2].params.windw_fraction: unknown parameter for policy 'keydiff-sw'; did you mean 'window_fraction'?"),
+    (BASE.replace("window_fraction: 0.5", "windw_fraction: 0.5"), "policies[2].params.windw_fraction: unknown parameter for policy 'keydiff-sw' (did you mean 'window_fraction'?)"),
     (BASE.replace("[64, 128, 256]", "[64, -1]"), "budgets: every value must be a positive number of tokens (got -1)"),
     (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, abc]"), "chunk_sizes[1]: Input should be a valid integer"),
     (BASE.replace("random:llama-tiny", "random:llama-tyni"), "models[0].id: unknown random model 'random:llama-tyni' (did you mean 'random:llama-tiny'?)"),
