@@ -125,7 +125,7 @@ def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> Prefi
     """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's store)."""
     n = cache.lengths[r]
     names = cache.state_names
-    out = BudgetCache(len(cache.layers), engine.config.store, n, names)
+    out = BudgetCache(len(cache.layers), engine.store, n, names)
     for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
         layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
         layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
@@ -193,7 +193,7 @@ def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_toke
                          list(state.protected) if state else [], state.peak_kv_tokens if state else 0,
                          state.peak_kv_bytes if state else 0))
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-    cache = RaggedCache(engine.num_layers, 1, engine.policy.slot_state if engine.evicting else ())
+    cache = RaggedCache(engine.num_layers, 1, engine.policy_needs.token_state)
     cache.lengths = [s.cache.length if s is not None else 0 for s in starts]
     for layer in cache.layers:
         layer.capacity = _capacity(engine, rows, cache.lengths, decode_evict)

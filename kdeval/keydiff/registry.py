@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.names import suggest
 
 _REGISTRY: dict[str, type[Policy]] = {}
@@ -48,20 +48,42 @@ class ParamInfo:
 
 @dataclass(frozen=True)
 class PolicyInfo:
-    """What ``kdeval policies`` prints for one policy."""
+    """What ``kdeval policies`` prints for one policy: ``needs`` with its default parameters, and the extra
+    cost they bring (:func:`extra_cost`)."""
 
     name: str
     rule: str
     params: tuple[ParamInfo, ...]
-    needs_attention: bool
+    needs: PolicyNeeds
+
+    @property
+    def cost(self) -> str:
+        return extra_cost(self.needs)
 
     def to_dict(self) -> dict[str, Any]:
+        attention = self.needs.attention
         return {
             "name": self.name,
             "rule": self.rule,
-            "needs_attention": self.needs_attention,
             "params": [{"name": p.name, "type": p.type, "default": p.default} for p in self.params],
+            "cost": self.cost,
+            "needs": {**dataclasses.asdict(self.needs),
+                      "attention": None if attention is None else attention.rows_label()},
         }
+
+
+def extra_cost(needs: PolicyNeeds) -> str:
+    """What running a policy with ``needs`` costs beside scoring its keys, e.g. ``"attention rows of the last 32
+    queries; per-token state: 1 float"``, or ``"none"``."""
+    parts = []
+    if needs.attention is not None:
+        parts.append(f"attention rows of {needs.attention.rows_label()}")
+    if needs.token_state:
+        n = len(needs.token_state)
+        parts.append(f"per-token state: {n} float{'s' if n > 1 else ''}")
+    if needs.reads_step:
+        parts.append("no CUDA graphs (scores read the step count)")
+    return "; ".join(parts) or "none"
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -128,7 +150,7 @@ def describe(name: str) -> PolicyInfo:
         ParamInfo(f.name, getattr(hints.get(f.name), "__name__", str(hints.get(f.name))), f.default)
         for f in dataclasses.fields(cls)
     )
-    return PolicyInfo(cls.name, cls.rule, params, cls().attention_need() is not None)
+    return PolicyInfo(cls.name, cls.rule, params, cls().needs())
 
 
 def list_policies() -> list[PolicyInfo]:
