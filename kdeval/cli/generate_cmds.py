@@ -151,8 +151,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def policies(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """List every registered eviction policy with its rule, parameters and extra cost (attention rows,
-        per-token state, no CUDA graphs), from what each policy says its scores need."""
+        """List every registered eviction policy with its rule, parameters and extra cost.
+
+        The extra cost (attention rows, per-token state, no CUDA graphs) comes from what each policy says its
+        scores need, at its default parameters."""
         from kdeval.baselines import list_policies
 
         infos = list_policies()

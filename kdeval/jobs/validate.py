@@ -1,4 +1,5 @@
-"""Load and validate a grid file: YAML (safe_load) -> unknown-key check -> pydantic -> registry checks.
+"""Load and validate a grid file: YAML (safe_load) -> unknown-key check -> pydantic -> the engine's own rules
+for the engine settings (budgets, chunk sizes, ``engine:``) -> registry checks.
 
 Every problem is collected into one :class:`GridError` whose issues name the field path
 (``policies[2].params.window: must be > 0``) and the expected form, with "did you mean" for typos.

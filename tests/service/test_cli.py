@@ -67,10 +67,8 @@ BAD_GRIDS = {
     "remote-code": (BASE.replace("dtype: bfloat16", "trust_remote_code: true"), "trust_remote_code: is not accepted"),
     "empty": ("", "expected a mapping at the top level"),
     # the engine's test keywords (Engine(store=..., emulate_graphs=...)) are not grid options
-    "engine-store": (BASE + "engine: {store: gather}\n", "invalid grid in bad.yaml: 1 problem\n  engine.store: unknown "
-                                                         "field; expected one of cuda_graphs, score_precision\n"),
-    "engine-emulate": (BASE + "engine: {emulate_graphs: true}\n",
-                       "invalid grid in bad.yaml: 1 problem\n  engine.emulate_graphs: unknown field"),
+    "engine-store": (BASE + "engine: {store: gather}\n", "engine.store: unknown field"),
+    "engine-emulate": (BASE + "engine: {emulate_graphs: true}\n", "engine.emulate_graphs: unknown field"),
 }
 
 

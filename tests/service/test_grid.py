@@ -106,6 +106,15 @@ def test_malformed_grids_name_the_field(text, expected):
     assert str(info.value).startswith("invalid grid in grid.yaml")
 
 
+@pytest.mark.parametrize("engine", ["{store: gather}", "{emulate_graphs: true}"])
+def test_the_engines_test_keywords_are_one_grid_error(engine):
+    """The reference store and emulated graphs are Engine keywords for tests, not grid options: one issue."""
+    with pytest.raises(GridError) as info:
+        parse_grid(BASE + f"engine: {engine}\n", "grid.yaml")
+    [issue] = info.value.issues
+    assert issue.path == f"engine.{engine[1:].split(':')[0]}" and issue.message.startswith("unknown field")
+
+
 @pytest.mark.parametrize("text, expected", [
     (BASE.replace("samples: 2,", "samples: 2, params: {depth: [50]},"), "tasks[0].params.depth: unknown parameter for task 'needle' (did you mean 'depths'?)"),
     (BASE.replace("samples: 2,", "samples: 2, params: {seed: 3},"), "tasks[0].params.seed: set it with tasks[0].seeds"),
