@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_modes import REUSED, build, engine_config  # noqa: E402
+from engine_modes import REUSED, build, engine_kwargs  # noqa: E402
 
 POLICIES = ["keydiff", "full", "tova", "snapkv", "sink", "h2o"]  # h2o last: its capture failed once (22:08 smoke)
 
@@ -140,12 +140,13 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- child side
 
 
-def generate(model, name, cfg, ids, reused: bool = False):
-    """``reused``: run another request first and release it, so this one runs on its cache and graphs."""
+def generate(model, name, kwargs, ids, reused: bool = False):
+    """``kwargs``: the engine's (:func:`engine_modes.engine_kwargs`); ``reused``: run another request first and
+    release it, so this one runs on its cache and graphs."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine
 
-    eng = Engine(model, get_policy(name), cfg)
+    eng = Engine(model, get_policy(name), **kwargs)
     if reused:
         eng.release(eng.generate(ids.flip(-1)[:, : ids.shape[1] // 2 + 7], max_new_tokens=16).state)
     res = eng.generate(ids, max_new_tokens=16)
@@ -167,8 +168,8 @@ def compare(spec: dict, device: str, emit, variants: list[tuple[str, str]]) -> N
                 if name == "full" and mode != "plain":
                     continue
                 try:
-                    cfg = engine_config(name, spec["budget"], spec["B"], mode, store, device)
-                    got[(store, mode)] = generate(model, name, cfg, ids, mode.endswith(REUSED))
+                    kwargs = engine_kwargs(name, spec["budget"], spec["B"], mode, store, device)
+                    got[(store, mode)] = generate(model, name, kwargs, ids, mode.endswith(REUSED))
                 except Exception as e:  # noqa: BLE001 - recorded, the check goes on
                     traceback.print_exc()
                     emit({"part": spec["part"], "L": L, "policy": name, "variant": f"{store}/{mode}", "error": repr(e)[:400]})
@@ -233,7 +234,7 @@ def timing(spec: dict, device: str, emit, deadline: float) -> None:
         one_pass(ids[:, :256])  # warm-up
         # a short chunked run per case kind, so that first-use costs (kernel loading) are not timed
         for name in {c[0] for c in spec["cases"]}:
-            Engine(model, get_policy(name), engine_config(name, 256, 64, "plain")).prefill(ids[:, :512])
+            Engine(model, get_policy(name), **engine_kwargs(name, 256, 64, "plain")).prefill(ids[:, :512])
         if spec.get("one_pass", True):
             for mode, fn in (("one-pass", one_pass), ("one-pass+keydiff-compress", one_pass_compress)):
                 try:
@@ -248,7 +249,7 @@ def timing(spec: dict, device: str, emit, deadline: float) -> None:
                 continue
             row = {**base, "part": "time", "L": L, "mode": f"chunked {name} {mode}", "B": B}
             try:
-                eng = Engine(model, get_policy(name), engine_config(name, budget, B, mode, device=device))
+                eng = Engine(model, get_policy(name), **engine_kwargs(name, budget, B, mode, device=device))
                 done = []
                 t, m = measure(lambda: done.append(eng.prefill(ids)), device)
                 warm = {}

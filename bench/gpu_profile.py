@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_modes import build, engine_config  # noqa: E402
+from engine_modes import build, engine_kwargs  # noqa: E402
 
 from kdeval.baselines import get_policy  # noqa: E402
 from kdeval.keydiff import Engine  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> None:
                        ("h2o", "graphs"), ("sink", "static-eager"), ("keydiff", "static-eager"),
                        ("keydiff", "static-eager-fused"),
                        ("keydiff", "static-eager-fused-compiled-blocks"), ("keydiff", "plain")):
-        eng = Engine(model, get_policy(name), engine_config(name, budget, B, mode, device=device))
+        eng = Engine(model, get_policy(name), **engine_kwargs(name, budget, B, mode, device=device))
         state = eng.prefill(ids[:, : budget + 2 * B])  # steady state reached
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
         with profile(activities=acts) as prof:

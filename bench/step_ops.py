@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_modes import build, engine_config  # noqa: E402
+from engine_modes import build, engine_kwargs  # noqa: E402
 
 from kdeval.baselines import get_policy  # noqa: E402
 from kdeval.keydiff import Engine  # noqa: E402
@@ -73,7 +73,7 @@ def model(layers: int):
 
 
 def _engine(m, policy: str, mode: str, budget: int, B: int) -> Engine:
-    return Engine(m, get_policy(policy), engine_config(policy, budget, B, MODES[mode], device="cpu"))
+    return Engine(m, get_policy(policy), **engine_kwargs(policy, budget, B, MODES[mode], device="cpu"))
 
 
 def count(m, policy: str, mode: str, budget: int, B: int, room: bool = False) -> dict[str, collections.Counter]:
@@ -125,7 +125,7 @@ def main() -> None:
     for policy in POLICIES:
         per_layer_ms = None
         for mode in MODES:
-            if mode != "per layer" and not get_policy(policy).layer_independent:
+            if mode != "per layer" and get_policy(policy).needs().reads_layer:
                 continue
             if mode == "fused+blocks" and policy not in ("keydiff", "h2o"):
                 continue  # the model's forward does not depend on the policy beyond its attention capture

@@ -9,12 +9,9 @@ from typing import Iterable
 RANDOM_PREFIX = "random:"
 
 
-def close_matches(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
-    """The ``n`` choices closest to ``word`` (difflib ratio ≥ ``cutoff``), best first."""
-    return difflib.get_close_matches(str(word), list(choices), n=n, cutoff=cutoff)
-
-
-def suggest(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> str:
-    """``"; did you mean 'a' or 'b'?"`` for the closest choices, or an empty string."""
-    close = close_matches(word, choices, n, cutoff)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+def suggest(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the choice closest to ``word`` (difflib ratio >= 0.6), or an empty string:
+    the one "did you mean" of every error message (the engine's, the tasks' and the grid's, which can meet in
+    one error list)."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -17,14 +17,12 @@ selection reused by the next) is not implemented.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from kdeval.keydiff.attention import AttentionNeed
-from kdeval.keydiff.policy import Policy, ScoreContext
-from kdeval.keydiff.queries import QueryNeed
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import policy_class, policy_names, register
 from kdeval.names import suggest
 
@@ -56,7 +54,6 @@ def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tens
 class ChunkKV(Policy):
     name = "chunkkv"
     rule = "keep whole groups of group_size adjacent tokens, ranked by the mean of an inner policy's scores"
-    ties = True  # a group's tokens share one score: the edge group is cut by position, not by slot
 
     inner: str = "keydiff"
     group_size: int = 10
@@ -76,20 +73,11 @@ class ChunkKV(Policy):
             else:
                 why = f"unknown policy {self.inner!r}{suggest(str(self.inner), known)}"
             raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
-        cls = policy_class(self.inner)
-        self._inner: Policy = cls()
-        # What the engine reads from the policy is the inner policy's (per-token state, graphs, layer fusion,
-        # re-rotation).
-        self.slot_state = cls.slot_state
-        self.graph_safe = cls.graph_safe
-        self.layer_independent = cls.layer_independent
-        self.rerotates = cls.rerotates
+        self._inner: Policy = policy_class(self.inner)()
 
-    def attention_need(self) -> AttentionNeed | None:
-        return self._inner.attention_need()
-
-    def query_need(self) -> QueryNeed | None:
-        return self._inner.query_need()
+    def needs(self) -> PolicyNeeds:
+        """The inner policy's needs; a group's tokens share one score, so the edge group is cut by position."""
+        return replace(self._inner.needs(), exact_ties=True)
 
     def n_sink(self) -> int:
         return self._inner.n_sink()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.queries import QueryNeed
 from kdeval.keydiff.registry import register
 
@@ -95,8 +95,6 @@ class ExpectedAttention(Policy):
     name = "expected-attention"
     rule = ("keep the keys the next n_future_positions queries are expected to attend to (Gaussian query "
             "statistics of the last query_window queries, rotated ahead by RoPE), times |v|")
-    #: scores read the layer's own query window (chosen by ``ctx.layer_idx``): never fused across layers
-    layer_independent = False
 
     n_future_positions: int = 512
     n_sink_tokens: int = 4
@@ -118,8 +116,10 @@ class ExpectedAttention(Policy):
     def n_sink(self) -> int:
         return self.n_sink_tokens
 
-    def query_need(self) -> QueryNeed:
-        return QueryNeed(self.query_window, self.n_future_positions, self.n_sink_tokens, self.use_vnorm)
+    def needs(self) -> PolicyNeeds:
+        """The layer's recent queries (its own window, chosen by ``ctx.layer_idx``), RoPE ahead and values."""
+        return PolicyNeeds(queries=QueryNeed(self.query_window, self.n_future_positions, self.n_sink_tokens,
+                                             self.use_vnorm), reads_layer=True)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, hk, n, d]`` → ``[b, hk, n]`` from ``ctx.queries`` (window, RoPE ahead) and ``ctx.values``;

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kdeval.keydiff.attention import AttentionNeed
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 
@@ -20,7 +20,6 @@ from kdeval.keydiff.registry import register
 class H2O(Policy):
     name = "h2o"
     rule = "keep the tokens with the most accumulated attention, plus a recent window"
-    slot_state = ("acc",)
 
     recent_fraction: float = 0.5
 
@@ -28,8 +27,8 @@ class H2O(Policy):
         if not 0.0 <= self.recent_fraction < 1.0:
             raise ValueError(f"recent_fraction: must be in [0, 1), got {self.recent_fraction}")
 
-    def attention_need(self) -> AttentionNeed:
-        return AttentionNeed("all")
+    def needs(self) -> PolicyNeeds:
+        return PolicyNeeds(attention=AttentionNeed("all"), token_state=("acc",))
 
     def n_recent(self, budget: int) -> int:
         return int(self.recent_fraction * budget)

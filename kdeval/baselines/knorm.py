@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 
@@ -14,7 +14,10 @@ from kdeval.keydiff.registry import register
 class KNorm(Policy):
     name = "knorm"
     rule = "keep the keys with the lowest L2 norm"
-    ties = True  # a repeated token's layer-0 keys have equal norms (RoPE rotates): break ties oldest first
+
+    def needs(self) -> PolicyNeeds:
+        """A repeated token's layer-0 keys have equal norms (RoPE rotates): equal scores are evicted oldest first."""
+        return PolicyNeeds(exact_ties=True)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, h, n, d]`` → ``-|k| [b, h, n]``."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 
@@ -67,10 +67,13 @@ class LagKV(Policy):
     name = "lagkv"
     rule = ("rank each partition's keys by their spread against the next partition's min/max (keys only); "
             "the newest 1-2 partitions kept first")
-    ties = True  # ranks repeat from partition to partition: equal ranks are evicted oldest first
 
     n_sink_tokens: int = 4
     lag_size: int = 128
+
+    def needs(self) -> PolicyNeeds:
+        """Ranks repeat from partition to partition: equal ranks are evicted oldest first."""
+        return PolicyNeeds(exact_ties=True)
 
     def validate(self) -> None:
         if not isinstance(self.n_sink_tokens, int) or self.n_sink_tokens < 0:

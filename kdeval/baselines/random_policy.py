@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 _M = 2147483647  # 2^31 - 1, the Park-Miller modulus: products stay inside int64
@@ -29,10 +29,11 @@ def position_hash(positions: torch.Tensor, salt: int) -> torch.Tensor:
 class Random(Policy):
     name = "random"
     rule = "evict uniformly at random (seeded)"
-    graph_safe = False  # the step number salts the hash
-    layer_independent = False  # and so does the layer
 
     seed: int = 0
+
+    def needs(self) -> PolicyNeeds:
+        return PolicyNeeds(reads_step=True, reads_layer=True)  # both salt the hash
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         heads = torch.arange(keys.shape[1], device=keys.device).view(1, -1, 1)

@@ -12,9 +12,10 @@ tokens are kept, so it is compared with ``sink`` as another row, and ``sink`` st
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kdeval.baselines.sink import Sink
+from kdeval.keydiff.policy import PolicyNeeds
 from kdeval.keydiff.registry import register
 
 
@@ -24,4 +25,6 @@ class SinkRerotate(Sink):
     name = "sink-rerotate"
     rule = ("StreamingLLM with re-rotation: keep the first n_sink tokens and the most recent ones, re-rotated to "
             "contiguous positions")
-    rerotates = True
+
+    def needs(self) -> PolicyNeeds:
+        return replace(super().needs(), rerotates=True)

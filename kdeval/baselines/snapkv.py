@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kdeval.keydiff.attention import AttentionNeed
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 
@@ -54,7 +54,6 @@ def pool_scores(scores: torch.Tensor, kernel: int, pooling: str, order: torch.Te
 class SnapKV(Policy):
     name = "snapkv"
     rule = "keep the tokens the last window of queries attends to most (pooled per query head), plus the window"
-    ties = True
 
     window: int = 32
     kernel: int = 7
@@ -68,8 +67,9 @@ class SnapKV(Policy):
         if self.pooling not in ("max", "avg"):
             raise ValueError(f"pooling: expected 'max' or 'avg', got {self.pooling!r}")
 
-    def attention_need(self) -> AttentionNeed:
-        return AttentionNeed("window", self.window)
+    def needs(self) -> PolicyNeeds:
+        """The last ``window`` queries' rows; max-pooled votes tie exactly."""
+        return PolicyNeeds(attention=AttentionNeed("window", self.window), exact_ties=True)
 
     def n_recent(self, budget: int) -> int:
         return self.window

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kdeval.keydiff.attention import AttentionNeed
-from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 
@@ -27,8 +27,8 @@ class TOVA(Policy):
         if self.heads not in ("all", "group"):
             raise ValueError(f"heads: expected 'all' or 'group', got {self.heads!r}")
 
-    def attention_need(self) -> AttentionNeed:
-        return AttentionNeed("last")
+    def needs(self) -> PolicyNeeds:
+        return PolicyNeeds(attention=AttentionNeed("last"))
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``ctx.attention [b, kv_heads, group, n]`` (one query) → ``[b, kv_heads, n]``."""

@@ -109,7 +109,6 @@ def register(app: typer.Typer) -> None:
         prompt_file: Optional[Path] = typer.Option(None, help="read the prompt from this file"),
         max_new_tokens: int = typer.Option(64, help="tokens to generate"),
         param: list[str] = typer.Option([], "--param", help="policy parameter key=value (repeatable)"),
-        store: str = typer.Option("slot", help="KV store: slot (in place, default) or gather (reference)"),
         dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
         device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
         chat: bool = typer.Option(True, help="wrap the prompt in the model's chat template when it has one"),
@@ -132,7 +131,7 @@ def register(app: typer.Typer) -> None:
                     raise ValueError(f"--prompt-file: no such file: {prompt_file}")
                 text = prompt if prompt is not None else prompt_file.read_text()
                 pol = get_policy(policy, **parse_params(param))
-                config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens, store=store,
+                config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens,
                                       cuda_graphs=graphs, score_precision=score_precision)
                 lm = load_model(model, dtype=dtype, device=device)
                 ids = build_prompt_ids(lm.tokenizer, text, chat)
@@ -152,7 +151,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def policies(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """List every registered eviction policy with its rule and parameters."""
+        """List every registered eviction policy with its rule, parameters and extra cost.
+
+        The extra cost (attention rows, per-token state, no CUDA graphs) comes from what each policy says its
+        scores need, at its default parameters."""
         from kdeval.baselines import list_policies
 
         infos = list_policies()
@@ -161,9 +163,9 @@ def register(app: typer.Typer) -> None:
             return
         from kdeval.jobs.reports.layout import Column, TableView, render
 
-        rows = [[i.name, i.rule, ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-",
-                 "yes" if i.needs_attention else "no"] for i in infos]
+        rows = [[i.name, i.rule, ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-", i.cost]
+                for i in infos]
         view = TableView("policies", f"{len(infos)} policies (`--policy NAME --param key=value`)",
                          [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
-                          Column("attention")], rows)
+                          Column("extra cost (defaults)", fold=True)], rows)
         console.print(render(view, console.width))

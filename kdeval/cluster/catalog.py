@@ -44,6 +44,14 @@ def policy_budget_error(name: str, params: dict[str, Any], budget: int) -> str |
     return None
 
 
+def engine_setting_error(name: str, value: Any) -> str | None:
+    """The engine's own message when ``value`` breaks its rule for setting ``name`` (``chunk_size``: "must be a
+    positive number of tokens, got 0", without the name), else None (``kdeval.keydiff.config.RULES``)."""
+    from kdeval.keydiff.config import setting_error
+
+    return setting_error(name, value)
+
+
 def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list[str]:
     """Package-relative source files of policy ``name``'s class and its bases (the policy interface module
     excepted: it is engine code), e.g. ``["baselines/snapkv.py"]``, and those of the policy it wraps when it

@@ -51,7 +51,7 @@ class TaskSpec:
         allowed = self.params()
         for key in params:
             if key not in allowed:
-                did = suggest(key, allowed, n=1, cutoff=0.6)
+                did = suggest(key, allowed)
                 raise EvalError(f"{key}: unknown parameter for task {self.name!r}{did} (parameters: {', '.join(allowed)})")
         try:
             return self.cls(**dict(self.fixed), **params)

@@ -38,8 +38,8 @@ from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 
 #: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
-#: arguments, each sample sets its generation length, and the cache store is the engine's default.
-NOT_ENGINE_OPTIONS = frozenset({"budget", "chunk_size", "max_new_tokens", "store"})
+#: arguments, and each sample sets its generation length.
+NOT_ENGINE_OPTIONS = frozenset({"budget", "chunk_size", "max_new_tokens"})
 
 #: What is compressed: every chunk of the whole prompt, or the context only (the question is kept).
 COMPRESS = ("prompt", "context")
@@ -50,7 +50,7 @@ DECODE = ("evict", "keep")
 @functools.cache
 def engine_options() -> tuple[str, ...]:
     """The ``EngineConfig`` options a run may set (its fields but :data:`NOT_ENGINE_OPTIONS`), e.g.
-    ``emulate_graphs``, which runs the graph path's static layout with plain calls (CPU).
+    ``cuda_graphs``.
 
     Lazy: importing the engine costs seconds (transformers), and this module is also imported for
     :func:`aggregate` alone.
@@ -222,7 +222,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
         chat: ``"auto"`` / ``"never"`` / ``"always"`` chat-template use (see PromptBuilder).
         share_context: compress a shared context once for consecutive questions on it.
-        engine: ``EngineConfig`` options, some of :func:`engine_options`, e.g. ``{"fuse_layers": True}``.
+        engine: ``EngineConfig`` options, some of :func:`engine_options`, e.g. ``{"score_precision": "float32"}``.
         prompts: the samples and prompts already built for this task and ``lm`` with the same ``chat`` by
             :func:`model_prompts` (or :func:`build_prompts`), e.g. shared by runs that differ only in
             policy, budget, chunk size or engine options; ``sample_ids`` / ``limit`` still select from them.

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from kdeval.names import close_matches
 
 
 @dataclass(frozen=True)
@@ -29,12 +28,6 @@ class GridError(ValueError):
     def with_source(self, source: str) -> "GridError":
         """This error naming ``source`` (the grid file) when it names none yet."""
         return self if self.source else GridError(self.issues, source)
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def join_path(parts: Iterable[str | int]) -> str:

@@ -131,7 +131,7 @@ class EngineSpec(_Strict):
     """
 
     cuda_graphs: bool | None = None
-    score_precision: Literal["model", "float32"] = "model"
+    score_precision: str = "model"  # its allowed values are the engine's (kdeval.jobs.validate checks them)
 
     def options(self) -> dict[str, Any]:
         """The non-default options (what a cell's description and the worker's engine take)."""
@@ -181,10 +181,9 @@ class GridSpec(_Strict):
 
     @field_validator("budgets", "chunk_sizes")
     @classmethod
-    def _positive_ints(cls, v: list[int | str]) -> list[int | str]:
-        bad = [x for x in v if isinstance(x, int) and x < 1]  # other budgets were checked by parse_budget
-        if bad:
-            raise ValueError(f"every value must be a positive number of tokens (got {bad[0]})")
-        if len(set(v)) != len(v):  # shares are canonical text: "25.0%" repeats "25%"
+    def _distinct(cls, v: list[int | str]) -> list[int | str]:
+        """Each value once (a token budget's range is the engine's rule: :func:`kdeval.jobs.validate.validate_mapping`;
+        shares were checked by ``parse_budget`` and are canonical text: "25.0%" repeats "25%")."""
+        if len(set(v)) != len(v):
             raise ValueError("values must be distinct")
         return v

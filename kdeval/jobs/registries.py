@@ -10,8 +10,8 @@ from kdeval.cluster.execute import GRID_OWNED_TASK_PARAMS
 from kdeval.cluster.stub import stub_seconds
 from kdeval.evals import registry as task_registry
 from kdeval.evals.budget import is_share, resolve_budget
-from kdeval.jobs.errors import GridIssue, did_you_mean
-from kdeval.names import RANDOM_PREFIX  # the built-in tiny random models (``stub:<s>``: see :func:`stub_seconds`)
+from kdeval.jobs.errors import GridIssue
+from kdeval.names import RANDOM_PREFIX, suggest  # the built-in tiny random models (``stub:<s>``: see :func:`stub_seconds`)
 
 
 def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssue]:
@@ -19,7 +19,7 @@ def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssu
     path = f"policies[{index}]"
     names = catalog.policy_names()
     if name not in names:
-        return [GridIssue(f"{path}.name", f"unknown policy '{name}'{did_you_mean(name, names)}; "
+        return [GridIssue(f"{path}.name", f"unknown policy '{name}'{suggest(name, names)}; "
                                           f"expected one of {', '.join(sorted(names))}")]
     msg = catalog.policy_param_error(name, params)
     if msg is None:
@@ -34,7 +34,7 @@ def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> l
     """Issues for ``tasks[index]``: an unknown task name (with a suggestion) or unknown parameters."""
     names = task_registry.task_names()
     if name not in names:
-        return [GridIssue(f"tasks[{index}].name", f"unknown task '{name}'{did_you_mean(name, names)}; "
+        return [GridIssue(f"tasks[{index}].name", f"unknown task '{name}'{suggest(name, names)}; "
                                                   "run `kdeval tasks` for the list")]
     if not params:
         return []
@@ -46,7 +46,7 @@ def check_task(index: int, name: str, params: dict[str, Any] | None = None) -> l
             issues.append(GridIssue(path, f"set it with {GRID_OWNED_TASK_PARAMS[key].replace('[i]', f'[{index}]')}"))
         elif key not in allowed:
             choices = [k for k in allowed if k not in GRID_OWNED_TASK_PARAMS]
-            issues.append(GridIssue(path, f"unknown parameter for task '{name}'{did_you_mean(key, choices)}; "
+            issues.append(GridIssue(path, f"unknown parameter for task '{name}'{suggest(key, choices)}; "
                                           f"expected one of {', '.join(choices) or 'none'}"))
     return issues
 
@@ -106,6 +106,6 @@ def check_model(index: int, model_id: str) -> list[GridIssue]:
     if model_id.startswith(RANDOM_PREFIX):
         names = catalog.random_model_names()
         if model_id not in names:
-            return [GridIssue(path, f"unknown random model '{model_id}'{did_you_mean(model_id, names)}; "
+            return [GridIssue(path, f"unknown random model '{model_id}'{suggest(model_id, names)}; "
                                     f"expected one of {', '.join(names)}")]
     return []

@@ -1,4 +1,5 @@
-"""Load and validate a grid file: YAML (safe_load) -> unknown-key check -> pydantic -> registry checks.
+"""Load and validate a grid file: YAML (safe_load) -> unknown-key check -> pydantic -> the engine's own rules
+for the engine settings (budgets, chunk sizes, ``engine:``) -> registry checks.
 
 Every problem is collected into one :class:`GridError` whose issues name the field path
 (``policies[2].params.window: must be > 0``) and the expected form, with "did you mean" for typos.
@@ -12,9 +13,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from kdeval.cluster import catalog
 from kdeval.jobs import registries
-from kdeval.jobs.errors import GridError, GridIssue, did_you_mean, join_path
+from kdeval.jobs.errors import GridError, GridIssue, join_path
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GridSpec
+from kdeval.names import suggest
 
 _FORBIDDEN = {
     "trust_remote_code": "is not accepted in grid files: remote model code never runs from a grid",
@@ -49,7 +52,7 @@ def _unknown_keys(raw: Any, cls: type[BaseModel], path: list[str | int]) -> list
         if key in _FORBIDDEN:
             issues.append(GridIssue(join_path(here), _FORBIDDEN[key]))
         elif key not in fields:
-            issues.append(GridIssue(join_path(here), f"unknown field{did_you_mean(key, fields)}; "
+            issues.append(GridIssue(join_path(here), f"unknown field{suggest(key, fields)}; "
                                                      f"expected one of {', '.join(fields)}"))
         else:
             sub, is_list = _model_of(fields[key].annotation)
@@ -106,6 +109,32 @@ def _registry_issues(raw: dict) -> list[GridIssue]:
     return issues
 
 
+#: The engine settings a grid gives: (grid path, the engine's setting, the type its values have in the grid).
+ENGINE_SETTINGS = (("budgets", "budget", int), ("chunk_sizes", "chunk_size", int),
+                   ("engine.score_precision", "score_precision", str))
+
+
+def _engine_issues(raw: dict) -> list[GridIssue]:
+    """The engine's own rules (``kdeval.keydiff.config.RULES``) on the values the grid gives its settings, each
+    broken one reported at its grid path (``chunk_sizes[1]: must be a positive number of tokens, got 0``).
+
+    Values of another type are left to pydantic (and a budget that is not an integer to the grid's parsing)."""
+    issues: list[GridIssue] = []
+    for path, setting, kind in ENGINE_SETTINGS:
+        *section, key = path.split(".")
+        where = raw.get(section[0]) if section else raw
+        if not isinstance(where, dict) or key not in where:
+            continue
+        value = where[key]
+        entries = [(f"{path}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(path, value)]
+        for at, v in entries:
+            if isinstance(v, kind) and not isinstance(v, bool):
+                msg = catalog.engine_setting_error(setting, v)
+                if msg is not None:
+                    issues.append(GridIssue(at, msg))
+    return issues
+
+
 def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     issues: list[GridIssue] = []
     if any(p.name not in BUDGET_FREE_POLICIES for p in grid.policies) and not grid.budgets:
@@ -155,9 +184,11 @@ def validate_mapping(raw: dict, source: str | None = None) -> GridSpec:
     try:
         grid = GridSpec.model_validate(raw)
     except ValidationError as e:
-        raise GridError(issues + _pydantic_issues(e) + _registry_issues(raw), source) from None
-    issues += _registry_issues(raw)
-    issues += _semantic_issues(grid)
+        raise GridError(issues + _pydantic_issues(e) + _engine_issues(raw) + _registry_issues(raw), source) from None
+    engine = _engine_issues(raw)
+    issues += engine + _registry_issues(raw)
+    if not engine:  # the policies' budget checks need valid budgets
+        issues += _semantic_issues(grid)
     if issues:
         raise GridError(issues, source)
     return grid

@@ -48,6 +48,14 @@ class AttentionNeed:
     kind: Literal["last", "window", "all"]
     window: int = 1
 
+    def rows_label(self) -> str:
+        """Which rows, in words: ``"the last query"``, ``"the last 32 queries"``, ``"every query of the chunk"``."""
+        if self.kind == "last":
+            return "the last query"
+        if self.kind == "window":
+            return f"the last {self.window} queries"
+        return "every query of the chunk"
+
     def rows(self, chunk_len: int) -> int:
         if self.kind == "last":
             return 1

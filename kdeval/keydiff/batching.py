@@ -126,7 +126,7 @@ def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evi
 def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> PrefillState:
     """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's store)."""
     names = cache.state_names
-    out = BudgetCache(len(cache.layers), engine.config.store, [lengths[r] for lengths in cache.lengths], names)
+    out = BudgetCache(len(cache.layers), engine.store, [lengths[r] for lengths in cache.lengths], names)
     for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
         layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
         layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
@@ -201,7 +201,7 @@ def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_toke
                          list(state.protected) if state else [], state.peak_kv_tokens if state else 0,
                          state.peak_kv_bytes if state else 0))
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-    cache = RaggedCache(engine.num_layers, 1, engine.policy.slot_state if engine.evicting else ())
+    cache = RaggedCache(engine.num_layers, 1, engine.policy_needs.token_state)
     budgets = engine.budgets or [None] * engine.num_layers
     cache.lengths = [[s.cache.layers[i].length if s is not None else 0 for s in starts] for i in range(len(budgets))]
     capacity: dict = {}  # one computation per distinct (budget, lengths)

@@ -38,12 +38,12 @@ from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCaptur
 from kdeval.keydiff.batching import BatchView, generate_batch
 from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots
-from kdeval.keydiff.config import EngineConfig
+from kdeval.keydiff.config import EngineConfig, Experimental
 from kdeval.keydiff.eviction import Eviction, compiled_score, plain_score
 from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
-from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.queries import capture_queries, query_sources, record_step, rotary_embedding
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
@@ -53,14 +53,24 @@ class Engine(Eviction):
 
     def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
                  on_step: Callable[[PrefillState], None] | None = None,
-                 on_batch_step: Callable[[BatchView], None] | None = None):
+                 on_batch_step: Callable[[BatchView], None] | None = None, *, store: str = "slot",
+                 emulate_graphs: bool = False, experimental: Experimental | None = None):
         """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing);
-        ``on_batch_step(view)`` after every step of :meth:`generate_batch`."""
+        ``on_batch_step(view)`` after every step of :meth:`generate_batch`.
+
+        For tests and ``bench/`` only, not user options: ``store="gather"`` keeps the cache in transformers'
+        growing layers, evicted by gathering (the reference the default slot store is checked against);
+        ``emulate_graphs`` runs the graph path's static layout with plain calls instead of graph replays (on a
+        CPU; on CUDA, the eager reference the captured graphs are checked against); ``experimental``: the GPU
+        speed options ``bench/`` times (:class:`~kdeval.keydiff.config.Experimental`)."""
         self.model = model
         self.on_step = on_step
         self.on_batch_step = on_batch_step
         self.policy = policy
         self.config = config
+        self.store = store
+        self.emulate_graphs = emulate_graphs
+        self.experimental = experimental or Experimental()
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         self.max_context = int(getattr(cfg, "max_position_embeddings", 0) or 0)
@@ -69,29 +79,31 @@ class Engine(Eviction):
         self.budgets = self._layer_budgets() if self.evicting else None
         #: every layer keeps N: the static layout, graphs and transformers' own mask apply
         self.uniform = self.budgets is None or len(set(self.budgets)) == 1
-        self.need = policy.attention_need() if self.evicting else None
-        self.query_need = policy.query_need() if self.evicting else None
-        self.rerotate = self.evicting and policy.rerotates
+        #: what the policy's scores read; the engine derives from it how to run them (graphs, fusion, ties)
+        self.policy_needs = policy.needs() if self.evicting else PolicyNeeds()
+        self.need = self.policy_needs.attention
+        self.query_need = self.policy_needs.queries
+        self.rerotate = self.policy_needs.rerotates
         if self.query_need is not None:
             query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
         if self.query_need is not None or self.rerotate:
             rotary_embedding(model)
         self.device = next(model.parameters()).device
-        if config.cuda_graphs and self.device.type != "cuda" and not config.emulate_graphs:
+        if config.cuda_graphs and self.device.type != "cuda" and not emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
+        ex = self.experimental
+        ex.check(config.budget, self.device, next(model.parameters()).dtype)
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
-        self.use_graphs = graphs and self.evicting and config.store == "slot" and policy.graph_safe and self.uniform
-        # eager: the query window is kept between steps; re-rotation moves every kept key
-        self.use_graphs = self.use_graphs and self.query_need is None and not self.rerotate
-        self.fused = self.use_graphs and config.fuse_layers and policy.layer_independent
-        self.compiled_scoring = self.use_graphs and config.compile_scoring
+        # Graphs run one captured step per chunk shape: not when scores read the host's step count (a graph
+        # would freeze it), keep a query window between steps or re-rotate every kept key, nor when layers keep
+        # different budgets (the static layout gives every layer N slots).
+        self.use_graphs = (graphs and self.evicting and store == "slot" and self.uniform
+                           and not self.policy_needs.reads_step and self.query_need is None and not self.rerotate)
+        self.fused = self.use_graphs and ex.fuse_layers and not self.policy_needs.reads_layer
+        self.compiled_scoring = self.use_graphs and ex.compile_scoring
         self._score = compiled_score() if self.compiled_scoring else plain_score
-        self._blocks = CompiledBlocks(model) if self.use_graphs and config.compile_blocks else None
-        dtype = next(model.parameters()).dtype
-        if self.use_graphs and config.flex_attention and self.device.type == "cpu" and dtype == torch.float64:
-            raise ValueError("flex_attention: FlexAttention on a CPU takes float32, float16 or bfloat16 models; "
-                             "this one is float64")
+        self._blocks = CompiledBlocks(model) if self.use_graphs and ex.compile_blocks else None
         cfg = model.config
         self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
@@ -110,8 +122,8 @@ class Engine(Eviction):
             return PrefillState(spare, 0, torch.empty(0))
         B = self.config.chunk_size
         cap = [b + B for b in self.budgets] if self.evicting else max(tokens, B)
-        state_names = self.policy.slot_state if self.evicting else ()
-        cache = BudgetCache(self.num_layers, self.config.store, cap, state_names,
+        state_names = self.policy_needs.token_state
+        cache = BudgetCache(self.num_layers, self.store, cap, state_names,
                             static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = self.rerotate
@@ -283,7 +295,7 @@ class Engine(Eviction):
                              "their absolute") + f" positions, policy '{self.policy.name}' expects "
                              + ("contiguous" if self.rerotate else "absolute") + " ones; continue it with the policy "
                              "that made it")
-        wanted = self.policy.slot_state if self.evicting else ()
+        wanted = self.policy_needs.token_state
         if state is not None and set(wanted) - set(state.cache.state_names):
             raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
                              f"'{self.policy.name}' needs {list(wanted)}; continue it with the policy that made it")
@@ -359,11 +371,11 @@ class Engine(Eviction):
             cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
             phase = self.phase(cache, t)  # from host bookkeeping, exact
             empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
-            flex = self.config.flex_attention and t in (self.config.chunk_size, 1)  # the graphs' shapes only
+            flex = self.experimental.flex_attention and t in (self.config.chunk_size, 1)  # the graphs' shapes only
             if flex:
                 kwargs["kdeval_flex"] = static_block_mask(n, t, cached, ids.device)
-            elif phase == "full" and self.config.attention_splits:
-                kwargs["kdeval_splits"] = self.config.attention_splits
+            elif phase == "full" and self.experimental.attention_splits:
+                kwargs["kdeval_splits"] = self.experimental.attention_splits
             # A full head needs no mask (lower-right causal); with flex only captured rows read the dense one.
             # A 4-D mask reaches the attention function as it is.
             if phase != "full" and (capture is not None or not flex):

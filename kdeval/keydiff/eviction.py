@@ -1,8 +1,8 @@
 """Eviction after a step: score the cached tokens, keep the protected ones, free the rest down to the budget.
 
-A mixin of :class:`kdeval.keydiff.engine.Engine` (its ``config``, ``policy``, ``evicting`` and ``_score``):
-the engine's half that runs after the forward, per layer or, on the static layout with ``fuse_layers``, for
-all layers at once. Shapes as in :mod:`kdeval.keydiff.policy`.
+A mixin of :class:`kdeval.keydiff.engine.Engine` (its ``config``, ``policy``, ``policy_needs``, ``evicting`` and
+``_score``): the engine's half that runs after the forward, per layer or, on the static layout with the
+experimental ``fuse_layers``, for all layers at once. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class Eviction:
             scores = scores.masked_fill(held, float("inf"))
         if empty is not None:
             scores = empty.ranked(scores)
-        if self.policy.ties:
+        if self.policy_needs.exact_ties:
             # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
             # own choice among ties depends on the array's layout), so the kept set depends neither on which
             # slot a token occupies nor on empty slots.
@@ -95,7 +95,7 @@ class Eviction:
         m = budget + t
         buffers = cache.fused
         keys, positions = buffers["keys"][:, :, :m], buffers["positions"][:, :, :m]
-        pstate = {n: buffers[f"state.{n}"][:, :, :m] for n in self.policy.slot_state}
+        pstate = {n: buffers[f"state.{n}"][:, :, :m] for n in self.policy_needs.token_state}
         attention = None
         if capture is not None:
             attention = torch.cat([capture.by_layer[i] for i in range(len(cache.layers))], dim=0)
@@ -145,7 +145,8 @@ class Eviction:
                     scores = scores.masked_fill(held, float("inf"))
                 if scores.dtype not in (torch.float32, torch.float64):
                     scores = scores.float()  # the empty slots' ranks need float32's range
-                order = lowest_first(step.invalid_ranks(scores), positions, k, self.policy.ties, ctx.position_order)
+                order = lowest_first(step.invalid_ranks(scores), positions, k, self.policy_needs.exact_ties,
+                                     ctx.position_order)
                 kept = kept_mask(order, drop, m)
             else:
                 kept = step.valid.unsqueeze(1).expand(-1, keys.shape[1], -1)

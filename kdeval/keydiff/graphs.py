@@ -39,7 +39,7 @@ class CapturedStep:
         self.offsets = torch.arange(t, device=dev)
         self.positions = torch.zeros(t, dtype=torch.long, device=dev)
         self.seen_after = torch.zeros((), dtype=torch.long, device=dev)
-        self.emulate = dev.type != "cuda" or engine.config.emulate_graphs
+        self.emulate = dev.type != "cuda" or engine.emulate_graphs
         self.stream = None if self.emulate else torch.cuda.Stream(device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None

@@ -33,10 +33,12 @@ class ScoreContext:
     - ``attention``: for policies with an :class:`AttentionNeed`, the attention probabilities of the captured
       queries summed over those queries, ``[batch, kv_heads, group, tokens]`` (``group`` = query heads per
       KV head), at least float32; ``None`` otherwise.
-    - ``state``: the policy's per-token state (``slot_state`` names), each ``[batch, kv_heads, tokens]`` float32;
-      the policy may update it in place and it moves with the tokens it belongs to.
+    - ``state``: the policy's per-token state (``PolicyNeeds.token_state`` names), each
+      ``[batch, kv_heads, tokens]`` float32; the policy may update it in place and it moves with the tokens it
+      belongs to.
     - ``step``: how many eviction steps ran before this one (chunks and decode steps); 0 on the CUDA graph
-      path, where one captured step serves every chunk (so graph-safe policies must not read it).
+      path, where one captured step serves every chunk (a policy that reads it says so:
+      ``PolicyNeeds.reads_step``, and runs without graphs).
     - ``queries``: for policies with a :class:`QueryNeed`, the layer's recent queries before RoPE and RoPE's
       ``cos``/``sin`` ahead (:class:`kdeval.keydiff.queries.RecentQueries`); ``None`` otherwise.
     - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the cached values beside ``keys``, when the policy's
@@ -68,6 +70,35 @@ class ScoreContext:
         return self._order
 
 
+@dataclass(frozen=True)
+class PolicyNeeds:
+    """What a policy's scores read besides the keys and their positions. The engine decides from it how to run
+    the policy: which attention rows to capture beside SDPA, which per-token state to keep, whether the step can
+    be one captured CUDA graph (not when scores read the step count, which a graph would freeze), whether all
+    layers can be scored as one batch (not when scores read the layer), and whether selection must break ties
+    by position."""
+
+    #: attention rows of the chunk's queries, captured beside SDPA (``ScoreContext.attention``); ``None``: none
+    attention: AttentionNeed | None = None
+    #: names of per-token float32 state tensors that move with their tokens (``ScoreContext.state``)
+    token_state: tuple[str, ...] = ()
+    #: scores read ``ScoreContext.step``, the host's count of eviction steps
+    reads_step: bool = False
+    #: scores read ``ScoreContext.layer_idx``
+    reads_layer: bool = False
+    #: scores often tie exactly (pooled, ranked, or shared by a group of tokens): equal scores are evicted
+    #: oldest first, so the kept set does not depend on which slot holds a token
+    exact_ties: bool = False
+    #: the layer's recent queries before RoPE, RoPE's rotation ahead and (if asked) the values
+    #: (``ScoreContext.queries``/``values``); the window is kept per request between steps, so the step runs
+    #: eagerly; ``None``: none
+    queries: QueryNeed | None = None
+    #: after every eviction the kept keys are re-rotated to contiguous RoPE positions ``0 .. n-1`` (in position
+    #: order) and new tokens are fed from ``n`` (StreamingLLM's cache positions, kdeval/keydiff/rerotation.py);
+    #: ``ScoreContext.positions`` stay absolute; the step runs eagerly
+    rerotates: bool = False
+
+
 @dataclass
 class Policy:
     """Base of every eviction policy: a dataclass of validated parameters plus a scoring rule."""
@@ -76,19 +107,6 @@ class Policy:
     rule: ClassVar[str] = ""
     #: ``False`` for the full cache: the engine never evicts and ignores the budget.
     evicts: ClassVar[bool] = True
-    #: Names of per-token float32 state tensors the engine keeps for this policy (see ``ScoreContext.state``).
-    slot_state: ClassVar[tuple[str, ...]] = ()
-    #: ``True`` when scores often tie exactly (e.g. max-pooled): the engine then breaks ties by position.
-    ties: ClassVar[bool] = False
-    #: ``False`` when scoring depends on host-side values that change per step (graphs would freeze them).
-    graph_safe: ClassVar[bool] = True
-    #: ``True`` when scores depend on nothing but each batch row's own tensors (not on ``ctx.layer_idx``): the
-    #: engine may then score all layers at once, as one batch of ``layers * batch`` rows (``fuse_layers``).
-    layer_independent: ClassVar[bool] = True
-    #: ``True``: after every eviction the kept keys are re-rotated to contiguous RoPE positions ``0 .. n-1`` (in
-    #: position order) and new tokens are fed from ``n`` (StreamingLLM's cache positions,
-    #: kdeval/keydiff/rerotation.py); ``ScoreContext.positions`` stay absolute. Such a policy runs eagerly.
-    rerotates: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,14 +114,9 @@ class Policy:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the parameter when a value is out of range."""
 
-    def attention_need(self) -> AttentionNeed | None:
-        """What attention rows the policy needs captured beside SDPA (``None``: none, run plain SDPA)."""
-        return None
-
-    def query_need(self) -> QueryNeed | None:
-        """Recent queries, RoPE ahead and values the policy needs (``None``: none, nothing is captured). Such a
-        policy runs on the eager path (the window is kept per request between steps)."""
-        return None
+    def needs(self) -> PolicyNeeds:
+        """What the scores read besides the keys and their positions (default: nothing else)."""
+        return PolicyNeeds()
 
     def n_sink(self) -> int:
         """How many first positions are always kept."""

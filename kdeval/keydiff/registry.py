@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.names import suggest
 
 _REGISTRY: dict[str, type[Policy]] = {}
@@ -48,20 +48,53 @@ class ParamInfo:
 
 @dataclass(frozen=True)
 class PolicyInfo:
-    """What ``kdeval policies`` prints for one policy."""
+    """What ``kdeval policies`` prints for one policy: ``needs`` with its default parameters, and the extra
+    cost they bring (:func:`extra_cost`)."""
 
     name: str
     rule: str
     params: tuple[ParamInfo, ...]
-    needs_attention: bool
+    needs: PolicyNeeds
+    #: layers keep different budgets (``Policy.layer_budgets``, PyramidKV)
+    per_layer_budgets: bool = False
+
+    @property
+    def cost(self) -> str:
+        return extra_cost(self.needs, self.per_layer_budgets)
 
     def to_dict(self) -> dict[str, Any]:
+        attention = self.needs.attention
         return {
             "name": self.name,
             "rule": self.rule,
-            "needs_attention": self.needs_attention,
             "params": [{"name": p.name, "type": p.type, "default": p.default} for p in self.params],
+            "cost": self.cost,
+            "per_layer_budgets": self.per_layer_budgets,
+            "needs": {**dataclasses.asdict(self.needs),
+                      "attention": None if attention is None else attention.rows_label()},
         }
+
+
+def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
+    """What running a policy with ``needs`` costs beside scoring its keys, e.g. ``"attention rows of the last 32
+    queries; per-token state: 1 float"``, or ``"none"``."""
+    parts = []
+    if needs.attention is not None:
+        parts.append(f"attention rows of {needs.attention.rows_label()}")
+    if needs.token_state:
+        n = len(needs.token_state)
+        parts.append(f"per-token state: {n} float{'s' if n > 1 else ''}")
+    if needs.queries is not None:
+        values = " and the values" if needs.queries.values else ""
+        parts.append(f"the last {needs.queries.window} queries before RoPE per layer{values}")
+    if needs.rerotates:
+        parts.append("the kept keys re-rotated after every eviction")
+    eager = [why for why, yes in (("scores read the step count", needs.reads_step),
+                                  ("a query window between steps", needs.queries is not None),
+                                  ("re-rotation", needs.rerotates), ("per-layer budgets", per_layer_budgets)) if yes]
+    if eager:
+        parts.append(f"no CUDA graphs ({', '.join(eager)})")
+    return "; ".join(parts) or "none"
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -128,7 +161,9 @@ def describe(name: str) -> PolicyInfo:
         ParamInfo(f.name, getattr(hints.get(f.name), "__name__", str(hints.get(f.name))), f.default)
         for f in dataclasses.fields(cls)
     )
-    return PolicyInfo(cls.name, cls.rule, params, cls().attention_need() is not None)
+    policy = cls()
+    per_layer = len(set(policy.layer_budgets(1024, 32))) > 1  # a budget and depth every default fits
+    return PolicyInfo(cls.name, cls.rule, params, policy.needs(), per_layer)
 
 
 def list_policies() -> list[PolicyInfo]:

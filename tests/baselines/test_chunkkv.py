@@ -6,7 +6,8 @@ from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.policy import ScoreContext, lowest_oldest_first
 
-from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, prompt, tiny
+from ..keydiff.helpers import (assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine,
+                               prompt, tiny)
 
 # Worked by hand. Positions 0..7 in groups of 2; knorm scores are -|k|.
 # head 0 norms [1, 3, 2, 1, 5, 1, .5, .5]: group means -2, -1.5, -3, -.5
@@ -74,16 +75,16 @@ def test_attention_inner_policy_keeps_its_window():
         seen_steps.append(state.seen)
 
     pol = get_policy("chunkkv", inner="snapkv", group_size=5)
-    assert pol.attention_need() == get_policy("snapkv").attention_need()
+    assert pol.needs().attention == get_policy("snapkv").needs().attention
     Engine(tiny().model, pol, EngineConfig(budget=48, chunk_size=16), on_step=check).generate(prompt(90), 4)
     assert seen_steps[-1] == 93
 
 
 def test_the_inner_policys_queries_and_rerotation_are_the_engines():
     pol = get_policy("chunkkv", inner="expected-attention", group_size=4)
-    assert pol.query_need() == get_policy("expected-attention").query_need() and not pol.rerotates
+    assert pol.needs().queries == get_policy("expected-attention").needs().queries and not pol.needs().rerotates
     pol = get_policy("chunkkv", inner="sink-rerotate", group_size=4)
-    assert pol.query_need() is None and pol.rerotates and Engine(tiny().model, pol, EngineConfig(budget=40)).rerotate
+    assert pol.needs().queries is None and pol.needs().rerotates and Engine(tiny().model, pol, EngineConfig(budget=40)).rerotate
 
 
 VARIANTS = [dict(heads="each", group_size=7), dict(inner="h2o", group_size=4), dict(inner="snapkv", group_size=3),
@@ -95,10 +96,10 @@ def test_variants_keep_what_the_gather_store_keeps(params):
     """Slot store and the static layout (emulated graphs) keep the gather store's tokens and logits."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(130, seed=11)
-    ref = Engine(lm.model, get_policy("chunkkv", **params), EngineConfig(budget=40, chunk_size=16, store="gather"))
+    ref = Engine(lm.model, get_policy("chunkkv", **params), EngineConfig(budget=40, chunk_size=16), store="gather")
     ref = ref.generate(ids, max_new_tokens=6)
     for cfg in (dict(), dict(cuda_graphs=True, emulate_graphs=True)):
-        eng = Engine(lm.model, get_policy("chunkkv", **params), EngineConfig(budget=40, chunk_size=16, **cfg))
+        eng = make_engine(lm.model, get_policy("chunkkv", **params), budget=40, chunk_size=16, **cfg)
         assert_same_run(eng.generate(ids, max_new_tokens=6), ref, atol=1e-9)
 
 
@@ -107,7 +108,7 @@ def test_a_ragged_batch_keeps_what_each_request_keeps_alone():
     assert_ragged_batch_matches_alone(get_policy("chunkkv", group_size=4, heads="each"))
 
 @pytest.mark.parametrize("params,msg", [
-    (dict(inner="keydif"), r"inner: unknown policy 'keydif'; did you mean 'keydiff'"),
+    (dict(inner="keydif"), r"inner: unknown policy 'keydif' \(did you mean 'keydiff'"),
     (dict(inner="full"), r"inner: expected a policy that scores tokens, got 'full'"),
     (dict(inner="chunkkv"), r"inner: cannot be 'chunkkv' itself"),
     (dict(group_size=0), r"group_size: must be an integer > 0, got 0"),

@@ -12,7 +12,9 @@ from kdeval.jobs.errors import GridError
 from kdeval.jobs.validate import parse_grid
 from kdeval.keydiff import Engine, EngineConfig
 
-from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, prompt, tiny
+from ..keydiff.helpers import (
+    assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine, prompt, tiny,
+)
 
 
 # Worked by hand. N = 40, window 8, 4 layers, beta 2: S = 32 selectable tokens per layer on average, shares
@@ -46,8 +48,8 @@ def test_layer_budgets_sum_to_the_uniform_total_fall_with_depth_and_round_the_li
 
 
 def engine(policy, budget, chunk, kv_heads=2, dtype="float64", **cfg):
-    return Engine(tiny("random:llama-tiny", kv_heads, dtype).model, policy, EngineConfig(budget=budget,
-                  chunk_size=chunk, **cfg))
+    return make_engine(tiny("random:llama-tiny", kv_heads, dtype).model, policy, budget=budget, chunk_size=chunk,
+                       **cfg)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 8])

@@ -58,7 +58,7 @@ def test_kept_keys_are_their_pre_rope_keys_at_contiguous_positions(store):
     sinks and the last 20 tokens (absolute positions), their keys rotated at positions 0..23 in that order."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(60, seed=4)
-    eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16, store=store))
+    eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16), store=store)
     checked = []
 
     def check(fed: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor):
@@ -103,8 +103,8 @@ def test_with_eviction_it_keeps_sinks_positions_and_generates_otherwise():
 
 def test_runs_eagerly_and_a_ragged_batch_equals_each_request_alone():
     lm = tiny("random:llama-tiny", 2, "float64")
-    eng = Engine(lm.model, get_policy("sink-rerotate"),
-                 EngineConfig(budget=24, chunk_size=16, cuda_graphs=True, emulate_graphs=True))
+    eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16, cuda_graphs=True),
+                 emulate_graphs=True)
     assert not eng.use_graphs and eng.rerotate
     assert_ragged_batch_matches_alone(get_policy("sink-rerotate"))
 

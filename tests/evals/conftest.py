@@ -49,6 +49,18 @@ def fixtures_dir() -> Path:
 
 
 @pytest.fixture
+def emulated_graphs(monkeypatch) -> None:
+    """Every engine built while the test runs takes the graph path emulated (``Engine(emulate_graphs=True)``:
+    the static layout run with plain calls on a CPU), so ``run_task(engine={"cuda_graphs": True})`` runs it:
+    the engine's test keywords are no ``run_task`` options."""
+    import functools
+
+    from kdeval.keydiff import engine
+
+    monkeypatch.setattr(engine.Engine, "__init__", functools.partialmethod(engine.Engine.__init__, emulate_graphs=True))
+
+
+@pytest.fixture
 def captured_steps(monkeypatch) -> list:
     """The arguments of every CUDA-graph step captured while the test runs (emulated graphs on CPU)."""
     from kdeval.keydiff import graphs

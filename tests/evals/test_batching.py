@@ -60,11 +60,11 @@ def test_batch_larger_than_the_task_and_unshared_contexts(lively):
     assert not any(r["context_shared"] for r in ref)
 
 
-def test_graph_path_engine_runs_batches_eagerly(lively, captured_steps):
+def test_graph_path_engine_runs_batches_eagerly(lively, captured_steps, emulated_graphs):
     """An engine on the (emulated) graph path prefills shared contexts with its graphs; batched questions
     run eagerly and give the same rows as that engine one sample at a time."""
     t = TASKS["phonebook"]()
-    static = {"cuda_graphs": True, "emulate_graphs": True}
+    static = {"cuda_graphs": True}
     ref = run_task(lively, t, "keydiff", budget=64, chunk_size=32, engine=static)
     made = len(captured_steps)
     got = run_task(lively, t, "keydiff", budget=64, chunk_size=32, engine=static, batch_size=3)

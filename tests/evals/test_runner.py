@@ -65,7 +65,7 @@ def test_subset_and_context_errors_before_generation(tiny):
         run_task(tiny, get_task("needle", lengths=[5000], haystack="noise"), "full")
 
 
-def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_steps):
+def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_steps, emulated_graphs):
     """The graph path (emulated) through run_task: the same predictions as the default path, and the second
     request runs on the first one's released cache, so no step is captured again."""
     from kdeval.keydiff.models import load_model
@@ -74,7 +74,7 @@ def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_s
     made = captured_steps
     task = get_task("needle", lengths=[600], depths=[0, 50, 100], haystack="noise", max_new_tokens=4)
     ids = [s.id for s in build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))[0]]
-    static = {"cuda_graphs": True, "emulate_graphs": True}
+    static = {"cuda_graphs": True}
     first = run_task(lm, task, "keydiff", budget=128, chunk_size=64, sample_ids=ids[:1], engine=static)
     per_request = len(made)
     rows = run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine=static)
@@ -82,7 +82,16 @@ def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_s
     plain = run_task(lm, task, "keydiff", budget=128, chunk_size=64)
     assert [r["prediction"] for r in rows] == [r["prediction"] for r in plain]
     assert rows[0]["prediction"] == first[0]["prediction"]
+
+
+def test_engine_options_are_checked():
+    from kdeval.keydiff.models import load_model
+
+    lm = load_model("random:llama-tiny", dtype="float64")
+    task = get_task("needle", lengths=[600], depths=[0], haystack="noise", max_new_tokens=4)
     with pytest.raises(ValueError, match="cuda_graphs: needs a CUDA device"):
         run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"cuda_graphs": True})
+    with pytest.raises(EvalError, match=r"engine: unknown option 'emulate_graphs'"):  # a test keyword of Engine
+        run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"emulate_graphs": True})
     with pytest.raises(EvalError, match=r"engine: unknown option 'budget'"):
         run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"budget": 3})

@@ -75,7 +75,7 @@ def test_decode_keep_grows_the_cache_by_the_generated_tokens(tiny, compress):
         assert k["kept_tokens"] == after_prompt + 8 - 1 and e["kept_tokens"] == after_prompt
 
 
-def test_graph_path_under_context_protocol_reuses_its_captured_steps(captured_steps):
+def test_graph_path_under_context_protocol_reuses_its_captured_steps(captured_steps, emulated_graphs):
     """Emulated graphs under compress="context": the predictions of the default path, and the static cache
     thawed for each question goes back to the pool, so later requests capture nothing."""
     from kdeval.keydiff.models import load_model
@@ -83,7 +83,7 @@ def test_graph_path_under_context_protocol_reuses_its_captured_steps(captured_st
     lm = load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
     made = captured_steps
     task = get_task("needle", lengths=[600], depths=[0, 50, 100], haystack="noise", max_new_tokens=4)
-    static = {"cuda_graphs": True, "emulate_graphs": True}
+    static = {"cuda_graphs": True}
     run = dict(budget=128, chunk_size=64, compress="context")
     first = run_task(lm, task, "keydiff", limit=1, engine=static, **run)
     per_request = len(made)

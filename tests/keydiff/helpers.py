@@ -1,10 +1,13 @@
 """Helpers shared by the engine tests: tiny models, kept positions, a reference one-pass forward."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
+from kdeval.keydiff.config import EngineConfig, Experimental
+from kdeval.keydiff.engine import Engine
 from kdeval.keydiff.models import LoadedModel, load_model
 
 
@@ -12,6 +15,17 @@ from kdeval.keydiff.models import LoadedModel, load_model
 def tiny(name: str = "random:llama-tiny", kv_heads: int | None = None, dtype: str = "float32") -> LoadedModel:
     overrides = {"num_key_value_heads": kv_heads} if kv_heads else None
     return load_model(name, device="cpu", overrides=overrides, dtype=dtype)
+
+
+def make_engine(model, policy, on_step=None, on_batch_step=None, *, store: str = "slot",
+                emulate_graphs: bool = False, **settings) -> Engine:
+    """An engine from flat keywords, for tests that list engines as dicts: ``EngineConfig`` settings, the
+    engine's test keywords (``store``, ``emulate_graphs``) and experimental options, e.g.
+    ``make_engine(m, p, budget=40, cuda_graphs=True, emulate_graphs=True, fuse_layers=True)``."""
+    names = {f.name for f in dataclasses.fields(Experimental)}
+    experimental = {k: settings.pop(k) for k in names & set(settings)}
+    return Engine(model, policy, EngineConfig(**settings), on_step, on_batch_step, store=store,
+                  emulate_graphs=emulate_graphs, experimental=Experimental(**experimental))
 
 
 def prompt(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:

@@ -11,11 +11,19 @@ from .helpers import prompt, tiny
 
 @pytest.mark.parametrize("kwargs,field", [
     ({"budget": 0}, "budget"), ({"budget": -5}, "budget"), ({"chunk_size": 0}, "chunk_size"),
-    ({"chunk_size": -1}, "chunk_size"), ({"store": "ring"}, "store"), ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"chunk_size": -1}, "chunk_size"), ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"cuda_graphs": "yes"}, "cuda_graphs"), ({"score_precision": "fp16"}, "score_precision"),
 ])
 def test_engine_config_rejects(kwargs, field):
     with pytest.raises(ValueError, match=rf"^{field}:"):
         EngineConfig(**kwargs)
+
+
+def test_unknown_store_rejected():
+    """``store`` is a test keyword of the engine (the gather store is the reference), not a setting."""
+    eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=32), store="ring")
+    with pytest.raises(ValueError, match=r"^store: expected 'slot' or 'gather', got 'ring'"):
+        eng.prefill(prompt(8))
 
 
 def test_budget_below_protected_tokens():

@@ -14,7 +14,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.models import load_model
 from kdeval.keydiff.slots import EMPTY_POSITION
 
-from .helpers import kept_positions
+from .helpers import kept_positions, make_engine
 
 BUDGET, CHUNK, NEW = 24, 16, 12
 LENGTHS = [37, 70, 101, 5, 64, 90, 16]  # a partial last chunk, several chunks, one token short of a chunk, ...
@@ -36,9 +36,8 @@ def prompts(lengths=LENGTHS, seed=0):
 
 
 def engine(policy, record=None, batch_record=None, **config):
-    cfg = EngineConfig(budget=config.pop("budget", BUDGET), chunk_size=CHUNK, **config)
-    return Engine(lively().model, get_policy(policy, **PARAMS.get(policy, {})), cfg, on_step=record,
-                  on_batch_step=batch_record)
+    return make_engine(lively().model, get_policy(policy, **PARAMS.get(policy, {})), record, batch_record,
+                       budget=config.pop("budget", BUDGET), chunk_size=CHUNK, **config)
 
 
 def alone(policy, ps, states=None, protect=None, eos=None, decode_evict=True, **config):

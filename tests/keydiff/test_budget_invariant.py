@@ -3,7 +3,7 @@ import pytest
 
 from kdeval.keydiff import Engine, EngineConfig, get_policy
 
-from .helpers import prompt, tiny
+from .helpers import make_engine, prompt, tiny
 
 
 @pytest.mark.parametrize("store", ["slot", "gather"])
@@ -24,7 +24,7 @@ def test_cache_holds_min_budget_seen(store, budget, chunk):
         seen_lengths.append(state.seen)
         assert state.peak_kv_tokens <= budget + chunk
 
-    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=chunk, store=store), on_step=check)
+    eng = make_engine(lm.model, get_policy("keydiff"), check, budget=budget, chunk_size=chunk, store=store)
     res = eng.generate(prompt(70), max_new_tokens=5)
     n_chunks = -(-70 // chunk)
     assert len(seen_lengths) == n_chunks + len(res.tokens[0]) - 1

@@ -65,7 +65,7 @@ def test_bf16_attention_policies_run_under_the_budget(precision):
     for policy in ("h2o", "snapkv", "tova"):
         for graphs in (False, True):
             eng = Engine(lm.model, get_policy(policy), EngineConfig(
-                budget=40, chunk_size=16, cuda_graphs=graphs, emulate_graphs=graphs, score_precision=precision))
+                budget=40, chunk_size=16, cuda_graphs=graphs, score_precision=precision), emulate_graphs=graphs)
             res = eng.generate(prompt(100, seed=5), max_new_tokens=4)
             assert res.stats.peak_kv_tokens <= 40 + 16 and res.stats.kept_tokens == 40
 

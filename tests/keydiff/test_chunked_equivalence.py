@@ -16,7 +16,8 @@ def test_full_chunked_equals_one_pass(model_name, chunk, store):
     lm = tiny(model_name)
     ids = prompt(100)
     ref = lm.model(ids).logits
-    state = Engine(lm.model, get_policy("full"), EngineConfig(chunk_size=chunk, store=store)).prefill(ids, collect_logits=True)
+    state = Engine(lm.model, get_policy("full"), EngineConfig(chunk_size=chunk), store=store).prefill(
+        ids, collect_logits=True)
     assert state.logits.shape == ref.shape
     assert (state.logits - ref).abs().max().item() < TOL
 

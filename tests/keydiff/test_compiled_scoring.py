@@ -3,15 +3,13 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig
 
-from .helpers import assert_same_run, prompt, tiny
+from .helpers import assert_same_run, make_engine, prompt, tiny
 
 
 def _engine(lm, policy, compiled, fused=False):
-    return Engine(lm.model, get_policy(policy), EngineConfig(
-        budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused,
-        compile_scoring=compiled))
+    return make_engine(lm.model, get_policy(policy), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
+                       fuse_layers=fused, compile_scoring=compiled)
 
 
 @pytest.mark.parametrize("policy, fused", [("keydiff", False), ("keydiff", True), ("snapkv", False),
@@ -30,7 +28,7 @@ def test_compiled_scoring_keeps_the_same_tokens(policy, fused):
 
 def test_compile_scoring_only_applies_to_the_graph_path():
     lm = tiny()
-    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, compile_scoring=True))
+    eng = make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, compile_scoring=True)
     assert not eng.use_graphs and not eng.compiled_scoring
 
 
@@ -44,8 +42,8 @@ def test_compiled_blocks_keep_the_same_tokens_and_leave_the_model_as_it_was(poli
     ids = prompt(130, seed=22)
     rope = modeling_llama.apply_rotary_pos_emb
     cfg = dict(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
-    ref = Engine(lm.model, get_policy(policy), EngineConfig(**cfg)).generate(ids, max_new_tokens=6)
-    eng = Engine(lm.model, get_policy(policy), EngineConfig(**cfg, compile_blocks=True))
+    ref = make_engine(lm.model, get_policy(policy), **cfg).generate(ids, max_new_tokens=6)
+    eng = make_engine(lm.model, get_policy(policy), **cfg, compile_blocks=True)
     routed = []  # during the step the final norm's forward is the compiled call
     hook = lm.model.model.norm.register_forward_pre_hook(lambda m, args: routed.append(m.__dict__.get("forward")))
     try:

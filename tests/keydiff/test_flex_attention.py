@@ -7,6 +7,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
+from kdeval.keydiff.config import Experimental
 from kdeval.keydiff.attention import static_mask
 from kdeval.keydiff.flex_static import flex_static_attention, static_block_mask
 from .helpers import assert_same_run, prompt, tiny
@@ -53,10 +54,10 @@ def test_engine_with_flex_attention_keeps_the_gather_stores_tokens(policy, monke
     monkeypatch.setattr(attention, "flex_static_attention", counted)
     lm = tiny("random:llama-tiny", 2)
     ids = prompt(130, seed=31)
-    ref = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, store="gather")).generate(
+    ref = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16), store="gather").generate(
         ids, max_new_tokens=8)
-    cfg = EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True, flex_attention=True)
-    got = Engine(lm.model, get_policy(policy), cfg).generate(ids, max_new_tokens=8)
+    got = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True),
+                 emulate_graphs=True, experimental=Experimental(flex_attention=True)).generate(ids, max_new_tokens=8)
     layers = lm.model.config.num_hidden_layers
     decode_calls = 7 * layers  # 8 tokens: the first comes from the prefill
     # every layer of the 8 full chunks (room, partial and full steps) and of every decode step; H2O in float32
@@ -68,9 +69,9 @@ def test_engine_with_flex_attention_keeps_the_gather_stores_tokens(policy, monke
 
 def test_flex_attention_is_checked():
     with pytest.raises(ValueError, match="flex_attention: FlexAttention replaces attention_splits"):
-        EngineConfig(budget=64, flex_attention=True, attention_splits=4)
+        Experimental(flex_attention=True, attention_splits=4)
     lm = tiny("random:llama-tiny", 2, "float64")
     with pytest.raises(ValueError, match="flex_attention: FlexAttention on a CPU takes float32, float16 or "
                                          "bfloat16 models; this one is float64"):
-        Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
-                                                             emulate_graphs=True, flex_attention=True))
+        Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True),
+               emulate_graphs=True, experimental=Experimental(flex_attention=True))

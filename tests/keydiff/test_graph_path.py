@@ -11,14 +11,15 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.attention import static_mask
 from kdeval.keydiff.cache import EMPTY_POSITION
 from kdeval.keydiff.cache import EmptySlots
+from kdeval.keydiff.policy import PolicyNeeds
 
-from .helpers import assert_same_run, kept_positions, prompt, tiny
+from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
 
-# Policies that run eagerly: those that read recent queries (a QueryNeed) or re-rotate keys
-# (test_query_policies_run_eagerly, tests/baselines/test_sink_rerotate.py) and those with per-layer budgets
-# (PyramidKV: the static layout gives every layer N slots; tests/baselines/test_pyramidkv.py).
-GRAPH_SAFE = [n for n in policy_names() if n != "full" and get_policy(n).graph_safe
-              and get_policy(n).query_need() is None and not get_policy(n).rerotates
+# Policies that run eagerly: those whose scores read the step count, those that read recent queries or
+# re-rotate keys (test_query_policies_run_eagerly, tests/baselines/test_sink_rerotate.py) and those with
+# per-layer budgets (PyramidKV: the static layout gives every layer N slots; tests/baselines/test_pyramidkv.py).
+GRAPH_SAFE = [n for n in policy_names() if n != "full" and not get_policy(n).needs().reads_step
+              and get_policy(n).needs().queries is None and not get_policy(n).needs().rerotates
               and len(set(get_policy(n).layer_budgets(40, 3))) == 1]
 
 
@@ -35,11 +36,10 @@ def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs, fus
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(length, seed=9)
     used = []
-    static = Engine(lm.model, get_policy(policy),
-                    EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused),
-                    on_step=lambda s: used.append(set(s.cache.graphs)))
+    static = make_engine(lm.model, get_policy(policy), lambda s: used.append(set(s.cache.graphs)), budget=40,
+                         chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused)
     assert static.fused == fused
-    gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, store="gather"))
+    gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16), store="gather")
     got, ref = static.generate(ids, max_new_tokens=new_tokens), gather.generate(ids, max_new_tokens=new_tokens)
     assert used[-1] == graphs
     assert_same_run(got, ref, atol=1e-9)
@@ -61,8 +61,8 @@ def test_static_layout_keeps_valid_slots_a_prefix():
             held = pos[:, :, :n].sort(-1).values
             assert bool((held[..., 1:] > held[..., :-1]).all())  # no token held twice
 
-    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=16, cuda_graphs=True,
-                                                              emulate_graphs=True), on_step=check)
+    eng = make_engine(lm.model, get_policy("keydiff"), check, budget=budget, chunk_size=16, cuda_graphs=True,
+                      emulate_graphs=True)
     eng.generate(prompt(70, batch=2), max_new_tokens=5)
 
 
@@ -85,8 +85,8 @@ def test_empty_slots_are_freed_first_lowest_first():
 def test_state_of_another_layout_refused():
     lm = tiny()
     plain = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
-    static = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
-                                                                  emulate_graphs=True))
+    static = make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, cuda_graphs=True,
+                         emulate_graphs=True)
     state = plain.prefill(prompt(50))
     with pytest.raises(ValueError, match=r"state: its cache was laid out by an engine with other"):
         static.prefill(prompt(10), state=state)
@@ -99,7 +99,7 @@ def test_graphs_refused_without_cuda():
 
 def test_random_policy_never_captured():
     lm = tiny()
-    eng = Engine(lm.model, get_policy("random"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True))
+    eng = make_engine(lm.model, get_policy("random"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
     assert not eng.use_graphs
     res = eng.generate(prompt(100), max_new_tokens=4)
     assert res.state.cache.graphs == {}
@@ -118,8 +118,8 @@ def test_fused_layers_share_one_buffer_and_batches():
     ids = prompt(90, batch=2, seed=3)
     results = []
     for fused in (False, True):
-        eng = Engine(lm.model, get_policy("h2o"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
-                                                               emulate_graphs=True, fuse_layers=fused))
+        eng = make_engine(lm.model, get_policy("h2o"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
+                          fuse_layers=fused)
         results.append(eng.generate(ids, max_new_tokens=6))
     per_layer, fused = results
     shared = fused.state.cache.fused["keys"]
@@ -134,12 +134,13 @@ def test_fuse_layers_needs_a_layer_independent_policy():
     from kdeval.keydiff.keydiff import KeyDiff
 
     class PerLayer(KeyDiff):
-        layer_independent = False
+        def needs(self) -> PolicyNeeds:
+            return PolicyNeeds(reads_layer=True)
 
     lm = tiny()
-    config = EngineConfig(budget=40, cuda_graphs=True, emulate_graphs=True, fuse_layers=True)
-    assert Engine(lm.model, get_policy("keydiff"), config).fused
-    eng = Engine(lm.model, PerLayer(), config)
+    settings = dict(budget=40, cuda_graphs=True, emulate_graphs=True, fuse_layers=True)
+    assert make_engine(lm.model, get_policy("keydiff"), **settings).fused
+    eng = make_engine(lm.model, PerLayer(), **settings)
     assert eng.use_graphs and not eng.fused
 
 
@@ -147,8 +148,8 @@ def test_query_policies_run_eagerly():
     """A policy with a QueryNeed keeps a window of recent queries per request between steps: the engine runs it
     eagerly even when graphs are asked for, and it gives the eager engine's run."""
     lm = tiny("random:llama-tiny", 2, "float64")
-    graphs = Engine(lm.model, get_policy("expected-attention"),
-                    EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True))
+    graphs = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True),
+                    emulate_graphs=True)
     eager = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16))
     assert not graphs.use_graphs and graphs.query_need is not None
     ids = prompt(90, seed=9)
@@ -164,10 +165,9 @@ def test_forked_static_state_continues_like_gather(fused):
     lm = tiny("random:llama-tiny", 2, "float64")
     prefix, suffix = prompt(70, seed=4), prompt(20, seed=5)
     out = {}
-    for name, cfg in (("gather", EngineConfig(budget=40, chunk_size=16, store="gather")),
-                      ("static", EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
-                                              fuse_layers=fused))):
-        eng = Engine(lm.model, get_policy("keydiff"), cfg)
+    for name, settings in (("gather", dict(store="gather")),
+                           ("static", dict(cuda_graphs=True, emulate_graphs=True, fuse_layers=fused))):
+        eng = make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, **settings)
         state = eng.prefill(prefix)
         before = kept_positions(state)
         fork = state.fork()
@@ -189,8 +189,8 @@ def test_fork_into_an_earlier_fork_reuses_its_buffers_and_graphs(fused):
     """``fork(into=)`` overwrites an earlier fork in place: same results as a fresh deep copy, same buffers,
     same captured steps (so CUDA graphs need not be captured again for the next question)."""
     lm = tiny("random:llama-tiny", 2, "float64")
-    eng = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True,
-                                                            emulate_graphs=True, fuse_layers=fused))
+    eng = make_engine(lm.model, get_policy("tova"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
+                      fuse_layers=fused)
     state = eng.prefill(prompt(70, seed=4))
     scratch = state.fork()
     first = eng.generate(prompt(40, seed=5), max_new_tokens=6, state=scratch)
@@ -234,9 +234,8 @@ def test_chunks_with_room_skip_scoring_but_not_observation(fused):
 
     policy.score, policy.observe = counted("score", score), counted("observe", observe)
     seen = []
-    eng = Engine(lm.model, policy, EngineConfig(budget=48, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
-                                                fuse_layers=fused),
-                 on_step=lambda s: seen.append((s.cache.length, dict(calls))))
+    eng = make_engine(lm.model, policy, lambda s: seen.append((s.cache.length, dict(calls))), budget=48, chunk_size=16,
+                      cuda_graphs=True, emulate_graphs=True, fuse_layers=fused)
     eng.prefill(prompt(80))
     assert [n for n, _ in seen] == [16, 32, 48, 48, 48]
     assert all(c["score"] == 0 and c["observe"] > 0 for _, c in seen[:3])

@@ -14,7 +14,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.memory import model_weight_bytes
 from kdeval.keydiff.models import load_model
 
-from .helpers import assert_same_run, kept_positions, prompt
+from .helpers import assert_same_run, kept_positions, make_engine, prompt
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,7 +81,7 @@ def test_context_then_question_equals_one_shot_compression(store):
     ids = prompt(n_context + n_question, seed=4)
     ref_tokens, ref_q_logits, ref_decode_logits, ref_kept = one_shot_reference(lm.model, ids, n_context, budget,
                                                                                max_new)
-    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=64, **ENGINES[store]))
+    eng = make_engine(lm.model, get_policy("keydiff"), budget=budget, chunk_size=64, **ENGINES[store])
     res = eng.generate(ids, max_new_tokens=max_new, protect_last=n_question, decode_evict=False)
     assert res.tokens[0] == ref_tokens
     tail = torch.arange(n_context, n_context + n_question + max_new - 1)
@@ -133,8 +133,8 @@ def test_question_never_evicted_and_cache_bounded(policy, store):
             assert state.peak_kv_tokens <= budget + max(chunk, n_question + 1)
         steps.append(state.seen)
 
-    eng = Engine(lm.model, get_policy(policy, **params),
-                 EngineConfig(budget=budget, chunk_size=chunk, **ENGINES[store]), on_step=check)
+    eng = make_engine(lm.model, get_policy(policy, **params), check, budget=budget, chunk_size=chunk,
+                      **ENGINES[store])
     res = eng.generate(prompt(n_context + n_question, seed=2), max_new_tokens=max_new, protect_last=n_question)
     assert len(res.tokens[0]) == max_new
     # ceil(100 / 16) context chunks, one question chunk, then max_new - 1 decode steps
@@ -151,7 +151,7 @@ def test_decode_keep_grows_by_one_token_per_step_evict_stays_at_budget(store):
     lm = lively()
     budget, chunk, max_new, n_question = 24, 16, 9, 7
     ids = prompt(90, seed=6)
-    eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=chunk, **ENGINES[store]))
+    eng = make_engine(lm.model, get_policy("keydiff"), budget=budget, chunk_size=chunk, **ENGINES[store])
     for protect, after_prompt in ((0, budget), (n_question, budget + n_question)):
         keep = eng.generate(ids, max_new_tokens=max_new, protect_last=protect, decode_evict=False)
         assert len(keep.tokens[0]) == max_new
@@ -171,7 +171,7 @@ def test_protocols_and_stores_agree():
     fused = {**ENGINES["static"], "fuse_layers": True}  # all layers' buffers in one: thawed layer by layer
     for protect in (0, 11):
         for decode_evict in (True, False):
-            runs = [Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16, **extra))
+            runs = [make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, **extra)
                     .generate(ids, max_new_tokens=12, protect_last=protect, decode_evict=decode_evict)
                     for extra in (*ENGINES.values(), fused)]
             for other in runs[1:]:
@@ -183,7 +183,7 @@ def test_thawed_static_cache_returns_to_the_pool_with_its_graphs():
     its captured steps (no new capture)."""
     lm = lively()
     eng = Engine(lm.model, get_policy("keydiff"),
-                 EngineConfig(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True))
+                 EngineConfig(budget=40, chunk_size=16, cuda_graphs=True), emulate_graphs=True)
     first = eng.generate(prompt(120, seed=1), max_new_tokens=4, protect_last=9)
     assert first.state.cache.static_base is None and first.state.cache.thawed_from == 40
     pooled = eng._spare[1]
@@ -214,7 +214,7 @@ def test_default_generation_is_unchanged():
     }
     for policy, (tokens, digest) in recorded.items():
         for extra in ENGINES.values():
-            res = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16, **extra)).generate(
+            res = make_engine(lm.model, get_policy(policy), budget=40, chunk_size=16, **extra).generate(
                 ids, max_new_tokens=12)
             held = [layer.view()[1].sort(-1).values.tolist() for layer in res.state.cache.layers]
             assert res.tokens[0] == tokens, (policy, extra)
@@ -240,7 +240,7 @@ def test_peak_kv_bytes_flat_under_a_budget_growing_for_the_full_cache():
     peaks = {}
     for policy in ("keydiff", "full"):
         for store in ("slot", "gather"):
-            eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=budget, chunk_size=chunk, store=store))
+            eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=budget, chunk_size=chunk), store=store)
             for n in (100, 140):
                 stats = eng.generate(prompt(n, seed=n), max_new_tokens=max_new).stats
                 peaks[policy, store, n] = stats.peak_kv_bytes
@@ -261,7 +261,7 @@ def test_peak_kv_bytes_under_kvpress_protocol():
     budget, chunk, n_question, max_new = 32, 16, 30, 6
     ids = prompt(150, seed=3)
     for store, extra in (("slot", {}), ("static", ENGINES["static"])):
-        eng = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=budget, chunk_size=chunk, **extra))
+        eng = make_engine(lm.model, get_policy("keydiff"), budget=budget, chunk_size=chunk, **extra)
         keep = eng.generate(ids, max_new_tokens=max_new, protect_last=n_question, decode_evict=False).stats
         assert keep.peak_kv_bytes == (budget + n_question + max_new - 1) * per_token, store
         evict = eng.generate(ids, max_new_tokens=max_new, protect_last=n_question).stats

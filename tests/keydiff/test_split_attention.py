@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig
+from kdeval.keydiff.config import Experimental
 from kdeval.keydiff.split_attention import split_kv_attention
 
-from .helpers import assert_same_run, prompt, reference_attention, tiny
+from .helpers import assert_same_run, make_engine, prompt, reference_attention, tiny
 
 
 @pytest.mark.parametrize("t", [1, 3])
@@ -48,8 +48,8 @@ def test_engine_with_split_attention_keeps_the_same_tokens(policy, monkeypatch):
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(130, seed=31)
     cfg = dict(budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
-    ref = Engine(lm.model, get_policy(policy), EngineConfig(**cfg)).generate(ids, max_new_tokens=8)
-    got = Engine(lm.model, get_policy(policy), EngineConfig(**cfg, attention_splits=4)).generate(ids, max_new_tokens=8)
+    ref = make_engine(lm.model, get_policy(policy), **cfg).generate(ids, max_new_tokens=8)
+    got = make_engine(lm.model, get_policy(policy), **cfg, attention_splits=4).generate(ids, max_new_tokens=8)
     layers = lm.model.config.num_hidden_layers
     assert len(calls) >= 6 * layers and all(calls)  # full-head chunks and decode steps, every layer
     assert_same_run(got, ref, atol=1e-9, rtol=0)
@@ -57,6 +57,6 @@ def test_engine_with_split_attention_keeps_the_same_tokens(policy, monkeypatch):
 
 def test_attention_splits_is_checked():
     with pytest.raises(ValueError, match=r"attention_splits: must be an integer >= 0, got -1"):
-        EngineConfig(attention_splits=-1)
+        Experimental(attention_splits=-1)
     with pytest.raises(ValueError, match=r"attention_splits: must divide the budget \(40 tokens\) into equal splits, got 3"):
-        EngineConfig(budget=40, attention_splits=3)
+        make_engine(tiny().model, get_policy("keydiff"), budget=40, attention_splits=3)

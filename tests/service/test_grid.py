@@ -72,8 +72,10 @@ def test_shorthands_and_defaults():
     (BASE.replace("[full, keydiff,", "[full, keydif,"), "policies[1].name: unknown policy 'keydif' (did you mean 'keydiff'?)"),
     (BASE.replace("keydiff-sw, params: {window_fraction: 0.5}", "snapkv, params: {window: 0}"), "policies[2].params.window: must be > 0"),
     (BASE.replace("window_fraction: 0.5", "window_fraction: 2.0"), "policies[2].params.window_fraction: must be in [0, 1)"),
-    (BASE.replace("window_fraction: 0.5", "windw_fraction: 0.5"), "policies[2].params.windw_fraction: unknown parameter for policy 'keydiff-sw'; did you mean 'window_fraction'?"),
-    (BASE.replace("[64, 128, 256]", "[64, -1]"), "budgets: every value must be a positive number of tokens (got -1)"),
+    (BASE.replace("window_fraction: 0.5", "windw_fraction: 0.5"), "policies[2].params.windw_fraction: unknown parameter for policy 'keydiff-sw' (did you mean 'window_fraction'?)"),
+    (BASE.replace("[64, 128, 256]", "[64, -1]"), "budgets[1]: must be a positive number of tokens, got -1"),
+    (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [0, 64]"), "chunk_sizes[0]: must be a positive number of tokens, got 0"),
+    (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, 32]"), "chunk_sizes: values must be distinct"),
     (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, abc]"), "chunk_sizes[1]: Input should be a valid integer"),
     (BASE.replace("random:llama-tiny", "random:llama-tyni"), "models[0].id: unknown random model 'random:llama-tyni' (did you mean 'random:llama-tiny'?)"),
     (BASE.replace("dtype: bfloat16", "dtype: fp8"), "models[1].dtype: Input should be 'auto', 'float32', 'float16' or 'bfloat16'"),
@@ -87,7 +89,12 @@ def test_shorthands_and_defaults():
                                               "score_precision"),
     (BASE + "engine: {cuda_graphs: maybe}\n", "engine.cuda_graphs: Input should be a valid boolean"),
     (BASE + "engine: {cuda_graphs: true}\n", "engine.cuda_graphs: true needs GPU workers"),
-    (BASE + "engine: {score_precision: fp16}\n", "engine.score_precision: Input should be 'model' or 'float32'"),
+    (BASE + "engine: {score_precision: fp16}\n", "engine.score_precision: expected one of ['model', 'float32'], got 'fp16'"),
+    (BASE + "engine: {score_precision: 16}\n", "engine.score_precision: Input should be a valid string"),
+    # the engine's test keywords are no grid options
+    (BASE + "engine: {store: gather}\n", "engine.store: unknown field; expected one of cuda_graphs, score_precision"),
+    (BASE + "engine: {emulate_graphs: true}\n", "engine.emulate_graphs: unknown field (did you mean 'cuda_graphs'?); "
+                                                "expected one of cuda_graphs, score_precision"),
     (BASE.replace("budgets: [64, 128, 256]\n", ""), "budgets: required when a policy other than 'full' is listed"),
     (BASE.replace("chunk_sizes: [32, 64]\n", ""), "chunk_sizes: required field is missing"),
     ("models: [stub:x]\npolicies: [full]\nchunk_sizes: [8]\ntasks: [needle]\n", "models[0].id: expected 'stub:<seconds per cell>'"),
@@ -97,6 +104,15 @@ def test_malformed_grids_name_the_field(text, expected):
         parse_grid(text, "grid.yaml")
     assert expected in str(info.value), str(info.value)
     assert str(info.value).startswith("invalid grid in grid.yaml")
+
+
+@pytest.mark.parametrize("engine", ["{store: gather}", "{emulate_graphs: true}"])
+def test_the_engines_test_keywords_are_one_grid_error(engine):
+    """The reference store and emulated graphs are Engine keywords for tests, not grid options: one issue."""
+    with pytest.raises(GridError) as info:
+        parse_grid(BASE + f"engine: {engine}\n", "grid.yaml")
+    [issue] = info.value.issues
+    assert issue.path == f"engine.{engine[1:].split(':')[0]}" and issue.message.startswith("unknown field")
 
 
 @pytest.mark.parametrize("text, expected", [
