@@ -5,7 +5,7 @@ and the names re-exported here see the same policies: KeyDiff's variants, ``full
 A new baseline module is imported below.
 """
 from kdeval.baselines import (  # noqa: F401  (registration)
-    chunkkv, expected_attention, h2o, knorm, lagkv, pyramidkv, random_policy, sink, sink_rerotate, snapkv,
+    adakv, chunkkv, expected_attention, h2o, knorm, lagkv, pyramidkv, random_policy, sink, sink_rerotate, snapkv,
     tova,
 )
 from kdeval.keydiff.registry import UnknownPolicyError, describe, get_policy, list_policies, policy_names

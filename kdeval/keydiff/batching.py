@@ -215,6 +215,32 @@ def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_toke
     return _Batch(engine, cache, rows, eos, decode_evict, on_batch_step).run()
 
 
+def one_at_a_time(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
+                  decode_evict: bool) -> list[GenerationResult]:
+    """``Engine.generate_batch`` for a policy whose KV heads share a pool of slots (``PolicyNeeds.shares_heads``,
+    kdeval/keydiff/headpool.py): each request by ``Engine.generate``, alone, so each gets exactly its batch-1
+    result (a ragged step over a pool would need every row's own head counts; the batch's throughput is lost,
+    and ``on_batch_step`` is not called)."""
+    n = len(prompts)
+    if n == 0:
+        raise ValueError("prompts: expected at least one prompt")
+    starts = [states] * n if isinstance(states, PrefillState) else _per_row("states", states, n)
+    max_new = _per_row("max_new_tokens", max_new_tokens, n)
+    protect = _per_row("protect_last", protect_last, n)
+    out = []
+    for i, prompt in enumerate(prompts):
+        state = starts[i]
+        if state is not None and (not isinstance(state, PrefillState) or state.last_logits.shape[0] > 1):
+            raise ValueError(f"states[{i}]: expected a batch-1 PrefillState or None")
+        try:
+            out.append(engine.generate(_as_ids(prompt, i).unsqueeze(0), max_new[i], eos_token_id,
+                                       state.fork() if state is not None else None, protect_last=protect[i],
+                                       decode_evict=decode_evict))
+        except ValueError as e:
+            raise ValueError(f"prompts[{i}]: {e}") from None
+    return out
+
+
 class _Batch:
     """The lockstep loop over the rows of one ``generate_batch`` call."""
 

@@ -21,6 +21,9 @@ Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and
 Steps that do not evict run eagerly: a static-layout (graph path) cache is first thawed into a dynamic one
 (``BudgetCache.thawed``) and its buffers, with the graphs captured on them, go back to the engine's pool.
 
+A policy that shares a layer's ``H * N`` kept tokens among its KV heads (``PolicyNeeds.shares_heads``, AdaKV)
+runs over one pool of ``H * (N + B)`` slots per layer instead (kdeval/keydiff/headpool.py), eagerly.
+
 ``generate`` takes rows of one length that share positions; ``generate_batch`` takes independent requests of
 any lengths, each as it runs alone (kdeval/keydiff/batching.py, kdeval/keydiff/ragged.py).
 """
@@ -35,13 +38,14 @@ import torch
 
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
-from kdeval.keydiff.batching import BatchView, generate_batch
+from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
 from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.config import EngineConfig, Experimental
 from kdeval.keydiff.eviction import Eviction, compiled_score, plain_score
 from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
+from kdeval.keydiff.headpool import POOL_IMPL, HeadPoolCache
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.queries import capture_queries, query_sources, record_step, rotary_embedding
@@ -84,6 +88,8 @@ class Engine(Eviction):
         self.need = self.policy_needs.attention
         self.query_need = self.policy_needs.queries
         self.rerotate = self.policy_needs.rerotates
+        #: a layer's heads share one pool of slots (kdeval/keydiff/headpool.py)
+        self.shares_heads = self.policy_needs.shares_heads
         if self.query_need is not None:
             query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
         if self.query_need is not None or self.rerotate:
@@ -99,7 +105,8 @@ class Engine(Eviction):
         # would freeze it), keep a query window between steps or re-rotate every kept key, nor when layers keep
         # different budgets (the static layout gives every layer N slots).
         self.use_graphs = (graphs and self.evicting and store == "slot" and self.uniform
-                           and not self.policy_needs.reads_step and self.query_need is None and not self.rerotate)
+                           and not self.policy_needs.reads_step and self.query_need is None and not self.rerotate
+                           and not self.shares_heads)
         self.fused = self.use_graphs and ex.fuse_layers and not self.policy_needs.reads_layer
         self.compiled_scoring = self.use_graphs and ex.compile_scoring
         self._score = compiled_score() if self.compiled_scoring else plain_score
@@ -123,8 +130,11 @@ class Engine(Eviction):
         B = self.config.chunk_size
         cap = [b + B for b in self.budgets] if self.evicting else max(tokens, B)
         state_names = self.policy_needs.token_state
-        cache = BudgetCache(self.num_layers, self.store, cap, state_names,
-                            static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
+        if self.shares_heads:
+            cache = HeadPoolCache(self.num_layers, self.store, cap)
+        else:
+            cache = BudgetCache(self.num_layers, self.store, cap, state_names,
+                                static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = self.rerotate
         return PrefillState(cache, 0, torch.empty(0))
@@ -239,6 +249,8 @@ class Engine(Eviction):
         kept, and finished rows leave the batch (kdeval/keydiff/batching.py). Runs eagerly, also on an
         engine that uses CUDA graphs.
         """
+        if self.shares_heads:
+            return one_at_a_time(self, prompts, max_new_tokens, eos_token_id, states, protect_last, decode_evict)
         return generate_batch(self, prompts, max_new_tokens, eos_token_id, states, protect_last, decode_evict,
                               self.on_batch_step)
 
@@ -295,6 +307,10 @@ class Engine(Eviction):
                              "their absolute") + f" positions, policy '{self.policy.name}' expects "
                              + ("contiguous" if self.rerotate else "absolute") + " ones; continue it with the policy "
                              "that made it")
+        if state is not None and isinstance(state.cache, HeadPoolCache) != self.shares_heads:
+            theirs, ours = ("does not share", "does") if self.shares_heads else ("shares", "does not")
+            raise ValueError(f"state: its cache {theirs} its slots among KV heads, policy '{self.policy.name}' "
+                             f"{ours}; continue it with the policy that made it")
         wanted = self.policy_needs.token_state
         if state is not None and set(wanted) - set(state.cache.state_names):
             raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
@@ -364,6 +380,9 @@ class Engine(Eviction):
             # attention takes none and is lower-right causal over each layer's own keys (the static layout's
             # function with no mask, which also captures the rows a policy needs).
             impl = STATIC_IMPL
+        if isinstance(cache, HeadPoolCache):
+            impl = POOL_IMPL  # one mask per layer from the slots' head tags (its attention function builds it)
+            kwargs["kdeval_pool"] = cache
         empty = None
         if cache.static_base is not None:
             impl = STATIC_IMPL

@@ -13,6 +13,8 @@ import torch
 from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.compiling import compile_fn
+from kdeval.keydiff.headpool import HeadPoolCache
+from kdeval.keydiff.headpool_eviction import evict_pool
 from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
 from kdeval.keydiff.queries import StepQueries
 from kdeval.keydiff.rerotation import rerotate
@@ -30,6 +32,9 @@ class Eviction:
 
         Each layer keeps its budget (``budgets[idx]``) plus the protected tokens (``protected``: position
         ranges, all held); ``evict=False``: the policy observes the step and everything is kept."""
+        if isinstance(cache, HeadPoolCache):
+            evict_pool(self, cache, t, seen, steps, capture, evict, protected)
+            return
         if cache.fused is not None:
             self._evict_fused(cache, t, seen, steps, capture, empty)
             return

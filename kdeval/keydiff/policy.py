@@ -97,6 +97,10 @@ class PolicyNeeds:
     #: order) and new tokens are fed from ``n`` (StreamingLLM's cache positions, kdeval/keydiff/rerotation.py);
     #: ``ScoreContext.positions`` stay absolute; the step runs eagerly
     rerotates: bool = False
+    #: a layer's ``H * N`` kept tokens are shared among its KV heads by score (AdaKV): the cache is one pool of
+    #: ``H * (N + B)`` slots per layer (kdeval/keydiff/headpool.py); the step runs eagerly, ragged batches one
+    #: request at a time
+    shares_heads: bool = False
 
 
 @dataclass
@@ -132,6 +136,11 @@ class Policy:
         to ``num_layers * budget``, so the cache holds as many tokens as under a uniform N; the engine then
         sizes each layer's buffer to its own budget + chunk and runs eagerly (no static layout)."""
         return [budget] * num_layers
+
+    def head_safeguard(self, budget: int) -> int:
+        """Under ``PolicyNeeds.shares_heads``: how many of each KV head's best tokens are always kept in a layer
+        that keeps ``budget`` per head on average (0: none)."""
+        return 0
 
     def check_budget(self, budget: int) -> None:
         """Refuse a budget smaller than the tokens this policy always keeps."""

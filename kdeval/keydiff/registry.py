@@ -89,9 +89,13 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
         parts.append(f"the last {needs.queries.window} queries before RoPE per layer{values}")
     if needs.rerotates:
         parts.append("the kept keys re-rotated after every eviction")
+    if needs.shares_heads:
+        parts.append("one slot pool per layer shared by its KV heads: every query head attends over all of "
+                     "the layer's slots (KV heads x the attention compute, same memory)")
     eager = [why for why, yes in (("scores read the step count", needs.reads_step),
                                   ("a query window between steps", needs.queries is not None),
-                                  ("re-rotation", needs.rerotates), ("per-layer budgets", per_layer_budgets)) if yes]
+                                  ("re-rotation", needs.rerotates), ("per-layer budgets", per_layer_budgets),
+                                  ("a head-shared pool", needs.shares_heads)) if yes]
     if eager:
         parts.append(f"no CUDA graphs ({', '.join(eager)})")
     return "; ".join(parts) or "none"

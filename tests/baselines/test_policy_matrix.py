@@ -35,13 +35,24 @@ def test_budget_invariant_every_step(policy, kv_heads, chunk):
     budgets = layer_budgets(policy, kv_heads)
     assert sum(budgets) == BUDGET * len(budgets)
 
+    shared = get_policy(policy).needs().shares_heads
+
     def check(state):
         for layer, budget in zip(state.cache.layers, budgets):
             keys, positions, _ = layer.view()
-            assert keys.shape[1] == kv_heads
-            assert keys.shape[2] == min(budget, state.seen)
             assert int(positions.max()) < state.seen
-            flat = positions.reshape(-1, positions.shape[-1])
+            if shared:
+                # The layer's heads share one pool (AdaKV): a head may hold more or fewer than N, so the bound is
+                # the layer's total, kv_heads x min(N, seen), which the heads' counts sum to; a head holds each
+                # position at most once.
+                assert keys.shape[1] == 1
+                assert keys.shape[2] == kv_heads * min(budget, state.seen) == int(layer.head_counts().sum())
+                tagged = layer.tags[:, :, : keys.shape[2]] * state.seen + positions
+                flat = tagged.reshape(-1, tagged.shape[-1])
+            else:
+                assert keys.shape[1] == kv_heads
+                assert keys.shape[2] == min(budget, state.seen)
+                flat = positions.reshape(-1, positions.shape[-1])
             assert all(len(set(row.tolist())) == row.numel() for row in flat)
         steps.append(state.seen)
 

@@ -10,7 +10,8 @@ import sys
 from kdeval.baselines import policy_names
 
 BUILTIN = {"full", "keydiff", "keydiff-mean", "keydiff-pairwise", "keydiff-sw", "sink", "tova", "h2o", "snapkv",
-           "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate", "pyramidkv"}
+           "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate", "pyramidkv",
+           "ada", "ada-keydiff", "ada-snapkv"}
 
 
 def fresh(code: str) -> dict:

@@ -1,0 +1,103 @@
+"""AdaKV (Feng et al. 2024, arXiv 2407.11550): head-adaptive budgets around any scoring policy.
+
+A layer keeps ``H * N`` tokens in all (``H`` KV heads, budget ``N``), shared among its heads by score instead of
+``N`` each: the ``inner`` policy scores every head's tokens as usual, each head's ``floor(alpha_safeguard * N)``
+best tokens are always kept (kvpress' ``AdaKVPress`` safeguard, so no head is starved), and the best ``H * N``
+of the layer's tokens are kept, whichever heads they belong to. The inner policy's protected tokens (sink,
+recent window) are kept in every head. The engine runs such a policy over one pool of slots per layer shared by
+its heads, with exactly the uniform cache's memory (kdeval/keydiff/headpool.py, headpool_eviction.py).
+
+Differences from kvpress: kvpress only masks the evicted keys of a full prefill; here they are freed, chunk by
+chunk, and the cache never holds more than ``H * (N + B)`` tokens per layer. Inner policies with per-token
+state, a query window or re-rotation are refused (their state does not follow tokens across heads' pools).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.registry import policy_class, policy_names, register
+from kdeval.names import suggest
+
+
+def per_head_reason(name: str) -> str | None:
+    """Why policy ``name`` (at its defaults) cannot score a head-shared pool's heads, or ``None`` when it can."""
+    cls = policy_class(name)
+    if not cls.evicts:
+        return "does not score tokens"
+    if issubclass(cls, AdaKV):
+        return "already shares a layer's budget among its heads"
+    policy = cls()
+    needs = policy.needs()
+    kept = [what for what, yes in (("per-token state", needs.token_state), ("a query window", needs.queries),
+                                   ("re-rotation", needs.rerotates)) if yes]
+    if kept:
+        return f"needs {', '.join(kept)}, which the pool does not keep"
+    if getattr(policy, "heads", None) == "all":  # TOVA, ChunkKV: one selection for every head
+        return "scores all heads alike (heads='all')"
+    return None
+
+
+@register
+@dataclass
+class AdaKV(Policy):
+    name = "ada"
+    rule = "a layer's H x N kept tokens shared among its KV heads by an inner policy's scores (AdaKV)"
+
+    inner: str = "keydiff"
+    alpha_safeguard: float = 0.2
+
+    def validate(self) -> None:
+        a = self.alpha_safeguard
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < 1:
+            raise ValueError(f"alpha_safeguard: must be a number in [0, 1), got {a!r}")
+        if not isinstance(self.inner, str) or self.inner not in policy_names():
+            known = [n for n in policy_names() if per_head_reason(n) is None]
+            raise ValueError(f"inner: unknown policy {self.inner!r}{suggest(str(self.inner), known)} "
+                             f"(policies it can wrap: {', '.join(known)})")
+        why = per_head_reason(self.inner)
+        if why is not None:
+            raise ValueError(f"inner: policy {self.inner!r} {why}; AdaKV wraps a policy that scores each head's "
+                             f"own tokens")
+        self._inner: Policy = policy_class(self.inner)()
+
+    def needs(self) -> PolicyNeeds:
+        """The inner policy's needs, over a pool shared by the layer's heads."""
+        return replace(self._inner.needs(), shares_heads=True)
+
+    def n_sink(self) -> int:
+        return self._inner.n_sink()
+
+    def n_recent(self, budget: int) -> int:
+        return self._inner.n_recent(budget)
+
+    def head_safeguard(self, budget: int) -> int:
+        return int(self.alpha_safeguard * budget)
+
+    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
+        return self._inner.layer_budgets(budget, num_layers)
+
+    def observe(self, ctx: ScoreContext) -> None:
+        self._inner.observe(ctx)
+
+    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+        """The inner policy's per-head scores ``[b, H, L]`` over each head's tokens."""
+        return self._inner.score(keys, ctx)
+
+
+@register
+@dataclass
+class AdaKeyDiff(AdaKV):
+    name = "ada-keydiff"
+    rule = "AdaKV around KeyDiff: a layer's H x N tokens shared among its KV heads by KeyDiff's scores"
+    inner: str = "keydiff"
+
+
+@register
+@dataclass
+class AdaSnapKV(AdaKV):
+    name = "ada-snapkv"
+    rule = "AdaKV around SnapKV (kvpress' AdaKVPress(SnapKVPress)): H x N tokens shared by SnapKV's scores"
+    inner: str = "snapkv"

@@ -1,0 +1,183 @@
+"""A KV cache whose layers share one pool of slots among their KV heads (head-adaptive budgets, AdaKV).
+
+Under a uniform budget every KV head of a layer keeps ``N`` tokens, in its own ``N + B`` slots. A policy that
+``shares_heads`` (``PolicyNeeds.shares_heads``) lets a layer's ``H`` KV heads share ``H * N`` kept tokens by
+score, so one head may keep many more than ``N`` and another fewer. Giving every head room for ``H * N`` would
+cost ``H`` times the memory; here each layer instead has one pool of ``H * (N + B)`` slots per batch row,
+exactly the uniform cache's bytes:
+
+- ``keys``/``values`` ``[batch, 1, P, head_dim]``, ``positions`` ``[batch, 1, P]`` (absolute), ``tags``
+  ``[batch, 1, P]`` (the KV head a slot belongs to). The filled slots are a prefix ``[0, slots)``; a chunk of
+  ``t`` tokens writes its ``H * t`` keys after it, head-major (head 0's ``t`` tokens first).
+- Attention (:func:`pool_attention_forward`, implementation ``kdeval_pool``) sees the prefix as one key head
+  ``[batch, 1, M, head_dim]`` under a mask ``[batch, q_heads, t, M]``: a slot is visible to a query head when
+  its tag is that query head's KV head and its position is at or before the query's. The trade-off: every
+  query head scores all ``M`` slots, ``H`` times the attention compute of the per-head layout, for the same
+  memory (the per-head layout with room for adaptive budgets costs ``H`` times the memory instead).
+- Eviction (kdeval/keydiff/headpool_eviction.py) gathers each head's tokens in position order, scores them with
+  the policy and keeps the best ``H * N`` of the row; :meth:`HeadPoolLayer.commit` compacts them into
+  ``[0, H * N)``: moved in place (``store="slot"``, an O(evicted) move, slot order is then not position
+  order) or gathered in (head, position) order (``store="gather"``, the reference).
+
+``length`` is the tokens per KV head on average (``slots / H``; the pool always holds a multiple of ``H``), the
+figure the engine's counters and bounds read for every cache.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicLayer
+from transformers.masking_utils import AttentionMaskInterface
+
+from kdeval.keydiff.attention import AttentionCapture
+from kdeval.keydiff.cache import BudgetCache, _BudgetLayerMixin
+from kdeval.keydiff.slots import EMPTY_POSITION, compact, expand_index
+
+POOL_IMPL = "kdeval_pool"
+
+
+class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
+    """One decoder layer's pool: ``capacity`` slots per KV head, shared by all of them (module docstring)."""
+
+    is_croppable = False
+
+    def __init__(self, capacity: int, gather: bool = False):
+        DynamicLayer.__init__(self)
+        self.capacity = capacity
+        self.gather = gather
+        self.heads = 0
+        self._init_budget(())
+        self.state: dict[str, torch.Tensor] = {}
+
+    @property
+    def slots(self) -> int:
+        """Filled slots (all heads): ``heads * length``."""
+        return self.heads * self.length
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        dev = key_states.device
+        self.dtype, self.device, self.heads = key_states.dtype, dev, h
+        self.is_initialized = True
+        p = h * self.capacity
+        self.keys = torch.zeros(b, 1, p, d, dtype=key_states.dtype, device=dev)
+        self.values = torch.zeros(b, 1, p, value_states.shape[-1], dtype=value_states.dtype, device=dev)
+        self.positions = torch.full((b, 1, p), EMPTY_POSITION, dtype=torch.long, device=dev)
+        self.tags = torch.full((b, 1, p), -1, dtype=torch.long, device=dev)
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return [self.keys, self.values, self.positions, self.tags]
+
+    def reserve(self, capacity: int) -> None:
+        """Room for ``capacity`` tokens per KV head at once (no-op when there is)."""
+        if capacity <= self.capacity:
+            return
+        if self.is_initialized:
+            n, p = self.slots, self.heads * capacity
+            grown = []
+            for buf in self._buffers():
+                fill = -1 if buf is self.tags else EMPTY_POSITION if buf is self.positions else 0
+                out = buf.new_full((*buf.shape[:2], p, *buf.shape[3:]), fill)
+                out[:, :, :n] = buf[:, :, :n]
+                grown.append(out)
+            self.keys, self.values, self.positions, self.tags = grown
+        self.capacity = capacity
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the chunk ``[b, H, t, d]`` head-major after the filled slots; return the filled keys and values
+        ``[b, 1, slots + H * t, d]``."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b, h, t, d = key_states.shape
+        self.reserve(self.length + t)
+        n, m = self.slots, self.slots + h * t
+        self.keys[:, 0, n:m] = key_states.reshape(b, h * t, d)
+        self.values[:, 0, n:m] = value_states.reshape(b, h * t, -1)
+        self.positions[:, 0, n:m] = self.next_positions.reshape(1, t).repeat(1, h)
+        self.tags[:, 0, n:m] = torch.arange(h, device=self.device).repeat_interleave(t)
+        self.pending = t
+        self._note_held()
+        return self.keys[:, :, :m], self.values[:, :, :m]
+
+    def filled(self) -> int:
+        """Slots attention and eviction see during a step: the kept ones plus the pending chunk's."""
+        return self.heads * (self.length + self.pending)
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The filled slots: keys ``[b, 1, slots + pending, d]``, positions ``[b, 1, ...]``, no per-token state
+        (``tags[:, :, :m]`` says whose each slot is)."""
+        m = self.filled()
+        return self.keys[:, :, :m], self.positions[:, :, :m], {}
+
+    def head_counts(self) -> torch.Tensor:
+        """Tokens each KV head holds: ``[b, H]``."""
+        tags = self.tags[:, 0, : self.filled()]
+        return torch.stack([(tags == h).sum(dim=-1) for h in range(self.heads)], dim=-1)
+
+    def mask(self, q_heads: int) -> torch.Tensor:
+        """``[b, q_heads, t, M]`` (True: visible) for the pending chunk's queries over the filled slots."""
+        m = self.filled()
+        tags, positions = self.tags[:, 0, :m], self.positions[:, 0, :m]
+        owner = torch.arange(q_heads, device=tags.device) // (q_heads // self.heads)
+        query_pos = self.next_positions.reshape(-1)
+        return ((tags[:, None, None, :] == owner[None, :, None, None])
+                & (positions[:, None, None, :] <= query_pos[None, None, :, None]))
+
+    def commit(self, kept: torch.Tensor | None) -> None:
+        """End the step: keep every filled slot (``None``), or only the slots ``kept [b, K]`` (each row the same
+        number ``K``, a multiple of ``H``, in (head, position) order), compacted into ``[0, K)``."""
+        m = self.filled()
+        self.pending = 0
+        if kept is None:
+            self.length = m // self.heads
+            return
+        b, k = kept.shape
+        if self.gather:
+            for buf in self._buffers():
+                rows = buf[:, 0, :m].gather(1, expand_index(kept.unsqueeze(1), buf[:, :, :m])[:, 0])
+                buf[:, 0, :k] = rows
+        elif k < m:
+            keep = torch.zeros(b, m, dtype=torch.bool, device=kept.device).scatter_(1, kept, True)
+            drop = (~keep).nonzero()[:, 1].view(b, 1, m - k)
+            compact([buf[:, :, :m] for buf in self._buffers()], drop, k)
+        self.length = k // self.heads
+
+
+class HeadPoolCache(BudgetCache):
+    """A :class:`BudgetCache` of :class:`HeadPoolLayer`: ``capacity`` slots per KV head and layer, one number or
+    one per layer (``store``: ``"slot"`` moves kept tokens in place, ``"gather"`` gathers them)."""
+
+    def __init__(self, num_layers: int, store: str, capacity: int | list[int]):
+        super().__init__(num_layers, store, capacity)
+        capacities = [capacity] * num_layers if isinstance(capacity, int) else list(capacity)
+        self.layers = [HeadPoolLayer(cap, gather=store == "gather") for cap in capacities]
+
+
+def pool_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """``query [b, hq, t, d]`` over the pool's filled slots ``key``/``value [b, 1, M, d]`` under the layer's
+    head mask (:meth:`HeadPoolLayer.mask`); returns ``[b, t, hq, d]``. A ``kdeval_capture`` gets the rows it
+    asks for under the same mask, ``[b, H, group, M]`` (the query heads of each KV head), summed over rows."""
+    capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
+    layer: HeadPoolLayer = kwargs.pop("kdeval_pool").layers[module.layer_idx]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    b, hq, t, _ = query.shape
+    mask = layer.mask(hq)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key.expand(b, hq, *key.shape[2:]),
+                                                           value.expand(b, hq, *value.shape[2:]),
+                                                           attn_mask=mask, scale=scale)
+    if capture is not None:
+        w = capture.need.rows(t)
+        dt = torch.promote_types(query.dtype, torch.float32)
+        logits = torch.matmul(query[:, :, t - w :].to(dt), key.to(dt).transpose(-1, -2)) * scale  # [b, hq, w, M]
+        probs = torch.softmax(logits.masked_fill(~mask[:, :, t - w :], float("-inf")), dim=-1)
+        capture.by_layer[module.layer_idx] = probs.sum(dim=2).view(b, layer.heads, hq // layer.heads, -1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs) -> None:
+    """The pool's mask is built per layer by its attention function, from the slots' tags."""
+    return None
+
+
+AttentionInterface.register(POOL_IMPL, pool_attention_forward)
+AttentionMaskInterface.register(POOL_IMPL, _no_mask)
