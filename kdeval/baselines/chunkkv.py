@@ -64,10 +64,15 @@ class ChunkKV(Policy):
             raise ValueError(f"group_size: must be an integer > 0, got {self.group_size!r}")
         if self.heads not in ("all", "each"):
             raise ValueError(f"heads: expected 'all' or 'each', got {self.heads!r}")
-        known = [n for n in policy_names() if n != self.name and policy_class(n).evicts]
+        # ChunkKV ranks the groups of every KV head alike; a policy that shares slots among heads (AdaKV)
+        # chooses per layer, across heads, and is not an inner scorer
+        known = [n for n in policy_names() if n != self.name and policy_class(n).evicts
+                 and not policy_class(n)().needs().shares_heads]
         if self.inner not in known:
             if self.inner == self.name:
                 why = f"cannot be {self.name!r} itself"
+            elif self.inner in policy_names() and policy_class(self.inner).evicts:
+                why = f"{self.inner!r} shares a layer's slots among its KV heads; expected a per-head scorer"
             elif self.inner in policy_names():
                 why = f"expected a policy that scores tokens, got {self.inner!r}"
             else:

@@ -110,6 +110,7 @@ def test_a_ragged_batch_keeps_what_each_request_keeps_alone():
 @pytest.mark.parametrize("params,msg", [
     (dict(inner="keydif"), r"inner: unknown policy 'keydif' \(did you mean 'keydiff'"),
     (dict(inner="full"), r"inner: expected a policy that scores tokens, got 'full'"),
+    (dict(inner="ada-keydiff"), r"inner: 'ada-keydiff' shares a layer's slots among its KV heads; expected a per-head"),
     (dict(inner="chunkkv"), r"inner: cannot be 'chunkkv' itself"),
     (dict(group_size=0), r"group_size: must be an integer > 0, got 0"),
     (dict(heads="some"), r"heads: expected 'all' or 'each', got 'some'"),
