@@ -90,8 +90,7 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
     if needs.rerotates:
         parts.append("the kept keys re-rotated after every eviction")
     if needs.shares_heads:
-        parts.append("one slot pool per layer shared by its KV heads: every query head attends over all of "
-                     "the layer's slots (KV heads x the attention compute, same memory)")
+        parts.append("KV heads x the attention compute (one slot pool per layer, same memory)")
     eager = [why for why, yes in (("scores read the step count", needs.reads_step),
                                   ("a query window between steps", needs.queries is not None),
                                   ("re-rotation", needs.rerotates), ("per-layer budgets", per_layer_budgets),
