@@ -42,6 +42,7 @@ from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
 from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.config import EngineConfig, Experimental
+from kdeval.keydiff.continuation import check_continuable, checked_layer_budgets
 from kdeval.keydiff.eviction import Eviction, compiled_score, plain_score
 from kdeval.keydiff.flex_static import static_block_mask
 from kdeval.keydiff.graphs import CapturedStep
@@ -80,7 +81,7 @@ class Engine(Eviction):
         self.max_context = int(getattr(cfg, "max_position_embeddings", 0) or 0)
         self.evicting = policy.evicts and config.budget is not None
         #: tokens each layer keeps (the policy's allocation of N; ``None`` without eviction)
-        self.budgets = self._layer_budgets() if self.evicting else None
+        self.budgets = checked_layer_budgets(policy, config.budget, self.num_layers) if self.evicting else None
         #: every layer keeps N: the static layout, graphs and transformers' own mask apply
         self.uniform = self.budgets is None or len(set(self.budgets)) == 1
         #: what the policy's scores read; the engine derives from it how to run them (graphs, fusion, ties)
@@ -273,48 +274,13 @@ class Engine(Eviction):
 
     # ------------------------------------------------------------------ internals
 
-    def _layer_budgets(self) -> list[int]:
-        """The policy's per-layer budgets, checked: one integer per layer, each holding the tokens the policy
-        always keeps."""
-        n, policy = self.config.budget, self.policy
-        policy.check_budget(n)
-        budgets = policy.layer_budgets(n, self.num_layers)
-        if len(budgets) != self.num_layers or not all(isinstance(b, int) and b > 0 for b in budgets):
-            raise ValueError(f"budget: policy '{policy.name}' must give each of the {self.num_layers} layers a "
-                             f"positive number of tokens, got {budgets!r}")
-        for i, b in enumerate(budgets):
-            try:
-                policy.check_budget(b)
-            except ValueError as e:
-                raise ValueError(f"budget: layer {i} keeps {b} of N={n} tokens under policy '{policy.name}', "
-                                 f"{str(e).removeprefix('budget: ')}") from None
-        return budgets
-
     def _check_ids(self, input_ids: torch.Tensor, state: PrefillState | None, max_new: int = 0) -> torch.Tensor:
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
         if state is not None:
-            state.check_usable()
-        layout = self.config.budget if self.use_graphs else None
-        if state is not None and state.cache.static_base != layout and not (
-                state.cache.static_base is None and state.cache.thawed_from == layout):
-            raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
-                             "continue it with the engine that made it")
-        if state is not None and state.cache.rerotated != self.rerotate and state.cache.length < state.seen:
-            raise ValueError("state: its kept keys are rotated at " + ("contiguous" if state.cache.rerotated else
-                             "their absolute") + f" positions, policy '{self.policy.name}' expects "
-                             + ("contiguous" if self.rerotate else "absolute") + " ones; continue it with the policy "
-                             "that made it")
-        if state is not None and isinstance(state.cache, HeadPoolCache) != self.shares_heads:
-            theirs, ours = ("does not share", "does") if self.shares_heads else ("shares", "does not")
-            raise ValueError(f"state: its cache {theirs} its slots among KV heads, policy '{self.policy.name}' "
-                             f"{ours}; continue it with the policy that made it")
-        wanted = self.policy_needs.token_state
-        if state is not None and set(wanted) - set(state.cache.state_names):
-            raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
-                             f"'{self.policy.name}' needs {list(wanted)}; continue it with the policy that made it")
+            check_continuable(self, state)
         total = (state.seen if state else 0) + input_ids.shape[1] + max_new
         if self.max_context and total > self.max_context:
             raise ValueError(
