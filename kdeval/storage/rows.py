@@ -65,10 +65,11 @@ def with_identity(rows: list[dict[str, Any]], identity: Mapping[str, Any]) -> pa
     return conform_identity(rows_to_table(out))
 
 
-#: Row columns that are null in some cells (``resolved_budget`` in a ``full`` cell), typed as in the others so
-#: that a directory of cells reads as one dataset whichever file comes first.
+#: Row columns that are null in some cells (``resolved_budget`` in a ``full`` cell, ``depth`` in a RULER cell),
+#: typed as in the others so that a directory of cells reads as one dataset whichever file comes first.
 NULLABLE_ROW_SCHEMA = pa.schema([
     ("resolved_budget", pa.int64()),  # N the sample kept; null without eviction
+    ("depth", pa.float64()),          # needle depth in percent; null for tasks without one
 ])
 
 

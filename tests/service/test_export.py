@@ -250,10 +250,10 @@ def test_export_leaves_out_a_damaged_cell_names_it_and_exits_1(done_run, cli, tm
     assert len(list_result_files(res)) == 10
 
 
-def test_a_cell_without_eviction_types_resolved_budget_as_the_others():
-    """A ``full`` cell's rows have no resolved budget: the column is still int64, so a directory of cells reads
-    as one dataset whichever file pyarrow opens first."""
+def test_columns_null_in_some_cells_are_typed_as_in_the_others():
+    """A ``full`` cell's rows have no resolved budget, a RULER cell's no depth: the columns are still int64 and
+    float64, so a directory of cells reads as one dataset (``pd.read_parquet``) whichever file comes first."""
     cells = expand(parse_grid(GRID))
     full = next(c for c in cells if c.policy == "full")
-    t = with_identity([{"id": "a", "resolved_budget": None}], cell_identity(full, "r9"))
-    assert t.schema.field("resolved_budget").type == pa.int64()
+    t = with_identity([{"id": "a", "resolved_budget": None, "depth": None}], cell_identity(full, "r9"))
+    assert t.schema.field("resolved_budget").type == pa.int64() and t.schema.field("depth").type == pa.float64()
