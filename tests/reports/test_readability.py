@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -22,15 +23,18 @@ GIB, MIB = 2**30, 2**20
 
 
 def test_units_known_answers():
-    assert units.rounded(3.236149, "ttft_median_s") == 3.24 and units.text(3.24, "ttft_median_s") == "3.24"
-    assert units.rounded(22.66, "decode_tok_s") == 22.7 and units.rounded(0.06251, "kv_bytes_ratio") == 0.0625
-    assert units.rounded(1234.5, "decode_tok_s") == 1234.0 and units.text(1234.0, "decode_tok_s") == "1234"
-    assert units.rounded(1008.0, "prompt_tokens") == 1008 and units.text(1008, "prompt_tokens") == "1008"
-    assert units.rounded(66.6666, "value") == 66.67 and units.text(-100.0, "delta") == "-100.00"
+    assert units.text(3.236149, "ttft_median_s") == "3.24" and units.text(3.24, "ttft_median_s") == "3.24"
+    assert units.text(22.66, "decode_tok_s") == "22.7" and units.text(0.06251, "kv_bytes_ratio") == "0.0625"
+    assert units.text(1234.5, "decode_tok_s") == "1234" and units.text(1234.0, "decode_tok_s") == "1234"
+    assert units.text(1008.0, "prompt_tokens") == "1008" and units.text(1008, "prompt_tokens") == "1008"
+    assert units.text(66.6666, "value") == "66.67" and units.text(-100.0, "delta") == "-100.00"
+    # rows keep every digit (JSON and CSV carry them); numpy integers become ints
+    assert units.stored(66.66666) == 66.66666 and units.stored(np.int64(1008)) == 1008
+    assert type(units.stored(np.int64(1008))) is int and type(units.stored(np.float32(0.5))) is float
     assert units.points(1.5, signed=True) == "+1.50" and units.points(0.0, signed=True) == "0.00"
     assert units.bytes_unit([3 * MIB, None]) == ("MiB", MIB) and units.bytes_unit([5_000_000_000]) == ("GiB", GIB)
     assert units.text(45 * MIB, "peak_kv_bytes") == "45.0" and units.text(5_000_000_000, "peak_memory_bytes", GIB) == "4.66"
-    assert units.rounded(float("nan"), "value") is None and units.text(None, "value") == ""
+    assert units.stored(float("nan")) is None and units.text(None, "value") == ""
     assert units.interval(-100.0, -50.0, "ci_low", 2) == "[-100.00, -50.00]†"
     assert units.interval(-1.0, 2.0, "ci_low", 10) == "[-1.00, 2.00]" and units.interval(None, 1.0, "ci_low") == ""
 

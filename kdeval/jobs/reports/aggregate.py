@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
-from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, rounded
+from kdeval.jobs.reports.units import stored
+from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
 from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run
@@ -142,15 +143,15 @@ class _Comparer:
         sel, value = _selected(own, d)
         base = dict(level=d.level, benchmark=d.benchmark, metric=d.metric, model=model, policy=policy,
                     budget=budget, chunk=chunk, length=d.length,
-                    depth=rounded(d.depth, "depth"), subset=d.subset, state=state, n=len(sel),
-                    value=rounded(value, "value"))
+                    depth=stored(d.depth), subset=d.subset, state=state, n=len(sel),
+                    value=stored(value))
         if self.is_reference(config):
             return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
         rsel, ref_value = _selected(ref, d)
         paired = _pair(sel, rsel)
         # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
         dropped = paired.dropped if len(sel) and len(rsel) else 0
-        row = dict(base, ref_state=ref_state, ref_value=rounded(ref_value, "ref_value"),
+        row = dict(base, ref_state=ref_state, ref_value=stored(ref_value),
                    n_paired=paired.n, n_dropped=dropped)
         if paired.n == 0:
             why = "no reference cell" if ref_state == State.MISSING else "no paired samples"
@@ -158,8 +159,8 @@ class _Comparer:
         ci = paired_bootstrap(paired.diffs * 100, paired.strata if d.stratified else None,
                               resamples=self.opt.resamples, seed=self.opt.seed, confidence=self.opt.confidence)
         note = f"{dropped} unpaired sample(s) left out" if dropped else ""
-        return MetricRow(**row, delta=rounded(ci.estimate, "delta"), ci_low=rounded(ci.low, "ci_low"),
-                         ci_high=rounded(ci.high, "ci_high"), note=note)
+        return MetricRow(**row, delta=stored(ci.estimate), ci_low=stored(ci.low),
+                         ci_high=stored(ci.high), note=note)
 
     # ---------------------------------------------------------------- perf and cell states
     def perf_row(self, slot: Slot) -> PerfRow:

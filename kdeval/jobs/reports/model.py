@@ -10,8 +10,9 @@
   its integrity check, or is missing: shown, never dropped.
 * :class:`ProvenanceRow` — where and with what code each compared cell ran (versions, device, host).
 
-Every number is rounded when the row is built (:func:`~kdeval.jobs.reports.units.rounded`), so each
-output prints the number stored; JSON and CSV parse back to equal rows (:func:`row_from_dict`).
+Rows hold numbers unrounded (:func:`~kdeval.jobs.reports.units.stored`): JSON and CSV keep every digit and parse
+back to equal rows (:func:`row_from_dict`); the terminal, Markdown and HTML round when they print
+(:func:`~kdeval.jobs.reports.units.text`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kdeval.evals.budget import Budget, parse_budget
-from kdeval.jobs.reports.units import rounded  # noqa: F401 - rows are built with it (aggregate, perf)
 
 #: The full-cache policy: the default reference of a report.
 FULL = "full"
@@ -206,5 +206,6 @@ def row_from_dict(cls: type[RowT], data: dict[str, Any]) -> RowT:
 
 
 def format_value(value: Any) -> str:
-    """How CSV (and the HTML rows' raw data) carry a value: '' for None, else ``str`` (numbers are pre-rounded)."""
+    """How CSV (and the HTML rows' raw data) carry a value: '' for None, else ``str`` (a float's shortest
+    repr, which parses back to the same number)."""
     return "" if value is None else str(value)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdeval.jobs.reports.model import PerfRow, rounded
+from kdeval.jobs.reports.units import stored
+from kdeval.jobs.reports.model import PerfRow
 from kdeval.jobs.reports.samples import LoadedCell, Slot
 from kdeval.jobs.reports.stats import Interval, median_ratio_bootstrap
 
@@ -28,7 +29,7 @@ def _max(values: np.ndarray) -> float | None:
 
 
 def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
+    return None if value is None else int(round(value))
 
 
 def _summary_number(cell: LoadedCell, key: str) -> float | None:
@@ -88,9 +89,9 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
     """Speed and memory of ``cell`` (at ``slot``) and their ratios to ``ref`` (None: no ratios)."""
     mine, theirs = cell_perf(cell), cell_perf(ref)
 
-    def ratio(key: str, name: str) -> float | None:
+    def ratio(key: str) -> float | None:
         a, b = mine.get(key), theirs.get(key)
-        return rounded(a / b, name) if a is not None and b not in (None, 0) else None
+        return stored(a / b) if a is not None and b not in (None, 0) else None
 
     speed: dict[str, Interval | None] = {}
     n_paired = 0
@@ -104,18 +105,18 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
     return PerfRow(
         model=slot.model, policy=slot.policy, budget=slot.budget, chunk=slot.chunk, task=slot.task,
         state=state, n=len(cell.samples) if cell.samples is not None else 0,
-        prompt_tokens=rounded(mine.get("prompt_tokens"), "prompt_tokens"),
-        ttft_median_s=rounded(mine.get("ttft"), "ttft_median_s"),
-        decode_tok_s=rounded(mine.get("decode"), "decode_tok_s"),
+        prompt_tokens=_int(mine.get("prompt_tokens")),
+        ttft_median_s=stored(mine.get("ttft")),
+        decode_tok_s=stored(mine.get("decode")),
         peak_kv_bytes=_int(mine.get("kv_bytes")), peak_kv_tokens=_int(mine.get("kv")),
         peak_memory_bytes=_int(mine.get("memory")), memory_kind=cell.memory_kind,
         model_weight_bytes=_int(mine.get("weights")), n_paired=n_paired,
-        ttft_ratio=rounded(tt and tt.estimate, "ttft_ratio"), ttft_ratio_low=rounded(tt and tt.low, "ttft_ratio"),
-        ttft_ratio_high=rounded(tt and tt.high, "ttft_ratio"),
-        decode_ratio=rounded(dr and dr.estimate, "decode_ratio"),
-        decode_ratio_low=rounded(dr and dr.low, "decode_ratio"), decode_ratio_high=rounded(dr and dr.high, "decode_ratio"),
+        ttft_ratio=stored(tt and tt.estimate), ttft_ratio_low=stored(tt and tt.low),
+        ttft_ratio_high=stored(tt and tt.high),
+        decode_ratio=stored(dr and dr.estimate),
+        decode_ratio_low=stored(dr and dr.low), decode_ratio_high=stored(dr and dr.high),
         speed_note=speed_note(n_paired, speed),
-        kv_bytes_ratio=ratio("kv_bytes", "kv_bytes_ratio"), kv_ratio=ratio("kv", "kv_ratio"),
+        kv_bytes_ratio=ratio("kv_bytes"), kv_ratio=ratio("kv"),
     )
 
 

@@ -1,4 +1,4 @@
-"""The one formatter of every report output: how each field is rounded, printed and titled.
+"""The one formatter of every report output: how each field is printed and titled.
 
 Rows keep raw numbers (JSON and CSV write them as they are, the unit in the field name: ``*_s``,
 ``*_bytes``, ``*_tokens``, ``*_tok_s``; scores in points). The terminal, Markdown and HTML print the same
@@ -9,12 +9,13 @@ text for a value, through :func:`text`:
 * token counts and sample counts: integers;
 * bytes: MiB or GiB, the same unit for a whole column (:func:`bytes_unit`), named in its header.
 
-Every float is rounded once, when its row is built (:func:`rounded`), so a number printed by any output
-is the number stored.
+Rows hold numbers unrounded (:func:`stored`); JSON and CSV keep every digit, and rounding happens only when a
+value is printed.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 #: The kind of each numeric field of the report's rows (fields not listed are text or plain integers).
@@ -43,17 +44,12 @@ def significant(value: float, digits: int = 3) -> int:
     return max(0, digits - 1 - math.floor(math.log10(abs(value))))
 
 
-def rounded(value: float | None, name: str) -> float | int | None:
-    """``value`` as field ``name`` stores it (None and NaN stay None): points to 2 decimals, seconds, rates and
-    ratios to 3 significant digits, token counts and bytes as integers, anything else to 4 decimals."""
+def stored(value: Any) -> float | int | None:
+    """``value`` as a report row holds it: None for None and NaN, an integer as ``int``, any other number as
+    ``float``, unrounded."""
     if value is None or value != value:
         return None
-    kind = KINDS.get(name)
-    if kind in ("tokens", "bytes"):
-        return int(round(float(value)))
-    if kind in ("seconds", "rate", "ratio"):
-        return round(float(value), significant(float(value)))
-    return round(float(value), 2 if kind in ("points", "percent") else 4)
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def number(value: float) -> str:
