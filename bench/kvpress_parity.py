@@ -5,7 +5,12 @@ float32 on the CPU, compressed once: kdeval's engine with one chunk covering the
 ``N``, against kvpress' press at ``compression_ratio`` with ``int(L * (1 - ratio)) == N``. Agreement = kept
 positions in common / the larger of the two kept counts (``N``, but for per-layer budgets), over the 30 layers x
 3 KV heads; "inside" = kept positions in common / the smaller count (100%: the smaller kept set is inside the
-larger one, as when one ranking is cut at two budgets).
+larger one, as when one ranking is cut at two budgets); "equal layer totals" = layers whose KV heads keep as many
+tokens in all on both sides.
+
+The AdaKV cases (head-adaptive budgets) keep a different number of tokens per head: kvpress' ``AdaKVPress`` keeps
+every key and records the pruned ones in ``module.masked_key_indices`` (batch, head, position), so its kept set
+per head is the complement; kdeval's per head are the positions of the head pool's slots tagged with that head.
 
 kvpress pins an older transformers than kdeval, so it runs in its own virtualenv, created once under the kdeval
 cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
@@ -65,6 +70,19 @@ CASES = [
     dict(id="h2o (recent_fraction=0) vs ObservedAttention", ours=("h2o", {"recent_fraction": 0.0}),
          press=("ObservedAttentionPress", {}), n=500, eager=True,
          rule="different rules: kvpress divides each token's summed attention by the number of queries after it"),
+    dict(id="ada-keydiff", ours=("ada-keydiff", {}),
+         press=("AdaKVPress", {"press": ("KeyDiffPress", {}), "alpha_safeguard": 0.2}), n=500,
+         rule="same rule: a layer's 3 x 500 kept tokens shared among its heads by KeyDiff's scores, each head's "
+              "100 best safeguarded; per-head counts differ"),
+    dict(id="ada-snapkv", ours=("ada-snapkv", {}),
+         press=("AdaKVPress", {"press": ("SnapKVPress", {"window_size": 32, "kernel_size": 7}),
+                               "alpha_safeguard": 0.2}), n=500,
+         rule="AdaKV around SnapKV at kdeval's defaults (window 32, kernel 7): kdeval pools the scores with max, "
+              "kvpress with avg"),
+    dict(id="ada-snapkv (inner pooling avg)", ours=("ada-snapkv", {}), inner={"pooling": "avg"},
+         press=("AdaKVPress", {"press": ("SnapKVPress", {"window_size": 32, "kernel_size": 7}),
+                               "alpha_safeguard": 0.2}), n=500,
+         rule="the row above with kdeval's inner SnapKV pooling with avg as kvpress does: the same rule"),
 ]
 
 
@@ -102,7 +120,11 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
     for case in CASES:
         name, kwargs = case["press"]
         ratio = 1 - case["n"] / L
-        if name == "ChunkKVPress":
+        if name == "AdaKVPress":
+            inner, inner_kwargs = kwargs["press"]
+            press = kvpress.AdaKVPress(press=getattr(kvpress, inner)(compression_ratio=ratio, **inner_kwargs),
+                                       alpha_safeguard=kwargs["alpha_safeguard"])
+        elif name == "ChunkKVPress":
             press = kvpress.ChunkKVPress(press=kvpress.KeyDiffPress(compression_ratio=ratio), **kwargs)
         elif name == "KeyRerotationPress":
             press = kvpress.KeyRerotationPress(press=kvpress.StreamingLLMPress(compression_ratio=ratio, **kwargs))
@@ -119,6 +141,11 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                 scores = press.press.score(module, hidden_states, keys, values, attentions, kw)
                 kept[module.layer_idx] = scores[0].topk(k2.shape[2], dim=-1).indices.sort(-1).values
                 kept_keys[module.layer_idx] = k2[0].clone()
+            elif isinstance(press, kvpress.AdaKVPress):  # nothing removed: the kept set is the unmasked keys
+                _, heads, positions = module.masked_key_indices
+                keep = torch.ones(keys.shape[1], keys.shape[2], dtype=torch.bool)
+                keep[heads, positions] = False
+                kept[module.layer_idx] = [row.nonzero().flatten() for row in keep]
             else:
                 kept[module.layer_idx] = match_rows(keys[0], k2[0])
             return k2, v2
@@ -171,16 +198,24 @@ def prompt_ids(tokenizer) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt").input_ids[:, :L]
 
 
-def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list, list]:
     """kdeval's kept positions per layer ``[h, N]`` (sorted) and their keys ``[h, N, d]`` in that order, one chunk
-    covering the prompt."""
+    covering the prompt. A head pool (AdaKV) gives per layer a list of ``h`` sorted position tensors (one per KV
+    head, of its own length) and no keys."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
 
     name, params = case["ours"]
-    state = Engine(lm.model, get_policy(name, **params), EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
+    policy = get_policy(name, **params)
+    if "inner" in case:  # AdaKV wraps its inner policy at its defaults; swap in one with other parameters
+        policy._inner = get_policy(policy.inner, **case["inner"])
+    state = Engine(lm.model, policy, EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
     kept, keys = [], []
     for layer in state.cache.layers:
+        if hasattr(layer, "tags"):  # head pool: whose each filled slot is
+            tags, positions = layer.tags[0, 0, : layer.slots], layer.positions[0, 0, : layer.slots]
+            kept.append([positions[tags == h].sort().values for h in range(layer.heads)])
+            continue
         k, positions, _ = layer.view()
         order = positions[0].argsort(-1)
         kept.append(positions[0].gather(-1, order))
@@ -188,12 +223,15 @@ def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list[torch.Tensor], li
     return kept, keys
 
 
-def agreement(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> dict:
+def agreement(ours: list, theirs: list) -> dict:
+    """Per layer, ``ours``/``theirs`` hold one kept-position tensor per KV head (rows of ``[h, N]`` or a list)."""
     pairs = [(set(a.tolist()), set(b.tolist())) for lo, lt in zip(ours, theirs) for a, b in zip(lo, lt)]
+    totals = [sum(len(a) for a in lo) == sum(len(b) for b in lt) for lo, lt in zip(ours, theirs)]
     shares = [len(a & b) / max(len(a), len(b)) for a, b in pairs]
     inside = [len(a & b) / min(len(a), len(b)) for a, b in pairs]
     return {"mean": 100 * sum(shares) / len(shares), "min": 100 * min(shares), "inside": 100 * sum(inside) / len(inside),
-            "identical": sum(a == b for a, b in pairs), "heads": len(shares)}
+            "identical": sum(a == b for a, b in pairs), "heads": len(shares), "totals": sum(totals),
+            "layers": len(totals)}
 
 
 def run(print_only: bool, reuse: str | None) -> None:
@@ -242,14 +280,21 @@ def run(print_only: bool, reuse: str | None) -> None:
         f"{versions['transformers']} in its own virtualenv, kdeval with transformers "
         f"{__import__('transformers').__version__}; torch {versions['torch']}. The two stacks' prompt keys differ by "
         f"at most {key_diff:.2e}. Agreement: kept positions in common / the larger kept count (N but for per-layer "
-        f"budgets), over 30 layers x 3 KV heads; inside: in common / the smaller count.",
+        f"budgets), over 30 layers x 3 KV heads; inside: in common / the smaller count; equal layer totals: layers "
+        f"whose heads keep as many tokens in all on both sides (AdaKV: per-head counts differ, a layer's total "
+        f"is 3 x N).",
         "",
-        "| policy | kvpress press | N | agreement % (mean) | lowest head % | inside % (mean) | identical heads | rule |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| policy | kvpress press | N | agreement % (mean) | lowest head % | inside % (mean) | identical heads | "
+        "equal layer totals | rule |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for case, got in rows:
-        lines.append(f"| `{case['id']}` | `{case['press'][0]}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
-                     f"{got['inside']:.2f} | {got['identical']}/{got['heads']} | {case['rule']} |")
+        press, kwargs = case["press"]
+        if press == "AdaKVPress":
+            press = f"AdaKVPress({kwargs['press'][0]})"
+        lines.append(f"| `{case['id']}` | `{press}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
+                     f"{got['inside']:.2f} | {got['identical']}/{got['heads']} | {got['totals']}/{got['layers']} | "
+                     f"{case['rule']} |")
     lines += ["", f"Wall time: {time.perf_counter() - t0:.0f} s (venv {t_venv - t0:.0f} s incl. model load, kvpress "
                   f"side {t_kvpress - t_venv:.0f} s)."]
     table = "\n".join(lines)
