@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kdeval.jobs.grid import GridSpec
-    from kdeval.jobs.scheduler import RunProgress
+    from kdeval.jobs.progress import RunProgress
     from kdeval.storage import RunIndex
 
 __all__ = ["run_grid", "load_results"]
@@ -106,7 +106,7 @@ def run_grid(
         db: the index (a path or SQLAlchemy URL; default ``.kdeval/index.sqlite``, as the CLI).
         results_dir: where per-cell Parquet files go (default ``.kdeval/results``).
         address: a Ray cluster (``auto``, ``ray://host:10001``); default a local Ray started once per process.
-        on_progress: called with a :class:`~kdeval.jobs.scheduler.RunProgress` as cells finish.
+        on_progress: called with a :class:`~kdeval.jobs.progress.RunProgress` as cells finish.
 
     Returns:
         a pandas DataFrame of every sample of the run's done cells (columns: see the module docstring);

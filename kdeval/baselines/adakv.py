@@ -92,7 +92,6 @@ class AdaKV(Policy):
 class AdaKeyDiff(AdaKV):
     name = "ada-keydiff"
     rule = "AdaKV around KeyDiff: a layer's H x N tokens shared among its KV heads by KeyDiff's scores"
-    inner: str = "keydiff"
 
 
 @register

@@ -66,19 +66,22 @@ class ChunkKV(Policy):
             raise ValueError(f"heads: expected 'all' or 'each', got {self.heads!r}")
         # ChunkKV ranks the groups of every KV head alike; a policy that shares slots among heads (AdaKV)
         # chooses per layer, across heads, and is not an inner scorer
-        known = [n for n in policy_names() if n != self.name and policy_class(n).evicts
-                 and not policy_class(n)().needs().shares_heads]
-        if self.inner not in known:
+        names = policy_names()
+        scorer = self.inner in names and self.inner != self.name and policy_class(self.inner).evicts
+        inner = policy_class(self.inner)() if scorer else None
+        if inner is None or inner.needs().shares_heads:  # the list of valid names is built for the message only
+            known = [n for n in names if n != self.name and policy_class(n).evicts
+                     and not policy_class(n)().needs().shares_heads]
             if self.inner == self.name:
                 why = f"cannot be {self.name!r} itself"
-            elif self.inner in policy_names() and policy_class(self.inner).evicts:
+            elif inner is not None:
                 why = f"{self.inner!r} shares a layer's slots among its KV heads; expected a per-head scorer"
-            elif self.inner in policy_names():
+            elif self.inner in names:
                 why = f"expected a policy that scores tokens, got {self.inner!r}"
             else:
                 why = f"unknown policy {self.inner!r}{suggest(str(self.inner), known)}"
             raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
-        self._inner: Policy = policy_class(self.inner)()
+        self._inner: Policy = inner
 
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs; a group's tokens share one score, so the edge group is cut by position."""
@@ -89,6 +92,10 @@ class ChunkKV(Policy):
 
     def n_recent(self, budget: int) -> int:
         return self._inner.n_recent(budget)
+
+    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
+        """The inner policy's allocation (PyramidKV's per-layer budgets are kept, not silently made uniform)."""
+        return self._inner.layer_budgets(budget, num_layers)
 
     def observe(self, ctx: ScoreContext) -> None:
         self._inner.observe(ctx)

@@ -51,7 +51,7 @@ from kdeval.jobs.progress import CellProgress, RunProgress
 from kdeval.jobs.shards import HeldCell, Shard, plan_cell, shard_ranges
 from kdeval.storage import AttemptState, CellState, CellView, RunIndex, RunState, remove_parts, verify_cell
 
-__all__ = ["RunOutcome", "RunProgress", "CellProgress", "Scheduler", "SchedulerConfig", "WORKER_LOST_ERRORS"]
+__all__ = ["RunOutcome", "Scheduler", "SchedulerConfig", "WORKER_LOST_ERRORS"]
 
 log = logging.getLogger(__name__)
 

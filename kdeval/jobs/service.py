@@ -160,8 +160,9 @@ def _busy_cells(index: RunIndex, run_id: str) -> set[str]:
 
 
 def _busy(run: RunView) -> RunBusyError:
-    return RunBusyError(f"run {run.id} is being run by pid {run.driver_pid} on {run.driver_host} "
-                        f"(heartbeat {age_seconds(run.heartbeat_at):.0f}s ago); cancel it or wait")
+    return RunBusyError(f"run {run.id} is still being run by pid {run.driver_pid} on {run.driver_host} "
+                        f"(heartbeat {age_seconds(run.heartbeat_at):.0f}s ago); `kdeval cancel {run.id}` first, "
+                        "or wait for it")
 
 
 def _take_run(index: RunIndex, run: RunView, *, wait: bool, on_wait: Callable[[str], None] | None) -> RunView:

@@ -167,28 +167,36 @@ def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int, wind
         cache.load_row(r, layers())
 
 
+def _requests(engine: "Engine", prompts: Sequence, max_new_tokens, states, protect_last) -> tuple[list, list, list]:
+    """The per-request start states, generation lengths and protected counts of a ``generate_batch`` call,
+    broadcast to one per prompt and checked (``ValueError`` naming the argument and the request)."""
+    n = len(prompts)
+    if n == 0:
+        raise ValueError("prompts: expected at least one prompt")
+    max_new = _per_row("max_new_tokens", engine.config.max_new_tokens if max_new_tokens is None else max_new_tokens, n)
+    starts = [states] * n if isinstance(states, PrefillState) else _per_row("states", states, n)
+    protect = _per_row("protect_last", protect_last, n)
+    for i, (m, state) in enumerate(zip(max_new, starts)):
+        if not isinstance(m, int) or m < 0:
+            raise ValueError(f"max_new_tokens[{i}]: must be an integer >= 0, got {m!r}")
+        if state is not None and (not isinstance(state, PrefillState) or state.last_logits.shape[0] > 1):
+            raise ValueError(f"states[{i}]: expected a batch-1 PrefillState or None")
+    return starts, max_new, protect
+
+
 def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
                    decode_evict: bool, on_batch_step: Callable[[BatchView], None] | None) -> list[GenerationResult]:
     """See ``Engine.generate_batch``."""
     n_req = len(prompts)
-    if n_req == 0:
-        raise ValueError("prompts: expected at least one prompt")
+    starts, max_new, protect = _requests(engine, prompts, max_new_tokens, states, protect_last)
     ids = [_as_ids(p, i) for i, p in enumerate(prompts)]
-    max_new = _per_row("max_new_tokens", engine.config.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                       n_req)
-    starts = [states] * n_req if isinstance(states, PrefillState) else _per_row("states", states, n_req)
-    protect = _per_row("protect_last", protect_last, n_req)
     impl = engine.model.config._attn_implementation
     if impl not in ("sdpa", RAGGED_IMPL):
         raise ValueError(f"prompts: a batch of requests runs on SDPA with a padding mask; the model uses {impl!r} "
                          f"(load it with attn_implementation='sdpa', or send one request at a time)")
     rows: list[_Row] = []
     for i in range(n_req):
-        if not isinstance(max_new[i], int) or max_new[i] < 0:
-            raise ValueError(f"max_new_tokens[{i}]: must be an integer >= 0, got {max_new[i]!r}")
         state = starts[i]
-        if state is not None and (not isinstance(state, PrefillState) or state.last_logits.shape[0] > 1):
-            raise ValueError(f"states[{i}]: expected a batch-1 PrefillState or None")
         try:
             ids[i] = engine._check_ids(ids[i].unsqueeze(0), state, max_new[i])[0]
         except ValueError as e:
@@ -221,17 +229,10 @@ def one_at_a_time(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token
     kdeval/keydiff/headpool.py): each request by ``Engine.generate``, alone, so each gets exactly its batch-1
     result (a ragged step over a pool would need every row's own head counts; the batch's throughput is lost,
     and ``on_batch_step`` is not called)."""
-    n = len(prompts)
-    if n == 0:
-        raise ValueError("prompts: expected at least one prompt")
-    starts = [states] * n if isinstance(states, PrefillState) else _per_row("states", states, n)
-    max_new = _per_row("max_new_tokens", max_new_tokens, n)
-    protect = _per_row("protect_last", protect_last, n)
+    starts, max_new, protect = _requests(engine, prompts, max_new_tokens, states, protect_last)
     out = []
     for i, prompt in enumerate(prompts):
         state = starts[i]
-        if state is not None and (not isinstance(state, PrefillState) or state.last_logits.shape[0] > 1):
-            raise ValueError(f"states[{i}]: expected a batch-1 PrefillState or None")
         try:
             out.append(engine.generate(_as_ids(prompt, i).unsqueeze(0), max_new[i], eos_token_id,
                                        state.fork() if state is not None else None, protect_last=protect[i],
@@ -285,7 +286,7 @@ class _Batch:
             step = layer_steps[0]
             ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.device)
             for r, (f, tr) in enumerate(zip(feeds, t)):
-                ids[r, step.T - tr :] = f[0] if isinstance(f[0], torch.Tensor) else f[0]
+                ids[r, step.T - tr :] = f[0]
             for r, (row, b) in enumerate(zip(self.rows, t)):
                 row.peak_kv_tokens = max(row.peak_kv_tokens, max(lengths[r] for lengths in cache.lengths) + b)
             steps = [row.steps for row in self.rows]

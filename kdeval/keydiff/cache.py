@@ -245,6 +245,8 @@ class BudgetCache(Cache):
         if static_base is not None and len(set(capacities)) > 1:
             raise ValueError("capacity: the static layout gives every layer the same slots")
         self.static_base = static_base
+        #: every layer has the same slots, so every layer holds the same count (``length`` reads layer 0)
+        self.uniform = len(set(capacities)) == 1
         self.state_names = tuple(state_names)
         self.fused: dict[str, torch.Tensor] | None = None  # the shared buffers, once allocated
         self._fused_specs = (num_layers, capacities[0], state_names) if fused else None
@@ -266,6 +268,8 @@ class BudgetCache(Cache):
     @property
     def length(self) -> int:
         """Tokens held per KV head by the fullest layer (every layer's count under a uniform budget)."""
+        if self.uniform:
+            return self.layers[0].length
         return max(layer.length for layer in self.layers)
 
     def _fused_view(self, idx: int):

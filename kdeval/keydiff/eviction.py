@@ -15,7 +15,7 @@ from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
 from kdeval.keydiff.compiling import compile_fn
 from kdeval.keydiff.headpool import HeadPoolCache
 from kdeval.keydiff.headpool_eviction import evict_pool
-from kdeval.keydiff.policy import Policy, ScoreContext, lowest_oldest_first, protect
+from kdeval.keydiff.policy import Policy, ScoreContext, held_mask, lowest_oldest_first, protect
 from kdeval.keydiff.queries import StepQueries
 from kdeval.keydiff.rerotation import rerotate
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask, lowest_first
@@ -79,10 +79,7 @@ class Eviction:
         scores = self._score(self.policy, keys, ctx)
         scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
         if protected:
-            held = torch.zeros_like(ctx.positions, dtype=torch.bool)
-            for start, end in protected:
-                held |= (ctx.positions >= start) & (ctx.positions < end)
-            scores = scores.masked_fill(held, float("inf"))
+            scores = scores.masked_fill(held_mask(ctx.positions, protected), float("inf"))
         if empty is not None:
             scores = empty.ranked(scores)
         if self.policy_needs.exact_ties:
@@ -143,10 +140,7 @@ class Eviction:
                 scores = plain_score(self.policy, keys, ctx)  # eager: a ragged batch's shapes change every step
                 scores = protect(scores, positions, step.seen_after, self.policy.n_sink(), self.policy.n_recent(budget))
                 if any(protected):
-                    held = torch.zeros_like(positions, dtype=torch.bool)
-                    for r, ranges in enumerate(protected):
-                        for start, end in ranges:
-                            held[r] |= (positions[r] >= start) & (positions[r] < end)
+                    held = torch.stack([held_mask(positions[r], ranges) for r, ranges in enumerate(protected)])
                     scores = scores.masked_fill(held, float("inf"))
                 if scores.dtype not in (torch.float32, torch.float64):
                     scores = scores.float()  # the empty slots' ranks need float32's range

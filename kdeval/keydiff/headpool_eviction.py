@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kdeval.keydiff.attention import AttentionCapture
-from kdeval.keydiff.policy import ScoreContext, lowest_oldest_first, protect
+from kdeval.keydiff.policy import ScoreContext, held_mask, lowest_oldest_first, protect
 from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
 
 if TYPE_CHECKING:
@@ -27,10 +27,11 @@ class HeadTokens:
     ``slots [b, H, L]`` (pool slot of each entry), ``valid [b, H, L]``, ``keys [b, H, L, d]`` (zero where not
     valid), ``positions [b, H, L]`` (:data:`EMPTY_POSITION` where not valid)."""
 
-    def __init__(self, layer: "HeadPoolLayer"):
+    def __init__(self, layer: "HeadPoolLayer", seen: int):
+        """``seen``: tokens processed so far (every cached position is below it)."""
         m, h = layer.filled(), layer.heads
         tags, positions = layer.tags[:, 0, :m], layer.positions[:, 0, :m]
-        order = (tags * (int(positions.max()) + 1) + positions).argsort(dim=-1)  # head-major, then position
+        order = (tags * (seen + 1) + positions).argsort(dim=-1)  # head-major, then position
         counts = layer.head_counts()  # [b, H]
         starts = counts.cumsum(dim=-1) - counts
         length = int(counts.max())
@@ -89,7 +90,7 @@ def evict_pool(engine: "Engine", cache: "HeadPoolCache", t: int, seen: int, step
             continue
         budget = engine.budgets[idx]
         keep = layer.heads * (budget + held)
-        heads = HeadTokens(layer)
+        heads = HeadTokens(layer, seen)
         attention = capture.by_layer.get(idx) if capture is not None else None
         ctx = ScoreContext(idx, heads.positions, seen, t, None if attention is None else heads.take(attention), {},
                            steps)
@@ -100,8 +101,7 @@ def evict_pool(engine: "Engine", cache: "HeadPoolCache", t: int, seen: int, step
         scores = engine._score(policy, heads.keys, ctx)
         raised = protect(torch.zeros_like(scores, dtype=torch.float32), heads.positions, seen, policy.n_sink(),
                          policy.n_recent(budget)).isinf()
-        for start, end in protected:
-            raised |= (heads.positions >= start) & (heads.positions < end)
+        raised |= held_mask(heads.positions, protected)
         kept = select_across_heads(scores, heads.positions, heads.valid, raised & heads.valid,
                                    policy.head_safeguard(budget), keep)
         layer.commit(heads.kept_slots(kept))

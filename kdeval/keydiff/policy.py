@@ -178,6 +178,14 @@ def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int | torch.Ten
     return scores.masked_fill(mask, float("inf"))
 
 
+def held_mask(positions: torch.Tensor, ranges) -> torch.Tensor:
+    """Which of ``positions`` (any shape) fall in the protected position ``ranges`` (``(start, end)`` pairs)."""
+    held = torch.zeros_like(positions, dtype=torch.bool)
+    for start, end in ranges:
+        held |= (positions >= start) & (positions < end)
+    return held
+
+
 def sort_oldest_first(scores: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` lowest of ``scores [rows, h, n]``, equal scores oldest first, by a stable sort of the scores
     taken in position order (``order``: the indices that sort the positions) → indices ``[rows, h, k]``."""

@@ -85,9 +85,6 @@ class QueryWindow:
             self.queries[idx] = both.gather(2, index) * kept.view(kept.shape[0], 1, w, 1).to(q.dtype)
         self.count = kept.sum(-1)
 
-    def layer(self, idx: int, cos: torch.Tensor, sin: torch.Tensor) -> RecentQueries:
-        return RecentQueries(self.queries[idx], self.count, cos, sin)
-
     def rows(self, index: torch.Tensor) -> "QueryWindow":
         """A window of the rows ``index [k]`` (in that order)."""
         out = QueryWindow(self.window)

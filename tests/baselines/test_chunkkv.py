@@ -118,3 +118,12 @@ def test_a_ragged_batch_keeps_what_each_request_keeps_alone():
 def test_bad_parameters(params, msg):
     with pytest.raises(ValueError, match=msg):
         get_policy("chunkkv", **params)
+
+
+def test_an_inner_policys_per_layer_budgets_are_kept():
+    """inner=pyramidkv: ChunkKV keeps PyramidKV's per-layer budgets (they sum to layers x N, as the engine
+    checks) instead of running its groups under a uniform N."""
+    pol = get_policy("chunkkv", inner="pyramidkv", group_size=4)
+    assert pol.layer_budgets(64, 4) == get_policy("pyramidkv").layer_budgets(64, 4) != [64] * 4
+    eng = Engine(tiny().model, pol, EngineConfig(budget=64, chunk_size=16))
+    assert eng.budgets == get_policy("pyramidkv").layer_budgets(64, eng.num_layers) and not eng.uniform

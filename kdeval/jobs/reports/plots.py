@@ -13,6 +13,7 @@ common colour-vision deficiencies.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -143,7 +144,7 @@ def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
                             color="white" if value < 55 else "black")  # cividis: dark below ~55
         ax.set_xticks(range(len(lengths)), [str(l) for l in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=8)
-        ax.set_title(name, fontsize=9)
+        ax.set_title(textwrap.fill(name, 28), fontsize=9)  # a long policy label would run into its neighbours
         ax.set_xlabel("length (tokens)", fontsize=8)
     axes[0].set_ylabel("depth (%)", fontsize=8)
     if image is not None:
