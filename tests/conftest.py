@@ -8,7 +8,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Ray in tests: loopback only, no auth service.
+# The Ray clusters that tests build themselves (ray.init, cluster_utils): loopback only, no auth service.
+# The product's own local Ray sets this by itself: tests/service/test_loopback.py runs it without these.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

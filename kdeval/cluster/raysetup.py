@@ -1,9 +1,9 @@
 """Connecting to Ray and describing worker resources.
 
-``connect()`` starts a local Ray by default (loopback, no dashboard) or joins ``address``
-(``auto`` or ``ray://host:10001``). Workers ask for ``num_cpus``, ``num_gpus`` and, when the grid
-names one, an ``accelerator_type`` (Ray's ``accelerator_type:A100`` node resource), so an A100 grid
-never lands on an H100 node. CPU-only workers are used when no GPU is asked for.
+``connect()`` starts a local Ray by default (every port on 127.0.0.1, no dashboard, no token auth) or
+joins ``address`` (``auto`` or ``ray://host:10001``). Workers ask for ``num_cpus``, ``num_gpus`` and,
+when the grid names one, an ``accelerator_type`` (Ray's ``accelerator_type:A100`` node resource), so an
+A100 grid never lands on an H100 node. CPU-only workers are used when no GPU is asked for.
 """
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: b
                               "to run here give the cluster's address: host:port, auto or ray://head:10001")
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    if not address:  # a local Ray bound to loopback: no token auth (and no warning about it); a cluster's
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # auth stays as the cluster configures it
+    if not address:  # a local Ray: loopback only, so no token auth (and no warning about it); a cluster's
+        _bind_loopback()  # binding and auth stay as the cluster configures them
+        os.environ["RAY_AUTH_MODE"] = "disabled"
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": not quiet,
                               "configure_logging": True, "logging_level": "WARNING"}
     try:
@@ -65,6 +65,32 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: b
     except Exception as e:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
         where = f"at {address}" if address else "locally"
         raise ConnectionError(f"cannot start or reach Ray {where}: {e}") from e
+    if not address:
+        _check_loopback(ray)
+
+
+def _bind_loopback() -> None:
+    """Make the local Ray that ``ray.init`` is about to start take 127.0.0.1 as its node address.
+
+    Ray's processes (GCS, raylets, workers, the driver's own server) bind to the node address, which Ray
+    takes from the host's network interface unless its cluster mode is off. Ray reads that switch
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``) into a constant when it is imported, so setting the variable
+    after ``import ray`` changes nothing: the constant itself is switched off here, and the variable is
+    set for the processes Ray starts."""
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _check_loopback(ray: Any) -> None:
+    """Refuse to go on with a local Ray whose node address is not loopback (a Ray that no longer honours
+    the switch above): its ports would be open to the network without auth."""
+    ip = ray.util.get_node_ip_address()
+    if not ip.startswith("127."):
+        ray.shutdown()
+        raise ConnectionError(f"the local Ray took node address {ip}, not 127.0.0.1: refusing to run it "
+                              "unauthenticated on a network interface (start a cluster and pass --address)")
 
 
 def missing_resources(res: WorkerResources) -> str | None:
