@@ -43,6 +43,9 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
 NOT_IDENTITY = {"generation": {"batch_size"}}
+#: Hashed into a cell's id only when not at this default, so that cells written before the field existed keep
+#: their ids (``generation.thinking``: ``keep`` scores as every earlier cell did).
+HASHED_WHEN_SET = {"generation": {"thinking": "keep"}}
 
 
 def _content_hash(model: BaseModel, exclude: dict | None = None) -> str:
@@ -99,8 +102,13 @@ class CellSpec(BaseModel):
 
     @property
     def id(self) -> str:
-        """Content hash (24 hex digits) of the spec, less the settings results do not depend on."""
-        return _content_hash(self, exclude=NOT_IDENTITY)[:24]
+        """Content hash (24 hex digits) of the spec, less the settings results do not depend on (and those of
+        :data:`HASHED_WHEN_SET` at their defaults)."""
+        exclude = {section: set(fields) for section, fields in NOT_IDENTITY.items()}
+        for section, defaults in HASHED_WHEN_SET.items():
+            part = getattr(self, section)
+            exclude.setdefault(section, set()).update(k for k, v in defaults.items() if getattr(part, k) == v)
+        return _content_hash(self, exclude=exclude)[:24]
 
     @property
     def model_key(self) -> str:
@@ -117,7 +125,7 @@ class CellSpec(BaseModel):
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
             max_new_tokens=self.generation.max_new_tokens, batch_size=self.generation.batch_size,
-            engine=self.engine.options(),
+            thinking=self.generation.thinking, engine=self.engine.options(),
             compress=self.protocol.compress, decode=self.protocol.decode,
         )
 
@@ -134,6 +142,7 @@ class CellSpec(BaseModel):
         pol = policy_label(self.policy, self.policy_params)
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
         proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
+        proto += " thinking=strip" if self.generation.thinking == "strip" else ""
         return (f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}"
                 f" gen={self.task.max_new_tokens}{proto}{engine}")
 
