@@ -29,6 +29,7 @@ from kdeval.cluster.workload import CellTask, model_key
 from kdeval.evals.base import EvalError
 from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.evals.identity import task_data
+from kdeval.evals.registry import get_spec
 from kdeval.jobs.errors import GridError, GridIssue
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
 from kdeval.jobs.registries import share_budget_notes
@@ -124,7 +125,7 @@ class CellSpec(BaseModel):
             revision=m.revision, policy=self.policy, policy_params=dict(self.policy_params),
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
-            max_new_tokens=self.generation.max_new_tokens, batch_size=self.generation.batch_size,
+            max_new_tokens=generation_length(self.generation, t.name), batch_size=self.generation.batch_size,
             thinking=self.generation.thinking, engine=self.engine.options(),
             compress=self.protocol.compress, decode=self.protocol.decode,
         )
@@ -177,8 +178,8 @@ def _task_refs(grid: GridSpec) -> tuple[dict[tuple[int, int | None, int], TaskRe
     refs: dict[tuple[int, int | None, int], TaskRef] = {}
     notes: list[str] = []
     issues: list[GridIssue] = []
-    max_new = grid.generation.max_new_tokens
     for i, spec in enumerate(grid.tasks):
+        max_new = generation_length(grid.generation, spec.name)
         for length, seed in product(spec.lengths or [None], spec.seeds):
             try:
                 task = build_eval_task(spec.name, dict(spec.params), length=length, seed=seed,
@@ -200,6 +201,14 @@ def _task_refs(grid: GridSpec) -> tuple[dict[tuple[int, int | None, int], TaskRe
     if issues:
         raise GridError(issues)
     return refs, notes
+
+
+def generation_length(generation: GenerationSpec, task: str) -> int | None:
+    """The length a cell of ``task`` generates when the grid sets it (None: the task's own): the grid's
+    ``max_new_tokens``, else, under ``thinking: strip``, the task's length for reasoning models (MATH-500, AIME)."""
+    if generation.max_new_tokens is not None or generation.thinking != "strip":
+        return generation.max_new_tokens
+    return get_spec(task).cls.reasoning_max_new_tokens
 
 
 def _what_samples(name: str, params: dict[str, Any]) -> str:
