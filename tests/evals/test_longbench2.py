@@ -116,3 +116,16 @@ def test_missing_data_names_the_file_and_the_hub_option(tmp_path):
     (tmp_path / "longbench2/data.json").write_text('[{"_id": "x", "question": "q"}]')
     with pytest.raises(DataNotFoundError, match="question 0 has no field 'choice_A'"):
         LongBench2Task(data_dir=str(tmp_path)).samples()
+
+
+def test_long_prompts_are_truncated_in_the_middle_as_pred_py(fixtures_dir, byte_tok):
+    from kdeval.evals.prompting import PromptBuilder
+
+    task = LongBench2Task(data_dir=str(fixtures_dir))
+    sample = task.samples()[0]
+    full = byte_tok.encode(sample.prefix + sample.suffix, add_special_tokens=False)
+    built = PromptBuilder(byte_tok, 300).build(sample)
+    limit = 300 - 128 - 1  # context - generation - BOS
+    assert built.truncated and built.removed_tokens == len(full) - limit
+    body = built.ids[1:]  # pred.py keeps the first and last halves of the prompt's tokens
+    assert body == full[: limit - limit // 2] + full[len(full) - limit // 2:]
