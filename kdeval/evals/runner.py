@@ -28,7 +28,7 @@ import functools
 import json
 import time
 from itertools import groupby
-from typing import Any, Iterable, Mapping, NotRequired, Sequence, TypedDict
+from typing import Any, Iterable, Mapping, Sequence, TypedDict
 
 import torch
 
@@ -65,7 +65,8 @@ class EvalRow(TypedDict):
     """One scored sample of one run (the Parquet row schema).
 
     Metric sub-scores (e.g. ``rouge_l_recall``, ``has_boxed``) are added as extra float columns
-    named after the sub-score; ``length`` and ``depth`` are copied out of ``meta`` when present.
+    named after the sub-score; ``length`` and ``depth`` are copied out of ``meta`` when present. With
+    ``thinking="strip"`` a string column ``answer`` holds the scored text (``prediction`` less its thinking block).
     """
 
     task: str                  # registry name, e.g. "ruler.niah_single_1"
@@ -93,7 +94,6 @@ class EvalRow(TypedDict):
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
     meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
-    answer: NotRequired[str]   # with thinking="strip" only: the scored text (prediction less its thinking block)
 
 
 def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any:
