@@ -6,7 +6,8 @@ official non-CoT length); the prompt is truncated in the middle to the model's c
 
 Data: the official ``data.json`` (a JSON list of rows ``_id, domain, sub_domain, difficulty, length,
 question, choice_A..choice_D, answer, context``) at ``<data dir>/longbench2/data.json``, or, with
-``source="hub"``, the same file of the hub dataset ``THUDM/LongBench-v2``.
+``source="hub"``, the hub dataset ``THUDM/LongBench-v2`` (split ``train``, as the official ``pred.py`` loads it).
+An empty generation scores 0 here; the official ``pred.py`` drops such a question from its results.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from kdeval.evals.base import DataNotFoundError, Sample, ScoreResult, Task, check_choice, check_positive, row_field
 from kdeval.evals.data import require_data_file
-from kdeval.evals.hub import hub_file
+from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.longbench2 import accuracy_table, extract_choice
 
 #: prompts/0shot.txt of the official repository, verbatim; $DOC$ is the context
@@ -30,7 +31,7 @@ DATA_FILE = "longbench2/data.json"
 HUB_ID = "THUDM/LongBench-v2"
 _FIELDS = ("_id", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer", "context")
 _HOW_TO_GET = (
-    "It is data.json of the hub dataset THUDM/LongBench-v2; put it at <data dir>/longbench2/data.json "
+    "It is the official data.json (the hub dataset THUDM/LongBench-v2); put it at <data dir>/longbench2/data.json "
     "or set the task's `params: {source: hub}` to download it when online."
 )
 
@@ -69,13 +70,15 @@ class LongBench2Task(Task):
             require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)  # fail before any model loads
 
     def _rows(self) -> list[dict[str, Any]]:
-        path = require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET) if self.source == "local" else \
-            hub_file(HUB_ID, "data.json", "task longbench2")
-        with open(path, encoding="utf-8") as f:
-            try:
-                rows = json.load(f)
-            except json.JSONDecodeError as e:
-                raise DataNotFoundError(f"{path}: not valid JSON ({e.msg}); expected the official data.json list") from None
+        if self.source == "hub":  # as the official pred.py loads it
+            path, rows = HUB_ID, hub_rows(HUB_ID, None, "train", "task longbench2")
+        else:
+            path = require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)
+            with open(path, encoding="utf-8") as f:
+                try:
+                    rows = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise DataNotFoundError(f"{path}: not valid JSON ({e.msg}); expected the official data.json list") from None
         if not isinstance(rows, list):
             raise DataNotFoundError(f"{path}: expected a JSON list of questions (the official data.json)")
         for i, row in enumerate(rows):
@@ -91,7 +94,7 @@ class LongBench2Task(Task):
         return [] if self.source == "hub" else [(DATA_FILE, require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET))]
 
     def data_source(self) -> str:
-        return f"hub {HUB_ID} (data.json)" if self.source == "hub" else DATA_FILE
+        return f"hub {HUB_ID}" if self.source == "hub" else DATA_FILE
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per question, in file order; id = the row's ``_id``."""
