@@ -216,6 +216,8 @@ def _what_samples(name: str, params: dict[str, Any]) -> str:
         return f"one per depth of params.depths {params.get('depths', 'default: 0, 25, 50, 75, 100')}"
     if name == "phonebook":
         return "num_books × questions_per_book per length"
+    if name in ("infinitebench.passkey", "infinitebench.number_string", "infinitebench.kv_retrieval"):
+        return "one per depth of params.depths (default: 0, 25, 50, 75, 100) × params.repeats per length"
     return "every sample of its data"
 
 

@@ -31,3 +31,18 @@ def test_missing_data_is_refused_at_submit(app, paths, monkeypatch, tmp_path):
         assert f"datafilenotfound:{empty}/{rel}" in out, rel
     assert out.count("`params:{source:hub}`") == 6 and "infinitebench.passkey" not in out
     assert not paths["db"].exists()
+
+
+def test_a_synthetic_slice_smaller_than_asked_says_why(paths):
+    from kdeval.jobs.cells import expand_grid
+    from kdeval.jobs.validate import parse_grid
+
+    grid = parse_grid("""
+models: [random:llama-tiny]
+policies: [full]
+chunk_sizes: [64]
+tasks: [{name: infinitebench.passkey, lengths: [512], samples: 4, params: {depths: [50]}}]
+""")
+    notes = expand_grid(grid, version="0+test").notes
+    assert notes == ["tasks[0].samples: infinitebench.passkey at length 512 has 1 samples (one per depth of params.depths "
+                     "(default: 0, 25, 50, 75, 100) × params.repeats per length); the cell runs 1, not 4"]
