@@ -153,7 +153,7 @@ class EvalWorkload:
         rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
                                budget=task.budget, chunk_size=task.chunk_size, limit=None,
                                engine=task.engine, prompts=prompts, max_new_tokens=task.max_new_tokens,
-                               compress=task.compress, decode=task.decode,
+                               compress=task.compress, decode=task.decode, thinking=task.thinking,
                                batch_size=task.batch_size or default_batch_size(handle, task))
         # a shard's rows only: the driver aggregates the whole cell (:meth:`aggregate`) once every shard is in
         peaks = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]

@@ -42,6 +42,7 @@ class CellTask:
     task_params: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int | None = None  # the grid's generation.max_new_tokens (None: each sample's own length)
     batch_size: int | None = None  # samples through the engine at once (None: the worker's default)
+    thinking: str = "keep"  # generation.thinking: "strip" scores what follows a reasoning model's thinking block
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, score_precision)
     compress: str = "prompt"  # protocol: "prompt" (paper) or "context" (kvpress)
     decode: str = "evict"  # protocol: "evict" or "keep" after the prompt

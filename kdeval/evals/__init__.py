@@ -1,4 +1,4 @@
-"""Evaluation suites: needle-in-a-haystack, RULER, LongBench v1, MATH-500, phonebook.
+"""Evaluation suites: needle-in-a-haystack, RULER, LongBench v1 and v2, InfiniteBench, LooGLE, MATH-500, AIME 2025, phonebook.
 
 Public API (what the service layer calls):
 

@@ -133,6 +133,10 @@ class Task(ABC):
     #: such a task refuses ``protocol: {compress: context}``.
     separable_question: bool = True
 
+    #: generation length for reasoning models (``generation: {thinking: strip}`` without a grid length), where the
+    #: benchmark's evaluation of such models sets one (MATH-500, AIME); None: the task's own length.
+    reasoning_max_new_tokens: int | None = None
+
     @abstractmethod
     def samples(self, builder: Any = None) -> list[Sample]:
         """The task's samples; synthetic tasks size them with ``builder`` (a PromptBuilder)."""

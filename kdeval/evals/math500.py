@@ -17,6 +17,8 @@ from kdeval.evals.metrics.math_equiv import last_boxed, math_equal
 
 #: the instruction the Qwen2.5-Math / DeepSeek-R1 evaluations append to each problem
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+#: The maximum generation length of the DeepSeek-R1 evaluation (AIME 2024, MATH-500 ...): reasoning models' length
+REASONING_MAX_NEW_TOKENS = 32768
 DATA_FILE = "math500/test.jsonl"
 HUB_ID = "HuggingFaceH4/MATH-500"
 _HOW_TO_GET = (
@@ -40,6 +42,9 @@ class Math500Task(Task):
     source: str = "local"
     limit: int | None = None
     max_new_tokens: int = 1024
+
+    #: with ``generation: {thinking: strip}`` and no grid length: the DeepSeek-R1 evaluation's length
+    reasoning_max_new_tokens = REASONING_MAX_NEW_TOKENS
 
     def __post_init__(self) -> None:
         check_choice("source", self.source, ("local", "hub"))
@@ -88,9 +93,7 @@ class Math500Task(Task):
 
     def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
         """1 when the last boxed answer equals a reference; sub-score ``has_boxed``."""
-        answer = last_boxed(prediction)
-        ok = any(math_equal(answer, ref) for ref in references)
-        return ScoreResult(score=1.0 if ok else 0.0, sub={"has_boxed": 0.0 if answer is None else 1.0})
+        return boxed_score(prediction, references)
 
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Accuracy (%), boxed rate (%), and accuracy per level."""
@@ -102,3 +105,10 @@ class Math500Task(Task):
         if any(row_field(r, "level") is not None for r in rows):
             out["accuracy_by_level"] = group_percent(rows, ["level"])
         return out
+
+
+def boxed_score(prediction: str, references: Sequence[str]) -> ScoreResult:
+    """1 when the last ``\\boxed{}`` of ``prediction`` is math-equal to a reference; sub-score ``has_boxed``."""
+    answer = last_boxed(prediction)
+    ok = any(math_equal(answer, ref) for ref in references)
+    return ScoreResult(score=1.0 if ok else 0.0, sub={"has_boxed": 0.0 if answer is None else 1.0})

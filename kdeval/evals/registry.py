@@ -1,7 +1,8 @@
 """The flat registry of tasks: name -> TaskSpec (benchmark, metric, data source, factory).
 
-Names: ``needle``, ``phonebook``, ``math500``, ``ruler.<task>`` (13), ``longbench.<task>`` (21).
-Suites ``ruler`` and ``longbench`` expand to their tasks (:func:`expand`).
+Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``ruler.<task>`` (13), ``longbench.<task>`` (21),
+``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2).
+Suites ``ruler``, ``longbench``, ``infinitebench`` and ``loogle`` expand to their tasks (:func:`expand`).
 """
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kdeval.evals.aime2025 import Aime2025Task
 from kdeval.evals.base import EvalError, Task, UnknownTaskError
+from kdeval.evals.infinitebench import InfiniteBenchTask
+from kdeval.evals.infinitebench_synthetic import InfiniteBenchSyntheticTask
 from kdeval.evals.longbench import LONGBENCH_TASKS, LongBenchTask
+from kdeval.evals.longbench2 import LongBench2Task
+from kdeval.evals.loogle import LooGLETask
 from kdeval.evals.math500 import Math500Task
+from kdeval.evals.metrics.loogle import NOT_COMPUTED
 from kdeval.evals.metrics.longbench import DATASET2METRIC
 from kdeval.evals.needle import NeedleTask
 from kdeval.evals.phonebook import PhonebookTask
@@ -76,6 +83,26 @@ def _specs() -> dict[str, TaskSpec]:
     for t in LONGBENCH_TASKS:
         specs.append(TaskSpec(f"longbench.{t}", "longbench", DATASET2METRIC[t].__name__,
                               f"<data dir>/longbench/{t}.jsonl or hub THUDM/LongBench", LongBenchTask, (("subset", t),)))
+    specs += [
+        TaskSpec("longbench2", "longbench2", "accuracy (\"The correct answer is (X)\"; by difficulty and length)",
+                 "<data dir>/longbench2/data.json or hub THUDM/LongBench-v2", LongBench2Task),
+        TaskSpec("aime2025", "aime2025", "math_equivalence (last \\boxed{})",
+                 "<data dir>/aime2025/aime2025-{I,II}.jsonl or hub opencompass/AIME2025", Aime2025Task),
+    ]
+    for t, metric in (("en_qa", "qa_f1 (max over answers)"), ("en_mc", "choice_match (letter or option text)")):
+        file = "longbook_qa_eng" if t == "en_qa" else "longbook_choice_eng"
+        specs.append(TaskSpec(f"infinitebench.{t}", "infinitebench", metric,
+                              f"<data dir>/infinitebench/{file}.jsonl or hub xinrongzhang2022/InfiniteBench",
+                              InfiniteBenchTask, (("subset", t),)))
+    for t, metric in (("passkey", "first_int_match"), ("number_string", "first_int_match"),
+                      ("kv_retrieval", "word_match")):
+        specs.append(TaskSpec(f"infinitebench.{t}", "infinitebench", metric, "synthetic (InfiniteBench's recipe)",
+                              InfiniteBenchSyntheticTask, (("subset", t),)))
+    missing = "; ".join(f"{k} not computed: {v}" for k, v in NOT_COMPUTED.items())
+    for t in ("shortdep_qa", "longdep_qa"):
+        specs.append(TaskSpec(f"loogle.{t}", "loogle",
+                              f"rouge_l_recall (headline) + bleu1/bleu4/rouge1/rouge2, meteor with WordNet data; {missing}",
+                              f"<data dir>/loogle/{t}.jsonl or hub bigainlco/LooGLE", LooGLETask, (("subset", t),)))
     return {s.name: s for s in specs}
 
 
@@ -83,6 +110,8 @@ REGISTRY: dict[str, TaskSpec] = _specs()
 SUITES: dict[str, tuple[str, ...]] = {
     "ruler": tuple(n for n in REGISTRY if n.startswith("ruler.")),
     "longbench": tuple(n for n in REGISTRY if n.startswith("longbench.")),
+    "infinitebench": tuple(n for n in REGISTRY if n.startswith("infinitebench.")),
+    "loogle": tuple(n for n in REGISTRY if n.startswith("loogle.")),
 }
 
 
@@ -115,13 +144,13 @@ def get_scorer(name: str) -> Task:
         return spec.build(verify_data=False)
     if spec.cls is NeedleTask:
         return spec.build(haystack="noise")
-    if spec.cls in (LongBenchTask, Math500Task):
+    if spec.cls in (LongBenchTask, Math500Task, LongBench2Task, InfiniteBenchTask, LooGLETask, Aime2025Task):
         return spec.build(source="hub")  # the hub is only contacted by samples()
     return spec.build()
 
 
 def expand(names: list[str] | tuple[str, ...] | str) -> list[str]:
-    """Task names with suites (``ruler``, ``longbench``) expanded; unknown names raise."""
+    """Task names with suites (``ruler``, ``longbench``, ``infinitebench``, ``loogle``) expanded; unknown names raise."""
     out: list[str] = []
     for n in [names] if isinstance(names, str) else names:
         if n in SUITES:

@@ -36,6 +36,7 @@ from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_posit
 from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
+from kdeval.evals.thinking import THINKING_MODES, scored_text, thinking_markers
 
 #: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
 #: arguments, and each sample sets its generation length.
@@ -64,7 +65,8 @@ class EvalRow(TypedDict):
     """One scored sample of one run (the Parquet row schema).
 
     Metric sub-scores (e.g. ``rouge_l_recall``, ``has_boxed``) are added as extra float columns
-    named after the sub-score; ``length`` and ``depth`` are copied out of ``meta`` when present.
+    named after the sub-score; ``length`` and ``depth`` are copied out of ``meta`` when present. With
+    ``thinking="strip"`` a string column ``answer`` holds the scored text (``prediction`` less its thinking block).
     """
 
     task: str                  # registry name, e.g. "ruler.niah_single_1"
@@ -111,7 +113,8 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
-         shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None) -> dict[str, Any]:
+         shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None,
+         strip: tuple[str, str] | None = None) -> dict[str, Any]:
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -139,7 +142,10 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
         "depth": meta.pop("depth", None),
         "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),
     }
-    row.update(score_row_fields(task, text, sample.references, sample.meta))
+    answer = text
+    if strip is not None:  # thinking="strip": score the text after the thinking block, keep the raw prediction
+        answer = row["answer"] = scored_text(text, "strip", strip)
+    row.update(score_row_fields(task, answer, sample.references, sample.meta))
     return row
 
 
@@ -208,7 +214,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              limit: int | None = None, chat: str = "auto", share_context: bool = True,
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
-             decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1) -> list[dict[str, Any]]:
+             decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1,
+             thinking: str = "keep") -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
 
     Args:
@@ -238,12 +245,17 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             graphs); the rows are the same as with 1 (tokens and kept sets; timings and memory are the
             batch's, ``peak_kv_bytes`` the row's share). A shared context is still prefilled once, at batch
             1, and its questions are rows continuing from it (several per batch).
+        thinking: ``"keep"`` (score the whole generation) or ``"strip"`` (score what follows the thinking block,
+            markers from ``lm.tokenizer``; :mod:`kdeval.evals.thinking`): rows keep the raw ``prediction`` and
+            add the scored ``answer``.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
 
     check_choice("compress", compress, COMPRESS)
     check_choice("decode", decode, DECODE)
+    check_choice("thinking", thinking, THINKING_MODES)
+    strip = thinking_markers(lm.tokenizer) if thinking == "strip" else None
     if not isinstance(batch_size, int) or isinstance(batch_size, bool):
         raise EvalError(f"batch_size: expected a positive integer, got {batch_size!r}")
     check_positive("batch_size", batch_size)
@@ -270,10 +282,10 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         part = [samples[i] for i in members], [built[i] for i in members]
         if batch_size > 1:
             done = _run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
-                                decode == "evict", eos, device, weight_bytes)
+                                decode == "evict", eos, device, weight_bytes, strip)
         else:
             done = _run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
-                             device, weight_bytes)
+                             device, weight_bytes, strip)
         for i, row in zip(members, done):
             rows[i] = row
     return rows
@@ -281,7 +293,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
 
 def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
               builder: PromptBuilder, share_context: bool, context_only: bool, decode_evict: bool, eos: Any,
-              device: Any, weight_bytes: int) -> list[dict[str, Any]]:
+              device: Any, weight_bytes: int, strip: tuple[str, str] | None) -> list[dict[str, Any]]:
     """:func:`run_task`'s loop one sample at a time (batch 1), in order, on one engine."""
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
@@ -298,7 +310,7 @@ def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[B
                                decode_evict=decode_evict)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes, eng.config.budget if eng.evicting else None))
+                             weight_bytes, eng.config.budget if eng.evicting else None, strip))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
@@ -319,7 +331,8 @@ def _shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], sh
 
 def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
                  builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
-                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int) -> list[dict[str, Any]]:
+                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int,
+                 strip: tuple[str, str] | None) -> list[dict[str, Any]]:
     """:func:`run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is prefilled once;
     its questions are rows continuing from that state (read, not forked) and it goes back to the engine once
     the last of them has run."""
@@ -339,7 +352,7 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
         for (i, _, shared, shared_s), r in zip(queue, res):
             gen = r.tokens[0]
             rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None)
+                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None, strip)
         done = queue[-1][0]
         queue.clear()
         while waiting and waiting[0][0] <= done:

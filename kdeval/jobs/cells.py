@@ -29,6 +29,7 @@ from kdeval.cluster.workload import CellTask, model_key
 from kdeval.evals.base import EvalError
 from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.evals.identity import task_data
+from kdeval.evals.registry import get_spec
 from kdeval.jobs.errors import GridError, GridIssue
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
 from kdeval.jobs.registries import share_budget_notes
@@ -43,6 +44,9 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
 NOT_IDENTITY = {"generation": {"batch_size"}}
+#: Hashed into a cell's id only when not at this default, so that cells written before the field existed keep
+#: their ids (``generation.thinking``: ``keep`` scores as every earlier cell did).
+HASHED_WHEN_SET = {"generation": {"thinking": "keep"}}
 
 
 def _content_hash(model: BaseModel, exclude: dict | None = None) -> str:
@@ -99,8 +103,13 @@ class CellSpec(BaseModel):
 
     @property
     def id(self) -> str:
-        """Content hash (24 hex digits) of the spec, less the settings results do not depend on."""
-        return _content_hash(self, exclude=NOT_IDENTITY)[:24]
+        """Content hash (24 hex digits) of the spec, less the settings results do not depend on (and those of
+        :data:`HASHED_WHEN_SET` at their defaults)."""
+        exclude = {section: set(fields) for section, fields in NOT_IDENTITY.items()}
+        for section, defaults in HASHED_WHEN_SET.items():
+            part = getattr(self, section)
+            exclude.setdefault(section, set()).update(k for k, v in defaults.items() if getattr(part, k) == v)
+        return _content_hash(self, exclude=exclude)[:24]
 
     @property
     def model_key(self) -> str:
@@ -116,8 +125,8 @@ class CellSpec(BaseModel):
             revision=m.revision, policy=self.policy, policy_params=dict(self.policy_params),
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
-            max_new_tokens=self.generation.max_new_tokens, batch_size=self.generation.batch_size,
-            engine=self.engine.options(),
+            max_new_tokens=generation_length(self.generation, t.name), batch_size=self.generation.batch_size,
+            thinking=self.generation.thinking, engine=self.engine.options(),
             compress=self.protocol.compress, decode=self.protocol.decode,
         )
 
@@ -134,6 +143,7 @@ class CellSpec(BaseModel):
         pol = policy_label(self.policy, self.policy_params)
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
         proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
+        proto += " thinking=strip" if self.generation.thinking == "strip" else ""
         return (f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}"
                 f" gen={self.task.max_new_tokens}{proto}{engine}")
 
@@ -168,8 +178,8 @@ def _task_refs(grid: GridSpec) -> tuple[dict[tuple[int, int | None, int], TaskRe
     refs: dict[tuple[int, int | None, int], TaskRef] = {}
     notes: list[str] = []
     issues: list[GridIssue] = []
-    max_new = grid.generation.max_new_tokens
     for i, spec in enumerate(grid.tasks):
+        max_new = generation_length(grid.generation, spec.name)
         for length, seed in product(spec.lengths or [None], spec.seeds):
             try:
                 task = build_eval_task(spec.name, dict(spec.params), length=length, seed=seed,
@@ -193,11 +203,21 @@ def _task_refs(grid: GridSpec) -> tuple[dict[tuple[int, int | None, int], TaskRe
     return refs, notes
 
 
+def generation_length(generation: GenerationSpec, task: str) -> int | None:
+    """The length a cell of ``task`` generates when the grid sets it (None: the task's own): the grid's
+    ``max_new_tokens``, else, under ``thinking: strip``, the task's length for reasoning models (MATH-500, AIME)."""
+    if generation.max_new_tokens is not None or generation.thinking != "strip":
+        return generation.max_new_tokens
+    return get_spec(task).cls.reasoning_max_new_tokens
+
+
 def _what_samples(name: str, params: dict[str, Any]) -> str:
     if name == "needle":
         return f"one per depth of params.depths {params.get('depths', 'default: 0, 25, 50, 75, 100')}"
     if name == "phonebook":
         return "num_books × questions_per_book per length"
+    if name in ("infinitebench.passkey", "infinitebench.number_string", "infinitebench.kv_retrieval"):
+        return "one per depth of params.depths (default: 0, 25, 50, 75, 100) × params.repeats per length"
     return "every sample of its data"
 
 

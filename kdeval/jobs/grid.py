@@ -14,7 +14,7 @@ Example (see ``examples/*.yaml``)::
     chunk_sizes: [64]
     tasks:
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
-    generation: {max_new_tokens: null}          # null: each task's official generation length
+    generation: {max_new_tokens: null, thinking: keep}  # null: each task's official length; strip: drop <think>
     protocol: {compress: prompt, decode: evict} # the paper's; {compress: context} is kvpress's
     engine: {cuda_graphs: null, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
@@ -96,10 +96,13 @@ class GenerationSpec(_Strict):
     """Decoding settings shared by all cells. Decoding is greedy. ``max_new_tokens`` bounds every task's
     generation; None = each task's official length (LongBench's per-task table, RULER's, ...). ``batch_size``:
     samples sent through the engine together; results do not depend on it, so it is not part of a cell's id.
-    None = chosen per worker from measurement (``kdeval.cluster.execute.default_batch_size``)."""
+    None = chosen per worker from measurement (``kdeval.cluster.execute.default_batch_size``). ``thinking``:
+    ``keep`` scores the whole output; ``strip`` scores what follows a reasoning model's thinking block
+    (``kdeval.evals.thinking``); part of a cell's id only when set to ``strip``."""
 
     max_new_tokens: int | None = Field(default=None, ge=1)
     batch_size: int | None = Field(default=None, ge=1, le=1024)
+    thinking: Literal["keep", "strip"] = "keep"
 
 
 class ProtocolSpec(_Strict):

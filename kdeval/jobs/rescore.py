@@ -60,7 +60,8 @@ def rescore_run(index: RunIndex, run_id: str) -> RescoreReport:
             continue
         rows = read_cell_rows(cell.results_dir, cell.result_path)
         for row in rows:
-            fields = score_row_fields(task, row.get("prediction") or "", row.get("references") or [], _meta(row))
+            scored = row["answer"] if row.get("answer") is not None else row.get("prediction")  # thinking: strip
+            fields = score_row_fields(task, scored or "", row.get("references") or [], _meta(row))
             if row.get("score") is None or abs(float(row["score"]) - fields["score"]) > 1e-12:
                 report.changed += 1
             row.update(fields)

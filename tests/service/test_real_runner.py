@@ -1,6 +1,8 @@
 """One small grid through the real engine + evals runner (random:llama-tiny), then ``rescore``."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("kdeval.evals.runner")
@@ -51,3 +53,28 @@ def test_real_cells_store_rows_and_rescore_restores_scores(local_ray, app, paths
     assert res.exit_code == 0 and "rescored 3 cells (6 rows, 1 scores changed)" in res.output, res.output
     assert rescore_run(idx, run_id).changed == 0  # idempotent
     assert idx.read_cell_rows(cell.id)[0]["score"] == original
+
+
+def test_thinking_strip_reaches_the_worker_and_rescore_scores_the_answer(local_ray, paths):
+    fixtures_dir = Path(__file__).resolve().parents[1] / "fixtures"
+    grid = f"""
+name: tiny-thinking
+models: [random:llama-tiny]
+policies: [keydiff]
+budgets: [96]
+chunk_sizes: [64]
+tasks:
+  - {{name: aime2025, samples: 1, params: {{data_dir: "{fixtures_dir}"}}}}
+generation: {{max_new_tokens: 4, thinking: strip}}
+resources: {{workers: 1}}
+"""
+    idx, run_id, plan = new_run(paths["db"], paths["results"], grid)
+    assert service.execute_run(idx, run_id).done == 1
+    cell = idx.run_cells(run_id)[0]
+    rows = read_cell_rows(cell.results_dir, cell.result_path)
+    assert "answer" in rows[0] and rows[0]["generated_tokens"] <= 4  # the grid's length bounds the reasoning one
+    # the raw prediction is right, the answer (after the thinking block) is not: rescore scores the answer
+    rows[0].update(prediction="<think>\\boxed{9}</think>", answer="", references=["9"], score=1.0)
+    write_cell_rows(cell.results_dir, cell.id, rows)
+    assert rescore_run(idx, run_id).changed == 1
+    assert idx.read_cell_rows(cell.id)[0]["score"] == 0.0
