@@ -37,8 +37,10 @@ from kdeval.storage import (
     TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, to_jsonable,
 )
 
-out = Console()
-err = Console(stderr=True)
+# Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
+# given as Text).
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
 
 
 def _run_or_exit(index: RunIndex, ref: str):
@@ -84,7 +86,7 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
             err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
         return EXIT_FAILED
     if outcome.message:
-        err.print(f"[yellow]{outcome.message}[/]")
+        err.print(Text(outcome.message, style="yellow"))
     out.print(_status_table(index, run_id))
     return _exit_code(index, run_id)
 
@@ -210,8 +212,8 @@ def _detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Pa
 
 def _print_plan(name: str, p: "service.Plan") -> None:
     """The dry run's table: per cell its state, generation length, data source and spec; then the notes."""
-    t = Table(title=f"{name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run",
-              box=box.SIMPLE_HEAD)
+    t = Table(title=Text(f"{name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run",
+                         style="table.title"), box=box.SIMPLE_HEAD)
     for col in ("cell", "state", "gen", "data", "spec"):
         t.add_column(col, overflow="fold", justify="right" if col == "gen" else "left")
     for c in p.cells:
@@ -263,7 +265,8 @@ def submit(
         raise typer.Exit(EXIT_BAD_INPUT)
     for note in p.notes:
         err.print(f"note: {note}", markup=False, highlight=False)
-    out.print(f"run [bold]{run_id}[/]: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
+    out.print(Text.assemble("run ", (run_id, "bold"),
+                            f": {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run"))
     if detach:
         _detach_local(index, run_id, db, address)
         raise typer.Exit(EXIT_OK)
