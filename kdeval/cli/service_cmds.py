@@ -242,7 +242,7 @@ def submit(
         else:
             p = None
     except GridError as e:
-        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False)
+        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     if dry_run:
         _print_plan(grid.name, p)
@@ -261,7 +261,7 @@ def submit(
     try:
         run_id, p = service.create_run(index, grid, text, results_dir)
     except GridError as e:
-        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False)
+        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     for note in p.notes:
         err.print(f"note: {note}", markup=False, highlight=False)

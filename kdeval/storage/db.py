@@ -113,9 +113,10 @@ def _read_only_uri(path: Path) -> str:
     return f"file:{quote(str(path))}?{params}"
 
 
-def _refuse_foreign_sqlite(path: Path, where: str) -> None:
+def _refuse_foreign_sqlite(path: Path, where: str, write: bool) -> None:
     """Look at an existing SQLite file read-only, before any pragma or table touches it: a file that is not
-    a database, or a database holding tables but no ``runs`` (something else's), is not an index."""
+    a database, or a database holding tables but no ``runs`` (something else's), is not an index; for a reader
+    (``write`` False) an empty one (0 bytes, no tables) is not one either: readers never write a schema."""
     if not path.is_file():
         return
     try:
@@ -130,6 +131,12 @@ def _refuse_foreign_sqlite(path: Path, where: str) -> None:
         raise IndexAccessError(f"cannot open the index at {where} ({e})") from None
     if tables and "runs" not in tables:
         raise IndexAccessError(f"{where} is not a kdeval index (an SQLite database without a runs table)")
+    if not tables and not write:
+        raise IndexAccessError(_EMPTY.format(where=where))
+
+
+#: A reader's message for a database without the index's tables.
+_EMPTY = "{where} holds no kdeval index (an empty database; nothing submitted to it yet?)"
 
 
 def _new_engine(url: str, read_only: bool) -> Engine:
@@ -172,8 +179,10 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
         if write:
             raise IndexAccessError(f"{where} is read-only (this command writes to the index)")
         read_only = path.exists()
+    if path is not None and not write and not path.exists():
+        raise IndexAccessError(f"no index at {where} (nothing submitted yet?)")  # a reader creates nothing
     if path is not None:
-        _refuse_foreign_sqlite(path, where)
+        _refuse_foreign_sqlite(path, where, write)
     try:
         engine = _new_engine(url, read_only)
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
@@ -181,6 +190,8 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
     try:
         if read_only:
             _check_schema(engine, where)
+        elif not write and not inspect(engine).has_table(Run.__tablename__):  # a reader creates nothing
+            raise IndexAccessError(_EMPTY.format(where=where))
         else:
             _create_tables(engine)
             add_missing_columns(engine)
