@@ -13,6 +13,11 @@ runner = CliRunner()
 
 BIG = "x" * 10_000_000
 
+
+def _resources(extra: str) -> str:
+    return BASE.replace("{workers: 2}", f"{{workers: 2, {extra}}}")
+
+
 BOUNDED = {
     "budget-2^31": (BASE.replace("[64, 128, 256]", "[64, 2147483648]"), "budgets[1]: must be at most 2147483647"),
     "budget-2^63": (BASE.replace("[64, 128, 256]", "[64, 9223372036854775808]"), "budgets[1]: must be at most"),
@@ -22,17 +27,17 @@ BOUNDED = {
                      "tasks[0].seeds[0]: must be at most 2147483647"),
     "length-2^40": (BASE.replace("[256, 512]", "[256, 1099511627776]"), "tasks[0].lengths[1]: must be at most"),
     "chunk-2^31": (BASE.replace("[32, 64]", "[32, 2147483648]"), "chunk_sizes[1]: must be at most"),
-    "cpus-inf": (BASE.replace("{workers: 2}", "{workers: 2, cpus_per_worker: .inf}"),
+    "cpus-inf": (_resources("cpus_per_worker: .inf"),
                  "resources.cpus_per_worker: must be a finite number, got inf"),
-    "cpus-nan": (BASE.replace("{workers: 2}", "{workers: 2, cpus_per_worker: .nan}"),
+    "cpus-nan": (_resources("cpus_per_worker: .nan"),
                  "resources.cpus_per_worker: must be a finite number, got nan"),
-    "cpus-1e30": (BASE.replace("{workers: 2}", "{workers: 2, cpus_per_worker: 1e30}"),
+    "cpus-1e30": (_resources("cpus_per_worker: 1e30"),
                   "resources.cpus_per_worker: Input should be less than or equal to 1024 (got '1e30')"),
-    "cpus-1.0e+30": (BASE.replace("{workers: 2}", "{workers: 2, cpus_per_worker: 1.0e+30}"),
+    "cpus-1.0e+30": (_resources("cpus_per_worker: 1.0e+30"),
                      "resources.cpus_per_worker: must be at most 2147483647"),
-    "cpus-2048": (BASE.replace("{workers: 2}", "{workers: 2, cpus_per_worker: 2048}"),
+    "cpus-2048": (_resources("cpus_per_worker: 2048"),
                   "resources.cpus_per_worker: Input should be less than or equal to 1024"),
-    "gpus-inf": (BASE.replace("{workers: 2}", "{workers: 2, gpus_per_worker: .inf}"),
+    "gpus-inf": (_resources("gpus_per_worker: .inf"),
                  "resources.gpus_per_worker: must be a finite number"),
     "timeout-nan": (BASE + "retries: {cell_timeout_s: .nan}\n", "retries.cell_timeout_s: must be a finite number"),
     "max-new-tokens-1e12": (BASE + "generation: {max_new_tokens: 1000000000}\n",
