@@ -34,7 +34,8 @@ from kdeval.jobs.errors import GridError
 from kdeval.jobs.progress import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
-    TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, to_jsonable,
+    DB_ENV, TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_text, db_url,
+    to_jsonable,
 )
 
 # Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
@@ -163,37 +164,49 @@ def _status_json(index: RunIndex, run_id: str | None) -> str:
 
 
 
-def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str]) -> list[str]:
-    """The background driver's command line: ``resume`` of the run on the same index and cluster."""
-    entry = [sys.executable, "-m", "kdeval.cli.service_cmds", "resume", run_id, "--db", db_url(db)]
-    return entry + (["--address", address] if address else [])
+def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str]) -> tuple[list[str], dict]:
+    """The background driver's command line (``resume`` of the run on the same cluster) and what its
+    environment adds: the index URL, in ``$KDEVAL_DB`` rather than in the arguments every local user can
+    read (``ps``), since it may hold a password."""
+    entry = [sys.executable, "-m", "kdeval.cli.service_cmds", "resume", run_id]
+    return entry + (["--address", address] if address else []), {DB_ENV: db_url(db)}
 
 
 def _detach_local(index: RunIndex, run_id: str, db: Optional[str], address: Optional[str]) -> None:
     """Start this run's driver as a background process on this machine (log next to the results); it joins
     the cluster at ``address`` (None: a local Ray of its own)."""
-    entry = detached_driver_command(run_id, db, address)
+    entry, env = detached_driver_command(run_id, db, address)
     log = Path(index.get_run(run_id).results_dir) / f"driver-{run_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(entry, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **env})
     out.print(f"run {run_id} started in the background (pid {proc.pid}, log {log}); "
               f"follow it with `kdeval status {run_id} --watch`")
 
 
 #: Where a detached Ray job keeps the index and results on the cluster's head node by default.
 CLUSTER_DB, CLUSTER_RESULTS = "~/.kdeval/index.sqlite", "~/.kdeval/results"
+#: The file of a Ray job's working_dir that holds its ``--db`` (see :func:`ray_job_spec`).
+JOB_DB_FILE = "index-url"
 
 
 def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]) -> tuple[str, dict]:
     """Entrypoint and runtime_env of the Ray job that runs ``kdeval submit`` on the cluster.
 
     The grid file travels in the job's working_dir; ``--db``/``--results-dir`` are paths on the head
-    node (default ``~/.kdeval/...``), since the driver — the only writer of the index — runs there."""
+    node (default ``~/.kdeval/...``), since the driver — the only writer of the index — runs there. A ``--db``
+    travels as a file of the working_dir readable only by its owner (``--db @index-url``), never in the
+    entrypoint, which the job list and dashboard show: it may hold a password."""
     staging = Path(tempfile.mkdtemp(prefix="kdeval-job-"))
     shutil.copy(grid_file, staging / "grid.yaml")
-    entry = " ".join(["kdeval", "submit", "grid.yaml", "--db", shlex.quote(db or CLUSTER_DB),
+    where = CLUSTER_DB
+    if db is not None:
+        fd = os.open(staging / JOB_DB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{db_text(db)}\n")  # an @FILE given here is read here
+        where = f"@{JOB_DB_FILE}"
+    entry = " ".join(["kdeval", "submit", "grid.yaml", "--db", shlex.quote(where),
                       "--results-dir", shlex.quote(str(results_dir or CLUSTER_RESULTS)), "--address", "auto"])
     return entry, {"working_dir": str(staging)}
 

@@ -32,7 +32,7 @@ identity columns the driver adds to every row (``run_id, cell_id, model, policy,
 chunk_size, task, length, seed, dtype, protocol``; ``kdeval.storage.rows.IDENTITY_SCHEMA``), so the results
 directory reads on its own.
 """
-from kdeval.storage.db import DEFAULT_DB_PATH, IndexAccessError, db_url, make_engine, sqlite_path
+from kdeval.storage.db import DB_ENV, DEFAULT_DB_PATH, IndexAccessError, db_text, db_url, make_engine, sqlite_path
 from kdeval.storage.index import RunIndex, age_seconds
 from kdeval.storage.integrity import CELL_ID_COLUMN, verify_cell, verify_cell_file
 from kdeval.storage.leases import ShardView
@@ -46,7 +46,7 @@ from kdeval.storage.rows import IDENTITY_SCHEMA, conform_identity, rows_to_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
 
 __all__ = [
-    "DEFAULT_DB_PATH", "IndexAccessError", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds",
+    "DB_ENV", "DEFAULT_DB_PATH", "IndexAccessError", "db_text", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds",
     "AttemptState", "CellState", "RunState", "TERMINAL_RUN_STATES", "clean_temp_files", "list_result_files",
     "list_temp_files", "read_cell_rows", "read_cell_table", "rows_to_table", "write_cell_rows", "AttemptView",
     "CellRecord", "CellView", "RunView", "to_jsonable", "CELL_ID_COLUMN", "verify_cell", "verify_cell_file",

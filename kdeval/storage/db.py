@@ -24,6 +24,10 @@ from kdeval.storage.models import Base, Run
 #: Default index location, relative to the working directory (``--db`` overrides it).
 DEFAULT_DB_PATH = Path(".kdeval") / "index.sqlite"
 
+#: The environment variable naming the index when ``--db`` is not given: a detached driver gets its URL this
+#: way, so that a password in it is not in the process list.
+DB_ENV = "KDEVAL_DB"
+
 #: How long a SQLite connection waits for the writer's lock before raising (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -37,18 +41,38 @@ class IndexAccessError(ValueError):
 
 
 def db_url(db: str | Path | None, *, make_dirs: bool = True) -> str:
-    """Turn ``--db`` (a SQLAlchemy URL, a file path, or None for the default) into a URL.
+    """Turn ``--db`` (a SQLAlchemy URL, a file path, ``@FILE``: the URL or path written in FILE, or None:
+    ``$KDEVAL_DB``, else the default path) into a URL. ``@FILE`` and ``$KDEVAL_DB`` keep a password out of
+    process lists; an unreadable FILE raises :class:`IndexAccessError`.
 
     With ``make_dirs`` the parent directory of a SQLite file is created."""
-    if db is None:
-        db = DEFAULT_DB_PATH
-    text = str(db)
+    text = db_text(db)
     if "://" in text:
         return text
     path = Path(text).expanduser().resolve()
     if make_dirs:
         path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+def db_text(db: str | Path | None) -> str:
+    """What ``--db`` names, as given: ``@FILE`` read, None as ``$KDEVAL_DB`` or the default path (see
+    :func:`db_url`, which also makes a path absolute)."""
+    if db is None:
+        db = os.environ.get(DB_ENV) or DEFAULT_DB_PATH
+    text = str(db)
+    return _url_from_file(Path(text[1:]).expanduser()) if text.startswith("@") else text
+
+
+def _url_from_file(path: Path) -> str:
+    """The index URL (or path) written in ``path`` (its first line)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise IndexAccessError(f"cannot read the index URL from {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not lines or not lines[0].strip():
+        raise IndexAccessError(f"{path} is empty; expected the index URL or path on its first line")
+    return lines[0].strip()
 
 
 def sqlite_path(url: str) -> Path | None:
