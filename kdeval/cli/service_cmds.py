@@ -1,7 +1,9 @@
 """`kdeval submit / status / cancel / resume / ls / rescore` — the service commands.
 
-Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish), 2 bad input
-(an invalid grid, an unknown run); an invalid grid writes nothing.
+Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish: also when the index failed
+during the run — disk full, read-only, connection lost — said in one line naming the index and the cause),
+2 bad input (an invalid grid, an unknown run, an unusable --db or --results-dir); an invalid grid writes
+nothing.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from kdeval.jobs.errors import GridError
 from kdeval.jobs.progress import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
-    DB_ENV, TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_text, db_url,
+    DB_ENV, TERMINAL_RUN_STATES, CellState, IndexStorageError, RunIndex, RunState, age_seconds, db_text, db_url,
     to_jsonable,
 )
 
@@ -79,6 +81,9 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     except (ConnectionError, service.RunBusyError, service.StaleRunError) as e:
         err.print(f"error: {e}", markup=False)
         return EXIT_BAD_INPUT
+    except IndexStorageError as e:
+        err.print(f"error: {e}; {_stop_run(index, run_id, str(e))}", soft_wrap=True)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         run = index.get_run(run_id)
         if run is not None and (run.driver_host, run.driver_pid) == (socket.gethostname(), os.getpid()):
@@ -90,6 +95,20 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
         err.print(Text(outcome.message, style="yellow"))
     out.print(_status_table(index, run_id))
     return _exit_code(index, run_id)
+
+
+def _stop_run(index: RunIndex, run_id: str, why: str) -> str:
+    """Mark the run this process drove failed after its index failed (when the index takes it); says what
+    the user can do."""
+    then = f"`kdeval resume {run_id}` continues it once the index can be written"
+    try:
+        run = index.get_run(run_id)
+        if run is None or (run.driver_host, run.driver_pid) != (socket.gethostname(), os.getpid()):
+            return then  # it was not this process's run to mark
+        index.set_run_state(run_id, RunState.FAILED, f"stopped: {why}")
+    except IndexStorageError:
+        return f"the run could not be marked failed either (its driver is gone): {then}"
+    return f"run {run_id} is marked failed: {then}"
 
 
 def _counts_line(counts: dict[str, int]) -> str:
@@ -105,7 +124,8 @@ def _runs_table(index: RunIndex) -> Table:
     for r in index.list_runs():
         c = r.counts
         left = c.get("pending", 0) + c.get("running", 0)
-        t.add_row(r.id, r.name, r.state, str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
+        state = r.state if r.state != RunState.RUNNING.value or service.driver_alive(r) else "running (driver gone)"
+        t.add_row(r.id, r.name, state, str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
                   r.created_at.strftime("%m-%d %H:%M"))
     return t
 
@@ -276,6 +296,9 @@ def submit(
     except GridError as e:
         err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
+    except (IndexStorageError, OSError) as e:  # the index or the run's manifest could not be written
+        err.print(f"error: no run recorded: {e}", soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
     for note in p.notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     out.print(Text.assemble("run ", (run_id, "bold"),

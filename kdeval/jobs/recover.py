@@ -24,7 +24,7 @@ from kdeval.cluster.workload import CellOutcome, Workload
 from kdeval.jobs.cells import CellSpec
 from kdeval.jobs.shards import HeldCell, Shard, ShardDone, shard_ranges
 from kdeval.storage import (
-    CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, cell_dirs, part_files, read_cell_table,
+    RUNS_DIR, CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, cell_dirs, part_files, read_cell_table,
     read_part_metadata, read_run_manifests, verify_cell_file, write_run_manifest,
 )
 
@@ -51,6 +51,11 @@ def write_manifest(results_dir: str | Path, run_id: str, *, name: str, grid_yaml
         "kdeval_version": kdeval_version, "created_at": created_at.isoformat(),
         "cells": [vars(c) for c in cells],
     })
+
+
+def remove_manifest(results_dir: str | Path, run_id: str) -> None:
+    """Delete a run's manifest (the run could not be recorded after all)."""
+    (Path(results_dir) / RUNS_DIR / f"{run_id}.json").unlink(missing_ok=True)
 
 
 @dataclass

@@ -95,12 +95,16 @@ def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str
     p = plan(index, grid)
     run_id = new_run_id()
     where = str(Path(results_dir).expanduser().resolve())
-    records, digest = [c.record() for c in p.cells], grid_hash(grid)
-    index.create_run(run_id, name=grid.name, grid_yaml=grid_text, grid_hash=digest, results_dir=where,
-                     kdeval_version=kdeval_version(), cells=records)
+    records, digest, created = [c.record() for c in p.cells], grid_hash(grid), datetime.now(timezone.utc)
+    # the manifest first: a results directory that cannot take it (OSError) leaves the index as it was
     recover.write_manifest(where, run_id, name=grid.name, grid_yaml=grid_text, grid_hash=digest,
-                           kdeval_version=kdeval_version(), created_at=index.get_run(run_id).created_at,
-                           cells=records)
+                           kdeval_version=kdeval_version(), created_at=created, cells=records)
+    try:
+        index.create_run(run_id, name=grid.name, grid_yaml=grid_text, grid_hash=digest, results_dir=where,
+                         kdeval_version=kdeval_version(), cells=records, created_at=created)
+    except BaseException:
+        recover.remove_manifest(where, run_id)  # no manifest of a run the index does not have
+        raise
     adopted = recover.adopt_cells(index, run_id, where, p.to_run, default_workload)
     if adopted:
         p = Plan(cells=p.cells, done=p.done | adopted, invalid=p.invalid, notes=p.notes + [

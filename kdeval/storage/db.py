@@ -40,6 +40,33 @@ class IndexAccessError(ValueError):
     names the place and the cause in one line."""
 
 
+class IndexStorageError(RuntimeError):
+    """The index failed while in use: its disk is full, it became read-only, its server connection was lost.
+    The message names the place and the cause in one line."""
+
+
+#: Database messages that say the index's storage failed, not the statement: (text in the message, the cause).
+_STORAGE_FAILURES = (
+    ("database or disk is full", "its disk is full"), ("no space left on device", "its disk is full"),
+    ("could not extend file", "its disk is full"), ("readonly database", "it became read-only"),
+    ("read-only", "it became read-only"), ("disk i/o error", "a disk I/O error"),
+    ("unable to open database file", "its file cannot be opened"),
+)
+
+
+def _storage_errors(where: str):
+    """An engine ``handle_error`` hook turning a storage failure met while the index is in use into one
+    :class:`IndexStorageError` (instead of a page of driver traceback)."""
+    def handle(ctx) -> None:
+        line = _first_line(ctx.original_exception)
+        low = line.lower()
+        cause = "lost the connection to the database" if ctx.is_disconnect else next(
+            (c for text, c in _STORAGE_FAILURES if text in low), None)
+        if cause is not None:
+            raise IndexStorageError(f"the index at {where} failed: {cause} ({line})") from ctx.original_exception
+    return handle
+
+
 def db_url(db: str | Path | None, *, make_dirs: bool = True) -> str:
     """Turn ``--db`` (a SQLAlchemy URL, a file path, ``@FILE``: the URL or path written in FILE, or None:
     ``$KDEVAL_DB``, else the default path) into a URL. ``@FILE`` and ``$KDEVAL_DB`` keep a password out of
@@ -227,6 +254,7 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
     except SQLAlchemyError as e:
         engine.dispose()
         raise IndexAccessError(_describe(where, e, sqlite=path is not None)) from None
+    event.listen(engine, "handle_error", _storage_errors(where))  # from now on, the index is in use
     return engine
 
 
