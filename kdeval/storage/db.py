@@ -51,6 +51,10 @@ _STORAGE_FAILURES = (
     ("could not extend file", "its disk is full"), ("readonly database", "it became read-only"),
     ("read-only", "it became read-only"), ("disk i/o error", "a disk I/O error"),
     ("unable to open database file", "its file cannot be opened"),
+    ("connection refused", "lost the connection to the database"),
+    ("server closed the connection", "lost the connection to the database"),
+    ("terminating connection", "lost the connection to the database"),
+    ("connection to server", "lost the connection to the database"),
 )
 
 

@@ -199,3 +199,34 @@ def test_a_detached_run_keeps_the_database_password_out_of_the_process_table(pg,
     finally:
         stop_background(pid)
         idx.close()
+
+
+def test_a_lost_database_server_is_one_line_and_leaves_the_run_resumable(tmp_path):
+    server, why = pg_server.start()  # a server of its own: this test stops it mid-run
+    if server is None:
+        pytest.skip(why)
+    try:
+        url = server.create_database("lost")
+        grid = tmp_path / "grid.yaml"
+        grid.write_text(stub_grid(cost=0.3, workers=1))
+        driver = subprocess.Popen(_cli("submit", str(grid), "--db", url, "--results-dir", str(tmp_path / "res")),
+                                  env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                  start_new_session=True)
+        idx = RunIndex.open(url)
+        wait_until(lambda: idx.list_runs() and idx.run_attempts(idx.list_runs()[0].id), 120, "a first attempt")
+        run_id = idx.list_runs()[0].id
+        idx.close()
+    except BaseException:
+        server.stop()
+        raise
+    server.stop()
+    try:
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+    assert driver.returncode == 1 and "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1].startswith(f"error: the index at {url} failed: lost the connection to the "
+                                              "database ("), stderr
+    assert stderr.splitlines()[-1].endswith(f"`kdeval resume {run_id}` continues it once the index can be written")
