@@ -171,8 +171,8 @@ def write_cell_rows(results_dir: str | Path, cell_id: str, rows: list[dict[str, 
         raise ValueError(f"rows: {table.num_rows} rows for cell {cell_id}, whose {len(parts)} parts hold "
                          f"{sum(counts)}; a cell stored as parts is rewritten part by part")
     offset = 0
-    for path, n in zip(parts, counts):
-        _write_atomic(path, table.slice(offset, n))
+    for path, n in zip(parts, counts):  # each part keeps its own metadata (what it is: see write_part)
+        _write_atomic(path, table.slice(offset, n).replace_schema_metadata(read_part_metadata(path)))
         offset += n
     return cell_dir_relpath(cell_id)
 
