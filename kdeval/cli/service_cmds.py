@@ -296,8 +296,11 @@ def submit(
     except GridError as e:
         err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
-    except (IndexStorageError, OSError) as e:  # the index or the run's manifest could not be written
+    except IndexStorageError as e:
         err.print(f"error: no run recorded: {e}", soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
+    except OSError as e:  # the run's manifest could not be written into the results directory
+        err.print(f"error: no run recorded: --results-dir {results_dir}: {e.strerror or e}", soft_wrap=True)
         raise typer.Exit(EXIT_FAILED)
     for note in p.notes:
         err.print(f"note: {note}", markup=False, highlight=False)

@@ -141,3 +141,14 @@ def test_a_full_index_disk_is_one_line_and_the_run_resumes_once_there_is_room(sm
     idx = RunIndex.open(db, write=False)
     assert idx.get_run(run_id).state == "done" and idx.get_run(run_id).counts == {"done": 3}
     idx.close()
+
+
+def test_a_full_results_disk_records_no_run(small_disk, tmp_path, wide):
+    _fill(small_disk)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID)
+    res = small_disk / "res"
+    r = runner.invoke(kdeval_app, ["submit", str(grid), "--db", str(tmp_path / "i.sqlite"), "--results-dir", str(res)])
+    assert r.exit_code == 1
+    assert r.stderr == f"error: no run recorded: --results-dir {res}: No space left on device\n"
+    assert RunIndex.open(tmp_path / "i.sqlite", write=False).list_runs() == []
