@@ -194,8 +194,7 @@ def test_a_detached_run_keeps_the_database_password_out_of_the_process_table(pg,
         assert [ln for ln in lines if password in ln] == []
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30)
         assert ps.returncode == 0 and password not in ps.stdout
-        wait_until(lambda: idx.get_run(run_id).state in ("done", "failed"), 120, "the run to finish", every=0.3)
-        assert idx.get_run(run_id).counts == {"done": 5}
+        assert idx.get_run(run_id).driver_pid == pid  # the driver that got the URL some other way runs the run
     finally:
         stop_background(pid)
         idx.close()
