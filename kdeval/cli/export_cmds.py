@@ -36,7 +36,7 @@ def export(
         res = export_run(index, run, fmt, out_file, results_dir=results_dir)
     target = Path(out_file).expanduser().absolute()
     out.print(f"run {res.run_id}: {res.table.num_rows} rows of {res.cells} cells -> {target}",
-              highlight=False, soft_wrap=True)
+              highlight=False, markup=False, soft_wrap=True)
     if res.not_done:
         err.print(f"{res.not_done} cell(s) of the run are not done and not exported", highlight=False)
     for cell_id, why in res.skipped.items():

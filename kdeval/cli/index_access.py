@@ -14,9 +14,10 @@ import typer
 from rich.console import Console
 
 from kdeval.cli.errors import EXIT_BAD_INPUT
-from kdeval.storage import DEFAULT_DB_PATH, IndexAccessError, RunIndex, db_url, sqlite_path
+from kdeval.storage import DB_ENV, DEFAULT_DB_PATH, IndexAccessError, RunIndex, db_url, sqlite_path
 
-DB_HELP = f"Index database: a path or a SQLAlchemy URL (default {DEFAULT_DB_PATH})."
+DB_HELP = (f"Index database: a path, a SQLAlchemy URL, or @FILE holding one (keeps a password out of `ps`) "
+           f"(default ${DB_ENV}, else {DEFAULT_DB_PATH}).")
 
 err = Console(stderr=True)
 
@@ -28,8 +29,12 @@ def _fail(message: str) -> NoReturn:
 
 
 def missing_index(db: Optional[str]) -> Optional[Path]:
-    """The SQLite file ``db`` names if it does not exist yet; None when it exists (or is not SQLite)."""
-    path = sqlite_path(db_url(db, make_dirs=False))
+    """The SQLite file ``db`` names if it does not exist yet; None when it exists (or is not SQLite). An
+    ``@FILE`` that cannot be read exits 2."""
+    try:
+        path = sqlite_path(db_url(db, make_dirs=False))
+    except IndexAccessError as e:
+        _fail(f"error: --db: {e}")
     return path if path is not None and not path.is_file() else None
 
 

@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kdeval.jobs.progress import RunProgress
@@ -112,7 +113,7 @@ class RichProgress:
             self.bar.remove_task(self.cells.pop(cid))
         for cid, c in p.cells.items():
             if cid not in self.cells:
-                self.cells[cid] = self.bar.add_task(f"  {c.label}", total=c.samples_total, info="", eta="?")
+                self.cells[cid] = self.bar.add_task(f"  {escape(c.label)}", total=c.samples_total, info="", eta="?")
             self.bar.update(self.cells[cid], completed=c.samples_done, info=f"{c.shards_running} shard(s) running",
                             eta=format_eta(p.cell_eta_s(cid, now)))
         if p.waiting and p.waiting != self.last_waiting:

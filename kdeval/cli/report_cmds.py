@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index  # storage: SQLAlchemy and pyarrow, no torch or Ray
@@ -88,7 +89,7 @@ def report(
         if files:
             target = out_dir or Path(".kdeval") / "reports" / rep.meta.runs[0]
             for name, path in write_report(rep, target, files).items():
-                out.print(f"{name}: {path}", highlight=False)
+                out.print(f"{name}: {path}", highlight=False, markup=False)
     raise typer.Exit(EXIT_FAILED if rep.n_incomplete_cells else EXIT_OK)
 
 
@@ -119,13 +120,13 @@ def nightly(
     verb = "resumed" if outcome.resumed else "ran"
     out.print(f"nightly {nf.grid.name}: {verb if run is None else 'gated'} run {outcome.run}; baseline "
               f"{g.baseline or 'none yet (this run becomes the baseline if it passes)'}; "
-              f"{g.checked} tracked numbers checked", highlight=False)
+              f"{g.checked} tracked numbers checked", highlight=False, markup=False)
     for f in g.regressions:
-        out.print(f"[bold red]REGRESSION[/] {f.describe()}", highlight=False)
+        out.print(f"[bold red]REGRESSION[/] {escape(f.describe())}", highlight=False)
     if g.failed_cells:
         out.print(f"[bold red]{len(g.failed_cells)} cell(s) failed or missing[/]", highlight=False)
     for name, path in outcome.files.items():
-        out.print(f"{name}: {path}", highlight=False)
+        out.print(f"{name}: {path}", highlight=False, markup=False)
     out.print("[bold green]PASS[/]" if g.passed else "[bold red]FAIL[/]")
     raise typer.Exit(outcome.exit_code)
 

@@ -1,7 +1,9 @@
 """`kdeval submit / status / cancel / resume / ls / rescore` — the service commands.
 
-Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish), 2 bad input
-(an invalid grid, an unknown run); an invalid grid writes nothing.
+Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish: also when the index failed
+during the run — disk full, read-only, connection lost — said in one line naming the index and the cause),
+2 bad input (an invalid grid, an unknown run, an unusable --db or --results-dir); an invalid grid writes
+nothing.
 """
 from __future__ import annotations
 
@@ -34,11 +36,14 @@ from kdeval.jobs.errors import GridError
 from kdeval.jobs.progress import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
-    TERMINAL_RUN_STATES, CellState, RunIndex, RunState, age_seconds, db_url, to_jsonable,
+    DB_ENV, TERMINAL_RUN_STATES, CellState, IndexStorageError, RunIndex, RunState, age_seconds, db_text, db_url,
+    to_jsonable,
 )
 
-out = Console()
-err = Console(stderr=True)
+# Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
+# given as Text).
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
 
 
 def _run_or_exit(index: RunIndex, ref: str):
@@ -76,6 +81,9 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     except (ConnectionError, service.RunBusyError, service.StaleRunError) as e:
         err.print(f"error: {e}", markup=False)
         return EXIT_BAD_INPUT
+    except IndexStorageError as e:
+        err.print(f"error: {e}; {_stop_run(index, run_id, str(e))}", soft_wrap=True)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         run = index.get_run(run_id)
         if run is not None and (run.driver_host, run.driver_pid) == (socket.gethostname(), os.getpid()):
@@ -84,9 +92,23 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
             err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
         return EXIT_FAILED
     if outcome.message:
-        err.print(f"[yellow]{outcome.message}[/]")
+        err.print(Text(outcome.message, style="yellow"))
     out.print(_status_table(index, run_id))
     return _exit_code(index, run_id)
+
+
+def _stop_run(index: RunIndex, run_id: str, why: str) -> str:
+    """Mark the run this process drove failed after its index failed (when the index takes it); says what
+    the user can do."""
+    then = f"`kdeval resume {run_id}` continues it once the index can be written"
+    try:
+        run = index.get_run(run_id)
+        if run is None or (run.driver_host, run.driver_pid) != (socket.gethostname(), os.getpid()):
+            return then  # it was not this process's run to mark
+        index.set_run_state(run_id, RunState.FAILED, f"stopped: {why}")
+    except IndexStorageError:
+        return f"the run could not be marked failed either (its driver is gone): {then}"
+    return f"run {run_id} is marked failed: {then}"
 
 
 def _counts_line(counts: dict[str, int]) -> str:
@@ -102,7 +124,8 @@ def _runs_table(index: RunIndex) -> Table:
     for r in index.list_runs():
         c = r.counts
         left = c.get("pending", 0) + c.get("running", 0)
-        t.add_row(r.id, r.name, r.state, str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
+        state = r.state if r.state != RunState.RUNNING.value or service.driver_alive(r) else "running (driver gone)"
+        t.add_row(r.id, r.name, state, str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
                   r.created_at.strftime("%m-%d %H:%M"))
     return t
 
@@ -161,37 +184,49 @@ def _status_json(index: RunIndex, run_id: str | None) -> str:
 
 
 
-def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str]) -> list[str]:
-    """The background driver's command line: ``resume`` of the run on the same index and cluster."""
-    entry = [sys.executable, "-m", "kdeval.cli.service_cmds", "resume", run_id, "--db", db_url(db)]
-    return entry + (["--address", address] if address else [])
+def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str]) -> tuple[list[str], dict]:
+    """The background driver's command line (``resume`` of the run on the same cluster) and what its
+    environment adds: the index URL, in ``$KDEVAL_DB`` rather than in the arguments every local user can
+    read (``ps``), since it may hold a password."""
+    entry = [sys.executable, "-m", "kdeval.cli.service_cmds", "resume", run_id]
+    return entry + (["--address", address] if address else []), {DB_ENV: db_url(db)}
 
 
 def _detach_local(index: RunIndex, run_id: str, db: Optional[str], address: Optional[str]) -> None:
     """Start this run's driver as a background process on this machine (log next to the results); it joins
     the cluster at ``address`` (None: a local Ray of its own)."""
-    entry = detached_driver_command(run_id, db, address)
+    entry, env = detached_driver_command(run_id, db, address)
     log = Path(index.get_run(run_id).results_dir) / f"driver-{run_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(entry, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **env})
     out.print(f"run {run_id} started in the background (pid {proc.pid}, log {log}); "
               f"follow it with `kdeval status {run_id} --watch`")
 
 
 #: Where a detached Ray job keeps the index and results on the cluster's head node by default.
 CLUSTER_DB, CLUSTER_RESULTS = "~/.kdeval/index.sqlite", "~/.kdeval/results"
+#: The file of a Ray job's working_dir that holds its ``--db`` (see :func:`ray_job_spec`).
+JOB_DB_FILE = "index-url"
 
 
 def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]) -> tuple[str, dict]:
     """Entrypoint and runtime_env of the Ray job that runs ``kdeval submit`` on the cluster.
 
     The grid file travels in the job's working_dir; ``--db``/``--results-dir`` are paths on the head
-    node (default ``~/.kdeval/...``), since the driver — the only writer of the index — runs there."""
+    node (default ``~/.kdeval/...``), since the driver — the only writer of the index — runs there. A ``--db``
+    travels as a file of the working_dir readable only by its owner (``--db @index-url``), never in the
+    entrypoint, which the job list and dashboard show: it may hold a password."""
     staging = Path(tempfile.mkdtemp(prefix="kdeval-job-"))
     shutil.copy(grid_file, staging / "grid.yaml")
-    entry = " ".join(["kdeval", "submit", "grid.yaml", "--db", shlex.quote(db or CLUSTER_DB),
+    where = CLUSTER_DB
+    if db is not None:
+        fd = os.open(staging / JOB_DB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{db_text(db)}\n")  # an @FILE given here is read here
+        where = f"@{JOB_DB_FILE}"
+    entry = " ".join(["kdeval", "submit", "grid.yaml", "--db", shlex.quote(where),
                       "--results-dir", shlex.quote(str(results_dir or CLUSTER_RESULTS)), "--address", "auto"])
     return entry, {"working_dir": str(staging)}
 
@@ -210,8 +245,8 @@ def _detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Pa
 
 def _print_plan(name: str, p: "service.Plan") -> None:
     """The dry run's table: per cell its state, generation length, data source and spec; then the notes."""
-    t = Table(title=f"{name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run",
-              box=box.SIMPLE_HEAD)
+    t = Table(title=Text(f"{name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run",
+                         style="table.title"), box=box.SIMPLE_HEAD)
     for col in ("cell", "state", "gen", "data", "spec"):
         t.add_column(col, overflow="fold", justify="right" if col == "gen" else "left")
     for c in p.cells:
@@ -240,7 +275,7 @@ def submit(
         else:
             p = None
     except GridError as e:
-        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False)
+        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     if dry_run:
         _print_plan(grid.name, p)
@@ -259,11 +294,18 @@ def submit(
     try:
         run_id, p = service.create_run(index, grid, text, results_dir)
     except GridError as e:
-        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False)
+        err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
+    except IndexStorageError as e:
+        err.print(f"error: no run recorded: {e}", soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
+    except OSError as e:  # the run's manifest could not be written into the results directory
+        err.print(f"error: no run recorded: --results-dir {results_dir}: {e.strerror or e}", soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
     for note in p.notes:
         err.print(f"note: {note}", markup=False, highlight=False)
-    out.print(f"run [bold]{run_id}[/]: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run")
+    out.print(Text.assemble("run ", (run_id, "bold"),
+                            f": {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run"))
     if detach:
         _detach_local(index, run_id, db, address)
         raise typer.Exit(EXIT_OK)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+#: One problem's line is cut to about this many characters.
+MAX_ISSUE_CHARS = 600
 
 
 @dataclass(frozen=True)
@@ -14,7 +16,12 @@ class GridIssue:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        if len(text) <= MAX_ISSUE_CHARS:
+            return text
+        # a huge value echoed back (an unknown name, key, ...): its start and the end, where the expected form is
+        head, tail = MAX_ISSUE_CHARS * 2 // 3, MAX_ISSUE_CHARS // 3
+        return f"{text[:head]} …({len(text) - head - tail} characters cut)… {text[-tail:]}"
 
 
 class GridError(ValueError):

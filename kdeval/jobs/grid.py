@@ -25,9 +25,10 @@ Validation errors are :class:`kdeval.jobs.errors.GridError`; see :func:`kdeval.j
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from kdeval.evals.budget import parse_budget
 
@@ -41,6 +42,19 @@ def _budget_entry(value: Any) -> Any:
     return value if type(value) is int else parse_budget(value)
 
 
+def _printable(value: str) -> str:
+    """A name without control characters (NUL, newlines, escapes): the index and every table hold it as one line."""
+    bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"must not contain control characters (found {bad!r})")
+    return value
+
+
+def Name(max_length: int) -> Any:
+    """A name of at most ``max_length`` characters (the width of its index column), printable."""
+    return Annotated[str, Field(min_length=1, max_length=max_length), AfterValidator(_printable)]
+
+
 #: A grid budget: N tokens, or a share of each sample's prompt as its canonical text (``"25%"``; see
 #: :mod:`kdeval.evals.budget`), resolved per sample by the runner.
 BudgetValue = Annotated[int | str, BeforeValidator(_budget_entry)]
@@ -52,7 +66,7 @@ BUDGET_FREE_POLICIES = frozenset({"full"})
 class _Strict(BaseModel):
     """Unknown keys are errors (typos must not silently fall back to defaults)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -62,23 +76,23 @@ class ModelSpec(_Strict):
     the scheduler benchmark). Remote code is never trusted from a grid file.
     """
 
-    id: str = Field(min_length=1)
+    id: Name(300)
     dtype: DType = "auto"  # the model's own dtype on a GPU, float32 on a CPU
     attn_implementation: AttnImpl = "sdpa"
-    revision: str | None = None
+    revision: Name(200) | None = None
 
 
 class PolicySpec(_Strict):
     """An eviction policy by registry name and its parameters (validated by the policy itself)."""
 
-    name: str = Field(min_length=1)
+    name: Name(100)
     params: dict[str, Any] = Field(default_factory=dict)
 
 
 class TaskSpec(_Strict):
     """A task: registry name, prompt lengths (synthetic tasks), samples per cell, seeds."""
 
-    name: str = Field(min_length=1)
+    name: Name(200)
     lengths: list[int] | None = Field(default=None, min_length=1)
     samples: int = Field(default=8, ge=1, le=100_000)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
@@ -100,7 +114,7 @@ class GenerationSpec(_Strict):
     ``keep`` scores the whole output; ``strip`` scores what follows a reasoning model's thinking block
     (``kdeval.evals.thinking``); part of a cell's id only when set to ``strip``."""
 
-    max_new_tokens: int | None = Field(default=None, ge=1)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     batch_size: int | None = Field(default=None, ge=1, le=1024)
     thinking: Literal["keep", "strip"] = "keep"
 
@@ -146,22 +160,22 @@ class ResourceSpec(_Strict):
 
     workers: int = Field(default=1, ge=1, le=4096)
     shard_size: int = Field(default=32, ge=1, le=100_000)  # samples per unit of work the scheduler hands out
-    cpus_per_worker: float = Field(default=1.0, gt=0)
+    cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)  # more than a node has: Ray would wait forever
     gpus_per_worker: float = Field(default=0.0, ge=0)
-    accelerator_type: str | None = None
+    accelerator_type: Name(100) | None = None
 
 
 class RetrySpec(_Strict):
     """Attempt caps and an optional per-cell time limit."""
 
     max_attempts: int = Field(default=3, ge=1, le=100)
-    cell_timeout_s: float | None = Field(default=None, gt=0)
+    cell_timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)  # 30 days
 
 
 class GridSpec(_Strict):
     """A whole grid file."""
 
-    name: str = Field(default="grid", min_length=1, max_length=200)
+    name: Name(200) = "grid"
     models: list[ModelSpec] = Field(min_length=1)
     policies: list[PolicySpec] = Field(min_length=1)
     budgets: list[BudgetValue] = Field(default_factory=list)

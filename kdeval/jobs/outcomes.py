@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from kdeval.cluster.workload import CellOutcome
 from kdeval.jobs.export import self_describing
+from kdeval.jobs.recover import part_metadata
 from kdeval.jobs.shards import HeldCell, Shard, ShardDone
 from kdeval.storage import (
     AttemptState, cell_dir_relpath, read_cell_table, remove_single_file, verify_cell_file, write_part,
@@ -105,7 +106,8 @@ class ShardOutcomes:
             self._fail_attempt(f, held, AttemptState.FAILED, f"the rows cannot be stored: {e}", final=True, out=out)
             return
         try:
-            rel = write_part(self.results_dir, sh.cell.id, sh.index, table)
+            rel = write_part(self.results_dir, sh.cell.id, sh.index, table,
+                             metadata=part_metadata(sh, held.shard_size, out))
         except OSError as e:  # e.g. disk full: the shard is not done; retry within the cap
             self._retry_or_fail(f, held, AttemptState.FAILED, f"writing the results failed: {e}")
             return

@@ -49,7 +49,9 @@ from kdeval.jobs.holds import Holds
 from kdeval.jobs.outcomes import Flight, ShardOutcomes
 from kdeval.jobs.progress import CellProgress, RunProgress
 from kdeval.jobs.shards import HeldCell, Shard, plan_cell, shard_ranges
-from kdeval.storage import AttemptState, CellState, CellView, RunIndex, RunState, remove_parts, verify_cell
+from kdeval.storage import (
+    AttemptState, CellState, CellView, IndexStorageError, RunIndex, RunState, remove_parts, verify_cell,
+)
 
 __all__ = ["RunOutcome", "Scheduler", "SchedulerConfig", "WORKER_LOST_ERRORS"]
 
@@ -356,6 +358,8 @@ class Scheduler(ShardOutcomes):
             try:
                 self._stop_flights("the driver stopped")
                 self.index.release_cells(self.run_id)
+            except IndexStorageError:  # the index failed (disk full, ...): the caller says so; resume recovers
+                pass
             except Exception:  # noqa: BLE001 - never mask the loop's own error; resume recovers
                 log.exception("could not give back the cells of run %s", self.run_id)
         message = message or self.holds.message()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kdeval.cluster.workload import Workload
+from kdeval.jobs import recover
 from kdeval.jobs.cells import CellSpec, expand_grid, grid_hash, kdeval_version
 from kdeval.jobs.drivers import DRIVER_STALE_S, describe_driver, driver_alive
 from kdeval.jobs.errors import GridError
@@ -88,12 +89,26 @@ def new_run_id() -> str:
 
 
 def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str | Path) -> tuple[str, Plan]:
-    """Record a new run of ``grid`` (cells already known are linked, not duplicated)."""
+    """Record a new run of ``grid`` (cells already known are linked, not duplicated), write its manifest into
+    the results directory and adopt the cells whose files are already there
+    (:func:`kdeval.jobs.recover.adopt_cells`: the plan counts them done)."""
     p = plan(index, grid)
     run_id = new_run_id()
-    index.create_run(run_id, name=grid.name, grid_yaml=grid_text, grid_hash=grid_hash(grid),
-                     results_dir=str(Path(results_dir).expanduser().resolve()), kdeval_version=kdeval_version(),
-                     cells=[c.record() for c in p.cells])
+    where = str(Path(results_dir).expanduser().resolve())
+    records, digest, created = [c.record() for c in p.cells], grid_hash(grid), datetime.now(timezone.utc)
+    # the manifest first: a results directory that cannot take it (OSError) leaves the index as it was
+    recover.write_manifest(where, run_id, name=grid.name, grid_yaml=grid_text, grid_hash=digest,
+                           kdeval_version=kdeval_version(), created_at=created, cells=records)
+    try:
+        index.create_run(run_id, name=grid.name, grid_yaml=grid_text, grid_hash=digest, results_dir=where,
+                         kdeval_version=kdeval_version(), cells=records, created_at=created)
+    except BaseException:
+        recover.remove_manifest(where, run_id)  # no manifest of a run the index does not have
+        raise
+    adopted = recover.adopt_cells(index, run_id, where, p.to_run, default_workload)
+    if adopted:
+        p = Plan(cells=p.cells, done=p.done | adopted, invalid=p.invalid, notes=p.notes + [
+            f"{len(adopted)} cell(s) adopted from their files in {where} (not recomputed)"])
     return run_id, p
 
 

@@ -3,9 +3,15 @@ for the engine settings (budgets, chunk sizes, ``engine:``) -> registry checks.
 
 Every problem is collected into one :class:`GridError` whose issues name the field path
 (``policies[2].params.window: must be > 0``) and the expected form, with "did you mean" for typos.
+
+Bounds that hold for every grid, whatever the field (:func:`_bound_issues`): a file of at most
+:data:`MAX_GRID_BYTES`; every number finite and within the index's 32-bit integer columns
+(:data:`MAX_GRID_INT`); no NUL or other control character but tab and newline in any text (PostgreSQL
+cannot store a NUL). Names and per-field ranges are the schema's (:mod:`kdeval.jobs.grid`).
 """
 from __future__ import annotations
 
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,14 @@ from kdeval.jobs import registries
 from kdeval.jobs.errors import GridError, GridIssue, join_path
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GridSpec
 from kdeval.names import suggest
+
+#: The largest grid file accepted (checked before it is read or parsed): the run's row stores the grid's text.
+MAX_GRID_BYTES = 1 << 20
+#: The largest number a grid may give anywhere: budgets, lengths, seeds, ... land in 32-bit integer columns of
+#: the index (PostgreSQL ``integer``) and the Parquet rows.
+MAX_GRID_INT = 2**31 - 1
+#: A value quoted back in a message is cut to this many characters.
+MAX_QUOTED = 80
 
 _FORBIDDEN = {
     "trust_remote_code": "is not accepted in grid files: remote model code never runs from a grid",
@@ -66,6 +80,30 @@ def _unknown_keys(raw: Any, cls: type[BaseModel], path: list[str | int]) -> list
     return issues
 
 
+def _quote(value: Any) -> str:
+    """``repr(value)``, cut to :data:`MAX_QUOTED` characters (a 10 MB name is not echoed back whole)."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED else f"{text[:MAX_QUOTED]}… ({len(text)} characters)"
+
+
+def _bound_issues(raw: Any, path: list[str | int]) -> list[GridIssue]:
+    """Numbers that are not finite or beyond :data:`MAX_GRID_INT`, and text with control characters, anywhere
+    in ``raw`` (the loaded grid), each at its path."""
+    if isinstance(raw, dict):
+        return [i for k, v in raw.items() for i in _bound_issues(v, path + [str(k)])]
+    if isinstance(raw, list):
+        return [i for n, v in enumerate(raw) for i in _bound_issues(v, path + [n])]
+    where = join_path(path)
+    if isinstance(raw, float) and not math.isfinite(raw):
+        return [GridIssue(where, f"must be a finite number, got {raw}")]
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and abs(raw) > MAX_GRID_INT:
+        return [GridIssue(where, f"must be at most {MAX_GRID_INT} in size (the index stores 32-bit integers), "
+                                 f"got {_quote(raw)}")]
+    if isinstance(raw, str) and any(ord(c) < 32 and c not in "\t\n\r" or c == "\x7f" for c in raw):
+        return [GridIssue(where, f"must not contain control characters, got {_quote(raw)}")]
+    return []
+
+
 def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
     out = []
     for e in err.errors():
@@ -77,7 +115,7 @@ def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
         if e["type"] == "missing":
             msg = "required field is missing"
         elif "input" in e and not isinstance(e["input"], (dict, list)):
-            msg = f"{msg} (got {e['input']!r})"
+            msg = f"{msg} (got {_quote(e['input'])})"
         out.append(GridIssue(join_path(e["loc"]), msg))
     return out
 
@@ -165,7 +203,11 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
 
 
 def load_mapping(text: str, source: str | None = None) -> dict:
-    """Grid YAML text as its top-level mapping; raises :class:`GridError` on bad YAML or a non-mapping."""
+    """Grid YAML text as its top-level mapping; raises :class:`GridError` on bad YAML, a non-mapping or text of
+    more than :data:`MAX_GRID_BYTES`."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_GRID_BYTES:
+        raise GridError([_too_big(size)], source)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -180,6 +222,9 @@ def load_mapping(text: str, source: str | None = None) -> dict:
 
 def validate_mapping(raw: dict, source: str | None = None) -> GridSpec:
     """Validate a grid's loaded top-level mapping; raises :class:`GridError` listing every problem."""
+    bounds = _bound_issues(raw, [])
+    if bounds:  # what is out of bounds is not shown to the schema (pydantic would echo it, or take 1e23 as an int)
+        raise GridError(_unknown_keys(raw, GridSpec, []) + bounds, source)
     issues = _unknown_keys(raw, GridSpec, [])
     try:
         grid = GridSpec.model_validate(raw)
@@ -199,10 +244,17 @@ def parse_grid(text: str, source: str | None = None) -> GridSpec:
     return validate_mapping(load_mapping(text, source), source)
 
 
+def _too_big(size: int) -> GridIssue:
+    return GridIssue("", f"the grid is {size} bytes; at most {MAX_GRID_BYTES} bytes (1 MiB) are accepted")
+
+
 def load_grid(path: str | Path) -> tuple[GridSpec, str]:
     """Read and validate a grid file; returns the spec and its text. Raises :class:`GridError`."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_GRID_BYTES:  # before reading it
+            raise GridError([_too_big(size)], str(path))
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise GridError([GridIssue("", f"cannot read grid file: {e}")], str(path)) from None

@@ -32,24 +32,29 @@ identity columns the driver adds to every row (``run_id, cell_id, model, policy,
 chunk_size, task, length, seed, dtype, protocol``; ``kdeval.storage.rows.IDENTITY_SCHEMA``), so the results
 directory reads on its own.
 """
-from kdeval.storage.db import DEFAULT_DB_PATH, IndexAccessError, db_url, make_engine, sqlite_path
+from kdeval.storage.db import (
+    DB_ENV, DEFAULT_DB_PATH, IndexAccessError, IndexStorageError, db_text, db_url, make_engine, sqlite_path,
+)
 from kdeval.storage.index import RunIndex, age_seconds
 from kdeval.storage.integrity import CELL_ID_COLUMN, verify_cell, verify_cell_file
 from kdeval.storage.leases import ShardView
 from kdeval.storage.models import TERMINAL_RUN_STATES, AttemptState, CellState, RunState
 from kdeval.storage.parquet import (
-    cell_dir_relpath, clean_temp_files, list_result_files, list_temp_files, part_files, part_relpath,
-    read_cell_rows, read_cell_table, remove_parts, remove_single_file, temp_file_cell, write_cell_rows,
-    write_part,
+    RUNS_DIR, cell_dir_relpath, cell_dirs, clean_temp_files, list_result_files, list_temp_files, part_files, part_relpath,
+    read_cell_rows, read_cell_table, read_part_metadata, read_run_manifests, remove_parts, remove_single_file,
+    temp_file_cell, write_cell_rows, write_part, write_run_manifest,
 )
 from kdeval.storage.rows import IDENTITY_SCHEMA, conform_identity, rows_to_table, with_identity
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
 
 __all__ = [
-    "DEFAULT_DB_PATH", "IndexAccessError", "db_url", "make_engine", "sqlite_path", "RunIndex", "age_seconds",
+    "DB_ENV", "DEFAULT_DB_PATH", "IndexAccessError", "IndexStorageError", "db_text", "db_url", "make_engine",
+    "sqlite_path", "RunIndex",
+    "age_seconds",
     "AttemptState", "CellState", "RunState", "TERMINAL_RUN_STATES", "clean_temp_files", "list_result_files",
     "list_temp_files", "read_cell_rows", "read_cell_table", "rows_to_table", "write_cell_rows", "AttemptView",
     "CellRecord", "CellView", "RunView", "to_jsonable", "CELL_ID_COLUMN", "verify_cell", "verify_cell_file",
     "IDENTITY_SCHEMA", "conform_identity", "with_identity", "ShardView", "cell_dir_relpath", "part_files",
-    "part_relpath", "remove_parts", "remove_single_file", "temp_file_cell", "write_part",
+    "part_relpath", "remove_parts", "remove_single_file", "temp_file_cell", "write_part", "cell_dirs",
+    "read_part_metadata", "read_run_manifests", "write_run_manifest", "RUNS_DIR",
 ]

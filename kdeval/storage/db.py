@@ -24,6 +24,10 @@ from kdeval.storage.models import Base, Run
 #: Default index location, relative to the working directory (``--db`` overrides it).
 DEFAULT_DB_PATH = Path(".kdeval") / "index.sqlite"
 
+#: The environment variable naming the index when ``--db`` is not given: a detached driver gets its URL this
+#: way, so that a password in it is not in the process list.
+DB_ENV = "KDEVAL_DB"
+
 #: How long a SQLite connection waits for the writer's lock before raising (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -36,19 +40,70 @@ class IndexAccessError(ValueError):
     names the place and the cause in one line."""
 
 
+class IndexStorageError(RuntimeError):
+    """The index failed while in use: its disk is full, it became read-only, its server connection was lost.
+    The message names the place and the cause in one line."""
+
+
+#: Database messages that say the index's storage failed, not the statement: (text in the message, the cause).
+_STORAGE_FAILURES = (
+    ("database or disk is full", "its disk is full"), ("no space left on device", "its disk is full"),
+    ("could not extend file", "its disk is full"), ("readonly database", "it became read-only"),
+    ("read-only", "it became read-only"), ("disk i/o error", "a disk I/O error"),
+    ("unable to open database file", "its file cannot be opened"),
+    ("connection refused", "lost the connection to the database"),
+    ("server closed the connection", "lost the connection to the database"),
+    ("terminating connection", "lost the connection to the database"),
+    ("connection to server", "lost the connection to the database"),
+)
+
+
+def _storage_errors(where: str):
+    """An engine ``handle_error`` hook turning a storage failure met while the index is in use into one
+    :class:`IndexStorageError` (instead of a page of driver traceback)."""
+    def handle(ctx) -> None:
+        line = _first_line(ctx.original_exception)
+        low = line.lower()
+        cause = "lost the connection to the database" if ctx.is_disconnect else next(
+            (c for text, c in _STORAGE_FAILURES if text in low), None)
+        if cause is not None:
+            raise IndexStorageError(f"the index at {where} failed: {cause} ({line})") from ctx.original_exception
+    return handle
+
+
 def db_url(db: str | Path | None, *, make_dirs: bool = True) -> str:
-    """Turn ``--db`` (a SQLAlchemy URL, a file path, or None for the default) into a URL.
+    """Turn ``--db`` (a SQLAlchemy URL, a file path, ``@FILE``: the URL or path written in FILE, or None:
+    ``$KDEVAL_DB``, else the default path) into a URL. ``@FILE`` and ``$KDEVAL_DB`` keep a password out of
+    process lists; an unreadable FILE raises :class:`IndexAccessError`.
 
     With ``make_dirs`` the parent directory of a SQLite file is created."""
-    if db is None:
-        db = DEFAULT_DB_PATH
-    text = str(db)
+    text = db_text(db)
     if "://" in text:
         return text
     path = Path(text).expanduser().resolve()
     if make_dirs:
         path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+def db_text(db: str | Path | None) -> str:
+    """What ``--db`` names, as given: ``@FILE`` read, None as ``$KDEVAL_DB`` or the default path (see
+    :func:`db_url`, which also makes a path absolute)."""
+    if db is None:
+        db = os.environ.get(DB_ENV) or DEFAULT_DB_PATH
+    text = str(db)
+    return _url_from_file(Path(text[1:]).expanduser()) if text.startswith("@") else text
+
+
+def _url_from_file(path: Path) -> str:
+    """The index URL (or path) written in ``path`` (its first line)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise IndexAccessError(f"cannot read the index URL from {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not lines or not lines[0].strip():
+        raise IndexAccessError(f"{path} is empty; expected the index URL or path on its first line")
+    return lines[0].strip()
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -113,9 +168,10 @@ def _read_only_uri(path: Path) -> str:
     return f"file:{quote(str(path))}?{params}"
 
 
-def _refuse_foreign_sqlite(path: Path, where: str) -> None:
+def _refuse_foreign_sqlite(path: Path, where: str, write: bool) -> None:
     """Look at an existing SQLite file read-only, before any pragma or table touches it: a file that is not
-    a database, or a database holding tables but no ``runs`` (something else's), is not an index."""
+    a database, or a database holding tables but no ``runs`` (something else's), is not an index; for a reader
+    (``write`` False) an empty one (0 bytes, no tables) is not one either: readers never write a schema."""
     if not path.is_file():
         return
     try:
@@ -130,6 +186,12 @@ def _refuse_foreign_sqlite(path: Path, where: str) -> None:
         raise IndexAccessError(f"cannot open the index at {where} ({e})") from None
     if tables and "runs" not in tables:
         raise IndexAccessError(f"{where} is not a kdeval index (an SQLite database without a runs table)")
+    if not tables and not write:
+        raise IndexAccessError(_EMPTY.format(where=where))
+
+
+#: A reader's message for a database without the index's tables.
+_EMPTY = "{where} holds no kdeval index (an empty database; nothing submitted to it yet?)"
 
 
 def _new_engine(url: str, read_only: bool) -> Engine:
@@ -172,8 +234,10 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
         if write:
             raise IndexAccessError(f"{where} is read-only (this command writes to the index)")
         read_only = path.exists()
+    if path is not None and not write and not path.exists():
+        raise IndexAccessError(f"no index at {where} (nothing submitted yet?)")  # a reader creates nothing
     if path is not None:
-        _refuse_foreign_sqlite(path, where)
+        _refuse_foreign_sqlite(path, where, write)
     try:
         engine = _new_engine(url, read_only)
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
@@ -181,6 +245,8 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
     try:
         if read_only:
             _check_schema(engine, where)
+        elif not write and not inspect(engine).has_table(Run.__tablename__):  # a reader creates nothing
+            raise IndexAccessError(_EMPTY.format(where=where))
         else:
             _create_tables(engine)
             add_missing_columns(engine)
@@ -192,6 +258,7 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
     except SQLAlchemyError as e:
         engine.dispose()
         raise IndexAccessError(_describe(where, e, sqlite=path is not None)) from None
+    event.listen(engine, "handle_error", _storage_errors(where))  # from now on, the index is in use
     return engine
 
 

@@ -184,13 +184,14 @@ class RunIndex(ShardLeases):
     # ------------------------------------------------------------------ writing (driver only)
     def create_run(
         self, run_id: str, *, name: str, grid_yaml: str, grid_hash: str, results_dir: str,
-        kdeval_version: str, cells: Sequence[CellRecord],
+        kdeval_version: str, cells: Sequence[CellRecord], created_at: datetime | None = None,
     ) -> None:
-        """Create a run and link its cells, inserting the cells not yet known (others are reused)."""
+        """Create a run and link its cells, inserting the cells not yet known (others are reused).
+        ``created_at``: when the run was created, if not now (an index rebuilt from the results)."""
         with self._write() as s:
             s.add(Run(id=run_id, name=name, grid_yaml=grid_yaml, grid_hash=grid_hash,
                       results_dir=results_dir, kdeval_version=kdeval_version, n_cells=len(cells),
-                      state=RunState.PENDING.value))
+                      state=RunState.PENDING.value, created_at=created_at or utcnow()))
             known = set(self._cell_states(s, [c.id for c in cells]))
             for pos, c in enumerate(cells):
                 if c.id not in known:

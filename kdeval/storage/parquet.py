@@ -16,10 +16,11 @@ a temp file, which readers ignore (pyarrow.dataset and pandas skip ``_``-prefixe
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Callable, Collection, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -57,10 +58,15 @@ def part_files(directory: str | Path) -> list[Path]:
 def _write_atomic(final: Path, table: pa.Table) -> None:
     """``table`` to ``final`` through a temp file in the same directory (fsync, then ``os.replace``)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{TMP_PREFIX}{final.stem}-{os.getpid()}.parquet"
+    _replace_atomic(final, lambda fh: pq.write_table(table, fh))
+
+
+def _replace_atomic(final: Path, write: Callable[[Any], None]) -> None:
+    """``write(fh)`` into a temp file beside ``final``, fsync it, then ``os.replace`` it into place."""
+    tmp = final.parent / f"{TMP_PREFIX}{final.stem}-{os.getpid()}{final.suffix}"
     try:
         with open(tmp, "wb") as fh:
-            pq.write_table(table, fh)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
@@ -69,12 +75,61 @@ def _write_atomic(final: Path, table: pa.Table) -> None:
         raise
 
 
-def write_part(results_dir: str | Path, cell_id: str, shard: int, rows: list[dict[str, Any]] | pa.Table) -> str:
+def write_part(results_dir: str | Path, cell_id: str, shard: int, rows: list[dict[str, Any]] | pa.Table,
+               metadata: Mapping[str, str] | None = None) -> str:
     """Atomically write one shard's rows as the cell's part ``shard``; returns its path relative to
-    ``results_dir``. Identity columns are stored with their fixed types."""
+    ``results_dir``. Identity columns are stored with their fixed types; ``metadata`` goes into the file's
+    key-value metadata (what the part is, so that an index can be rebuilt from the files:
+    :func:`read_part_metadata`)."""
     rel = part_relpath(cell_id, shard)
-    _write_atomic(Path(results_dir) / rel, conform_identity(rows_to_table(rows)))
+    table = conform_identity(rows_to_table(rows))
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    _write_atomic(Path(results_dir) / rel, table)
     return rel
+
+
+def read_part_metadata(path: str | Path) -> dict[str, str]:
+    """The key-value metadata of a Parquet file (its footer only); OSError or ArrowException if unreadable."""
+    raw = pq.read_schema(path).metadata or {}
+    return {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW:")}
+
+
+def cell_dirs(results_dir: str | Path) -> list[Path]:
+    """Every cell directory of parts under ``<results_dir>/cells`` (named by the cell's id), sorted."""
+    root = Path(results_dir) / "cells"
+    if not root.is_dir():
+        return []
+    return sorted(d for top in root.iterdir() if top.is_dir() for d in top.iterdir() if d.is_dir())
+
+
+#: Where a run's manifest lives, relative to the results directory (:func:`write_run_manifest`).
+RUNS_DIR = "runs"
+
+
+def write_run_manifest(results_dir: str | Path, run_id: str, manifest: Mapping[str, Any]) -> Path:
+    """Atomically write ``<results_dir>/runs/<run_id>.json``: a run's record and its cells, so that an index
+    can be rebuilt from the results directory (JSON-able ``manifest``)."""
+    final = Path(results_dir) / RUNS_DIR / f"{run_id}.json"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(manifest, sort_keys=True).encode("utf-8")
+    _replace_atomic(final, lambda fh: fh.write(text))
+    return final
+
+
+def read_run_manifests(results_dir: str | Path) -> dict[str, dict[str, Any] | str]:
+    """Run id -> its manifest, or why it cannot be read."""
+    root = Path(results_dir) / RUNS_DIR
+    out: dict[str, dict[str, Any] | str] = {}
+    for path in sorted(root.glob("*.json")) if root.is_dir() else []:
+        if path.name.startswith(TMP_PREFIX):
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            out[path.stem] = data if isinstance(data, dict) else f"{path}: not a JSON object"
+        except (OSError, ValueError) as e:
+            out[path.stem] = f"{path}: {e}"
+    return out
 
 
 def remove_parts(results_dir: str | Path, cell_id: str, keep: Collection[int] = ()) -> int:
@@ -116,8 +171,8 @@ def write_cell_rows(results_dir: str | Path, cell_id: str, rows: list[dict[str, 
         raise ValueError(f"rows: {table.num_rows} rows for cell {cell_id}, whose {len(parts)} parts hold "
                          f"{sum(counts)}; a cell stored as parts is rewritten part by part")
     offset = 0
-    for path, n in zip(parts, counts):
-        _write_atomic(path, table.slice(offset, n))
+    for path, n in zip(parts, counts):  # each part keeps its own metadata (what it is: see write_part)
+        _write_atomic(path, table.slice(offset, n).replace_schema_metadata(read_part_metadata(path)))
         offset += n
     return cell_dir_relpath(cell_id)
 

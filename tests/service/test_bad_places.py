@@ -251,3 +251,22 @@ def test_read_only_index_for_real_as_another_user(grid):
             if p.is_dir():
                 p.chmod(stat.S_IRWXU)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_db_from_a_file_or_the_environment(tmp_path, grid, monkeypatch):
+    """``--db @FILE`` reads the URL from FILE and ``$KDEVAL_DB`` stands for a missing ``--db`` (both keep a
+    password out of ``ps``); an unreadable FILE is one line, exit 2, for every command."""
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    store_run(idx, tmp_path / "results", "r1", [FakeCell("full", None, rows=rows([1.0]))], name="from-file")
+    idx.close()
+    url_file = tmp_path / "db-url"
+    url_file.write_text(f"sqlite:///{tmp_path / 'index.sqlite'}\n")
+    assert "from-file" in runner.invoke(cli, ["ls", "--db", f"@{url_file}"], env=ENV).output
+    monkeypatch.setenv("KDEVAL_DB", f"@{url_file}")
+    assert "from-file" in runner.invoke(cli, ["ls"], env=ENV).output
+    monkeypatch.delenv("KDEVAL_DB")
+    for name, args in _every_command(f"@{tmp_path / 'nope'}", grid, tmp_path / "res").items():
+        line = _one_error_line(runner.invoke(cli, args, env=ENV))
+        assert line == f"error: --db: cannot read the index URL from {tmp_path / 'nope'}: No such file or directory", \
+            (name, line)
+    assert not (tmp_path / "res").exists()

@@ -137,5 +137,10 @@ def test_ray_job_spec_ships_the_grid_and_runs_submit_on_the_head(paths):
     assert staged.read_text() == grid.read_text()
     import shutil
     shutil.rmtree(env["working_dir"])
-    entry, _ = service_cmds.ray_job_spec(grid, "postgresql://db/kdeval", Path("/data/res"))
-    assert "--db postgresql://db/kdeval --results-dir /data/res" in entry
+    url = "postgresql+psycopg://kd:Pa55word@db/kdeval"
+    entry, env = service_cmds.ray_job_spec(grid, url, Path("/data/res"))
+    assert "--db @index-url --results-dir /data/res" in entry and "Pa55word" not in entry
+    url_file = Path(env["working_dir"]) / "index-url"
+    assert url_file.read_text() == url + "\n" and url_file.stat().st_mode & 0o777 == 0o600
+    assert "Pa55word" not in json.dumps(env)
+    shutil.rmtree(env["working_dir"])

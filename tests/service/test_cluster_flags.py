@@ -23,10 +23,11 @@ def test_which_addresses_are_job_servers():
 
 def test_the_detached_driver_resumes_on_the_same_index_and_cluster(tmp_path):
     db = tmp_path / "i.sqlite"
-    cmd = service_cmds.detached_driver_command("r1", str(db), "10.0.0.5:6379")
+    cmd, env = service_cmds.detached_driver_command("r1", str(db), "10.0.0.5:6379")
     assert cmd[:3] == [sys.executable, "-m", "kdeval.cli.service_cmds"]
-    assert cmd[3:] == ["resume", "r1", "--db", f"sqlite:///{db}", "--address", "10.0.0.5:6379"]
-    assert "--address" not in service_cmds.detached_driver_command("r1", str(db), None)
+    assert cmd[3:] == ["resume", "r1", "--address", "10.0.0.5:6379"]
+    assert env == {"KDEVAL_DB": f"sqlite:///{db}"}  # the index travels in the environment, not in `ps`
+    assert "--address" not in service_cmds.detached_driver_command("r1", str(db), None)[0]
 
 
 def test_detach_to_a_job_server_submits_a_ray_job(app, paths, monkeypatch):

@@ -25,7 +25,7 @@ from kdeval.storage import RunIndex, age_seconds
 
 from . import pg_server
 from .conftest import stub_grid
-from .helpers import attempt_states, wait_until
+from .helpers import attempt_states, stop_background, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,3 +155,77 @@ def test_smoke_grid_driver_killed_then_resumed_on_postgres(pg_url, tmp_path):
     assert states["lost"] >= 1 and "running" not in states  # the killed driver's cell was requeued
     assert all(a.finished_at >= a.started_at for a in idx.run_attempts(run_id))
     idx.close()
+
+
+def _command_lines() -> list[str]:
+    """Every process's argument list on this machine, as ``ps -eo args`` shows them (from /proc)."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # ended meanwhile
+            pass
+    return lines
+
+
+def test_a_detached_run_keeps_the_database_password_out_of_the_process_table(pg, tmp_path):
+    from typer.testing import CliRunner
+
+    from kdeval.cli.app import app
+
+    password = f"Pw{uuid.uuid4().hex}"
+    url = pg.create_database(f"kdeval_{uuid.uuid4().hex[:10]}").replace(
+        "postgresql://postgres@", f"postgresql+psycopg://postgres:{password}@")  # the server trusts loopback
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(stub_grid(cost=1.0, workers=1))  # 5 cells, one at a time
+    r = CliRunner().invoke(app, ["submit", str(grid), "--db", url, "--results-dir", str(tmp_path / "res"),
+                                 "--detach"], env=_env())
+    assert r.exit_code == 0, r.output
+    pid = int(re.search(r"pid (\d+)", r.output).group(1))
+    idx = RunIndex.open(url)
+    try:
+        run_id = idx.list_runs()[0].id
+        wait_until(lambda: idx.run_cells(run_id, states=["done"]) and idx.run_cells(run_id, states=["running"]),
+                   120, "a cell done and one running")
+        lines = _command_lines()
+        driver = [ln for ln in lines if f"resume {run_id}" in ln]
+        assert len(driver) == 1 and " --db" not in driver[0], driver  # the detached driver, its index elsewhere
+        assert any("ray" in ln.lower() for ln in lines)  # its local Ray is up too
+        assert [ln for ln in lines if password in ln] == []
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30)
+        assert ps.returncode == 0 and password not in ps.stdout
+        assert idx.get_run(run_id).driver_pid == pid  # the driver that got the URL some other way runs the run
+    finally:
+        stop_background(pid)
+        idx.close()
+
+
+def test_a_lost_database_server_is_one_line_and_leaves_the_run_resumable(tmp_path):
+    server, why = pg_server.start()  # a server of its own: this test stops it mid-run
+    if server is None:
+        pytest.skip(why)
+    try:
+        url = server.create_database("lost")
+        grid = tmp_path / "grid.yaml"
+        grid.write_text(stub_grid(cost=0.3, workers=1))
+        driver = subprocess.Popen(_cli("submit", str(grid), "--db", url, "--results-dir", str(tmp_path / "res")),
+                                  env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                  start_new_session=True)
+        idx = RunIndex.open(url)
+        wait_until(lambda: idx.list_runs() and idx.run_attempts(idx.list_runs()[0].id), 120, "a first attempt")
+        run_id = idx.list_runs()[0].id
+        idx.close()
+    except BaseException:
+        server.stop()
+        raise
+    server.stop()
+    try:
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+    assert driver.returncode == 1 and "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1].startswith(f"error: the index at {url} failed: lost the connection to the "
+                                              "database ("), stderr
+    assert stderr.splitlines()[-1].endswith(f"`kdeval resume {run_id}` continues it once the index can be written")

@@ -64,7 +64,9 @@ def write_csv(report: Report, out_dir: Path) -> list[Path]:
 
 # ------------------------------------------------------------------ Markdown
 def _md_cell(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """``value`` as text inside a Markdown table cell or line: HTML in it is escaped (a model id such as
+    ``<img src=x onerror=...>`` shows as text in every viewer), ``|`` cannot end the cell, a newline the line."""
+    return html.escape(value, quote=False).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
 def md_table(view: TableView) -> list[str]:
@@ -81,10 +83,10 @@ def to_markdown(report: Report) -> str:
     numbers)."""
     m = report.meta
     lines = ["# kdeval report", "",
-             f"- runs: {', '.join(m.runs)}", f"- compared with: {m.compare}",
-             f"- delta: {m.method}", f"- created: {m.created}"]
-    lines += [f"- note: {n}" for n in m.notes]
-    lines += [f"- **warning**: {w}" for w in m.warnings]
+             f"- runs: {_md_cell(', '.join(m.runs))}", f"- compared with: {_md_cell(m.compare)}",
+             f"- delta: {_md_cell(m.method)}", f"- created: {m.created}"]
+    lines += [f"- note: {_md_cell(n)}" for n in m.notes]
+    lines += [f"- **warning**: {_md_cell(w)}" for w in m.warnings]
     headline = [r for r in report.scores if r.level != "detail"]
     detail = [r for r in report.scores if r.level == "detail"]
     cells = views.cells_view(report)

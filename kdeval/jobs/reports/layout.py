@@ -51,6 +51,8 @@ class TableView:
 
 #: Row colour by state (the report's row states, and a cell's ``running``).
 _STYLE = {"partial": "yellow", "failed": "red", "pending": "dim", "missing": "red", "running": "dim"}
+#: How titles and captions look (as rich's own table styles them).
+_TITLE, _CAPTION = "bold", "table.caption"
 #: Cells between two columns (one of padding, one of the box's blank divider).
 GAP = 2
 #: A note or error column may fold words longer than this rather than widen the table.
@@ -113,13 +115,18 @@ def fit_widths(bounds: list[tuple[int, int]], width: int) -> list[int] | None:
     return widths
 
 
+def _text(text: str | None, style: str) -> Text | None:
+    """A title or caption as plain text in its usual style (names in it are never read as rich markup)."""
+    return None if text is None else Text(text, style=style)
+
+
 def _table(view: TableView, columns: list[int], rows: list[int], widths: list[int] | None, title: str | None,
            caption: str | None, whole_intervals: bool = True) -> Table:
-    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
-              show_edge=False, title_justify="left", caption_justify="left", title_style="bold")
+    t = Table(title=_text(title, _TITLE), caption=_text(caption, _CAPTION), box=box.SIMPLE_HEAD,
+              padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, title_justify="left", caption_justify="left", title_style="bold")
     for k, j in enumerate(columns):
         c = view.columns[j]
-        t.add_column(c.header, justify="right" if c.numeric else "left", overflow="fold", no_wrap=c.key,
+        t.add_column(Text(c.header), justify="right" if c.numeric else "left", overflow="fold", no_wrap=c.key,
                      header_style="bold", width=None if widths is None else widths[k])
     for i in rows:
         state = view.states[i] if i < len(view.states) else ""
@@ -181,15 +188,16 @@ def _fit(view: TableView, columns: list[int], width: int, whole_intervals: bool)
 def records(view: TableView, columns: list[int], width: int) -> Table:
     """Each row as a record: one line per column (header, then the value, wrapped or folded to fit)."""
     label = max(cell_len(view.columns[j].header) for j in columns)
-    t = Table(title=view.title, caption=view.caption or None, box=box.SIMPLE, show_header=False, pad_edge=False,
-              padding=(0, 1, 0, 0), show_edge=False, title_justify="left", caption_justify="left",
+    t = Table(title=_text(view.title, _TITLE), caption=_text(view.caption or None, _CAPTION), box=box.SIMPLE,
+              show_header=False, pad_edge=False, padding=(0, 1, 0, 0), show_edge=False, title_justify="left", caption_justify="left",
               title_style="bold")
     t.add_column(style="bold", no_wrap=True, width=label)
     t.add_column(overflow="fold", width=max(1, width - label - GAP))
     for i, cells in enumerate(view.rows):
         style = _STYLE.get(view.states[i] if i < len(view.states) else "", "")
         for k, j in enumerate(columns):
-            t.add_row(view.columns[j].header, escape(cells[j]), style=style, end_section=k == len(columns) - 1)
+            t.add_row(escape(view.columns[j].header), escape(cells[j]), style=style,
+                      end_section=k == len(columns) - 1)
     return t
 
 

@@ -1,0 +1,197 @@
+"""Results that outlive their index: each part says what it is, each run has a manifest, so an index can be
+rebuilt from a results directory, and a submit adopts a cell whose files are already there.
+
+Every part a driver writes carries, in its Parquet key-value metadata (:data:`PART_KEY`), the cell's full spec
+and what the index records of the shard (range, shard size, duration, peak memory, worker, node, provenance);
+every run writes ``runs/<run id>.json`` (its record and its cells' records) when it is created. A cell is
+recovered when its parts are exactly the shards of one plan (``kdeval.jobs.shards.shard_ranges``), their spec
+gives the cell's id and they check out as integrity checks them (``kdeval.storage.verify_cell_file``); its
+summary is then the workload's ``aggregate`` of its rows, as when it was computed. What the files do not hold
+is not recovered: attempts (history, errors, counts), failed cells' errors, when cells finished.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kdeval.cluster.workload import CellOutcome, Workload
+from kdeval.jobs.cells import CellSpec
+from kdeval.jobs.shards import HeldCell, Shard, ShardDone, shard_ranges
+from kdeval.storage import (
+    RUNS_DIR, CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, cell_dirs, part_files, read_cell_table,
+    read_part_metadata, read_run_manifests, verify_cell_file, write_run_manifest,
+)
+
+#: The key of a part's metadata that describes it (JSON; see :func:`part_metadata`).
+PART_KEY = "kdeval.part"
+#: What a rebuilt run says it lacks.
+NOT_RECOVERED = "attempt history not recovered"
+
+
+def part_metadata(shard: Shard, shard_size: int, out: CellOutcome) -> dict[str, str]:
+    """What a part says of itself: its cell's spec and the shard's record (written with the part)."""
+    return {PART_KEY: json.dumps({
+        "cell": shard.cell.model_dump(mode="json"), "shard": shard.index, "start": shard.start, "stop": shard.stop,
+        "shard_size": shard_size, "duration_s": out.duration_s, "peak_memory_bytes": out.peak_memory_bytes,
+        "worker": out.worker, "node": out.node, "provenance": out.provenance or None,
+    }, sort_keys=True)}
+
+
+def write_manifest(results_dir: str | Path, run_id: str, *, name: str, grid_yaml: str, grid_hash: str,
+                   kdeval_version: str, created_at: datetime, cells: list[CellRecord]) -> None:
+    """The run's manifest in the results directory (what :func:`rebuild_index` makes its run from)."""
+    write_run_manifest(results_dir, run_id, {
+        "id": run_id, "name": name, "grid_yaml": grid_yaml, "grid_hash": grid_hash,
+        "kdeval_version": kdeval_version, "created_at": created_at.isoformat(),
+        "cells": [vars(c) for c in cells],
+    })
+
+
+def remove_manifest(results_dir: str | Path, run_id: str) -> None:
+    """Delete a run's manifest (the run could not be recorded after all)."""
+    (Path(results_dir) / RUNS_DIR / f"{run_id}.json").unlink(missing_ok=True)
+
+
+@dataclass
+class Recovered:
+    """A cell whose parts check out: its spec, its stored shards as the scheduler keeps them, its rows."""
+
+    spec: CellSpec
+    held: HeldCell
+    rows: list[dict[str, Any]]
+
+
+def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
+    """The cell's parts under ``results_dir``, read back and checked; else why they do not make the cell."""
+    rel = cell_dir_relpath(cell_id)
+    parts = part_files(Path(results_dir) / rel)
+    if not parts:
+        return "no part files"
+    spec, size, done = None, None, {}
+    for path in parts:
+        try:
+            meta = json.loads(read_part_metadata(path)[PART_KEY])
+            part_spec = CellSpec.model_validate(meta["cell"])
+        except (OSError, pa.ArrowException, KeyError, ValueError, TypeError) as e:
+            return f"{path.name}: no description of its cell ({type(e).__name__}; written by an older kdeval?)"
+        if part_spec.id != cell_id:
+            return f"{path.name}: its spec gives cell {part_spec.id}, not {cell_id} (another kdeval version?)"
+        if spec is not None and (part_spec != spec or meta["shard_size"] != size):
+            return f"{path.name}: another shard plan than the other parts"
+        spec, size = part_spec, meta["shard_size"]
+        with pq.ParquetFile(path) as pf:
+            done[meta["shard"]] = (meta, pf.metadata.num_rows)
+    ranges = shard_ranges(spec.task.samples, size)
+    if sorted(done) != list(range(len(ranges))) or any(ranges[i] != (m["start"], m["stop"])
+                                                      for i, (m, _) in done.items()):
+        return f"parts of shards {sorted(done)} are not the {len(ranges)} shards of {spec.task.samples} samples"
+    held = HeldCell(spec, size, ranges, done={
+        i: ShardDone(samples=m["stop"] - m["start"], n_rows=n, duration_s=m["duration_s"],
+                     peak_memory_bytes=m["peak_memory_bytes"], worker=m["worker"], node=m["node"],
+                     provenance=m["provenance"]) for i, (m, n) in done.items()})
+    problem = verify_cell_file(results_dir, rel, cell_id, held.n_rows())
+    if problem is not None:
+        return problem
+    return Recovered(spec, held, read_cell_table(results_dir, rel).to_pylist())
+
+
+def _finish(index: RunIndex, run_id: str, results_dir: str, got: Recovered, workload: Workload) -> bool:
+    """Mark a recovered cell done in the index for ``run_id`` (as the scheduler completes a cell); False when
+    another driver holds it."""
+    cell = got.spec
+    if index.claim_cell(cell.id, run_id) is not None:
+        return False
+    worker, node = got.held.where()
+    return index.finish_cell(
+        cell.id, run_id, results_dir=results_dir, result_path=cell_dir_relpath(cell.id), n_rows=got.held.n_rows(),
+        summary=workload.aggregate(cell.to_task(), got.rows), duration_s=got.held.duration_s(),
+        peak_memory_bytes=got.held.peak_memory_bytes(), worker=worker, node=node, provenance=got.held.provenance())
+
+
+def adopt_cells(index: RunIndex, run_id: str, results_dir: str, cells: list[CellSpec],
+                workload: Callable[[], Workload]) -> set[str]:
+    """Mark done the ``cells`` of run ``run_id`` that the index has pending (never started, nobody holds
+    them) and whose parts in ``results_dir`` make the cell; returns their ids. Nothing is recomputed or
+    rewritten. ``workload`` gives the workload that aggregates rows (called only when a cell is adopted)."""
+    views = index.get_cells([c.id for c in cells], states=[CellState.PENDING])
+    adopted, made = set(), []
+    for cid, view in views.items():
+        if view.held_by is not None or view.n_attempts:
+            continue
+        got = recover_cell(results_dir, cid)
+        if isinstance(got, Recovered):
+            made = made or [workload()]
+            if _finish(index, run_id, results_dir, got, made[0]):
+                adopted.add(cid)
+    return adopted
+
+
+@dataclass
+class Rebuilt:
+    """What :func:`rebuild_index` did: runs made (or already there), cells done, cells it could not recover."""
+
+    runs: list[str] = field(default_factory=list)
+    cells_done: int = 0
+    lost: dict[str, str] = field(default_factory=dict)  # cell id (or run manifest) -> why
+    skipped_runs: list[str] = field(default_factory=list)  # already in the index
+
+
+def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[], Workload]) -> Rebuilt:
+    """Rebuild runs, cells and their summaries in ``index`` from ``results_dir``: one run per manifest (or,
+    without one, per run id the rows name), its cells done where their parts are recovered, the others
+    pending; each rebuilt run says what it lacks (:data:`NOT_RECOVERED`). Runs the index has are left as
+    they are."""
+    results_dir = str(Path(results_dir).expanduser().resolve())
+    out = Rebuilt()
+    recovered: dict[str, Recovered] = {}
+    for d in cell_dirs(results_dir):
+        got = recover_cell(results_dir, d.name)
+        if isinstance(got, Recovered):
+            recovered[d.name] = got
+        else:
+            out.lost[d.name] = got
+    runs: dict[str, dict[str, Any]] = {}
+    for run_id, manifest in read_run_manifests(results_dir).items():
+        if isinstance(manifest, str):
+            out.lost[f"runs/{run_id}.json"] = manifest
+        else:
+            runs[run_id] = manifest
+    without = set()  # runs the rows name that have no manifest: made of the cells they computed
+    for got in recovered.values():
+        run_id = got.rows[0]["run_id"] if got.rows else None
+        if run_id and run_id not in runs:
+            without.add(run_id)
+            runs[run_id] = {"id": run_id, "name": "rebuilt", "grid_yaml": "", "grid_hash": "",
+                            "kdeval_version": got.spec.kdeval_version, "cells": []}
+        if run_id in without:
+            runs[run_id]["cells"].append(vars(got.spec.record()))
+    made = []
+    for run_id, m in sorted(runs.items()):
+        if index.get_run(run_id) is not None:
+            out.skipped_runs.append(run_id)
+            continue
+        cells = [CellRecord(**c) for c in m["cells"]]
+        created = datetime.fromisoformat(m["created_at"]) if m.get("created_at") else None
+        index.create_run(run_id, name=m["name"], grid_yaml=m["grid_yaml"], grid_hash=m["grid_hash"],
+                         results_dir=results_dir, kdeval_version=m["kdeval_version"], cells=cells, created_at=created)
+        done = 0
+        for c in cells:
+            got = recovered.get(c.id)
+            if got is not None and index.get_cell(c.id).state != CellState.DONE.value:
+                made = made or [workload()]
+                _finish(index, run_id, results_dir, got, made[0])
+            done += index.get_cell(c.id).state == CellState.DONE.value
+        out.cells_done += done
+        missing = len(cells) - done
+        grid = "" if m["grid_yaml"] else "; its grid is unknown (no manifest)"
+        index.set_run_state(run_id, RunState.DONE if not missing else RunState.FAILED,
+                            f"rebuilt from {results_dir}: {NOT_RECOVERED}"
+                            + (f"; {missing} cell(s) not in the results" if missing else "") + grid)
+        out.runs.append(run_id)
+    return out
