@@ -21,12 +21,13 @@ also fail the gate (``fail_on_failed_cells``). The report is written either way.
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -35,8 +36,16 @@ from kdeval.jobs import service
 from kdeval.jobs.cells import grid_hash
 from kdeval.jobs.errors import join_path
 from kdeval.jobs.grid import GridSpec
+from kdeval.jobs.nightly_attribution import attribute, attribution_text
+from kdeval.jobs.nightly_drift import DriftFinding, find_drifts
+from kdeval.jobs.nightly_env import cell_salt, night_environment
+from kdeval.jobs.nightly_history import write_history_page
+from kdeval.jobs.nightly_notify import run_on_fail
+from kdeval.jobs.nightly_record import data_digests, perf_points, series_key, tracked_points
+from kdeval.jobs.nightly_speed import SpeedFinding, speed_gate
 from kdeval.jobs.reports import CellRow, MetricRow, Report, ReportOptions, build_report
 from kdeval.jobs.reports.output import FORMATS, write_report
+from kdeval.jobs.reports.samples import LoadedCell, load_run
 from kdeval.jobs.validate import load_mapping, validate_mapping
 from kdeval.storage import RunIndex, RunState
 
@@ -51,9 +60,27 @@ class TrackedMetric(BaseModel):
     metric: str = Field(default="*", min_length=1)   # "needle", "ruler.avg", "longbench.*", "*"
     policy: str = Field(default="*", min_length=1)   # "keydiff", "snapkv*", "*"
     max_drop: float = Field(ge=0.0)                  # points (0-100 scale)
+    # opt-in speed and memory gates against the baseline's same cell (see kdeval.jobs.nightly_speed)
+    max_ttft_ratio: float | None = Field(default=None, gt=0.0)     # fail when TTFT's ratio CI is all above
+    min_decode_ratio: float | None = Field(default=None, gt=0.0)   # fail when decode tok/s ratio CI is all below
+    max_kv_bytes_ratio: float | None = Field(default=None, gt=0.0)  # fail when peak KV bytes grow beyond (exact)
 
     def matches(self, row: MetricRow) -> bool:
         return fnmatch.fnmatchcase(row.metric, self.metric) and fnmatch.fnmatchcase(row.policy, self.policy)
+
+    @property
+    def gates_speed(self) -> bool:
+        return any(v is not None for v in (self.max_ttft_ratio, self.min_decode_ratio, self.max_kv_bytes_ratio))
+
+
+class DriftSpec(BaseModel):
+    """The change-point rule over the history (:mod:`kdeval.jobs.nightly_drift`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nights: int = Field(default=3, ge=1)           # K: the last K nights against the K before them
+    max_drop: float = Field(default=2.0, ge=0.0)   # points: the mean drop the CI must exceed to flag
+    fail: bool = False                             # True: a flagged drift also fails the night
 
 
 class NightlySpec(BaseModel):
@@ -70,6 +97,10 @@ class NightlySpec(BaseModel):
     confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
     fail_on_failed_cells: bool = True
     levels: list[str] = Field(default_factory=lambda: ["task", "benchmark"])  # which score rows are gated
+    reuse: Literal["never", "unchanged"] = "never"   # see kdeval.jobs.nightly_env
+    drift: DriftSpec = DriftSpec()
+    on_fail: str | None = Field(default=None, min_length=1)  # a command (no shell), the gate.json path appended
+    on_fail_timeout_s: float = Field(default=120.0, gt=0.0)
 
     @field_validator("formats")
     @classmethod
@@ -154,10 +185,13 @@ class GateResult:
     regressions: list[Finding] = field(default_factory=list)
     failed_cells: list[CellRow] = field(default_factory=list)
     baseline: str | None = None
+    speed: list[SpeedFinding] = field(default_factory=list)   # opt-in speed and memory gates
+    drifts: list[DriftFinding] = field(default_factory=list)  # the change-point rule over the history
+    drift_fails: bool = False                                 # nightly.drift.fail
 
     @property
     def passed(self) -> bool:
-        return not self.regressions and not self.failed_cells
+        return not (self.regressions or self.failed_cells or self.speed or (self.drift_fails and self.drifts))
 
 
 def threshold_for(row: MetricRow, tracked: list[TrackedMetric]) -> float | None:
@@ -259,6 +293,7 @@ class NightlyOutcome:
     report: Report
     files: dict[str, Path]
     report_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)  # what gate.json holds
 
     @property
     def exit_code(self) -> int:
@@ -268,52 +303,118 @@ class NightlyOutcome:
 Executor = Callable[..., Any]
 
 
+def _start_or_resume(index: RunIndex, nf: NightlyFile, spec: NightlySpec, ghash: str, history: list[dict[str, Any]],
+                     env: dict[str, Any], results_dir: str | Path) -> tuple[str, bool]:
+    """The unfinished night to resume, else a new run whose cells are salted for tonight (see nightly_env)."""
+    run_id = run_to_resume(index, ghash, history)
+    if run_id is not None:
+        return run_id, True
+    salt = cell_salt(spec.reuse, service.new_run_id(), env)
+    run_id, _ = service.create_run(index, nf.grid, nf.grid_text, results_dir, salt=salt)
+    return run_id, False
+
+
+def _drifts(index: RunIndex, spec: NightlySpec, nf: NightlyFile, run_id: str, tonight: list[LoadedCell],
+            history: list[dict[str, Any]], cache: dict) -> list[DriftFinding]:
+    """The change-point rule over this grid's last 2K nights (this one the last)."""
+    k = spec.drift.nights
+    before = [e["run"] for e in history if e.get("grid") == nf.grid.name and e["run"] != run_id
+              and index.get_run(e["run"]) is not None]
+    nights = [(r, load_run(index, r, cache=cache)) for r in dict.fromkeys(before[-(2 * k - 1):])] + [(run_id, tonight)]
+    tracked = {(c.slot.model, c.slot.policy, c.slot.budget, c.slot.chunk, c.task) for c in tonight
+               if threshold_for(MetricRow(level="task", benchmark="", metric=c.task, model=c.slot.model,
+                                          policy=c.slot.policy, budget=c.slot.budget, chunk=c.slot.chunk),
+                                spec.tracked) is not None}
+    return find_drifts(nights, tracked, k, spec.drift.max_drop, resamples=spec.resamples, seed=spec.seed,
+                       confidence=spec.confidence)
+
+
 def run_nightly(
     index: RunIndex, nf: NightlyFile, *, results_dir: str | Path = service.DEFAULT_RESULTS_DIR,
     address: str | None = None, report_dir: str | Path | None = None, baseline: str | None = None,
-    existing_run: str | None = None, execute: Executor = service.execute_run,
+    existing_run: str | None = None, execute: Executor | None = None,
 ) -> NightlyOutcome:
     """Run or resume the grid (unless ``existing_run`` is given), gate it, write the reports and history.
 
-    ``execute(index, run_id, address=...)`` runs a run's cells (the scheduler; tests pass a fake)."""
+    ``execute(index, run_id, address=...)`` runs a run's cells (default: :func:`service.execute_run`)."""
     spec = nf.spec if baseline is None else nf.spec.model_copy(update={"baseline": baseline})
     out_root = Path(report_dir or spec.report_dir)
     ghash = grid_hash(nf.grid)
     history = read_history(out_root)  # read once: this nightly appends to it only at the end
+    env = night_environment()
     resumed = False
     if existing_run is not None:
         run_id = index.resolve_run_id(existing_run)
         if run_id is None:
             raise ValueError(f"--run: no run '{existing_run}'")
     else:
-        run_id = run_to_resume(index, ghash, history)
-        resumed = run_id is not None
-        if run_id is None:
-            run_id, _ = service.create_run(index, nf.grid, nf.grid_text, results_dir)
-        execute(index, run_id, address=address)
+        run_id, resumed = _start_or_resume(index, nf, spec, ghash, history, env, results_dir)
+        (execute or service.execute_run)(index, run_id, address=address)
     base = choose_baseline(index, spec, ghash, run_id, history)
     has_base = base is not None and base != run_id
     opts = dict(resamples=spec.resamples, seed=spec.seed, confidence=spec.confidence)
-    cells: dict = {}  # both reports read each cell's Parquet file once
+    cells: dict = {}  # every report and history read reads each cell's Parquet file once
     vs_full = build_report(index, [run_id], ReportOptions(**opts), cells)
+    tonight = load_run(index, run_id, cache=cells)
+    drifts = _drifts(index, spec, nf, run_id, tonight, history, cells)
     if has_base:
         rep = build_report(index, [run_id], ReportOptions(compare=base, **opts), cells)
         result = gate(rep, spec)
+        n_speed, speed = speed_gate(rep, spec.tracked)
+        result = dataclasses.replace(result, checked=result.checked + n_speed, speed=speed)
     else:
         rep = vs_full  # no baseline yet: only cells that are not done fail the gate
         result = GateResult(checked=0, failed_cells=bad_cells(vs_full, spec), baseline=None)
+    result = dataclasses.replace(result, drifts=drifts, drift_fails=spec.drift.fail)
     run_dir = out_root / run_id
+    threshold = lambda row: threshold_for(row, spec.tracked)  # noqa: E731
+    summary = {"run": run_id, "grid_hash": ghash, "grid": nf.grid.name, "baseline": base,
+               "passed": result.passed, "checked": result.checked,
+               "regressions": [f.describe() for f in result.regressions],
+               "speed_regressions": [f.describe() for f in result.speed],
+               "drift": [dict(d.to_json(), key=series_key(d.series[4], d.series[1], d.series[2], d.series[3],
+                                                         d.series[0])) for d in drifts],
+               "failed_cells": len(result.failed_cells),
+               "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               "reuse": spec.reuse, "env": env, "data": data_digests(index, run_id),
+               "tracked": tracked_points(rep, spec.levels, threshold, {id(f.row) for f in result.regressions}),
+               "perf": perf_points(vs_full)}
+    if has_base and not result.passed:
+        base_entry = next((e for e in reversed(history) if e["run"] == base), None)
+        summary["attribution"] = attribute(result.regressions, tonight, load_run(index, base, cache=cells),
+                                           base_entry, summary)
+        rep = dataclasses.replace(rep, meta=dataclasses.replace(
+            rep.meta, notes=rep.meta.notes + attribution_text(summary["attribution"]).splitlines()[2:]))
     files = write_report(rep, run_dir, spec.formats, title=f"kdeval nightly {nf.grid.name}: {run_id} vs "
                                                          f"{base or 'full (no baseline yet)'}")
     if has_base:
         files.update({f"{k}-vs-full": v for k, v in
                       write_report(vs_full, run_dir / "vs-full", spec.formats, title=f"{run_id} vs full").items()})
-    summary = {"run": run_id, "grid_hash": ghash, "grid": nf.grid.name, "baseline": base,
-               "passed": result.passed, "checked": result.checked,
-               "regressions": [f.describe() for f in result.regressions],
-               "failed_cells": len(result.failed_cells),
-               "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     files["gate"] = run_dir / "gate.json"
-    files["gate"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    _write_json(files["gate"], summary)
+    if "attribution" in summary:
+        files["attribution"] = run_dir / "attribution.md"
+        files["attribution"].write_text(attribution_text(summary["attribution"]), encoding="utf-8")
+    if not result.passed and spec.on_fail:
+        summary["on_fail"] = run_on_fail(spec.on_fail, files["gate"].resolve(), spec.on_fail_timeout_s)
+        _write_json(files["gate"], summary)
     append_history(out_root, summary)
-    return NightlyOutcome(run=run_id, resumed=resumed, gate=result, report=rep, files=files, report_dir=run_dir)
+    mine = [e for e in read_history(out_root) if e.get("grid") == nf.grid.name]
+    files["history"] = write_history_page(mine, out_root, f"kdeval nightly {nf.grid.name}: history")
+    return NightlyOutcome(run=run_id, resumed=resumed, gate=result, report=rep, files=files, report_dir=run_dir,
+                          summary=summary)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON through a temp file (an on_fail command may be reading the previous version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_history(nightly_file: NightlyFile, out_dir: Path, report_dir: str | Path | None = None) -> Path:
+    """``kdeval nightly history``: the history page of a nightly file's grid, written to ``out_dir``."""
+    root = Path(report_dir or nightly_file.spec.report_dir)
+    mine = [e for e in read_history(root) if e.get("grid") == nightly_file.grid.name]
+    return write_history_page(mine, out_dir, f"kdeval nightly {nightly_file.grid.name}: history")
