@@ -38,8 +38,14 @@ def _uri(fig: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _label(entry: dict[str, Any]) -> str:
-    return str(entry.get("time", ""))[5:16].replace("T", " ")
+def _label(entry: dict[str, Any], seconds: bool = False) -> str:
+    """``MM-DD HH:MM`` of the night (``:SS`` too where nights share a minute)."""
+    return str(entry.get("time", ""))[5:19 if seconds else 16].replace("T", " ")
+
+
+def _ticks(entries: list[dict[str, Any]]) -> list[str]:
+    labels = [_label(e) for e in entries]
+    return labels if len(set(labels)) == len(labels) else [_label(e, seconds=True) for e in entries]
 
 
 def _series(entries: list[dict[str, Any]]) -> dict[str, list[tuple[int, dict[str, Any]]]]:
@@ -78,7 +84,7 @@ def score_figure(key: str, points: list[tuple[int, dict[str, Any]]], entries: li
             ax.plot(i, t["value"], "s", color="#c62828", ms=5, mfc="none")
         if _drifted(e, key):
             ax.plot(i, t["value"], "^", color="#b26a00", ms=11, mfc="none", mew=1.8)
-    ax.set_xticks(range(len(entries)), [_label(e) for e in entries], rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(range(len(entries)), _ticks(entries), rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("points")
     ax.set_title(key, fontsize=9)
     ax.legend(fontsize=7, loc="lower left")
@@ -110,7 +116,7 @@ def perf_figure(entries: list[dict[str, Any]]) -> str | None:
                 ax.plot([i for i, _ in pts], [median(v) for _, v in pts], marker="o", ms=3,
                         color=COLOURS[j % len(COLOURS)], label=config)
         ax.set_title(titles[k], fontsize=9)
-        ax.set_xticks(range(len(entries)), [_label(e) for e in entries], rotation=30, ha="right", fontsize=6)
+        ax.set_xticks(range(len(entries)), _ticks(entries), rotation=30, ha="right", fontsize=6)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=6)

@@ -1,5 +1,6 @@
 """Test-only pieces of the simulated nights: a workload that scores a policy's own rule, a policy that can be
-weakened, and an executor that runs a run's cells in this process (no Ray) through the worker class.
+weakened, and an executor that runs a run's cells in this process (no Ray), recording the provenance a
+worker would.
 
 The probe: per sample, ``T`` random keys around a shared direction plus one needle key pointing away from it
 (by ``strength``); the sample scores 1 when the policy's ``score`` puts the needle among the ``N`` keys it
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from kdeval.cluster.stub import StubModel
-from kdeval.cluster.worker import CellWorker
+from kdeval.cluster import provenance
 from kdeval.cluster.workload import CellResult, CellTask
 from kdeval.keydiff.keydiff import KeyDiff
 from kdeval.keydiff.policy import ScoreContext
@@ -90,26 +91,29 @@ class ProbeWorkload:
         return CellResult(rows=rows, summary={"score": score}, peak_memory_bytes=1 << 20)
 
 
+def run_here(workload: ProbeWorkload, index: RunIndex, run_id: str, view: Any) -> None:
+    """Run one cell in this process and record it done with the provenance a worker would collect
+    (:func:`kdeval.cluster.provenance.collect_provenance`, looked up when called: tests replace it)."""
+    from kdeval.jobs.cells import CellSpec
+
+    task = CellSpec.model_validate(view.spec).to_task()
+    handle = workload.load(task)
+    out = workload.run(handle, task)
+    record_done(index, run_id, view.id, index.get_run(run_id).results_dir, out.rows,
+                provenance=provenance.collect_provenance(task, handle), summary=out.summary)
+
+
 class InProcessExecutor:
-    """Stands in for ``service.execute_run``: runs a run's cells that are not done here, one by one, through
-    :class:`CellWorker` (so each cell records the provenance the worker collects), and counts them."""
+    """Stands in for ``service.execute_run``: runs a run's cells that are not done here (:func:`run_here`),
+    one by one, and counts them."""
 
     def __init__(self, workload: ProbeWorkload) -> None:
         self.workload = workload
         self.computed: list[str] = []
 
     def __call__(self, index: RunIndex, run_id: str, address: Any = None, **_: Any) -> None:
-        from kdeval.jobs.cells import CellSpec
-
-        run = index.get_run(run_id)
-        worker = CellWorker(self.workload, "w0")
         for view in index.run_cells(run_id):
-            if view.state == CellState.DONE.value:
-                continue
-            spec = CellSpec.model_validate(view.spec)
-            out = worker.run_cell(spec.to_task())
-            assert out.ok, out.error
-            record_done(index, run_id, view.id, run.results_dir, out.rows, provenance=out.provenance,
-                        summary=out.summary)
-            self.computed.append(view.id)
+            if view.state != CellState.DONE.value:
+                run_here(self.workload, index, run_id, view)
+                self.computed.append(view.id)
         index.set_run_state(run_id, RunState.DONE)

@@ -15,11 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kdeval.cli.app import app
-from kdeval.cluster.worker import CellWorker
-from kdeval.jobs.cells import CellSpec
 from kdeval.storage import RunIndex
-from tests.reports.helpers import record_done
-from tests.service.nightly_probe import InProcessExecutor, ProbeWorkload, WeakenablePolicy
+from tests.service.nightly_probe import InProcessExecutor, ProbeWorkload, WeakenablePolicy, run_here
 
 GRID = """
 name: nights
@@ -53,8 +50,8 @@ class Nights:
         self.executor = InProcessExecutor(self.workload)
         monkeypatch.setattr("kdeval.jobs.service.execute_run", self.executor)
         monkeypatch.setattr("kdeval.jobs.nightly.night_environment", lambda: dict(self.env))
-        real = __import__("kdeval.cluster.worker", fromlist=["collect_provenance"]).collect_provenance
-        monkeypatch.setattr("kdeval.cluster.worker.collect_provenance",
+        real = __import__("kdeval.cluster.provenance", fromlist=["collect_provenance"]).collect_provenance
+        monkeypatch.setattr("kdeval.cluster.provenance.collect_provenance",
                             lambda task, handle=None: {**real(task, handle), "torch": self.env["torch"],
                                                        "device": self.env["device"]})
 
@@ -91,9 +88,7 @@ def test_a_resumed_night_reuses_what_it_finished(tmp_path, monkeypatch):
     nights = Nights(tmp_path, monkeypatch)
 
     def crash_after_one(index, run_id, address=None, **kw):
-        view = index.run_cells(run_id)[0]
-        out = CellWorker(nights.workload, "w0").run_cell(CellSpec.model_validate(view.spec).to_task())
-        record_done(index, run_id, view.id, index.get_run(run_id).results_dir, out.rows, provenance=out.provenance)
+        run_here(nights.workload, index, run_id, index.run_cells(run_id)[0])
         raise KeyboardInterrupt  # the driver died: the run stays unfinished
     monkeypatch.setattr("kdeval.jobs.service.execute_run", crash_after_one)
     res = CliRunner().invoke(app, ["nightly", str(nights.file), "--db", nights.db, "--results-dir", nights.results])
