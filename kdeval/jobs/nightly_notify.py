@@ -14,7 +14,7 @@ from typing import Any
 
 def run_on_fail(command: str, gate_json: Path, timeout_s: float) -> dict[str, Any]:
     """Run ``command gate_json``; what happened: ``{"command", "ok", "returncode", "error", "output"}``."""
-    argv = shlex.split(command) + [str(gate_json)]
+    argv = shlex.split(command) + [str(gate_json)]  # the nightly file's validation made sure it splits
     out: dict[str, Any] = {"command": argv, "ok": False, "returncode": None, "error": "", "output": ""}
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, shell=False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,6 +73,19 @@ class NightlySpec(BaseModel):
         bad = [x for x in v if x not in FORMATS or x == "table"]
         if bad:
             raise ValueError(f"unknown format {bad[0]!r}; expected some of md, csv, json, html")
+        return v
+
+    @field_validator("on_fail")
+    @classmethod
+    def _a_command(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            argv = shlex.split(v)
+        except ValueError as e:
+            raise ValueError(f"expected a command with its arguments (split like a shell, run without one): {e}") from None
+        if not argv:
+            raise ValueError("expected a command with its arguments, got only spaces")
         return v
 
     @field_validator("levels")

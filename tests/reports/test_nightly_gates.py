@@ -2,6 +2,8 @@
 answers."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -71,3 +73,33 @@ def test_window_test_known_answers():
     recent[:, :] = 0.0
     iv, flagged = window_test(recent, before, None, 2.0, resamples=200, seed=0, confidence=0.95)
     assert iv.estimate == pytest.approx(-75.0) and iv.high < -2.0 and flagged
+
+
+def test_nightly_section_bad_input():
+    from tests.reports.test_nightly import NIGHTLY
+
+    with pytest.raises(ValueError, match=r"nightly\.on_fail: .*No closing quotation"):
+        nj.parse_nightly(NIGHTLY + "  on_fail: \"notify 'oops\"\n")
+    with pytest.raises(ValueError, match=r"nightly\.on_fail: .*only spaces"):
+        nj.parse_nightly(NIGHTLY + "  on_fail: '   '\n")
+    with pytest.raises(ValueError, match=r"nightly\.tracked\[0\]\.max_ttft_ratio"):
+        nj.parse_nightly(NIGHTLY.replace("max_drop: 5.0}", "max_drop: 5.0, max_ttft_ratio: 0}"))
+    with pytest.raises(ValueError, match=r"nightly\.drift\.nights"):
+        nj.parse_nightly(NIGHTLY + "  drift: {nights: 0}\n")
+    nf = nj.parse_nightly(NIGHTLY + "  on_fail: post --to 'team chat'\n  reuse: unchanged\n")
+    assert nf.spec.on_fail == "post --to 'team chat'" and nf.spec.reuse == "unchanged"
+
+
+def test_on_fail_command_outcomes(tmp_path):
+    from kdeval.jobs.nightly_notify import run_on_fail
+
+    gate = tmp_path / "gate.json"
+    gate.write_text("{}")
+    ok = run_on_fail(f"{sys.executable} -c 'import sys; print(open(sys.argv[1]).read())'", gate, 30)
+    assert ok["ok"] and ok["output"].strip() == "{}" and ok["command"][-1] == str(gate)
+    missing = run_on_fail("no-such-program-here --x", gate, 30)
+    assert not missing["ok"] and "could not run 'no-such-program-here'" in missing["error"]
+    slow = run_on_fail(f"{sys.executable} -c 'import time; time.sleep(5)'", gate, 0.5)
+    assert not slow["ok"] and slow["error"] == "timed out after 0.5s"
+    shell = run_on_fail("echo $HOME; touch " + str(tmp_path / "pwned"), gate, 30)
+    assert shell["ok"] and "$HOME;" in shell["output"] and not (tmp_path / "pwned").exists()  # no shell

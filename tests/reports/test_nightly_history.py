@@ -63,3 +63,37 @@ def test_history_page_opens_in_chromium(tmp_path):
 
     img = np.asarray(matplotlib.image.imread(shot))[..., :3]
     assert img.shape[0] > 500 and (img < 0.95).any(axis=-1).mean() > 0.02
+
+
+def test_cli_history_page_and_its_bad_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from kdeval.cli.app import app
+    from kdeval.jobs.nightly import append_history
+
+    grid = tmp_path / "nightly.yaml"
+    grid.write_text(f"""name: g
+models: ["stub:0"]
+policies: [full]
+chunk_sizes: [32]
+tasks: [{{name: needle, lengths: [256], samples: 3}}]
+nightly:
+  report_dir: {tmp_path / "reports"}
+  tracked: [{{metric: "*", max_drop: 5.0}}]
+""")
+    for e in _entries() + [dict(_night(9, 50.0), grid="other")]:
+        append_history(tmp_path / "reports", e)
+    run = CliRunner().invoke
+    ok = run(app, ["nightly", "history", str(grid), "--out", str(tmp_path / "page")])
+    assert ok.exit_code == 0, ok.output
+    page = (tmp_path / "page" / "history.html").read_text()
+    assert page.count("<tr>") == 1 + 5 and "run-9" not in page  # this grid's nights only
+    no_out = run(app, ["nightly", "history", str(grid)])
+    assert no_out.exit_code == 2 and "--out is required" in no_out.output
+    no_grid = run(app, ["nightly", "history", "--out", str(tmp_path / "x")])
+    assert no_grid.exit_code == 2 and "kdeval nightly history GRID --out DIR" in no_grid.output
+    assert not (tmp_path / "x").exists()
+    bad = grid.read_text().replace("  tracked:", "  reuse: sometimes\n  tracked:")
+    grid.write_text(bad)
+    wrong = run(app, ["nightly", "history", str(grid), "--out", str(tmp_path / "y")])
+    assert wrong.exit_code == 2 and "nightly.reuse" in wrong.output and not (tmp_path / "y").exists()

@@ -28,7 +28,7 @@ tasks: [{name: ruler.niah_single_1, lengths: [256, 512], samples: 30}]
 nightly:
   report_dir: REPORTS
   resamples: 400
-  formats: [json, md, html]
+  formats: [json, md]
   drift: {nights: 3, max_drop: 2.0}
   tracked:
     - {metric: "*", max_drop: 8.0}
