@@ -15,7 +15,7 @@ from tests.reports.helpers import FakeCell, rows, store_run
 
 
 def _timed(ttft, kv=256 * 1024, batch=True):
-    return lambda i: {"ttft_s": ttft[i % len(ttft)], "peak_kv_bytes": kv} | ({"timing_batch": i} if batch else {})
+    return lambda i: {"ttft_s": ttft[i % len(ttft)], "peak_kv_bytes": kv, "timing_batch": i if batch else None}
 
 
 BASE = [0.2 + 0.01 * i for i in range(12)]

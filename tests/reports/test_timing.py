@@ -132,7 +132,7 @@ def _batched(ttft: list[float], size: int | None):
     — files written before rows named their batch — its ``timing_batch``)."""
     def extra(i: int) -> dict:
         b = i // (size or 4)
-        return {"ttft_s": ttft[b]} | ({} if size is None else {"timing_batch": b})
+        return {"ttft_s": ttft[b], "timing_batch": None if size is None else b}
     return extra
 
 
