@@ -100,7 +100,8 @@ def nightly(
     results_dir: Optional[Path] = typer.Option(None, "--results-dir",
                                                help="Where per-cell Parquet files go (default .kdeval/results)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir); "
+                                                              "with `history`: where the page goes."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare with this run (overrides nightly.baseline)."),
     run: Optional[str] = typer.Option(None, "--run", help="Gate this existing run instead of running the grid."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict summary as JSON (nothing else)."),

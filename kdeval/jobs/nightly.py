@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from kdeval.jobs import service
 from kdeval.jobs.cells import grid_hash
-from kdeval.jobs.nightly_attribution import attribute, attribution_text
+from kdeval.jobs.nightly_attribution import attribute, attribution_notes, attribution_text
 from kdeval.jobs.nightly_drift import DriftFinding, find_drifts
 from kdeval.jobs.nightly_env import cell_salt, night_environment
 from kdeval.jobs.nightly_history import write_history_page
@@ -285,7 +285,7 @@ def run_nightly(
         summary["attribution"] = attribute(result.regressions, tonight, load_run(index, base, cache=cells),
                                            base_entry, summary)
         rep = dataclasses.replace(rep, meta=dataclasses.replace(
-            rep.meta, notes=rep.meta.notes + attribution_text(summary["attribution"]).splitlines()[2:]))
+            rep.meta, notes=rep.meta.notes + attribution_notes(summary["attribution"])))
     files = write_report(rep, run_dir, spec.formats, title=f"kdeval nightly {nf.grid.name}: {run_id} vs "
                                                          f"{base or 'full (no baseline yet)'}")
     if has_base:

@@ -141,3 +141,15 @@ def attribution_text(attribution: dict[str, Any]) -> str:
     lines += ["", "Changed since the baseline night:" if changes else "Nothing recorded changed since the baseline night."]
     lines += [f"- {c['what']}: {c['baseline']} → {c['tonight']}" for c in changes]
     return "\n".join(lines) + "\n"
+
+
+def attribution_notes(attribution: dict[str, Any]) -> list[str]:
+    """:func:`attribute`'s result as plain report notes (one line each; every report format prints them)."""
+    notes = []
+    for r in attribution["regressions"]:
+        notes.append(f"regression: {r['text']}")
+        notes += [f"driven by: {c['text']}" for c in r["cells"]]
+    notes += [f"changed since the baseline night: {c['what']}: {c['baseline']} → {c['tonight']}"
+              for c in attribution["changes"]]
+    return notes or ["no tracked score regressed and nothing recorded changed since the baseline night"]
+

@@ -68,9 +68,10 @@ def _driver_version() -> str | None:
 
 
 def git_commit() -> str | None:
-    """The git commit of the kdeval checkout (None when kdeval is not run from a git checkout)."""
+    """The git commit of the kdeval checkout (None when kdeval is not run from a git checkout: an installed
+    package inside some other repository must not report that repository's commit)."""
     exe = shutil.which("git")
-    if exe is None:
+    if exe is None or not (PACKAGE_ROOT.parent / ".git").exists():  # a worktree's .git is a file
         return None
     try:
         out = subprocess.run([exe, "-C", str(PACKAGE_ROOT.parent), "rev-parse", "HEAD"], capture_output=True,

@@ -118,7 +118,9 @@ def test_changed_environment_recomputes_and_is_named(tmp_path, monkeypatch):
     [reg] = [r for r in gate["attribution"]["regressions"] if r["metric"] == "ruler.niah_single_1"]
     assert reg["policy"] == "keydiff" and reg["delta"] < -8 and reg["ci_high"] < -8
     assert [c["task"] for c in reg["cells"]] and sum(c["points"] for c in reg["cells"]) == pytest.approx(reg["delta"])
-    assert "torch: 2.13.0 → 2.99.0" in (tmp_path / "reports" / third["run"] / "report.md").read_text()
+    report = (tmp_path / "reports" / third["run"] / "report.md").read_text()
+    assert "- note: changed since the baseline night: night torch: 2.13.0 → 2.99.0" in report
+    assert "- note: driven by: keydiff N=16 B=32 ruler.niah_single_1@" in report
 
 
 def test_weakened_policy_fails_the_gate_and_is_named(tmp_path, monkeypatch):
