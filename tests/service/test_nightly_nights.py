@@ -190,3 +190,16 @@ def test_on_fail_runs_with_the_gate_file_and_its_failure_keeps_the_verdict(tmp_p
     assert res.exit_code == 0, res.output
     page = (tmp_path / "page" / "history.html").read_text()
     assert page.count("<tr>") == 1 + 3 and "FAIL" in page and "PASS" in page
+
+
+def test_salt_gives_a_new_storage_id_and_keeps_the_result_identity(tmp_path):
+    from kdeval.jobs.cells import CellSpec, expand, expand_grid
+    from kdeval.jobs.nightly_spec import parse_nightly
+
+    grid = parse_nightly(GRID.replace("POLICIES", "full, keydiff").replace("REPORTS", str(tmp_path))).grid
+    plain = expand(grid)
+    salted = expand_grid(grid, salt=lambda c: "night n1").cells
+    assert [c.result_id for c in salted] == [c.id for c in plain] == [c.result_id for c in plain]
+    assert not {c.id for c in salted} & {c.id for c in plain}
+    again = CellSpec.model_validate(salted[0].record().spec)  # what a resume reads back from the index
+    assert again.id == salted[0].id and again.salt == "night n1"
