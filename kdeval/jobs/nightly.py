@@ -219,9 +219,14 @@ def _drifts(index: RunIndex, spec: NightlySpec, nf: NightlyFile, run_id: str, to
             history: list[dict[str, Any]], cache: dict) -> list[DriftFinding]:
     """The change-point rule over this grid's last 2K nights (this one the last)."""
     k = spec.drift.nights
-    before = [e["run"] for e in history if e.get("grid") == nf.grid.name and e["run"] != run_id
-              and index.get_run(e["run"]) is not None]
-    nights = [(r, load_run(index, r, cache=cache)) for r in dict.fromkeys(before[-(2 * k - 1):])] + [(run_id, tonight)]
+    before: list[str] = []  # the 2K-1 nights before this one, newest first
+    for e in reversed(history):
+        if len(before) == 2 * k - 1:
+            break
+        r = e["run"]
+        if e.get("grid") == nf.grid.name and r != run_id and r not in before and index.get_run(r) is not None:
+            before.append(r)
+    nights = [(r, load_run(index, r, cache=cache)) for r in reversed(before)] + [(run_id, tonight)]
     tracked = {(c.slot.model, c.slot.policy, c.slot.budget, c.slot.chunk, c.task) for c in tonight
                if threshold_for(MetricRow(level="task", benchmark="", metric=c.task, model=c.slot.model,
                                           policy=c.slot.policy, budget=c.slot.budget, chunk=c.slot.chunk),
