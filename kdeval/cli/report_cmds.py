@@ -94,18 +94,29 @@ def report(
 
 
 def nightly(
-    nightly_file: Path = typer.Argument(..., help="Grid file with a nightly: section (see examples/nightly.yaml)."),
+    nightly_file: Path = typer.Argument(..., help="Grid file with a nightly: section (see examples/nightly.yaml); "
+                                                   "or `history GRID --out DIR`: write the history page."),
+    history_of: Optional[Path] = typer.Argument(None, metavar="[GRID]", help="With `history`: the nightly file."),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir",
                                                help="Where per-cell Parquet files go (default .kdeval/results)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Report directory (default: nightly.report_dir); "
+                                                              "with `history`: where the page goes."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare with this run (overrides nightly.baseline)."),
     run: Optional[str] = typer.Option(None, "--run", help="Gate this existing run instead of running the grid."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict summary as JSON (nothing else)."),
 ) -> None:
     """Run (or resume) the grid, compare it with the last passing nightly, exit 1 on a regression."""
+    from kdeval.cli import nightly_cmds
     from kdeval.jobs import nightly as nightly_job
 
+    if history_of is not None or str(nightly_file) == "history":
+        with bad_input():
+            if str(nightly_file) != "history" or history_of is None:
+                raise ValueError("expected `kdeval nightly GRID` or `kdeval nightly history GRID --out DIR`")
+            nightly_cmds.history(history_of, out_dir, None, out)
+        raise typer.Exit(EXIT_OK)
     with bad_input():
         nf = nightly_job.load_nightly(nightly_file)
         index = open_index(db, must_exist=run is not None)  # gating an existing run needs an existing index
@@ -115,6 +126,9 @@ def nightly(
                                               report_dir=out_dir, baseline=baseline, existing_run=run)
         except (ConnectionError, LookupError, nightly_job.service.RunBusyError) as e:  # no cluster, no run, busy
             raise ValueError(str(e)) from None
+    if as_json:
+        print(nightly_cmds.verdict_summary(outcome.summary))
+        raise typer.Exit(outcome.exit_code)
     print_report(outcome.report)
     g = outcome.gate
     verb = "resumed" if outcome.resumed else "ran"
@@ -125,6 +139,7 @@ def nightly(
         out.print(f"[bold red]REGRESSION[/] {escape(f.describe())}", highlight=False)
     if g.failed_cells:
         out.print(f"[bold red]{len(g.failed_cells)} cell(s) failed or missing[/]", highlight=False)
+    nightly_cmds.print_extras(out, outcome.summary)
     for name, path in outcome.files.items():
         out.print(f"{name}: {path}", highlight=False, markup=False)
     out.print("[bold green]PASS[/]" if g.passed else "[bold red]FAIL[/]")

@@ -83,6 +83,7 @@ class EvalRow(TypedDict):
     references: list[str]      # acceptable answers
     score: float               # the task's per-sample score in [0, 1]
     ttft_s: float              # time to first token of this generate call
+    timing_batch: int          # rows timed by one generate call share it (and ttft_s): one timing, not several
     decode_s: float            # decoding time
     peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
     memory_kind: str           # what peak_memory_bytes is: "process_rss" or "cuda_max_allocated"
@@ -114,7 +115,7 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
          shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None,
-         strip: tuple[str, str] | None = None) -> dict[str, Any]:
+         strip: tuple[str, str] | None = None, timing_batch: int = 0) -> dict[str, Any]:
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -130,6 +131,7 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
         "generated_tokens": int(n_gen),
         "references": list(sample.references),
         "ttft_s": float(stats.get("ttft_s", 0.0)),
+        "timing_batch": int(timing_batch),
         "decode_s": float(stats.get("decode_s", 0.0)),
         "peak_memory_bytes": int(stats.get("peak_memory_bytes", 0)),
         "memory_kind": str(stats.get("memory_kind", "")),
@@ -277,6 +279,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
     rows: list[dict[str, Any]] = [{}] * len(samples)
+    timed = 0  # timings (generate calls) of the budget groups before
     for n, members in groups.items():
         eng = Engine(lm.model, pol, configs[n])
         part = [samples[i] for i in members], [built[i] for i in members]
@@ -287,7 +290,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             done = _run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
                              device, weight_bytes, strip)
         for i, row in zip(members, done):
-            rows[i] = row
+            rows[i] = {**row, "timing_batch": row["timing_batch"] + timed}  # numbered across budget groups
+        timed += 1 + max((r["timing_batch"] for r in done), default=-1)
     return rows
 
 
@@ -310,7 +314,8 @@ def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[B
                                decode_evict=decode_evict)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes, eng.config.budget if eng.evicting else None, strip))
+                             weight_bytes, eng.config.budget if eng.evicting else None, strip,
+                             timing_batch=len(rows)))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
@@ -337,6 +342,7 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
     its questions are rows continuing from that state (read, not forked) and it goes back to the engine once
     the last of them has run."""
     rows: list[dict[str, Any] | None] = [None] * len(samples)
+    batches = [0]  # generate_batch calls so far: each call's rows share one timing
     queue: list[tuple[int, Any, bool, float]] = []  # (sample, start state, shared, shared prefill seconds)
     waiting: list[tuple[int, Any]] = []  # (last sample, state) of contexts not yet released
 
@@ -352,7 +358,9 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
         for (i, _, shared, shared_s), r in zip(queue, res):
             gen = r.tokens[0]
             rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None, strip)
+                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None, strip,
+                           timing_batch=batches[0])
+        batches[0] += 1
         done = queue[-1][0]
         queue.clear()
         while waiting and waiting[0][0] <= done:

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -100,16 +100,27 @@ class CellSpec(BaseModel):
     protocol: ProtocolSpec = ProtocolSpec()
     engine: EngineSpec = EngineSpec()
     kdeval_version: str
+    #: Not part of what computes the result: a namespace (e.g. one nightly's, or its environment's) that gives
+    #: the same result identity a new storage id, so it is computed afresh beside, never over, earlier results.
+    salt: str | None = None
 
     @property
-    def id(self) -> str:
-        """Content hash (24 hex digits) of the spec, less the settings results do not depend on (and those of
-        :data:`HASHED_WHEN_SET` at their defaults)."""
-        exclude = {section: set(fields) for section, fields in NOT_IDENTITY.items()}
+    def result_id(self) -> str:
+        """Content hash (24 hex digits) of the spec, less the settings results do not depend on, those of
+        :data:`HASHED_WHEN_SET` at their defaults, and the salt."""
+        exclude: dict = {section: set(fields) for section, fields in NOT_IDENTITY.items()}
         for section, defaults in HASHED_WHEN_SET.items():
             part = getattr(self, section)
             exclude.setdefault(section, set()).update(k for k, v in defaults.items() if getattr(part, k) == v)
+        exclude["salt"] = True
         return _content_hash(self, exclude=exclude)[:24]
+
+    @property
+    def id(self) -> str:
+        """The cell's storage id: :attr:`result_id`, or with a salt the hash of both (a new id per salt)."""
+        if self.salt is None:
+            return self.result_id
+        return hashlib.sha256(f"{self.result_id}/{self.salt}".encode()).hexdigest()[:24]
 
     @property
     def model_key(self) -> str:
@@ -221,10 +232,12 @@ def _what_samples(name: str, params: dict[str, Any]) -> str:
     return "every sample of its data"
 
 
-def expand_grid(grid: GridSpec, version: str | None = None) -> Expansion:
+def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[CellSpec], str] | None = None
+                ) -> Expansion:
     """All distinct cells of a grid in a stable order (model, chunk, task, policy, budget), and notes.
 
     ``version``: the code version every cell records (tests); None = each policy's :func:`cell_code_version`.
+    ``salt``: each cell's :attr:`CellSpec.salt` (None: unsalted, as ``submit`` runs them).
     """
     refs, notes = _task_refs(grid)
     lengths = [(i, t.name, max(t.lengths)) for i, t in enumerate(grid.tasks) if t.lengths]
@@ -243,6 +256,8 @@ def expand_grid(grid: GridSpec, version: str | None = None) -> Expansion:
                                     protocol=ProtocolSpec() if free else grid.protocol,
                                     engine=EngineSpec() if free else grid.engine,
                                     kdeval_version=version or cell_code_version(pol.name, dict(pol.params)))
+                    if salt is not None:
+                        cell = cell.model_copy(update={"salt": salt(cell)})
                     cells.setdefault(cell.id, cell)
     return Expansion(list(cells.values()), notes)
 

@@ -76,9 +76,10 @@ def _done_ids(index: RunIndex, cells: list[CellSpec]) -> tuple[set[str], dict[st
     return {cid for cid, p in problems.items() if p is None}, {cid: p for cid, p in problems.items() if p}
 
 
-def plan(index: RunIndex, grid: GridSpec) -> Plan:
-    """Expand a grid and look up what is already done (writes nothing)."""
-    expansion = expand_grid(grid)
+def plan(index: RunIndex, grid: GridSpec, salt: Callable[[CellSpec], str] | None = None) -> Plan:
+    """Expand a grid (cells salted by ``salt``, see :func:`expand_grid`) and look up what is already done
+    (writes nothing)."""
+    expansion = expand_grid(grid, salt=salt)
     done, invalid = _done_ids(index, expansion.cells)
     return Plan(cells=expansion.cells, done=done, invalid=invalid, notes=expansion.notes)
 
@@ -88,11 +89,12 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str | Path) -> tuple[str, Plan]:
-    """Record a new run of ``grid`` (cells already known are linked, not duplicated), write its manifest into
-    the results directory and adopt the cells whose files are already there
+def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str | Path,
+               salt: Callable[[CellSpec], str] | None = None) -> tuple[str, Plan]:
+    """Record a new run of ``grid`` (cells already known are linked, not duplicated; ``salt``: see :func:`plan`),
+    write its manifest into the results directory and adopt the cells whose files are already there
     (:func:`kdeval.jobs.recover.adopt_cells`: the plan counts them done)."""
-    p = plan(index, grid)
+    p = plan(index, grid, salt)
     run_id = new_run_id()
     where = str(Path(results_dir).expanduser().resolve())
     records, digest, created = [c.record() for c in p.cells], grid_hash(grid), datetime.now(timezone.utc)

@@ -12,7 +12,7 @@ from kdeval.evals.registry import get_task
 from kdeval.evals.runner import run_task
 
 #: what depends on the batch: wall-clock times and the process / cache memory
-BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes", "peak_kv_bytes"}
+BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes", "peak_kv_bytes", "timing_batch"}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +48,10 @@ def test_batched_rows_equal_one_at_a_time(lively, task, policy, compress, decode
     ref = run_task(lively, t, policy, **kw)
     got = run_task(lively, t, policy, batch_size=4, **kw)
     same_rows(got, ref)
+    # one timing per generate call: batch 1 times every row apart; the rows of a batch name their batch
+    assert sorted(r["timing_batch"] for r in ref) == list(range(len(ref)))
+    batches = [r["timing_batch"] for r in got]
+    assert batches == sorted(batches) and max(batches) + 1 == -(-len(got) // 4)
     if task == "phonebook":
         assert all(r["context_shared"] for r in got)
     assert len({r["generated_tokens"] for r in ref} | {r["prompt_tokens"] for r in ref}) > 2

@@ -54,7 +54,7 @@ def rows(scores: list[float], *, prefix: str = "s", task: str = "needle", length
     for i, score in enumerate(scores):
         row = {"task": task, "id": ids[i] if ids else f"{prefix}{i}", "prompt_hash": f"{i:016x}",
                "prompt_tokens": length or 100, "truncated": False, "prediction": "p", "references": ["r"],
-               "score": float(score), "ttft_s": 0.5, "decode_s": 2.0, "generated_tokens": 10,
+               "score": float(score), "ttft_s": 0.5, "timing_batch": i, "decode_s": 2.0, "generated_tokens": 10,
                "peak_memory_bytes": 1000, "memory_kind": "process_rss", "peak_kv_tokens": 256,
                "peak_kv_bytes": 256 * 1024, "kept_tokens": 256,
                "length": length, "depth": depths[i % len(depths)] if depths else None, "meta_json": "{}"}

@@ -125,3 +125,39 @@ def test_stub_models_need_no_warm_up():
                                    revision=None, policy="full", policy_params={}, budget=None, chunk_size=32,
                                    task="needle", length=256, samples=1, seed=0))
     assert out.ok and worker.model_loads == 1
+
+
+def _batched(ttft: list[float], size: int | None):
+    """Rows timed ``size`` at a time: each batch's rows carry the batch's TTFT (and, unless ``size`` is None
+    — files written before rows named their batch — its ``timing_batch``)."""
+    def extra(i: int) -> dict:
+        b = i // (size or 4)
+        return {"ttft_s": ttft[b], "timing_batch": None if size is None else b}
+    return extra
+
+
+def test_rows_of_one_batch_count_as_one_ttft_timing(store):
+    """A 4-sample cell run as one batch has one TTFT measurement: no CI, marked too noisy (it used to read
+    ``0.729 [0.729, 0.729]``, four copies of one timing taken for four samples)."""
+    idx, res = store
+    store_run(idx, res, "r1", [
+        FakeCell("full", None, rows=rows([1.0] * 4, extra=_batched([0.4], None))),
+        FakeCell("keydiff", 256, rows=rows([1.0] * 4, extra=_batched([0.2916], None))),
+        FakeCell("full", None, task="phonebook", length=512,
+                 rows=rows([1.0] * 8, task="phonebook", length=512, extra=_batched([0.4, 0.5], 4))),
+        FakeCell("keydiff", 256, task="phonebook", length=512,   # two batches, each 0.5x its reference's
+                 rows=rows([1.0] * 8, task="phonebook", length=512, extra=_batched([0.2, 0.25], 4))),
+        FakeCell("sink", 256, task="phonebook", length=512,     # batched in 2s: timings resampled apart
+                 rows=rows([1.0] * 8, task="phonebook", length=512, extra=_batched([0.2, 0.21, 0.22, 0.23], 2))),
+    ])
+    rep = build_report(idx, ["r1"], ReportOptions(resamples=500, seed=0))
+    perf = {(p.policy, p.task.split("@")[0]): p for p in rep.perf}
+    one = perf[("keydiff", "needle")]
+    assert one.ttft_ratio == pytest.approx(0.729) and one.n_paired == 4
+    assert one.speed_note == f"{TOO_NOISY} (TTFT: 1 batch timing)"
+    two = perf[("keydiff", "phonebook")]
+    assert (two.ttft_ratio, two.ttft_ratio_low, two.ttft_ratio_high) == (0.5, 0.5, 0.5) and two.speed_note == ""
+    assert two.ttft_median_s == pytest.approx(0.225)  # the median of 2 timings, not of 8 copies
+    apart = perf[("sink", "phonebook")]
+    assert apart.ttft_ratio == pytest.approx(0.215 / 0.45)
+    assert apart.ttft_ratio_low < apart.ttft_ratio_high  # 4 vs 2 timings, each side resampled

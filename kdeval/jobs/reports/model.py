@@ -69,7 +69,8 @@ class PerfRow:
     """Speed and memory of one cell, and their ratio to the reference cell.
 
     Speed ratios are ratios of medians over the samples present in both cells (``n_paired``), with a
-    bootstrap CI over those samples; ``speed_note`` says when they cannot rank the two (CI spanning 1.0)."""
+    bootstrap CI over those samples (TTFT: over batch timings, one per batch); ``speed_note`` says when they
+    cannot rank the two (CI spanning 1.0, one sample, one batch timing)."""
 
     model: str
     policy: str
@@ -87,7 +88,7 @@ class PerfRow:
     memory_kind: str = ""               # what peak_memory_bytes measures: MEMORY_KINDS key, "" when unknown
     model_weight_bytes: int | None = None  # the model's weights (included in a cuda_max_allocated peak)
     n_paired: int = 0                   # samples timed in both cells (the speed ratios' sample)
-    ttft_ratio: float | None = None     # this / reference (median TTFT over the paired samples)
+    ttft_ratio: float | None = None     # this / reference (median TTFT, one timing per batch)
     ttft_ratio_low: float | None = None  # its CI
     ttft_ratio_high: float | None = None
     decode_ratio: float | None = None   # this / reference (median decode tokens/s over the paired samples)

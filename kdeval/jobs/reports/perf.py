@@ -1,8 +1,11 @@
 """Speed and memory of one cell against its reference cell: a :class:`~kdeval.jobs.reports.model.PerfRow`.
 
 Speed ratios (TTFT, decode tokens/s) are ratios of medians over the samples both cells timed, paired by
-sample key, with a bootstrap CI over those samples. A ratio whose CI spans 1.0 cannot say which cell is
-faster: the row's ``speed_note`` says so, and the report warns once (:func:`noisy_timing_warning`).
+sample key, with a bootstrap CI over those samples. TTFT is measured once per batch (every row of a batch
+carries the batch's TTFT), so it counts one timing per batch (:func:`ttft_timings`): batches of the same
+samples are paired, differently batched cells are resampled apart, and one timing cannot rank anything.
+A ratio whose CI spans 1.0 cannot say which cell is faster: the row's ``speed_note`` says so, and the
+report warns once (:func:`noisy_timing_warning`).
 Memory ratios (peak KV bytes and tokens) are ratios of the maxima over samples (no sampling noise).
 """
 from __future__ import annotations
@@ -12,7 +15,7 @@ import numpy as np
 from kdeval.jobs.reports.units import stored
 from kdeval.jobs.reports.model import PerfRow
 from kdeval.jobs.reports.samples import LoadedCell, Slot
-from kdeval.jobs.reports.stats import Interval, median_ratio_bootstrap
+from kdeval.jobs.reports.stats import Interval, median_ratio_bootstrap, unpaired_median_ratio_bootstrap
 
 #: The note of a speed ratio that cannot rank two cells.
 TOO_NOISY = "too noisy to rank"
@@ -47,7 +50,7 @@ def decode_rates(cell: LoadedCell) -> np.ndarray:
 
 
 def cell_perf(cell: LoadedCell | None) -> dict[str, float | None]:
-    """Median TTFT, median decode tokens/s, max peak memory, KV bytes and KV tokens, median prompt length,
+    """Median TTFT (over batch timings), median decode tokens/s, max peak memory, KV bytes and KV tokens, median prompt length,
     model weight bytes. Per-sample rows first; the cell's index record where the rows lack a column."""
     if cell is None or cell.perf is None:
         return {}
@@ -58,7 +61,8 @@ def cell_perf(cell: LoadedCell | None) -> dict[str, float | None]:
     kv_bytes = _max(p["peak_kv_bytes"])
     if kv_bytes is None:
         kv_bytes = _summary_number(cell, "max_peak_kv_bytes")
-    return {"ttft": _median(p["ttft_s"]), "decode": _median(decode_rates(cell)),
+    ttft = list(ttft_timings(cell).values()) if cell.samples is not None else []
+    return {"ttft": float(np.median(ttft)) if ttft else None, "decode": _median(decode_rates(cell)),
             "memory": memory, "kv": _max(p["peak_kv_tokens"]), "kv_bytes": kv_bytes,
             "weights": _summary_number(cell, "model_weight_bytes"), "prompt_tokens": _median(p["prompt_tokens"])}
 
@@ -75,10 +79,40 @@ def _paired(own: LoadedCell, ref: LoadedCell, own_values: np.ndarray, ref_values
     return a[ok], b[ok]
 
 
-def speed_note(n_paired: int, intervals: dict[str, Interval | None]) -> str:
-    """Why the speed ratios cannot rank the cell against its reference ('' when they can)."""
+def ttft_timings(cell: LoadedCell) -> dict[tuple[str, ...], float]:
+    """One TTFT per batch (its slowest row's: every first token of the batch is out), keyed by the batch's
+    sorted sample keys. Rows of one batch share a ``timing_batch`` number; in files written before rows
+    carried it, the rows of a batch are those with the very same TTFT (one measurement copied to each row)."""
+    ttft, batch = cell.perf["ttft_s"], cell.perf.get("timing_batch")
+    groups: dict[tuple[str, float | None], list[int]] = {}
+    for i, t in enumerate(ttft):
+        if np.isnan(t):
+            continue
+        b = batch[i] if batch is not None and not np.isnan(batch[i]) else None
+        groups.setdefault(("b", b) if b is not None else ("t", float(t)), []).append(i)
+    return {tuple(sorted(str(cell.samples.key[i]) for i in idx)): float(ttft[idx].max()) for idx in groups.values()}
+
+
+def ttft_ratio(cell: LoadedCell, ref: LoadedCell, **boot) -> tuple[Interval | None, int]:
+    """TTFT ratio (median batch timing / the reference's) with its CI, and the number of timings behind it:
+    batches of the same samples in both cells are paired; otherwise each cell's timings are resampled apart."""
+    own, theirs = ttft_timings(cell), ttft_timings(ref)
+    common = sorted(set(own) & set(theirs))
+    if common and len(common) == len(own) == len(theirs):
+        a, b = np.array([own[k] for k in common]), np.array([theirs[k] for k in common])
+        return median_ratio_bootstrap(a, b, **boot), len(common)
+    a, b = np.array(list(own.values())), np.array(list(theirs.values()))
+    return unpaired_median_ratio_bootstrap(a, b, **boot), min(a.size, b.size)
+
+
+def speed_note(n_paired: int, intervals: dict[str, Interval | None], ttft_timings_n: int | None = None) -> str:
+    """Why the speed ratios cannot rank the cell against its reference ('' when they can).
+
+    ``ttft_timings_n``: the batch timings behind the TTFT ratio (one cannot rank, whatever the samples)."""
     if 0 < n_paired < 2:
         return f"{TOO_NOISY} (1 sample)"
+    if ttft_timings_n == 1 and intervals.get("TTFT") is not None:
+        return f"{TOO_NOISY} (TTFT: 1 batch timing)"
     spanning = [iv for iv in intervals.values()  # a zero-width [1, 1] is a tie, not noise
                 if iv is not None and iv.low <= 1.0 <= iv.high and iv.low < iv.high]
     return TOO_NOISY if spanning else ""
@@ -94,13 +128,14 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
         return stored(a / b) if a is not None and b not in (None, 0) else None
 
     speed: dict[str, Interval | None] = {}
-    n_paired = 0
+    n_paired, n_ttft = 0, None
     if cell.samples is not None and ref is not None and ref.samples is not None:
         boot = dict(resamples=resamples, seed=seed, confidence=confidence)
         ttft = _paired(cell, ref, cell.perf["ttft_s"], ref.perf["ttft_s"])
         rates = _paired(cell, ref, decode_rates(cell), decode_rates(ref))
         n_paired = int(max(ttft[0].size, rates[0].size))
-        speed = {"TTFT": median_ratio_bootstrap(*ttft, **boot), "tok/s": median_ratio_bootstrap(*rates, **boot)}
+        tt_interval, n_ttft = ttft_ratio(cell, ref, **boot)
+        speed = {"TTFT": tt_interval, "tok/s": median_ratio_bootstrap(*rates, **boot)}
     tt, dr = speed.get("TTFT"), speed.get("tok/s")
     return PerfRow(
         model=slot.model, policy=slot.policy, budget=slot.budget, chunk=slot.chunk, task=slot.task,
@@ -115,7 +150,7 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
         ttft_ratio_high=stored(tt and tt.high),
         decode_ratio=stored(dr and dr.estimate),
         decode_ratio_low=stored(dr and dr.low), decode_ratio_high=stored(dr and dr.high),
-        speed_note=speed_note(n_paired, speed),
+        speed_note=speed_note(n_paired, speed, n_ttft),
         kv_bytes_ratio=ratio("kv_bytes"), kv_ratio=ratio("kv"),
     )
 

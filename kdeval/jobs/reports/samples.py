@@ -170,7 +170,7 @@ def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
 
 
 PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "peak_kv_tokens", "peak_kv_bytes",
-                "prompt_tokens")
+                "prompt_tokens", "timing_batch")
 
 
 def memory_kind_of(table: pa.Table) -> str:

@@ -100,8 +100,34 @@ def median_ratio_bootstrap(
     picks = np.random.default_rng(seed).integers(0, own.size, size=(resamples, own.size))
     den = np.median(ref[picks], axis=1)
     ratios = np.median(own[picks], axis=1)[den > 0] / den[den > 0]
-    if ratios.size == 0:
+    return _percentile_interval(estimate, ratios, confidence)
+
+
+def _percentile_interval(estimate: float, resampled: np.ndarray, confidence: float) -> Interval:
+    """``estimate`` with the percentile CI of its ``resampled`` values (zero width when there are none)."""
+    if resampled.size == 0:
         return Interval(estimate, estimate, estimate)
     alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
+    low, high = np.quantile(resampled, [alpha, 1.0 - alpha])
     return Interval(estimate, float(min(low, estimate)), float(max(high, estimate)))
+
+
+def unpaired_median_ratio_bootstrap(
+    own: np.ndarray, ref: np.ndarray, *, resamples: int = 2000, seed: int = 0, confidence: float = 0.95,
+) -> Interval | None:
+    """``median(own) / median(ref)`` of two independent samples (e.g. batch timings of cells batched
+    differently) and its percentile CI, each side resampled on its own.
+
+    Args:
+        own: ``[n]`` values of this cell; ref: ``[m]`` values of the reference.
+    Returns None when either is empty or the reference's median is not positive."""
+    own, ref = np.asarray(own, dtype=float), np.asarray(ref, dtype=float)
+    if own.size == 0 or ref.size == 0 or np.median(ref) <= 0:
+        return None
+    estimate = float(np.median(own) / np.median(ref))
+    if resamples == 0:
+        return Interval(estimate, estimate, estimate)
+    rng = np.random.default_rng(seed)
+    num = np.median(own[rng.integers(0, own.size, size=(resamples, own.size))], axis=1)
+    den = np.median(ref[rng.integers(0, ref.size, size=(resamples, ref.size))], axis=1)
+    return _percentile_interval(estimate, num[den > 0] / den[den > 0], confidence)

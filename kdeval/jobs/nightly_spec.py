@@ -1,0 +1,132 @@
+"""The ``nightly:`` section of a nightly file and the file itself (see :mod:`kdeval.jobs.nightly`)."""
+from __future__ import annotations
+
+import fnmatch
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kdeval.jobs.errors import join_path
+from kdeval.jobs.grid import GridSpec
+from kdeval.jobs.reports import MetricRow
+from kdeval.jobs.reports.output import FORMATS
+from kdeval.jobs.validate import load_mapping, validate_mapping
+
+
+class TrackedMetric(BaseModel):
+    """A metric the gate watches: fnmatch patterns on the metric name and the policy, and a threshold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str = Field(default="*", min_length=1)   # "needle", "ruler.avg", "longbench.*", "*"
+    policy: str = Field(default="*", min_length=1)   # "keydiff", "snapkv*", "*"
+    max_drop: float = Field(ge=0.0)                  # points (0-100 scale)
+    # opt-in speed and memory gates against the baseline's same cell (see kdeval.jobs.nightly_speed)
+    max_ttft_ratio: float | None = Field(default=None, gt=0.0)     # fail when TTFT's ratio CI is all above
+    min_decode_ratio: float | None = Field(default=None, gt=0.0)   # fail when decode tok/s ratio CI is all below
+    max_kv_bytes_ratio: float | None = Field(default=None, gt=0.0)  # fail when peak KV bytes grow beyond (exact)
+
+    def matches(self, row: MetricRow) -> bool:
+        return fnmatch.fnmatchcase(row.metric, self.metric) and fnmatch.fnmatchcase(row.policy, self.policy)
+
+    @property
+    def gates_speed(self) -> bool:
+        return any(v is not None for v in (self.max_ttft_ratio, self.min_decode_ratio, self.max_kv_bytes_ratio))
+
+
+class DriftSpec(BaseModel):
+    """The change-point rule over the history (:mod:`kdeval.jobs.nightly_drift`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nights: int = Field(default=3, ge=1)           # K: the last K nights against the K before them
+    max_drop: float = Field(default=2.0, ge=0.0)   # points: the mean drop the CI must exceed to flag
+    fail: bool = False                             # True: a flagged drift also fails the night
+
+
+class NightlySpec(BaseModel):
+    """The ``nightly:`` section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    baseline: str = Field(default="last", min_length=1)
+    tracked: list[TrackedMetric] = Field(min_length=1)
+    report_dir: str = ".kdeval/nightly"
+    formats: list[str] = Field(default_factory=lambda: ["html", "json", "md"])
+    resamples: int = Field(default=2000, ge=0)
+    seed: int = 0
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
+    fail_on_failed_cells: bool = True
+    levels: list[str] = Field(default_factory=lambda: ["task", "benchmark"])  # which score rows are gated
+    reuse: Literal["never", "unchanged"] = "never"   # see kdeval.jobs.nightly_env
+    drift: DriftSpec = DriftSpec()
+    on_fail: str | None = Field(default=None, min_length=1)  # a command (no shell), the gate.json path appended
+    on_fail_timeout_s: float = Field(default=120.0, gt=0.0)
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if x not in FORMATS or x == "table"]
+        if bad:
+            raise ValueError(f"unknown format {bad[0]!r}; expected some of md, csv, json, html")
+        return v
+
+    @field_validator("on_fail")
+    @classmethod
+    def _a_command(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            argv = shlex.split(v)
+        except ValueError as e:
+            raise ValueError(f"expected a command with its arguments (split like a shell, run without one): {e}") from None
+        if not argv:
+            raise ValueError("expected a command with its arguments, got only spaces")
+        return v
+
+    @field_validator("levels")
+    @classmethod
+    def _known_levels(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if x not in ("task", "benchmark", "detail")]
+        if bad:
+            raise ValueError(f"unknown level {bad[0]!r}; expected task, benchmark or detail")
+        return v
+
+
+@dataclass(frozen=True)
+class NightlyFile:
+    """A parsed nightly file: its grid (validated as for ``submit``), the grid's text, the settings."""
+
+    grid: GridSpec
+    grid_text: str
+    spec: NightlySpec
+
+
+def parse_nightly(text: str, source: str = "nightly.yaml") -> NightlyFile:
+    """Validate a nightly file (``ValueError`` naming the field on any problem; grid errors — bad YAML
+    included — as ``GridError``)."""
+    raw = load_mapping(text, source)
+    if "nightly" not in raw:
+        raise ValueError(f"{source}: nightly: section is missing (it holds baseline and tracked metrics)")
+    section = raw.pop("nightly")
+    try:
+        spec = NightlySpec.model_validate(section or {})
+    except ValidationError as e:
+        lines = [f"{join_path(['nightly', *err['loc']])}: {err['msg']}" for err in e.errors()]
+        raise ValueError(f"{source}: " + "; ".join(lines)) from None
+    grid = validate_mapping(raw, source)
+    return NightlyFile(grid=grid, grid_text=yaml.safe_dump(raw, sort_keys=False), spec=spec)
+
+
+def load_nightly(path: str | Path) -> NightlyFile:
+    """Read and validate a nightly file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read {p}: {e}") from None
+    return parse_nightly(text, str(p))
