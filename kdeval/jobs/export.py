@@ -21,6 +21,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from kdeval.evals.budget import budget_share, budget_tokens
+from kdeval.evals.chunking import chunk_code
 from kdeval.jobs.cells import CellSpec
 from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell, with_identity
 
@@ -34,7 +35,7 @@ def cell_identity(cell: CellSpec, run_id: str) -> dict[str, Any]:
         "run_id": run_id, "cell_id": cell.id, "model": cell.model.id, "policy": cell.policy,
         "params": json.dumps(cell.policy_params, sort_keys=True), "budget": budget_tokens(cell.budget),
         "budget_share": budget_share(cell.budget),
-        "chunk_size": cell.chunk_size, "task": cell.task.name, "length": cell.task.length,
+        "chunk_size": chunk_code(cell.chunk_size), "task": cell.task.name, "length": cell.task.length,
         "seed": cell.task.seed, "dtype": cell.model.dtype, "protocol": cell.protocol.label,
     }
 
