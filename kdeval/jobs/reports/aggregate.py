@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kdeval.jobs.reports.comparisons import cost_of_chunking, query_dependence
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.units import stored
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
-from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run
+from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, pair_samples
 from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
 from kdeval.storage import RunIndex
 
@@ -148,7 +149,7 @@ class _Comparer:
         if self.is_reference(config):
             return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
         rsel, ref_value = _selected(ref, d)
-        paired = _pair(sel, rsel)
+        paired = pair_samples(sel, rsel)
         # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
         dropped = paired.dropped if len(sel) and len(rsel) else 0
         row = dict(base, ref_state=ref_state, ref_value=stored(ref_value),
@@ -205,26 +206,6 @@ def _selected(samples: Samples, d: MetricDef) -> tuple[Samples, float | None]:
     return sel, value
 
 
-@dataclass(frozen=True)
-class _Paired:
-    n: int
-    dropped: int
-    diffs: np.ndarray
-    strata: np.ndarray
-
-
-def _pair(own: Samples, ref: Samples) -> _Paired:
-    """Differences own − ref of the samples present on both sides (matched by key)."""
-    ref_at = {k: i for i, k in enumerate(ref.key)}
-    own_at = {k: i for i, k in enumerate(own.key)}
-    common = sorted(set(own_at) & set(ref_at))
-    dropped = len(set(own_at) ^ set(ref_at))
-    oi = np.array([own_at[k] for k in common], dtype=int)
-    ri = np.array([ref_at[k] for k in common], dtype=int)
-    diffs = own.score[oi] - ref.score[ri] if common else np.array([], dtype=float)
-    return _Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object))
-
-
 def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: str = "") -> CellRow:
     return CellRow(run=run, cell=cell.view.id if cell else "", model=slot.model, policy=slot.policy,
                    budget=slot.budget, chunk=slot.chunk, task=slot.task, state=state,
@@ -263,8 +244,11 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
                      f"(see n_dropped per row)")
     provenance = provenance_rows(list(own.values()) + ([] if by_full else list(ref.values())))
     warnings = [w for w in (mismatch_warning(provenance), noisy_timing_warning(perf, options.confidence)) if w]
+    boot = dict(resamples=options.resamples, seed=options.seed, confidence=options.confidence)
+    chunking, query = cost_of_chunking(own.values(), **boot), query_dependence(own.values(), **boot)
     meta = ReportMeta(runs=run_ids, compare=compare, resamples=options.resamples, seed=options.seed,
                       confidence=options.confidence,
                       created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes,
                       warnings=warnings)
-    return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance)
+    return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance,
+                  cost_of_chunking=chunking, query_dependence=query)
