@@ -96,6 +96,7 @@ class EvalRow(TypedDict):
     kept_tokens: int           # tokens in the cache at the end
     resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
     resolved_chunk: int        # B this sample was prefilled with (under chunk size "whole": the tokens compressed)
+    compressed_tokens: int     # tokens of what is compressed: the prompt, or its context under compress="context"
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
     meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
@@ -119,7 +120,7 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
          shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None,
-         chunk: int = 0) -> dict[str, Any]:
+         chunk: int = 0, context_only: bool = False) -> dict[str, Any]:
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -144,6 +145,7 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
         "kept_tokens": int(stats.get("kept_tokens", 0)),
         "resolved_budget": budget,
         "resolved_chunk": int(chunk),
+        "compressed_tokens": len(prompt.prefix_ids) if context_only else prompt.n_tokens,
         "length": meta.pop("length", None),
         "depth": meta.pop("depth", None),
         "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),
@@ -323,7 +325,8 @@ def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[B
                                decode_evict=decode_evict)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes, eng.config.budget if eng.evicting else None, eng.config.chunk_size))
+                             weight_bytes, eng.config.budget if eng.evicting else None, eng.config.chunk_size,
+                             context_only))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
@@ -365,7 +368,7 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
             gen = r.tokens[0]
             rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
                            shared_s, weight_bytes, eng.config.budget if eng.evicting else None,
-                           eng.config.chunk_size)
+                           eng.config.chunk_size, context_only)
         done = queue[-1][0]
         queue.clear()
         while waiting and waiting[0][0] <= done:

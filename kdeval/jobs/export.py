@@ -27,6 +27,9 @@ from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table
 
 #: Export formats and the file suffix each implies.
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
+#: Formats written as a directory of other tools' files (kdeval.jobs.export_kvpress, kdeval.jobs.export_lmeval).
+DIR_FORMATS = ("kvpress", "lm-eval")
+_ALL = ", ".join([*FORMATS, *DIR_FORMATS])
 
 
 def cell_identity(cell: CellSpec, run_id: str) -> dict[str, Any]:
@@ -67,10 +70,9 @@ def check_format(fmt: str | None, out: Path) -> str:
         by_suffix = {suffix: name for name, suffix in FORMATS.items()}
         if out.suffix.lower() in by_suffix:
             return by_suffix[out.suffix.lower()]
-        raise ValueError(f"--format: expected one of {', '.join(FORMATS)} "
-                         f"(the suffix of --out {out.name!r} names none)")
+        raise ValueError(f"--format: expected one of {_ALL} (the suffix of --out {out.name!r} names none)")
     if fmt not in FORMATS:
-        raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+        raise ValueError(f"--format: expected one of {_ALL}, got {fmt!r}")
     return fmt
 
 
