@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
@@ -21,6 +20,7 @@ from kdeval.jobs.export_kvpress import export_kvpress
 from kdeval.jobs.export_lmeval import export_lmeval
 from kdeval.storage import RunIndex
 from tests.reports.helpers import FakeCell, rows, store_run
+from tests.service.helpers import cli_app
 
 runner = CliRunner()
 CTX = {"compress": "context", "decode": "evict"}
@@ -129,10 +129,7 @@ def test_lmeval_results_and_samples(run):
 
 @pytest.fixture
 def cli():
-    a = typer.Typer()
-    export_cmds.register(a)
-    a.command("noop")(lambda: None)
-    return a
+    return cli_app(export_cmds.register)
 
 
 @pytest.mark.parametrize("fmt,out_name,message", [

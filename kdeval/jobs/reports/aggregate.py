@@ -212,6 +212,28 @@ def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: 
                    error=error or (cell.error if cell else ""))
 
 
+def external_notes(index: RunIndex, run_id: str, scores: list[MetricRow]) -> list[str]:
+    """For a reference run imported from another tool: what computed it and how many task scores pair by
+    sample (the others compare aggregates only); nothing for a kdeval run."""
+    import yaml
+
+    run = index.get_run(run_id)
+    try:
+        grid = yaml.safe_load(run.grid_yaml) if run is not None and run.grid_yaml else None
+    except yaml.YAMLError:
+        grid = None
+    external = grid.get("external") if isinstance(grid, dict) else None
+    if not isinstance(external, dict):
+        return []
+    tasks = [r for r in scores if r.level == "task" and r.value is not None and r.ref_value is not None]
+    paired = [r for r in tasks if r.n_paired]
+    return [f"run {run_id} is external, computed by {external.get('computed_by', 'another tool')}: "
+            f"{len(paired)} of {len(tasks)} task scores paired by sample id "
+            f"({sum(r.n_paired for r in paired)} samples); "
+            + ("the others compare aggregates only (their samples differ)" if len(paired) < len(tasks)
+               else "every compared score is paired")]
+
+
 def build_report(index: RunIndex, runs: list[str], options: ReportOptions = ReportOptions(),
                  cache: dict[str, LoadedCell] | None = None) -> Report:
     """The report of ``runs`` (ids or unique prefixes) against ``options.compare``. ``cache`` (cell id ->
@@ -242,6 +264,8 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
     if dropped:
         notes.append(f"pairing by sample id left out {dropped} sample(s) present on one side only "
                      f"(see n_dropped per row)")
+    if not by_full:
+        notes += external_notes(index, compare, scores)
     provenance = provenance_rows(list(own.values()) + ([] if by_full else list(ref.values())))
     warnings = [w for w in (mismatch_warning(provenance), noisy_timing_warning(perf, options.confidence)) if w]
     boot = dict(resamples=options.resamples, seed=options.seed, confidence=options.confidence)
