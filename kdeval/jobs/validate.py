@@ -75,8 +75,9 @@ def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
     out, kept = [], []
     wrong_type: dict[tuple, Any] = {}  # union fields whose value is of neither branch's type (so far)
     for e in err.errors():
-        if e["type"] == "extra_forbidden":
-            continue  # reported with a suggestion by _unknown_keys
+        if e["type"] == "extra_forbidden":  # reported with a suggestion by _unknown_keys
+            kept.append(tuple(p for p in e["loc"] if not _union_tag(p)))
+            continue
         if any(_union_tag(p) for p in e["loc"]):  # a field taking one entry or a list of them (protocol)
             loc = tuple(p for p in e["loc"] if not _union_tag(p))
             if e["type"] in ("model_type", "list_type"):  # the branch the value is not of
