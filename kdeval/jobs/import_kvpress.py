@@ -12,7 +12,9 @@ chunk size ``whole`` (kvpress compresses once), protocol ``{compress: context or
 decode: keep}`` (kvpress does not evict while decoding), the task instance (RULER: ``ruler.<task>@<data_dir>#s0``).
 Sample ``i`` of a RULER task gets the id of the ``i``-th row of that task in kvpress's set
 (:mod:`kdeval.evals.ruler.kvpress_set`), so a kdeval run on that set (``params: {source: kvpress}``) pairs by
-sample; kvpress runs on a ``fraction`` of the set shuffle it, so their rows keep unpairable ids. Per-sample
+sample; a LongBench row keeps LongBench's ``_id`` (kvpress's set is LongBench's rows), so a kdeval LongBench run
+pairs with it as it is; kvpress runs on a ``fraction`` of the RULER set shuffle it, so their rows keep
+unpairable ids. Per-sample
 scores are kdeval's metric of the task on kvpress's predictions (RULER's string match is kvpress's), and each
 cell's summary keeps kvpress's own ``metrics.json``.
 """
@@ -104,11 +106,24 @@ def _budget(press: str, ratio: float) -> str | None:
     return parse_budget(f"{share.normalize():f}%")
 
 
-def _score(task: str, prediction: str, refs: list[str]) -> float:
+def _score(task: str, prediction: str, refs: list[str], meta: dict[str, Any]) -> float:
+    """kdeval's metric of ``task`` on one prediction (its task object built without reading any data)."""
     from kdeval.evals.registry import get_task
 
-    t = get_task(task, verify_data=False) if task.startswith("ruler.") else get_task(task)
-    return float(t.score(prediction, refs, {}).score)
+    extra = {"verify_data": False} if task.startswith("ruler.") else {"source": "hub"} if task.startswith(
+        "longbench.") else {}
+    return float(get_task(task, **extra).score(prediction, refs, meta).score)
+
+
+def _sample_id(dataset: str, data_dir: str, task: str, task_col: str, length: int | None, i: int,
+               row: Any, fraction: float) -> str:
+    """The id kdeval gives the same sample: RULER's ``i``-th row of the task in kvpress's set; LongBench's
+    ``_id`` (kvpress's set keeps LongBench's rows and their ids); otherwise one kdeval has no twin for."""
+    if dataset.startswith("longbench") and str(row.get("_id") or ""):
+        return f"{task}/{row['_id']}"
+    if fraction == 1.0 and dataset == "ruler":
+        return sample_id(task_col, length, i)
+    return f"kvpress/{dataset}/{data_dir}/{task_col}/{i}" + ("" if fraction == 1.0 else f"@fraction{fraction}")
 
 
 def read_result(d: Path, model: str | None, seed: int) -> list[ImportedCell]:
@@ -119,7 +134,8 @@ def read_result(d: Path, model: str | None, seed: int) -> list[ImportedCell]:
         metrics = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, pd.errors.ParserError) as e:
         raise ValueError(f"DIR: {d} has an unreadable predictions.csv or metrics.json ({type(e).__name__})") from None
-    missing = {"predicted_answer", "answer"} - set(df.columns)
+    answers = "answer" if "answer" in df.columns else "answers"  # RULER's column / LongBench's
+    missing = {"predicted_answer", answers} - set(df.columns)
     if missing:
         raise ValueError(f"DIR: {d / 'predictions.csv'} lacks kvpress's columns {sorted(missing)}")
     dataset, data_dir = str(cfg["dataset"]), str(cfg.get("data_dir") or "")
@@ -130,17 +146,17 @@ def read_result(d: Path, model: str | None, seed: int) -> list[ImportedCell]:
     protocol = {"compress": "prompt" if cfg.get("query_aware") else "context", "decode": "keep"}
     length = int(data_dir) if dataset == "ruler" and data_dir.isdigit() else None
     cells = []
-    groups = df.groupby("task", sort=False) if "task" in df.columns else [(dataset, df)]
+    groups = df.groupby("task", sort=False) if "task" in df.columns else [(data_dir or dataset, df)]
     for task_col, part in groups:
         task = kv.task_of(dataset, str(task_col))
         rows = []
         for i, (_, r) in enumerate(part.iterrows()):
-            refs = parse_answer(r["answer"])
+            refs = parse_answer(r[answers])
             pred = str(r["predicted_answer"])
-            sid = sample_id(str(task_col), length, i) if dataset == "ruler" and fraction == 1.0 else \
-                f"kvpress/{dataset}/{data_dir}/{task_col}/{i}" + ("" if fraction == 1.0 else f"@fraction{fraction}")
+            sid = _sample_id(dataset, data_dir, task, str(task_col), length, i, r, fraction)
+            meta = {"all_classes": parse_answer(r["all_classes"])} if "all_classes" in r and r["all_classes"] else {}
             rows.append({"task": task, "id": sid, "prediction": pred, "references": refs,
-                         "score": _score(task, pred, refs), "compression_ratio": float(r.get("compression_ratio", ratio)
+                         "score": _score(task, pred, refs, meta), "compression_ratio": float(r.get("compression_ratio", ratio)
                                                                                      or 0.0),
                          "length": length, "meta_json": json.dumps({"kvpress_row": i}),
                          "peak_kv_bytes": None, "ttft_s": None})

@@ -76,8 +76,29 @@ def test_import_records_an_external_run_that_pairs_by_sample(tmp_path):
     assert by["ruler.cwe"].n_paired == 0 and by["ruler.cwe"].ref_value == 50.0
     assert (f"run {run_id} is external, computed by kvpress evaluation/evaluate.py: 1 of 2 task scores paired by "
             f"sample id (3 samples); the others compare aggregates only (their samples differ)") in rep.meta.notes
+    alone = build_report(idx, [run_id], ReportOptions(resamples=20))  # the imported run reports like any run
+    assert {r.metric: r.value for r in alone.scores if r.level == "task"} == {"ruler.vt": 75.0, "ruler.cwe": 50.0}
     with pytest.raises(ValueError, match="is already imported as run kvpress-"):
         import_kvpress(idx, tmp_path / "kv", tmp_path / "results", model="m")
+    idx.close()
+
+
+def test_longbench_rows_keep_longbench_ids(tmp_path):
+    """kvpress's LongBench set is LongBench's rows: an imported row pairs with kdeval's sample of that ``_id``."""
+    d = tmp_path / "kv" / "longbench__qasper__org--model__tova__0.50__query_aware"
+    d.mkdir(parents=True)
+    pd.DataFrame({"question": ["q1", "q2"], "answers": [np.array(["yes"]), np.array(["unanswerable"])],
+                  "_id": ["abc", "def"], "all_classes": [None, None], "task": ["qasper", "qasper"],
+                  "predicted_answer": ["yes", "no"]}).to_csv(d / "predictions.csv", index=False)
+    (d / "metrics.json").write_text("{}")
+    (d / "config.yaml").write_text(yaml.safe_dump({"dataset": "longbench", "data_dir": "qasper", "model": "m",
+                                                   "press_name": "tova", "compression_ratio": 0.5,
+                                                   "query_aware": True}))
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    run_id, [cell] = import_kvpress(idx, tmp_path / "kv", tmp_path / "results")
+    assert (cell.spec["task"]["name"], cell.spec["budget"], cell.spec["protocol"]["compress"]) == \
+        ("longbench.qasper", "50%", "prompt")
+    assert [(r["id"], r["score"]) for r in cell.rows] == [("longbench.qasper/abc", 1.0), ("longbench.qasper/def", 0.0)]
     idx.close()
 
 
