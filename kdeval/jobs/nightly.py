@@ -31,6 +31,7 @@ from typing import Any, Callable
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs import service
 from kdeval.jobs.cells import grid_hash
 from kdeval.jobs.errors import join_path
@@ -142,7 +143,7 @@ class Finding:
     def describe(self) -> str:
         r, (lo, hi) = self.row, self.drop_ci
         budget = "" if r.budget is None else f" N={r.budget}"
-        return (f"{r.metric} {r.policy}{budget} B={r.chunk} ({r.model}): dropped {self.drop:.2f} points "
+        return (f"{r.metric} {r.policy}{budget} B={chunk_text(r.chunk)} ({r.model}): dropped {self.drop:.2f} points "
                 f"(95% CI {lo:.2f}..{hi:.2f}) > {self.max_drop:g}")
 
 
