@@ -119,7 +119,7 @@ def _dir_of(spec: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str, dict
     protocol = spec.get("protocol") or {}
     free = spec["policy"] == "full"
     query_aware = not free and protocol.get("compress", "prompt") == "prompt"
-    extra = [] if free or is_whole(spec["chunk_size"]) else [f"kdeval_chunk{spec['chunk_size']}"]
+    extra = [] if is_whole(spec["chunk_size"]) else [f"kdeval_chunk{spec['chunk_size']}"]  # full too: B differs
     extra += ["kdeval_decode_keep"] if protocol.get("decode") == "keep" else []
     if spec.get("policy_params"):
         extra.append("kdeval_params" + "_".join(f"{k}-{v}" for k, v in sorted(spec["policy_params"].items())))

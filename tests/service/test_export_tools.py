@@ -39,6 +39,7 @@ def run(tmp_path):
     idx = RunIndex.open(tmp_path / "index.sqlite")
     store_run(idx, tmp_path / "results", "r1", [
         FakeCell("full", None, task="ruler.vt", length=4096, chunk=0, rows=ruler_rows([1, 0.5, 0, 1])),
+        FakeCell("full", None, task="ruler.vt", length=4096, chunk=64, rows=ruler_rows([1, 0.5, 0, 1])),
         FakeCell("keydiff", "25%", task="ruler.vt", length=4096, chunk=0, rows=ruler_rows([1, 0.5, 0, 1])),
         FakeCell("snapkv", 1000, task="ruler.vt", length=4096, chunk=64, protocol=CTX,
                  rows=ruler_rows([1, 0.5, 0, 0])),
@@ -66,7 +67,8 @@ def test_kvpress_directories_files_and_fields(run):
     idx, tmp = run
     done, out, names = export_kvpress(idx, "r1", tmp / "kv")
     assert names == ["needle_in_haystack__m__keydiff__0.75__query_aware", "ruler__4096__m__keydiff__0.75__query_aware",
-                     "ruler__4096__m__no_press__0.00", "ruler__4096__m__snapkv__0.75__kdeval_chunk64"]
+                     "ruler__4096__m__no_press__0.00", "ruler__4096__m__no_press__0.00__kdeval_chunk64",
+                     "ruler__4096__m__snapkv__0.75__kdeval_chunk64"]
     assert sorted(p.name for p in out.iterdir()) == names
     for name in names:
         assert sorted(p.name for p in (out / name).iterdir()) == ["config.yaml", "metrics.json", "predictions.csv"]
@@ -96,7 +98,7 @@ def test_lmeval_results_and_samples(run):
     date = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
     _, out, folders = export_lmeval(idx, "r1", tmp / "lm", date=date)
     name = "m,kv=keydiff,N=25%,B=whole,query-aware"
-    assert folders == ["m,kv=full,B=whole", name, "m,kv=snapkv,N=1000,B=64,query-agnostic"]
+    assert folders == ["m,kv=full,B=64", "m,kv=full,B=whole", name, "m,kv=snapkv,N=1000,B=64,query-agnostic"]
     files = sorted(p.name for p in (out / name).iterdir())
     assert files == ["results_2026-12-01T12-00-00.json", "samples_needle_1024_2026-12-01T12-00-00.jsonl",
                      "samples_ruler.vt_4096_2026-12-01T12-00-00.jsonl"]
@@ -153,4 +155,4 @@ def test_cli_writes_the_kvpress_tree(run, cli):
     r = runner.invoke(cli, ["export", "r1", "--format", "kvpress", "--out", str(tmp / "kv"), "--db",
                             str(tmp / "index.sqlite")], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
-    assert r.output.strip() == f"run r1: 4 cells -> {tmp / 'kv'} (4 kvpress result directories)"
+    assert r.output.strip() == f"run r1: 5 cells -> {tmp / 'kv'} (5 kvpress result directories)"
