@@ -58,18 +58,25 @@ def _ruler_qa_files(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def kit_data_dir(data_dir: Path, tmp_path_factory) -> Path:
-    """KDEVAL_DATA_DIR's contents (linked) plus RULER's QA files when it lacks them (a real cluster has them)."""
-    if (data_dir / "ruler" / "squad.json").is_file() and (data_dir / "ruler" / "hotpotqa.json").is_file():
+    """KDEVAL_DATA_DIR's contents (linked) plus RULER's QA files and a stand-in for kvpress's RULER-4K set when it
+    lacks them (a real cluster has them)."""
+    kvpress_set = Path("kvpress") / "ruler" / "4096.jsonl"
+    if ((data_dir / "ruler" / "squad.json").is_file() and (data_dir / "ruler" / "hotpotqa.json").is_file()
+            and (data_dir / kvpress_set).is_file()):
         return data_dir
     root = tmp_path_factory.mktemp("kit-data")
     for entry in data_dir.iterdir():
-        if entry.name != "ruler":
+        if entry.name not in ("ruler", "kvpress"):
             (root / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
     (root / "ruler").mkdir()
     if (data_dir / "ruler").is_dir():
         for f in (data_dir / "ruler").iterdir():
             (root / "ruler" / f.name).symlink_to(f)
     _ruler_qa_files(root)
+    (root / kvpress_set).parent.mkdir(parents=True)
+    rows = [{"context": "c", "question": "q", "answer_prefix": "", "answer": ["a"], "task": t, "max_new_tokens": 8}
+            for t in RULER_4K_TASKS]
+    (root / kvpress_set).write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     return root
 
 
@@ -122,10 +129,10 @@ def test_the_experiment_settings_the_issue_names():
     kv = _grid("kvpress_ruler4k.yaml")
     assert kv["protocol"] == {"compress": "context", "decode": "keep"}
     assert [t["name"] for t in kv["tasks"]] == [f"ruler.{t}" for t in RULER_4K_TASKS]
-    assert all(t["lengths"] == [4096] for t in kv["tasks"])
-    # kvpress's leaderboard ratios r = 0.25 / 0.5 / 0.75 / 0.875 as N = (1 - r) x 4096
-    assert kv["budgets"] == [round((1 - r) * 4096) for r in (0.25, 0.5, 0.75, 0.875)]
-    assert kv["chunk_sizes"][0] >= 4096  # one chunk holds the context: compressed once, as kvpress does
+    assert all(t["lengths"] == [4096] and t["params"] == {"source": "kvpress"} for t in kv["tasks"])
+    # kvpress's leaderboard ratios r = 0.25 / 0.5 / 0.75 / 0.875 as shares 1 - r (kvpress's kept count per sample)
+    assert kv["budgets"] == ["75%", "50%", "25%", "12.5%"]
+    assert kv["chunk_sizes"] == ["whole"]  # one chunk holds the context: compressed once, as kvpress does
 
 
 def test_readme_gives_each_grid_its_cluster_command():

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export_cmds", "One table of every sample of a run's done cells: identity columns (run_id, cell_id, model, "
                               "policy, params, budget, chunk_size, task, length, seed, dtype, protocol) and every row "
                               "column."),
+    "import": ("import_cmds", "Import another tool's results (kvpress) as an external run that reports compare."),
 }
 
 

@@ -149,6 +149,11 @@ def register(app: typer.Typer) -> None:
         console.print(f"[bold]answer[/bold]: {escape(answer)}", highlight=False)
         console.print(stats_table(stats))
 
+    PROTOCOLS_NOTE = ("Every policy runs under two protocols (grid `protocol:`, one or a list): query-aware "
+                      "(compress: prompt, the question is compressed with the context: the KeyDiff paper's, kvpress's "
+                      "query_aware) and query-agnostic (compress: context, only the context is compressed and the "
+                      "question is kept: kvpress's default). Chunk size `whole` compresses once after a full prefill.")
+
     @app.command()
     def policies(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
         """List every registered eviction policy with its rule, parameters and extra cost.
@@ -169,3 +174,4 @@ def register(app: typer.Typer) -> None:
                          [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
                           Column("extra cost (defaults)", fold=True)], rows)
         console.print(render(view, console.width))
+        console.print(PROTOCOLS_NOTE, highlight=False, soft_wrap=True)

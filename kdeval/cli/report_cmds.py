@@ -28,10 +28,13 @@ RESULTS_HELP = "Where the Parquet files are, when moved since the run (default: 
 
 def print_report(report: "Report", console: Console = out, detail: bool = False) -> None:
     """The terminal tables of a report: scores, speed, memory, cells not done; then its warnings."""
-    from kdeval.jobs.reports.terminal import cells_table, memory_table, scores_table, speed_table, warning_lines
+    from kdeval.jobs.reports.terminal import (cells_table, contrast_tables, memory_table, scores_table, speed_table,
+                                              warning_lines)
 
     width = console.width
     console.print(scores_table(report, width, detail=detail))
+    for table in contrast_tables(report, width):
+        console.print(table)
     if report.perf:
         console.print(speed_table(report, width))
         console.print(memory_table(report, width))

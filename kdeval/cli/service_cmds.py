@@ -28,6 +28,7 @@ from rich.text import Text
 
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
+from kdeval.evals.chunking import chunk_text
 from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.cluster.raysetup import is_job_server
 from kdeval.jobs import service
@@ -165,7 +166,7 @@ def _status_table(index: RunIndex, run_id: str) -> Group:
         detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
-        nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{c.chunk_size}"
+        nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
         row = [c.id[:8]] + ([] if one_model else [c.model]) + [c.policy, nb, c.task, state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
         t.add_row(*row)

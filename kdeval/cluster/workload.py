@@ -34,7 +34,7 @@ class CellTask:
     policy: str
     policy_params: dict[str, Any]
     budget: int | str | None  # N tokens, a share of each prompt ("25%", resolved per sample), None: no eviction
-    chunk_size: int
+    chunk_size: int | str  # B tokens, or "whole" (one chunk of all that is compressed, kdeval.evals.chunking)
     task: str
     length: int | None
     samples: int

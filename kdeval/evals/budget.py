@@ -1,10 +1,13 @@
 """A KV budget N: an absolute number of tokens, or a share of the prompt resolved per sample (``"25%"``).
 
-A share keeps ``N = ⌈share × tokens⌉`` tokens per layer and KV head of each sample, as kvpress's compression
-ratio does (``tokens``: the whole prompt under ``compress: prompt``; the context under ``compress: context``,
-the part that is compressed). It is written, hashed and stored as its canonical text (``"25%"``, ``"12.5%"``:
+A share keeps exactly what kvpress keeps at compression ratio ``r = 1 − share``: ``N = int(tokens × (1 − r))``
+tokens per layer and KV head of each sample, computed as kvpress does, in Python floats with ``r`` the float of
+the ratio's decimal text (``"10%"``: r = 0.9; of 30 tokens that is int(2.9999999999999996) = 2, not 3), so a
+share cell keeps the same count as the kvpress cell of that ratio (``tokens``: the whole prompt under
+``compress: prompt``, kvpress's query-aware; the context under ``compress: context``, its default). It is written, hashed and stored as its canonical text (``"25%"``, ``"12.5%"``:
 the percentage without trailing zeros), so ``"25.0%"`` and ``"25%"`` are one cell while ``"25%"`` and the
-absolute N it resolves to are two. Resolution is exact (fractions, not floats: 10% of 30 tokens is 3).
+absolute N it resolves to are two. A small share of a short prompt can resolve to N = 0, which no evicting
+policy accepts (the runner's check names the sample).
 :func:`budget_groups` resolves a run's samples (the runner gives each N its own engine).
 """
 from __future__ import annotations
@@ -68,12 +71,19 @@ def budget_tokens(budget: Budget) -> int | None:
     return None if budget is None or is_share(budget) else int(budget)
 
 
+def kvpress_ratio(budget: str) -> float:
+    """kvpress's ``compression_ratio`` for a share: ``1 − share`` as the float of its exact decimal text
+    (``"10%"`` -> 0.9, ``"12.5%"`` -> 0.875)."""
+    return float(Decimal(1) - Decimal(budget[:-1]) / 100)
+
+
 def resolve_budget(budget: Budget, tokens: int) -> int | None:
-    """The N a sample keeps: ``budget`` itself when absolute (or None), ``⌈share × tokens⌉`` for a share."""
+    """The N a sample keeps: ``budget`` itself when absolute (or None); for a share, kvpress's kept count
+    ``int(tokens * (1 - r))`` with ``r`` = :func:`kvpress_ratio` (ScorerPress's ``n_kept``, float arithmetic
+    included)."""
     if not is_share(budget):
         return budget
-    f = share_fraction(budget)
-    return -(-f.numerator * tokens // f.denominator)
+    return int(tokens * (1 - kvpress_ratio(budget)))
 
 
 def budget_order(budget: Budget) -> tuple[int, Fraction]:
@@ -88,7 +98,7 @@ def budget_order(budget: Budget) -> tuple[int, Fraction]:
 def budget_groups(budget: Budget, policy: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
                   context_only: bool) -> dict[int | None, list[int]]:
     """The samples (indices, in order) of each N they keep: all of them under N tokens or None; under a share
-    each sample's ``⌈share × tokens⌉`` of what is compressed (the prompt, or the context alone). A share is
+    each sample's :func:`resolve_budget` of what is compressed (the prompt, or the context alone). A share is
     checked against what ``policy`` always keeps for every sample before anything runs (EvalError naming the
     first sample below it)."""
     if not is_share(budget):

@@ -10,11 +10,16 @@ question without eviction and never evicts it (kvpress). ``decode="evict"`` keep
 generated token; ``decode="keep"`` lets the cache grow while decoding.
 
 A budget is N tokens or a share of each prompt (``"25%"``, :mod:`kdeval.evals.budget`): a sample then keeps
-``N = ⌈share × tokens⌉``, tokens being what is compressed (the whole prompt under ``compress="prompt"``, the
+kvpress's ``N = int(tokens × share)``, tokens being what is compressed (the whole prompt under ``compress="prompt"``, the
 context under ``"context"``, as kvpress's ratio). Samples run on one engine per resolved N, each group in
 sample order, so a batch only holds samples of one N (and equals batch 1). A sample whose N is below what the
 policy always keeps (sinks, recent window) fails the run before anything runs: it is not raised to that
 minimum, which would make the cell something else than the share it names.
+
+A chunk size of ``"whole"`` (:mod:`kdeval.evals.chunking`) is one-shot compression: each sample's B is the
+number of tokens compressed (its prompt, or its context under ``"context"``), so the engine prefills that part
+in one chunk and evicts once; under ``"prompt"`` such samples never share a context prefill (that would evict
+after the context and again after the question).
 
     lm = load_model("random:llama-tiny")
     task = get_task("needle", lengths=[600], depths=[50], haystack="noise")
@@ -34,6 +39,7 @@ import torch
 
 from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
 from kdeval.evals.budget import Budget, budget_groups
+from kdeval.evals.chunking import WHOLE, ChunkSize, resolve_chunk
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.scoring import score_row_fields
 from kdeval.evals.thinking import THINKING_MODES, scored_text, thinking_markers
@@ -92,6 +98,8 @@ class EvalRow(TypedDict):
     model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
     resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
+    resolved_chunk: int        # B this sample was prefilled with (under chunk size "whole": the tokens compressed)
+    compressed_tokens: int     # tokens of what is compressed: the prompt, or its context under compress="context"
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
     meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
@@ -115,7 +123,8 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
          shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None,
-         strip: tuple[str, str] | None = None, timing_batch: int = 0) -> dict[str, Any]:
+         chunk: int = 0, context_only: bool = False, strip: tuple[str, str] | None = None,
+         timing_batch: int = 0) -> dict[str, Any]:
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -140,6 +149,8 @@ def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int,
         "model_weight_bytes": int(weight_bytes),
         "kept_tokens": int(stats.get("kept_tokens", 0)),
         "resolved_budget": budget,
+        "resolved_chunk": int(chunk),
+        "compressed_tokens": len(prompt.prefix_ids) if context_only else prompt.n_tokens,
         "length": meta.pop("length", None),
         "depth": meta.pop("depth", None),
         "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),
@@ -212,7 +223,7 @@ def _check_protocol(task: Task, samples: Sequence[Sample], prompts: Sequence[Bui
 
 
 def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mapping[str, Any] | None = None,
-             budget: Budget = None, chunk_size: int = 128, sample_ids: Sequence[str] | None = None,
+             budget: Budget = None, chunk_size: ChunkSize = 128, sample_ids: Sequence[str] | None = None,
              limit: int | None = None, chat: str = "auto", share_context: bool = True,
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
@@ -227,7 +238,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         policy_params: parameters for a policy given by name.
         budget: KV budget: N tokens, a share of each sample's prompt such as ``"25%"`` (resolved per sample, see
             the module docstring; rows record the N in ``resolved_budget``), or None (no eviction).
-        chunk_size: prefill chunk size.
+        chunk_size: prefill chunk size B, or ``"whole"``: one chunk per sample holding all that is compressed
+            (rows record the B in ``resolved_chunk``).
         sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
         chat: ``"auto"`` / ``"never"`` / ``"always"`` chat-template use (see PromptBuilder).
         share_context: compress a shared context once for consecutive questions on it.
@@ -273,15 +285,18 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     pol = _resolve_policy(policy, policy_params)
-    groups = budget_groups(budget, pol, samples, built, context_only)
-    configs = {n: EngineConfig(budget=n, chunk_size=chunk_size, **dict(engine or {})) for n in groups}
+    groups = _chunk_groups(budget_groups(budget, pol, samples, built, context_only), chunk_size, built,
+                           context_only)
+    if chunk_size == WHOLE and not context_only:
+        share_context = False
+    configs = {key: EngineConfig(budget=key[0], chunk_size=key[1], **dict(engine or {})) for key in groups}
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
     rows: list[dict[str, Any]] = [{}] * len(samples)
-    timed = 0  # timings (generate calls) of the budget groups before
-    for n, members in groups.items():
-        eng = Engine(lm.model, pol, configs[n])
+    timed = 0  # timings (generate calls) of the (N, B) groups before
+    for key, members in groups.items():
+        eng = Engine(lm.model, pol, configs[key])
         part = [samples[i] for i in members], [built[i] for i in members]
         if batch_size > 1:
             done = _run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
@@ -293,6 +308,18 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             rows[i] = {**row, "timing_batch": row["timing_batch"] + timed}  # numbered across budget groups
         timed += 1 + max((r["timing_batch"] for r in done), default=-1)
     return rows
+
+
+def _chunk_groups(groups: Mapping[int | None, list[int]], chunk_size: ChunkSize, built: Sequence[BuiltPrompt],
+                  context_only: bool) -> dict[tuple[int | None, int], list[int]]:
+    """The samples (indices, in order) of each (N, B) they run with: B is ``chunk_size``, or under ``"whole"``
+    each sample's compressed token count (:func:`kdeval.evals.chunking.resolve_chunk`)."""
+    out: dict[tuple[int | None, int], list[int]] = {}
+    for n, members in groups.items():
+        for i in members:
+            tokens = len(built[i].prefix_ids) if context_only else built[i].n_tokens
+            out.setdefault((n, resolve_chunk(chunk_size, tokens)), []).append(i)
+    return out
 
 
 def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
@@ -314,8 +341,8 @@ def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[B
                                decode_evict=decode_evict)
             gen = res.tokens[0]
             rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes, eng.config.budget if eng.evicting else None, strip,
-                             timing_batch=len(rows)))
+                             weight_bytes, eng.config.budget if eng.evicting else None, eng.config.chunk_size,
+                             context_only, strip, timing_batch=len(rows)))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
         if shared:
@@ -358,8 +385,8 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
         for (i, _, shared, shared_s), r in zip(queue, res):
             gen = r.tokens[0]
             rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None, strip,
-                           timing_batch=batches[0])
+                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None,
+                           eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
         batches[0] += 1
         done = queue[-1][0]
         queue.clear()

@@ -28,6 +28,7 @@ from kdeval.cluster.execute import build_eval_task
 from kdeval.cluster.workload import CellTask, model_key
 from kdeval.evals.base import EvalError
 from kdeval.evals.budget import budget_share, budget_tokens
+from kdeval.evals.chunking import chunk_code, chunk_text
 from kdeval.evals.identity import task_data
 from kdeval.evals.registry import get_spec
 from kdeval.jobs.errors import GridError, GridIssue
@@ -94,7 +95,7 @@ class CellSpec(BaseModel):
     policy: str
     policy_params: dict[str, Any] = {}
     budget: int | str | None  # N tokens, a share such as "25%" (kdeval.evals.budget), None for ``full``
-    chunk_size: int
+    chunk_size: int | str  # B tokens, or "whole" (one chunk: kdeval.evals.chunking; the index stores 0)
     task: TaskRef
     generation: GenerationSpec
     protocol: ProtocolSpec = ProtocolSpec()
@@ -145,7 +146,7 @@ class CellSpec(BaseModel):
         """The row the index stores for this cell."""
         return CellRecord(id=self.id, spec=self.model_dump(mode="json"), model=self.model.id,
                           policy=self.policy, budget=budget_tokens(self.budget),
-                          budget_share=budget_share(self.budget), chunk_size=self.chunk_size,
+                          budget_share=budget_share(self.budget), chunk_size=chunk_code(self.chunk_size),
                           task=self.task.label)
 
     def describe(self) -> str:
@@ -155,7 +156,8 @@ class CellSpec(BaseModel):
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
         proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
         proto += " thinking=strip" if self.generation.thinking == "strip" else ""
-        return (f"{self.model.id} {pol} N={budget} B={self.chunk_size} {self.task.label} n={self.task.samples}"
+        return (f"{self.model.id} {pol} N={budget} B={chunk_text(self.chunk_size)} {self.task.label}"
+                f" n={self.task.samples}"
                 f" gen={self.task.max_new_tokens}{proto}{engine}")
 
 
@@ -250,10 +252,11 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
             ref = refs[(i, length, seed)]
             for pol in grid.policies:
                 free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, engine options or protocol
-                for budget in [None] if free else grid.budgets:
+                for budget, protocol in product([None] if free else grid.budgets,
+                                                [ProtocolSpec()] if free else grid.protocols):
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
-                                    protocol=ProtocolSpec() if free else grid.protocol,
+                                    protocol=protocol,
                                     engine=EngineSpec() if free else grid.engine,
                                     kdeval_version=version or cell_code_version(pol.name, dict(pol.params)))
                     if salt is not None:

@@ -21,11 +21,15 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from kdeval.evals.budget import budget_share, budget_tokens
+from kdeval.evals.chunking import chunk_code
 from kdeval.jobs.cells import CellSpec
 from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell, with_identity
 
 #: Export formats and the file suffix each implies.
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
+#: Formats written as a directory of other tools' files (kdeval.jobs.export_kvpress, kdeval.jobs.export_lmeval).
+DIR_FORMATS = ("kvpress", "lm-eval")
+_ALL = ", ".join([*FORMATS, *DIR_FORMATS])
 
 
 def cell_identity(cell: CellSpec, run_id: str) -> dict[str, Any]:
@@ -34,7 +38,7 @@ def cell_identity(cell: CellSpec, run_id: str) -> dict[str, Any]:
         "run_id": run_id, "cell_id": cell.id, "model": cell.model.id, "policy": cell.policy,
         "params": json.dumps(cell.policy_params, sort_keys=True), "budget": budget_tokens(cell.budget),
         "budget_share": budget_share(cell.budget),
-        "chunk_size": cell.chunk_size, "task": cell.task.name, "length": cell.task.length,
+        "chunk_size": chunk_code(cell.chunk_size), "task": cell.task.name, "length": cell.task.length,
         "seed": cell.task.seed, "dtype": cell.model.dtype, "protocol": cell.protocol.label,
     }
 
@@ -66,10 +70,9 @@ def check_format(fmt: str | None, out: Path) -> str:
         by_suffix = {suffix: name for name, suffix in FORMATS.items()}
         if out.suffix.lower() in by_suffix:
             return by_suffix[out.suffix.lower()]
-        raise ValueError(f"--format: expected one of {', '.join(FORMATS)} "
-                         f"(the suffix of --out {out.name!r} names none)")
+        raise ValueError(f"--format: expected one of {_ALL} (the suffix of --out {out.name!r} names none)")
     if fmt not in FORMATS:
-        raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+        raise ValueError(f"--format: expected one of {_ALL}, got {fmt!r}")
     return fmt
 
 

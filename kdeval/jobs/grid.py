@@ -11,11 +11,12 @@ Example (see ``examples/*.yaml``)::
       - {name: keydiff}
       - {name: sink, params: {n_sink_tokens: 4}}
     budgets: [256, 512, 25%]                   # tokens kept per layer and KV head, or a share of each prompt
-    chunk_sizes: [64]
+    chunk_sizes: [64, whole]                   # whole: one chunk of all that is compressed (one-shot)
     tasks:
       - {name: needle, lengths: [1024], samples: 4, seeds: [0]}
     generation: {max_new_tokens: null, thinking: keep}  # null: each task's official length; strip: drop <think>
-    protocol: {compress: prompt, decode: evict} # the paper's; {compress: context} is kvpress's
+    protocol: {compress: prompt, decode: evict} # query-aware (the paper's); {compress: context}: query-agnostic
+                                               # (kvpress's default); a list runs each
     engine: {cuda_graphs: null, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
@@ -31,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from kdeval.evals.budget import parse_budget
+from kdeval.evals.chunking import parse_chunk
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
@@ -58,6 +60,9 @@ def Name(max_length: int) -> Any:
 #: A grid budget: N tokens, or a share of each sample's prompt as its canonical text (``"25%"``; see
 #: :mod:`kdeval.evals.budget`), resolved per sample by the runner.
 BudgetValue = Annotated[int | str, BeforeValidator(_budget_entry)]
+
+#: A grid chunk size: B tokens (the engine's rule checks the range) or ``"whole"`` (:mod:`kdeval.evals.chunking`).
+ChunkValue = Annotated[int | str, BeforeValidator(parse_chunk)]
 
 #: Policies whose result does not depend on the budget (one cell serves every budget).
 BUDGET_FREE_POLICIES = frozenset({"full"})
@@ -136,6 +141,16 @@ class ProtocolSpec(_Strict):
         """``prompt/evict``, ``context/keep`` ... (the ``protocol`` column of result rows)."""
         return f"{self.compress}/{self.decode}"
 
+    @property
+    def name(self) -> str:
+        """What kvpress's leaderboard calls it: ``query-aware`` (the question is compressed with the context:
+        ``compress: prompt``) or ``query-agnostic`` (``compress: context``)."""
+        return COMPRESS_NAMES[self.compress]
+
+
+#: The protocols' names in reports: is the question in what gets compressed?
+COMPRESS_NAMES = {"prompt": "query-aware", "context": "query-agnostic"}
+
 
 class EngineSpec(_Strict):
     """Options of the chunked engine that change a cell's numbers (``kdeval.keydiff.EngineConfig``); part of a
@@ -179,10 +194,10 @@ class GridSpec(_Strict):
     models: list[ModelSpec] = Field(min_length=1)
     policies: list[PolicySpec] = Field(min_length=1)
     budgets: list[BudgetValue] = Field(default_factory=list)
-    chunk_sizes: list[int] = Field(min_length=1)
+    chunk_sizes: list[ChunkValue] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(min_length=1)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
-    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
+    protocol: ProtocolSpec | list[ProtocolSpec] = Field(default_factory=ProtocolSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
@@ -194,6 +209,18 @@ class GridSpec(_Strict):
         key = "id" if info.field_name == "models" else "name"
         if isinstance(v, list):
             return [{key: x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @property
+    def protocols(self) -> list[ProtocolSpec]:
+        """``protocol`` as a list (a grid may give one protocol or several; each cell runs one)."""
+        return list(self.protocol) if isinstance(self.protocol, list) else [self.protocol]
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocols(cls, v: ProtocolSpec | list[ProtocolSpec]) -> ProtocolSpec | list[ProtocolSpec]:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError("a list of protocols must name at least one, each once")
         return v
 
     @field_validator("budgets", "chunk_sizes")

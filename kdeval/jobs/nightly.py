@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs import service
 from kdeval.jobs.cells import grid_hash
 from kdeval.jobs.nightly_attribution import attribute, attribution_notes, attribution_text
@@ -74,7 +75,7 @@ class Finding:
     def describe(self) -> str:
         r, (lo, hi) = self.row, self.drop_ci
         budget = "" if r.budget is None else f" N={r.budget}"
-        return (f"{r.metric} {r.policy}{budget} B={r.chunk} ({r.model}): dropped {self.drop:.2f} points "
+        return (f"{r.metric} {r.policy}{budget} B={chunk_text(r.chunk)} ({r.model}): dropped {self.drop:.2f} points "
                 f"(95% CI {lo:.2f}..{hi:.2f}) > {self.max_drop:g}")
 
 

@@ -70,7 +70,7 @@ def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[i
 def share_budget_notes(index: int, name: str, params: dict[str, Any], budgets: list[int | str],
                        lengths: list[tuple[int, str, int]]) -> list[str]:
     """Warnings for shares that look too small for ``policies[index]``: at a task's target ``length`` (given
-    as (task index, task name, longest length)) a share resolves to about ``N = ⌈share × length⌉``; below what
+    as (task index, task name, longest length)) a share resolves to about ``N = int(length × share)`` (kvpress's count, :func:`resolve_budget`); below what
     the policy always keeps, its samples will fail. Prompts are only about their target length (shorter
     under ``compress: context``), hence a note, not a grid error."""
     notes = []

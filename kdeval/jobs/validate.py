@@ -72,7 +72,7 @@ def _unknown_keys(raw: Any, cls: type[BaseModel], path: list[str | int]) -> list
             sub, is_list = _model_of(fields[key].annotation)
             if sub is None:
                 continue
-            if is_list and isinstance(value, list):
+            if isinstance(value, list):  # a list field, or a field that also takes a list (protocol)
                 for i, item in enumerate(value):
                     issues += _unknown_keys(item, sub, here + [i])
             elif not is_list:
@@ -104,11 +104,24 @@ def _bound_issues(raw: Any, path: list[str | int]) -> list[GridIssue]:
     return []
 
 
+def _union_tag(part: Any) -> bool:
+    """Whether a location part names a branch of a union (``ProtocolSpec``, ``list[ProtocolSpec]``), not a field."""
+    return isinstance(part, str) and (part[:1].isupper() or part.startswith("list["))
+
+
 def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
-    out = []
+    out, kept = [], []
+    wrong_type: dict[tuple, Any] = {}  # union fields whose value is of neither branch's type (so far)
     for e in err.errors():
-        if e["type"] == "extra_forbidden":
-            continue  # reported with a suggestion by _unknown_keys
+        if e["type"] == "extra_forbidden":  # reported with a suggestion by _unknown_keys
+            kept.append(tuple(p for p in e["loc"] if not _union_tag(p)))
+            continue
+        if any(_union_tag(p) for p in e["loc"]):  # a field taking one entry or a list of them (protocol)
+            loc = tuple(p for p in e["loc"] if not _union_tag(p))
+            if e["type"] in ("model_type", "list_type"):  # the branch the value is not of
+                wrong_type.setdefault(loc, e.get("input"))
+                continue
+            e = dict(e, loc=loc)
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
@@ -117,6 +130,11 @@ def _pydantic_issues(err: ValidationError) -> list[GridIssue]:
         elif "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {_quote(e['input'])})"
         out.append(GridIssue(join_path(e["loc"]), msg))
+        kept.append(tuple(e["loc"]))
+    for loc, value in wrong_type.items():
+        inner = kept + [w for w in wrong_type if len(w) > len(loc)]  # the entry of a list that is wrong
+        if not any(k[:len(loc)] == loc for k in inner):
+            out.append(GridIssue(join_path(loc), f"expected a mapping or a list of mappings, got {value!r}"))
     return out
 
 
@@ -181,7 +199,8 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
     for i, p in enumerate(grid.policies):
         if p.name not in BUDGET_FREE_POLICIES:
             issues += registries.check_budgets(i, p.name, dict(p.params), grid.budgets)
-    issues += registries.check_protocol(grid.protocol.compress, [t.name for t in grid.tasks])
+    for compress in dict.fromkeys(p.compress for p in grid.protocols):
+        issues += registries.check_protocol(compress, [t.name for t in grid.tasks])
     res = grid.resources
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "

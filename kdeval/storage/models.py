@@ -132,7 +132,7 @@ class Cell(Base):
     model: Mapped[str] = mapped_column(String(300))
     policy: Mapped[str] = mapped_column(String(100))
     budget: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None for ``full``
-    chunk_size: Mapped[int] = mapped_column(Integer)
+    chunk_size: Mapped[int] = mapped_column(Integer)  # B; 0 for "whole" (one chunk of all that is compressed)
     task: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16), default=CellState.PENDING.value)
     n_attempts: Mapped[int] = mapped_column(Integer, default=0)

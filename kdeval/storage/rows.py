@@ -19,7 +19,7 @@ IDENTITY_SCHEMA = pa.schema([
     ("params", pa.string()),      # policy parameters as JSON, keys sorted ("{}" when none)
     ("budget", pa.int64()),       # N; null for the budget-free ``full`` and for a share of the prompt
     ("budget_share", pa.float64()),  # the share of each prompt kept, in (0, 1] ("25%": 0.25); null for N
-    ("chunk_size", pa.int64()),   # B
+    ("chunk_size", pa.int64()),   # B; 0 for chunk size "whole" (one chunk of all that is compressed)
     ("task", pa.string()),        # the row's own task name when it has one, else the cell's
     ("length", pa.int64()),       # the row's own target length when set, else the cell's (null: natural)
     ("seed", pa.int64()),         # the task seed

@@ -1,11 +1,10 @@
-"""Budgets as a share of the prompt: parsing, exact resolution, and run_task keeping ⌈share × tokens⌉ per sample.
+"""Budgets as a share of the prompt: parsing, resolution to kvpress's kept count, and run_task keeping it per
+sample.
 
 The runner tests use float64 llama-tiny with larger weights (as tests/evals/test_batching.py), so eviction
 shows in the greedy tokens and a wrong N would change the rows.
 """
 from __future__ import annotations
-
-import math
 
 import pytest
 
@@ -36,13 +35,28 @@ def test_bad_budgets_are_refused(bad):
         parse_budget(bad)
 
 
-def test_resolution_is_exact_ceiling():
-    # hand-worked: 10% of 30 is 3 (a float product gives 3.0000000000000004 and a ceiling of 4)
-    assert resolve_budget("10%", 30) == 3
-    assert resolve_budget("25%", 41) == 11          # 10.25 -> 11
+def kvpress_kept(length: int, compression_ratio: float) -> int:
+    """kvpress's ScorerPress keeps ``int(k_len * (1 - compression_ratio))`` keys (Python floats)."""
+    return int(length * (1 - compression_ratio))
+
+
+#: a share and the compression ratio a kvpress user writes for it
+SHARES_AND_RATIOS = [("10%", 0.9), ("25%", 0.75), ("50%", 0.5), ("12.5%", 0.875), ("70%", 0.3), ("1%", 0.99),
+                     ("33%", 0.67), ("90%", 0.1), ("99.5%", 0.005), ("100%", 0.0)]
+
+
+@pytest.mark.parametrize("share,ratio", SHARES_AND_RATIOS)
+def test_a_share_keeps_kvpress_count_at_every_length(share, ratio):
+    assert [resolve_budget(share, n) for n in range(1, 5001)] == [kvpress_kept(n, ratio) for n in range(1, 5001)]
+
+
+def test_resolution_follows_kvpress_floats_not_exact_fractions():
+    # hand-worked: 1 - 0.9 is 0.09999999999999998 in floats, so of 30 tokens kvpress keeps int(2.99...) = 2
+    assert resolve_budget("10%", 30) == 2
+    assert resolve_budget("25%", 41) == 10          # 10.25 -> 10
     assert resolve_budget("12.5%", 8) == 1
     assert resolve_budget("100%", 7) == 7
-    assert resolve_budget("0.1%", 5) == 1           # never 0 tokens
+    assert resolve_budget("0.1%", 5) == 0           # as kvpress: no token (an evicting policy refuses N=0)
     assert resolve_budget(256, 41) == 256 and resolve_budget(None, 41) is None
     assert (budget_share("25%"), budget_tokens("25%")) == (0.25, None)
     assert (budget_share(256), budget_tokens(256)) == (None, 256)
@@ -62,11 +76,11 @@ def ruler():
 
 
 def test_each_sample_keeps_its_share_of_the_prompt(lively):
-    """One generated token (no decode step): the cache ends holding exactly N = ⌈25% × prompt⌉, and the rows
-    of each N equal a run of those samples under that absolute N."""
+    """One generated token (no decode step): the cache ends holding exactly kvpress's N = int(prompt × 0.25), and
+    the rows of each N equal a run of those samples under that absolute N."""
     t = ruler()
     rows = run_task(lively, t, "keydiff", budget="25%", chunk_size=32, max_new_tokens=1)
-    ns = [math.ceil(r["prompt_tokens"] / 4) for r in rows]
+    ns = [kvpress_kept(r["prompt_tokens"], 0.75) for r in rows]
     assert len(set(ns)) > 2 and len(set(ns)) < len(rows)  # several N, some shared by two samples
     for r, n in zip(rows, ns):
         assert r["resolved_budget"] == r["kept_tokens"] == n
@@ -95,13 +109,14 @@ def test_a_batch_under_a_share_equals_batch_1(lively, compress, decode):
 
 
 def test_under_context_the_share_is_of_the_context(lively):
-    """kvpress's protocol compresses the context only: N = ⌈share × context⌉ and the question is held on top."""
+    """kvpress's protocol compresses the context only: N = int(context × (1 - 0.8)) and the question is held on
+    top."""
     t = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=2, max_new_tokens=1)
     samples, built = model_prompts(lively, t, max_new_tokens=1)
     rows = run_task(lively, t, "keydiff", budget="20%", chunk_size=32, compress="context", decode="keep",
                     prompts=(samples, built), share_context=False)
     for r, p in zip(rows, built):
-        n = math.ceil(len(p.prefix_ids) / 5)
+        n = kvpress_kept(len(p.prefix_ids), 0.8)
         assert r["resolved_budget"] == n and r["kept_tokens"] == n + len(p.suffix_ids)
 
 

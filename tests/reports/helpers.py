@@ -30,6 +30,7 @@ class FakeCell:
     provenance: dict[str, Any] | None = None   # recorded with the done cell (None: as older code did)
     identity: bool = True                      # rows carry run_id/cell_id (False: as older code wrote them)
     summary: dict[str, Any] | None = None      # the cell's summary in the index (default {"score": 0.0})
+    protocol: dict[str, str] | None = None     # {"compress": "context"} ... (None: not in the spec, the default)
 
     @property
     def label(self) -> str:
@@ -37,9 +38,10 @@ class FakeCell:
         return TaskRef(name=self.task, data_version="1", length=self.length, samples=1, seed=self.seed).label
 
     def spec(self, version: str) -> dict[str, Any]:
-        return {"model": {"id": self.model}, "policy": self.policy, "policy_params": self.params,
+        spec = {"model": {"id": self.model}, "policy": self.policy, "policy_params": self.params,
                 "budget": self.budget, "chunk_size": self.chunk,
                 "task": {"name": self.task, "length": self.length, "seed": self.seed}, "kdeval_version": version}
+        return spec if self.protocol is None else {**spec, "protocol": self.protocol}
 
     def cell_id(self, version: str) -> str:
         canon = json.dumps(self.spec(version), sort_keys=True)

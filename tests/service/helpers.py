@@ -71,3 +71,14 @@ def stop_background(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+def cli_app(register):
+    """A Typer app holding the commands ``register`` adds, plus a no-op one so that each stays a named
+    subcommand (as in ``kdeval``)."""
+    import typer
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    return app

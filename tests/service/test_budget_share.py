@@ -2,7 +2,6 @@
 on random:llama-tiny whose stored rows, index, export and Python API say the budget was a share."""
 from __future__ import annotations
 
-import math
 
 import pyarrow.parquet as pq
 import pytest
@@ -84,7 +83,7 @@ resources: {{workers: 1}}
 
 
 def test_a_share_cell_runs_stores_and_exports_what_it_kept(local_ray, paths):
-    """One generated token: the cache ends at exactly N = ⌈25% × prompt⌉ per sample. The share cell's rows
+    """One generated token: the cache ends at exactly kvpress's N = int(prompt × 0.25) per sample. The share cell's rows
     say so (``resolved_budget``, ``budget_share``); the absolute cell at that N is another cell, with the
     same kept counts; batch 2 stores the rows of batch 1."""
     from kdeval.api import load_results
@@ -98,7 +97,7 @@ def test_a_share_cell_runs_stores_and_exports_what_it_kept(local_ray, paths):
     assert (share.budget, share.budget_share, absolute.budget, absolute.budget_share) == (None, 0.25, n, None)
     rows = idx.read_cell_rows(share.id)
     for r in rows:
-        assert r["resolved_budget"] == r["kept_tokens"] == math.ceil(r["prompt_tokens"] / 4)
+        assert r["resolved_budget"] == r["kept_tokens"] == int(r["prompt_tokens"] * (1 - 0.75))
         assert (r["budget"], r["budget_share"]) == (None, 0.25)
     assert all((r["budget"], r["budget_share"], r["resolved_budget"]) == (n, None, n)
                for r in idx.read_cell_rows(absolute.id))
@@ -151,14 +150,14 @@ retries: {max_attempts: 1}
 
 def test_a_share_below_what_the_policy_keeps_is_noted_then_fails_its_cell(local_ray, paths):
     idx, run_id, plan = new_run(paths["db"], paths["results"], TOO_SMALL)
-    assert plan.notes == ["budgets: 1% of tasks[0] (needle) at length 512 is about N=6; must be >= the 16 tokens "
-                          "policy 'sink' always keeps (n_sink=16 + recent=0), got 6 (policies[0]): its samples "
+    assert plan.notes == ["budgets: 1% of tasks[0] (needle) at length 512 is about N=5; must be >= the 16 tokens "
+                          "policy 'sink' always keeps (n_sink=16 + recent=0), got 5 (policies[0]): its samples "
                           "will fail"]
     out = service.execute_run(idx, run_id)
     assert (out.done, out.failed) == (0, 1)
     [cell] = idx.run_cells(run_id)
-    # N = ⌈1% × 510 prompt tokens⌉ = 6
+    # kvpress's N = int(510 × (1 - 0.99)) = int(5.1000000000000005) = 5
     assert cell.error_line == ("kdeval.evals.base.EvalError: budget: 1% of sample 'needle/L512/D50' (510 prompt "
-                               "tokens) is N=6; must be >= the 16 tokens policy 'sink' always keeps (n_sink=16 + "
-                               "recent=0), got 6")
+                               "tokens) is N=5; must be >= the 16 tokens policy 'sink' always keeps (n_sink=16 + "
+                               "recent=0), got 5")
     idx.close()

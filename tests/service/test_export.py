@@ -198,8 +198,9 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 BAD = {
     "unknown-run": (["nope"], ["--format", "csv"], "out.csv", "error: RUN: no run 'nope' (or the prefix is ambiguous)"),
-    "unknown-format": ([], ["--format", "xml"], "out.xml", "error: --format: expected one of parquet, csv, jsonl, got 'xml'"),
-    "no-format": ([], [], "out.txt", "error: --format: expected one of parquet, csv, jsonl (the suffix of --out 'out.txt' names none)"),
+    "unknown-format": ([], ["--format", "xml"], "out.xml", "error: --format: expected one of parquet, csv, jsonl, kvpress, lm-eval, got 'xml'"),
+    "no-format": ([], [], "out.txt", "error: --format: expected one of parquet, csv, jsonl, kvpress, lm-eval (the suffix of --out 'out.txt' names "
+                  "none)"),
     "missing-dir": ([], ["--format", "csv"], "nodir/out.csv", "error: --out: directory {tmp}/nodir does not exist"),
     "file-as-dir": ([], ["--format", "csv"], "afile/out.csv", "error: --out: {tmp}/afile is not a directory"),
     "out-is-dir": ([], ["--format", "csv"], "adir", "error: --out: {tmp}/adir is a directory; expected a file path"),

@@ -76,7 +76,7 @@ def test_shorthands_and_defaults():
     (BASE.replace("[64, 128, 256]", "[64, -1]"), "budgets[1]: must be a positive number of tokens, got -1"),
     (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [0, 64]"), "chunk_sizes[0]: must be a positive number of tokens, got 0"),
     (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, 32]"), "chunk_sizes: values must be distinct"),
-    (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, abc]"), "chunk_sizes[1]: Input should be a valid integer"),
+    (BASE.replace("chunk_sizes: [32, 64]", "chunk_sizes: [32, abc]"), "chunk_sizes[1]: expected a positive number of tokens or 'whole'"),
     (BASE.replace("random:llama-tiny", "random:llama-tyni"), "models[0].id: unknown random model 'random:llama-tyni' (did you mean 'random:llama-tiny'?)"),
     (BASE.replace("dtype: bfloat16", "dtype: fp8"), "models[1].dtype: Input should be 'auto', 'float32', 'float16' or 'bfloat16'"),
     (BASE.replace("dtype: bfloat16", "trust_remote_code: true"), "models[1].trust_remote_code: is not accepted in grid files"),

@@ -15,6 +15,7 @@ from kdeval.evals.base import EvalError, Sample, ScoreResult, check_choice, chec
 from kdeval.evals.metrics.string_match import postprocess_pred, string_match_all, string_match_part
 from kdeval.evals.ruler.generators import Generated, _vt_text, make_cwe, make_fwe, make_niah, make_vt
 from kdeval.evals.data import find_data_file
+from kdeval.evals.ruler import kvpress_set
 from kdeval.evals.ruler.qa import HUB_IDS, LOCAL_FILES, QAPool, load_pool, make_qa
 from kdeval.evals.ruler.templates import CONFIGS, TASKS
 from kdeval.evals.synthetic import ESSAY_FILE, SyntheticTask, check_lengths, essay_path, essay_words, fit_units
@@ -30,7 +31,9 @@ class RulerTask(SyntheticTask):
         num_samples: samples per length.
         seed: base seed; sample ``i`` at length ``L`` uses its own stream derived from it.
         data_dir: data directory (essays; QA files).
-        source: for qa_1/qa_2, ``"local"`` or ``"hub"``.
+        source: for qa_1/qa_2, ``"local"`` or ``"hub"``; for any task, ``"kvpress"`` (a local copy) or
+            ``"kvpress-hub"``: kvpress's RULER evaluation set instead of generated samples
+            (:mod:`kdeval.evals.ruler.kvpress_set`).
         verify_data: load (and so check) the essays / QA data now; False for scoring-only use.
     """
 
@@ -48,15 +51,25 @@ class RulerTask(SyntheticTask):
         if self.task not in CONFIGS:
             raise EvalError(f"task: unknown RULER task {self.task!r}; expected one of {', '.join(CONFIGS)}")
         check_positive("num_samples", self.num_samples)
-        check_choice("source", self.source, ("local", "hub"))
+        check_choice("source", self.source, ("local", "hub", *kvpress_set.SOURCES))
         self.lengths = check_lengths(self.lengths)
         self.name = f"ruler.{self.task}"
         self.cfg = CONFIGS[self.task]
         if self.verify_data:
             self._load_data()
 
+    @property
+    def from_kvpress(self) -> bool:
+        """Whether the samples are kvpress's RULER set's rather than generated."""
+        return self.source in kvpress_set.SOURCES
+
     def _load_data(self) -> None:
         """Load the essay haystack / QA pool this task needs (errors before any model loads)."""
+        if self.from_kvpress:
+            for length in self.lengths:
+                if self.source == "kvpress" and kvpress_set.local_file(self.data_dir, length) is None:
+                    kvpress_set.load_rows(self.source, self.data_dir, length)  # raises, naming the file
+            return
         if self.cfg.get("type_haystack") == "essay" and self._essay is None:
             self._essay = essay_words(self.data_dir, required=True)
         if self.cfg["task"] == "qa" and self._pool is None:  # TaskUnavailableError (skip) when absent
@@ -120,9 +133,15 @@ class RulerTask(SyntheticTask):
 
     def sample_ids(self) -> list[str]:
         """``num_samples`` ids per length, as :meth:`samples` orders them."""
+        if self.from_kvpress:
+            return [kvpress_set.sample_id(self.task, length, i) for length in self.lengths
+                    for i in range(self.num_samples)]
         return [f"{self.name}/L{length}/{i}" for length in self.lengths for i in range(self.num_samples)]
 
     def data_files(self) -> list[tuple[str, Any]]:
+        if self.from_kvpress:
+            return [] if self.source == "kvpress-hub" else [
+                (f"kvpress/ruler/{length}", kvpress_set.local_file(self.data_dir, length)) for length in self.lengths]
         if self.cfg.get("type_haystack") == "essay":
             return [(ESSAY_FILE, essay_path(self.data_dir))]
         if self.cfg["task"] == "qa" and self.source == "local":
@@ -131,6 +150,8 @@ class RulerTask(SyntheticTask):
         return []
 
     def data_source(self) -> str:
+        if self.from_kvpress:
+            return f"kvpress RULER set ({'hub ' + kvpress_set.HUB_ID if self.source == 'kvpress-hub' else 'local copy'})"
         if self.cfg["task"] == "qa":
             return f"hub {HUB_IDS[self.cfg['dataset']]}" if self.source == "hub" else LOCAL_FILES[self.cfg["dataset"]]
         return f"synthetic + essay haystack ({ESSAY_FILE})" if self.cfg.get("type_haystack") == "essay" else "synthetic"
@@ -139,6 +160,10 @@ class RulerTask(SyntheticTask):
         """``num_samples`` samples per length, each fitted to its length with ``builder``."""
         builder = self.require_builder(builder)
         self._load_data()
+        if self.from_kvpress:
+            return [s for length in self.lengths for s in kvpress_set.task_samples(
+                kvpress_set.load_rows(self.source, self.data_dir, length), self.task, self.name, length,
+                self.num_samples)]
         min_units = self._min_units()
         out = []
         for length in self.lengths:

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kdeval.jobs.reports.comparisons import cost_of_chunking, query_dependence
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.units import stored
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
-from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run
+from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, pair_samples
 from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
 from kdeval.storage import RunIndex
 
@@ -148,7 +149,7 @@ class _Comparer:
         if self.is_reference(config):
             return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
         rsel, ref_value = _selected(ref, d)
-        paired = _pair(sel, rsel)
+        paired = pair_samples(sel, rsel)
         # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
         dropped = paired.dropped if len(sel) and len(rsel) else 0
         row = dict(base, ref_state=ref_state, ref_value=stored(ref_value),
@@ -205,30 +206,32 @@ def _selected(samples: Samples, d: MetricDef) -> tuple[Samples, float | None]:
     return sel, value
 
 
-@dataclass(frozen=True)
-class _Paired:
-    n: int
-    dropped: int
-    diffs: np.ndarray
-    strata: np.ndarray
-
-
-def _pair(own: Samples, ref: Samples) -> _Paired:
-    """Differences own − ref of the samples present on both sides (matched by key)."""
-    ref_at = {k: i for i, k in enumerate(ref.key)}
-    own_at = {k: i for i, k in enumerate(own.key)}
-    common = sorted(set(own_at) & set(ref_at))
-    dropped = len(set(own_at) ^ set(ref_at))
-    oi = np.array([own_at[k] for k in common], dtype=int)
-    ri = np.array([ref_at[k] for k in common], dtype=int)
-    diffs = own.score[oi] - ref.score[ri] if common else np.array([], dtype=float)
-    return _Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object))
-
-
 def _cell_row(run: str, cell: LoadedCell | None, slot: Slot, state: str, error: str = "") -> CellRow:
     return CellRow(run=run, cell=cell.view.id if cell else "", model=slot.model, policy=slot.policy,
                    budget=slot.budget, chunk=slot.chunk, task=slot.task, state=state,
                    error=error or (cell.error if cell else ""))
+
+
+def external_notes(index: RunIndex, run_id: str, scores: list[MetricRow]) -> list[str]:
+    """For a reference run imported from another tool: what computed it and how many task scores pair by
+    sample (the others compare aggregates only); nothing for a kdeval run."""
+    import yaml
+
+    run = index.get_run(run_id)
+    try:
+        grid = yaml.safe_load(run.grid_yaml) if run is not None and run.grid_yaml else None
+    except yaml.YAMLError:
+        grid = None
+    external = grid.get("external") if isinstance(grid, dict) else None
+    if not isinstance(external, dict):
+        return []
+    tasks = [r for r in scores if r.level == "task" and r.value is not None and r.ref_value is not None]
+    paired = [r for r in tasks if r.n_paired]
+    return [f"run {run_id} is external, computed by {external.get('computed_by', 'another tool')}: "
+            f"{len(paired)} of {len(tasks)} task scores paired by sample id "
+            f"({sum(r.n_paired for r in paired)} samples); "
+            + ("the others compare aggregates only (their samples differ)" if len(paired) < len(tasks)
+               else "every compared score is paired")]
 
 
 def build_report(index: RunIndex, runs: list[str], options: ReportOptions = ReportOptions(),
@@ -261,10 +264,15 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
     if dropped:
         notes.append(f"pairing by sample id left out {dropped} sample(s) present on one side only "
                      f"(see n_dropped per row)")
+    if not by_full:
+        notes += external_notes(index, compare, scores)
     provenance = provenance_rows(list(own.values()) + ([] if by_full else list(ref.values())))
     warnings = [w for w in (mismatch_warning(provenance), noisy_timing_warning(perf, options.confidence)) if w]
+    boot = dict(resamples=options.resamples, seed=options.seed, confidence=options.confidence)
+    chunking, query = cost_of_chunking(own.values(), **boot), query_dependence(own.values(), **boot)
     meta = ReportMeta(runs=run_ids, compare=compare, resamples=options.resamples, seed=options.seed,
                       confidence=options.confidence,
                       created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes,
                       warnings=warnings)
-    return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance)
+    return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance,
+                  cost_of_chunking=chunking, query_dependence=query)

@@ -94,6 +94,7 @@ def to_markdown(report: Report) -> str:
     sections: list[tuple[str, list[TableView]]] = [
         ("Headline", [h.as_table() for h in views.headline_views(report)]),
         ("Scores", [views.scores_view(report, headline)]),
+        *_contrast_sections(report),
         ("Speed", [views.speed_view(report)] if report.perf else []),
         ("Memory", [views.memory_view(report)] if report.perf else []),
         ("Cells not done or missing", [cells] if cells is not None else []),
@@ -107,6 +108,14 @@ def to_markdown(report: Report) -> str:
         for view in tables:
             lines += [""] + md_table(view)
     return "\n".join(lines) + "\n"
+
+
+def _contrast_sections(report: Report) -> list[tuple[str, list[TableView]]]:
+    """The cost-of-chunking and query-dependence sections (empty when the runs lack a side)."""
+    from kdeval.jobs.reports.contrast_views import CONTRASTS, contrast_view
+
+    return [(title, [v] if (v := contrast_view(report, name)) is not None else [])
+            for name, (title, _, _) in CONTRASTS.items()]
 
 
 def fields_view(name: str, rows: list[Any]) -> TableView:

@@ -61,7 +61,11 @@ _CAPTIONS = {
     "score_vs_budget": "Bars: the CI of Δ vs the reference, paired by sample id. Dashed line: the full cache.",
     "needle_heatmap": "Accuracy (points) and samples n per length × depth; darker is worse.",
     "memory_vs_length": "Peak bytes of K/V held by the cache (weights excluded), per policy and task.",
+    "cost_of_chunking": "Δ chunked − one-shot (points) with its CI, paired by sample id; 0: chunking costs nothing.",
+    "query_dependence": "Δ query-aware − query-agnostic (points) with its CI, paired by sample id.",
 }
+#: Figures drawn in their own sections (not among the others).
+CONTRAST_KINDS = ("cost_of_chunking", "query_dependence")
 
 
 def _img(plot: Plot) -> str:
@@ -117,6 +121,21 @@ def _table(view: TableView, source: str | None) -> str:
     return f"<h3>{html.escape(view.title)}</h3>{html_table(view, source=source)}{caption}"
 
 
+def contrast_sections(report: Report, plots: list[Plot]) -> list[str]:
+    """Cost of chunking and query dependence: per section its figure (Δ with CI per row) and its table."""
+    from kdeval.jobs.reports.contrast_views import CONTRASTS, contrast_view
+
+    parts = []
+    for name, (title, _, _) in CONTRASTS.items():
+        view = contrast_view(report, name)
+        if view is None:
+            continue
+        figs = "".join(_img(p) for p in plots if p.kind == name)
+        parts += [f'<h2 id="{name}">{html.escape(title)}</h2>',
+                  f'<div class="figures">{figs}</div>' if figs else "", _table(view, name)]
+    return parts
+
+
 def render_html(report: Report, plots: list[Plot], title: str = "kdeval report") -> str:
     """The complete HTML document."""
     m = report.meta
@@ -138,14 +157,16 @@ def render_html(report: Report, plots: list[Plot], title: str = "kdeval report")
         few = views.legend([row for h in headlines for row in h.as_table().rows])
         parts.append(f'<p class="caption">{html.escape(few + ". " if few else "")}Δ in colour: its CI excludes 0 '
                      "(orange: worse than the reference, blue: better).</p>")
-    if plots:
-        parts += ["<h2>Figures</h2><div class=\"figures\">", "".join(_img(p) for p in plots), "</div>"]
+    figures = [p for p in plots if p.kind not in CONTRAST_KINDS]
+    if figures:
+        parts += ["<h2>Figures</h2><div class=\"figures\">", "".join(_img(p) for p in figures), "</div>"]
     if report.cells:
         parts += [f"<h2 id=\"cells\">Cells not done or missing ({len(report.cells)})</h2>",
                   html_table(views.cells_view(report), source="cells")]
     scores = [r for r in report.scores if r.level != "detail"]
     detail = [r for r in report.scores if r.level == "detail"]
     parts += ["<h2>Scores</h2>", _table(views.scores_view(report, scores), "scores")]
+    parts += contrast_sections(report, plots)
     if report.perf:
         parts += ["<h2>Speed and memory per cell</h2>", _table(views.speed_view(report), "perf"),
                   _table(views.memory_view(report), None), _perf_legend(report)]

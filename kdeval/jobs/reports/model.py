@@ -137,6 +137,37 @@ class ProvenanceRow:
 
 
 @dataclass(frozen=True)
+class ContrastRow:
+    """Two settings of one policy × budget × task in the same runs, paired by sample: ``a − b`` in points.
+
+    ``cost_of_chunking``: ``a`` is chunked prefill at B = ``a_label`` and ``b`` one-shot (chunk size ``whole``),
+    under one protocol; ``query_dependence``: ``a`` is query-aware (``compress: prompt``) and ``b``
+    query-agnostic (``compress: context``), at one chunk size. Beside the delta, each side's peak KV-cache bytes
+    (max over samples) and median TTFT (seconds)."""
+
+    model: str
+    policy: str                # policy label, without the protocol
+    budget: Budget
+    task: str                  # registry task name (its lengths and seeds pooled; pairs never cross them)
+    setting: str               # what both sides share: "query-aware", "B=128", "B=128, decode keep" ...
+    a_label: str               # "B=128" / "query-aware"
+    b_label: str               # "whole" / "query-agnostic"
+    state: str = State.OK
+    n_paired: int = 0
+    n_dropped: int = 0         # samples on one side only (left out)
+    a_value: float | None = None  # points, over the paired samples
+    b_value: float | None = None
+    delta: float | None = None  # mean paired difference a − b (points)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    a_kv_bytes: int | None = None
+    b_kv_bytes: int | None = None
+    a_ttft_s: float | None = None
+    b_ttft_s: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class ReportMeta:
     """What the report compares and how."""
 
@@ -165,6 +196,8 @@ class Report:
     perf: list[PerfRow]
     cells: list[CellRow]
     provenance: list[ProvenanceRow] = field(default_factory=list)
+    cost_of_chunking: list[ContrastRow] = field(default_factory=list)  # chunked − one-shot, when a run has both
+    query_dependence: list[ContrastRow] = field(default_factory=list)  # query-aware − query-agnostic, likewise
 
     @property
     def n_incomplete_cells(self) -> int:
@@ -172,8 +205,9 @@ class Report:
         return sum(1 for c in self.cells if c.run in self.meta.runs)
 
 
-RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow)
-TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow, "provenance": ProvenanceRow}
+RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow, ContrastRow)
+TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow, "provenance": ProvenanceRow,
+                           "cost_of_chunking": ContrastRow, "query_dependence": ContrastRow}
 
 #: What ``PerfRow.peak_memory_bytes`` measures, by ``memory_kind``: the label tables print for it.
 MEMORY_KINDS: dict[str, str] = {"process_rss": "process peak (RSS)", "cuda_max_allocated": "GPU peak incl. weights"}

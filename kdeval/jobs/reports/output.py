@@ -37,9 +37,10 @@ def write_report(report: Report, out_dir: str | Path, fmts: Iterable[str], title
             written[fmt] = formats.write_csv(report, out)[0]
         elif fmt == "html":
             from kdeval.jobs.reports.html import render_html
-            from kdeval.jobs.reports.plots import all_plots  # matplotlib: only when a page is written
+            from kdeval.jobs.reports.contrast_plots import contrast_plots  # matplotlib: only when a page is written
+            from kdeval.jobs.reports.plots import all_plots
 
-            plots = all_plots(report)
+            plots = all_plots(report) + contrast_plots(report)
             if plots:
                 (out / "plots").mkdir(exist_ok=True)
             for p in plots:

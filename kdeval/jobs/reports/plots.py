@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kdeval.evals.budget import Budget, budget_order, is_share, share_fraction
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.reports.model import FULL, MetricRow, Report
 from kdeval.jobs.reports.samples import task_of_label
 from kdeval.jobs.reports.views import headline_rows
@@ -116,7 +117,7 @@ def score_vs_budget(report: Report) -> list[Plot]:
             part = [r for r in rows if r.budget is None or is_share(r.budget) == shares]
             if all(r.budget is None for r in part):
                 continue
-            title = f"{metric} vs budget{' (share of the prompt)' if shares else ''} — {model}, B={chunk}"
+            title = f"{metric} vs budget{' (share of the prompt)' if shares else ''} — {model}, B={chunk_text(chunk)}"
             slug = _slug("score", model, chunk, metric, *(["share"] if shares else []))
             plots.append(Plot("score_vs_budget", title, slug, _png(budget_figure(title, part))))
     return plots
@@ -167,7 +168,7 @@ def needle_heatmaps(report: Report) -> list[Plot]:
         for budget in budgets:
             panels = [(p if b is None else f"{p} N={b}", by_cfg[(p, b)])
                       for (p, b) in sorted(by_cfg, key=lambda k: (k[0] != FULL, k[0])) if b in (None, budget)]
-            title = f"needle accuracy — {model}, B={chunk}" + (f", N={budget}" if budget else "")
+            title = f"needle accuracy — {model}, B={chunk_text(chunk)}" + (f", N={budget}" if budget else "")
             plots.append(Plot("needle_heatmap", title, _slug("needle", model, chunk, budget),
                               _png(needle_figure(title, panels))))
     return plots
@@ -216,7 +217,7 @@ def memory_vs_length(report: Report) -> list[Plot]:
     (its lengths and seeds are the points), both axes from 0."""
     plots = []
     for (model, chunk), lines in sorted(kv_memory_series(report).items()):
-        title = f"KV-cache memory vs prompt length — {model}, B={chunk}"
+        title = f"KV-cache memory vs prompt length — {model}, B={chunk_text(chunk)}"
         plots.append(Plot("memory_vs_length", title, _slug("memory", model, chunk), _png(memory_figure(title, lines))))
     return plots
 

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from kdeval.evals.budget import Budget, budget_order
 from kdeval.jobs.cells import policy_label
+from kdeval.jobs.grid import COMPRESS_NAMES
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 
 
@@ -67,10 +68,20 @@ def task_name(view: CellView) -> str:
     return task_of_label(view.task)
 
 
+def protocol_tag(spec: dict[str, Any] | None) -> str:
+    """What a policy label gets for a protocol other than the default query-aware one with decode eviction:
+    ``" [query-agnostic]"``, ``" [decode keep]"``, ... ("" for the default), so a run holding both protocols
+    keeps their cells apart."""
+    p = (spec or {}).get("protocol") or {}
+    parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
+    parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
+    return f" [{', '.join(parts)}]" if parts else ""
+
+
 def slot_of(view: CellView) -> Slot:
-    """The slot of a cell."""
-    return Slot(view.model, policy_label(view.policy, (view.spec or {}).get("policy_params") or {}),
-                view.grid_budget, int(view.chunk_size), view.task)
+    """The slot of a cell (the policy label carries a protocol other than the default: :func:`protocol_tag`)."""
+    return Slot(view.model, policy_label(view.policy, (view.spec or {}).get("policy_params") or {})
+                + protocol_tag(view.spec), view.grid_budget, int(view.chunk_size), view.task)
 
 
 def benchmark_of(task: str) -> str:
@@ -106,6 +117,30 @@ class Samples:
             return Samples(*(np.array([], dtype=d) for d in (object, object, float, float, float, object)))
         return Samples(**{name: np.concatenate([getattr(p, name) for p in parts])
                           for name in Samples.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Samples present on both sides: how many, how many on one side only, and the differences own − ref."""
+
+    n: int
+    dropped: int
+    diffs: np.ndarray
+    strata: np.ndarray     # the task of each pair
+    own: np.ndarray        # indices of the pairs in ``own``
+    ref: np.ndarray        # and in ``ref``
+
+
+def pair_samples(own: Samples, ref: Samples) -> Paired:
+    """Differences own − ref of the samples present on both sides (matched by key)."""
+    ref_at = {k: i for i, k in enumerate(ref.key)}
+    own_at = {k: i for i, k in enumerate(own.key)}
+    common = sorted(set(own_at) & set(ref_at))
+    dropped = len(set(own_at) ^ set(ref_at))
+    oi = np.array([own_at[k] for k in common], dtype=int)
+    ri = np.array([ref_at[k] for k in common], dtype=int)
+    diffs = own.score[oi] - ref.score[ri] if common else np.array([], dtype=float)
+    return Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object), oi, ri)
 
 
 @dataclass

@@ -32,6 +32,14 @@ def cells_table(report: Report, width: int) -> RenderableType | None:
     return None if view is None else render(view, width)
 
 
+def contrast_tables(report: Report, width: int) -> list[RenderableType]:
+    """The cost-of-chunking and query-dependence tables the runs hold both sides of (none, one or two)."""
+    from kdeval.jobs.reports.contrast_views import CONTRASTS, contrast_view
+
+    views = [contrast_view(report, name) for name in CONTRASTS]
+    return [render(v, width) for v in views if v is not None]
+
+
 def warning_lines(report: Report) -> list[str]:
     """The report's warnings as rich markup, one line each (printed after the tables)."""
     return [f"[bold yellow]warning:[/] {escape(w)}" for w in report.meta.warnings]

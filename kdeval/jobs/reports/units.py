@@ -20,14 +20,14 @@ from typing import Any
 
 #: The kind of each numeric field of the report's rows (fields not listed are text or plain integers).
 KINDS: dict[str, str] = {
-    **{f: "points" for f in ("value", "ref_value", "delta", "ci_low", "ci_high")},
+    **{f: "points" for f in ("value", "ref_value", "delta", "ci_low", "ci_high", "a_value", "b_value")},
     "depth": "percent",
-    **{f: "seconds" for f in ("ttft_median_s",)},
+    **{f: "seconds" for f in ("ttft_median_s", "a_ttft_s", "b_ttft_s")},
     **{f: "rate" for f in ("decode_tok_s",)},
     **{f: "ratio" for f in ("ttft_ratio", "ttft_ratio_low", "ttft_ratio_high", "decode_ratio", "decode_ratio_low",
                             "decode_ratio_high", "kv_bytes_ratio", "kv_ratio")},
     **{f: "tokens" for f in ("prompt_tokens", "peak_kv_tokens")},
-    **{f: "bytes" for f in ("peak_kv_bytes", "peak_memory_bytes", "model_weight_bytes")},
+    **{f: "bytes" for f in ("peak_kv_bytes", "peak_memory_bytes", "model_weight_bytes", "a_kv_bytes", "b_kv_bytes")},
 }
 
 #: Fewer paired samples than this and a CI says little: every output marks it with :data:`FEW_MARK`.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.evals.budget import Budget, budget_order
+from kdeval.evals.chunking import chunk_text, is_whole
 from kdeval.jobs.reports.layout import Column, TableView
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, State, memory_label
 from kdeval.jobs.reports.provenance import COMBINATION_KEYS, cell_label, combinations
@@ -62,7 +63,7 @@ class _Shared:
 
     def suffix(self) -> str:
         parts = ([self.models[0]] if self.one_model and self.models else []) + (
-            [f"B={self.chunks[0]}"] if self.one_chunk and self.chunks else [])
+            [f"B={chunk_text(self.chunks[0])}"] if self.one_chunk and self.chunks else [])
         return f" — {', '.join(parts)}" if parts else ""
 
     def columns(self) -> list[Column]:
@@ -72,7 +73,7 @@ class _Shared:
 
     def cells(self, r: Any) -> list[str]:
         return ([] if self.one_model else [r.model]) + [r.policy, budget_text(r.budget)] + (
-            [] if self.one_chunk else [str(r.chunk)])
+            [] if self.one_chunk else [chunk_text(r.chunk)])
 
 
 def _reference(report: Report) -> str:
@@ -187,7 +188,7 @@ def headline_views(report: Report) -> list[Headline]:
                 cells.append(HeadlineCell(score, points(r.delta, signed=True),
                                           interval(r.ci_low, r.ci_high, "ci_low", r.n_paired), _tone(r), r.state))
             table.append((config_label(policy, budget), cells))
-        out.append(Headline(f"{model}, B={chunk}: points, Δ vs {_reference(report)} "
+        out.append(Headline(f"{model}, B={chunk_text(chunk)}: points, Δ vs {_reference(report)} "
                             f"[{int(report.meta.confidence * 100)}% CI]", metrics, table))
     return out
 
@@ -255,6 +256,8 @@ def memory_view(report: Report) -> TableView:
                                        text(p.peak_kv_bytes, "peak_kv_bytes", kv_div), mem_x, mem])
     title = (f"memory per cell{shared.suffix()} (mem × = peak KV-cache bytes / {_reference(report)}'s; "
              f"the {peak} includes the weights)")
+    if any(is_whole(p.chunk) for p in rows):
+        title += "; B=whole: unbounded, the cache holds all that is compressed before its one eviction"
     return TableView("memory", title, cols, body, [p.state for p in rows], list(rows))
 
 

@@ -1,0 +1,46 @@
+"""A grid may list protocols (each cell runs one) and chunk size ``whole``: the cells of each protocol are exactly
+those of a grid giving that protocol alone (same ids), ``full`` runs once; bad entries name their path."""
+from __future__ import annotations
+
+import pytest
+
+from kdeval.jobs.cells import expand
+from kdeval.jobs.errors import GridError
+from kdeval.jobs.validate import parse_grid
+
+GRID = """
+models: [random:llama-tiny]
+policies: [full, keydiff]
+budgets: [64, 25%]
+chunk_sizes: [32, whole]
+tasks: [{{name: needle, lengths: [256], samples: 2, params: {{depths: [50]}}}}]
+protocol: {protocol}
+"""
+AWARE, AGNOSTIC = "{compress: prompt, decode: evict}", "{compress: context, decode: evict}"
+
+
+def ids(protocol: str) -> dict[str, object]:
+    return {c.id: c for c in expand(parse_grid(GRID.format(protocol=protocol)), version="v")}
+
+
+def test_a_protocol_list_is_the_union_of_single_protocol_grids():
+    both, aware, agnostic = ids(f"[{AWARE}, {AGNOSTIC}]"), ids(AWARE), ids(AGNOSTIC)
+    assert set(both) == set(aware) | set(agnostic)
+    assert len(both) == 2 * 1 + 2 * 2 * 2  # full per chunk size; keydiff per chunk × budget × protocol
+    whole = [c for c in both.values() if c.chunk_size == "whole"]
+    assert len(whole) == 5 and all(c.record().chunk_size == 0 for c in whole)
+    assert {c.describe().split(" B=")[1].split()[0] for c in both.values()} == {"32", "whole"}
+
+
+@pytest.mark.parametrize("protocol,message", [
+    ("[]", "protocol: a list of protocols must name at least one, each once"),
+    (f"[{AWARE}, {AWARE}]", "protocol: a list of protocols must name at least one, each once"),
+    ("[{compres: prompt}]", "protocol[0].compres: unknown field (did you mean 'compress'?)"),
+    ("[{compress: promt}]", "protocol[0].compress: Input should be 'prompt' or 'context'"),
+    ("7", "protocol: expected a mapping or a list of mappings, got 7"),
+])
+def test_bad_protocols_name_their_path(protocol, message):
+    with pytest.raises(GridError) as e:
+        parse_grid(GRID.format(protocol=protocol))
+    assert [str(i) for i in e.value.issues if str(i).startswith("protocol")] == [
+        next(str(i) for i in e.value.issues if str(i).startswith(message))]
