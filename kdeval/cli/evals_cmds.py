@@ -22,7 +22,7 @@ def tasks_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
     from kdeval.jobs.reports.layout import Column, TableView, render
 
     view = TableView("tasks", f"{len(specs)} tasks (`kdeval score TASK` and grids name them as printed)",
-                     [Column("task", key=True), Column("benchmark"), Column("metric"), Column("data source", fold=True)],
+                     [Column("task", key=True), Column("benchmark"), Column("metric", fold=True), Column("data source", fold=True)],
                      [[s.name, s.benchmark, s.metric, s.source] for s in specs])
     console = Console()
     console.print(render(view, console.width))  # task names stay whole: they are typed as printed
