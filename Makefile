@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kdeval-installed
 DATA_DIR ?= $(abspath ../shared/data)
 
-.PHONY: venv test demo bench clean-venv
+.PHONY: venv test demo docs bench clean-venv
 
 venv: $(STAMP)
 
@@ -29,6 +29,10 @@ demo: venv
 	$(BIN)/kdeval submit examples/demo.yaml --db $(DEMO)/index.sqlite --results-dir $(DEMO)/results; rc=$$?; \
 	$(BIN)/kdeval report --db $(DEMO)/index.sqlite --compare full --format table,html --out $(DEMO)/report || rc=$$?; \
 	exit $$rc
+
+# The reference pages generated from the code (a test fails when the committed ones differ).
+docs: venv
+	$(BIN)/python -m kdeval.cli.reference docs/reference
 
 bench: venv
 	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python bench/engine.py

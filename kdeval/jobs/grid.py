@@ -81,27 +81,35 @@ class ModelSpec(_Strict):
     the scheduler benchmark). Remote code is never trusted from a grid file.
     """
 
-    id: Name(300)
-    dtype: DType = "auto"  # the model's own dtype on a GPU, float32 on a CPU
-    attn_implementation: AttnImpl = "sdpa"
-    revision: Name(200) | None = None
+    id: Name(300) = Field(description="A known name (`smollm2-135m`, `random:llama-tiny`, `random:qwen2-tiny`), "
+                          "a hub id or a local path of a decoder-only model.")
+    dtype: DType = Field("auto", description="Weights' dtype; `auto` is the model's own dtype on a GPU and "
+                         "float32 on a CPU.")
+    attn_implementation: AttnImpl = Field("sdpa", description="transformers' attention implementation; "
+                                          "`flash_attention_2` needs the optional `flash` extra.")
+    revision: Name(200) | None = Field(None, description="A hub revision (branch, tag or commit) to pin.")
 
 
 class PolicySpec(_Strict):
     """An eviction policy by registry name and its parameters (validated by the policy itself)."""
 
-    name: Name(100)
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: Name(100) = Field(description="A registered policy name (`kdeval policies`).")
+    params: dict[str, Any] = Field(default_factory=dict, description="The policy's parameters; unset ones take "
+                                   "the policy's defaults, unknown ones are errors.")
 
 
 class TaskSpec(_Strict):
     """A task: registry name, prompt lengths (synthetic tasks), samples per cell, seeds."""
 
-    name: Name(200)
-    lengths: list[int] | None = Field(default=None, min_length=1)
-    samples: int = Field(default=8, ge=1, le=100_000)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: Name(200) = Field(description="A registered task name (`kdeval tasks`).")
+    lengths: list[int] | None = Field(default=None, min_length=1, description="Prompt lengths in tokens, each "
+                                      "its own cell; null for tasks with natural lengths (datasets).")
+    samples: int = Field(default=8, ge=1, le=100_000, description="Samples per cell (a task with fewer runs "
+                         "what it has, and says so).")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds passed to the task, "
+                             "each its own cell (they vary generated samples).")
+    params: dict[str, Any] = Field(default_factory=dict, description="The task's parameters (`source: hub`, "
+                                   "needle `depths`, ...): see the task reference.")
 
     @field_validator("lengths")
     @classmethod
@@ -119,9 +127,12 @@ class GenerationSpec(_Strict):
     ``keep`` scores the whole output; ``strip`` scores what follows a reasoning model's thinking block
     (``kdeval.evals.thinking``); part of a cell's id only when set to ``strip``."""
 
-    max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    batch_size: int | None = Field(default=None, ge=1, le=1024)
-    thinking: Literal["keep", "strip"] = "keep"
+    max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000, description="Bounds every task's "
+                                       "generation; null: each task's official length.")
+    batch_size: int | None = Field(default=None, ge=1, le=1024, description="Samples sent through the engine "
+                                   "together; not part of a cell's id. null: chosen per worker.")
+    thinking: Literal["keep", "strip"] = Field("keep", description="`keep` scores the whole output; `strip` "
+                                               "scores what follows a reasoning model's thinking block.")
 
 
 class ProtocolSpec(_Strict):
@@ -133,8 +144,12 @@ class ProtocolSpec(_Strict):
     ``keep`` (no eviction after the prompt).
     """
 
-    compress: Literal["prompt", "context"] = "prompt"
-    decode: Literal["evict", "keep"] = "evict"
+    compress: Literal["prompt", "context"] = Field("prompt", description="`prompt` (query-aware): every chunk "
+                                                   "of the whole prompt is compressed; `context` "
+                                                   "(query-agnostic): only the context, the question is never "
+                                                   "evicted.")
+    decode: Literal["evict", "keep"] = Field("evict", description="`evict`: eviction continues after every "
+                                             "generated token; `keep`: no eviction after the prompt.")
 
     @property
     def label(self) -> str:
@@ -162,8 +177,11 @@ class EngineSpec(_Strict):
     and H2O score with in a half-precision model, ``model`` (its own precision, float32 softmax) or ``float32``.
     """
 
-    cuda_graphs: bool | None = None
-    score_precision: str = "model"  # its allowed values are the engine's (kdeval.jobs.validate checks them)
+    cuda_graphs: bool | None = Field(None, description="Capture the chunk and decode steps as CUDA graphs; "
+                                     "null: on wherever CUDA is; `true` needs GPU workers.")
+    # its allowed values are the engine's (kdeval.jobs.validate checks them)
+    score_precision: str = Field("model", description="Attention logits of TOVA, SnapKV and H2O in a "
+                                 "half-precision model: `model` (its own precision) or `float32`.")
 
     def options(self) -> dict[str, Any]:
         """The non-default options (what a cell's description and the worker's engine take)."""
@@ -173,34 +191,48 @@ class EngineSpec(_Strict):
 class ResourceSpec(_Strict):
     """Workers: how many, and what each holds (GPUs pinned by Ray's ``accelerator_type``)."""
 
-    workers: int = Field(default=1, ge=1, le=4096)
-    shard_size: int = Field(default=32, ge=1, le=100_000)  # samples per unit of work the scheduler hands out
-    cpus_per_worker: float = Field(default=1.0, gt=0, le=1024)  # more than a node has: Ray would wait forever
-    gpus_per_worker: float = Field(default=0.0, ge=0)
-    accelerator_type: Name(100) | None = None
+    workers: int = Field(default=1, ge=1, le=4096, description="Ray worker actors, each holding one loaded "
+                         "model across cells.")
+    shard_size: int = Field(default=32, ge=1, le=100_000, description="Samples per unit of work the scheduler "
+                            "hands out; a killed worker loses at most one shard. Changes no result.")
+    cpus_per_worker: float = Field(default=1.0, gt=0, le=1024, description="CPUs each worker reserves (more "
+                                   "than a node has and Ray would wait forever).")
+    gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs each worker holds: 0 (CPU workers) or "
+                                   "1; more is refused.")
+    accelerator_type: Name(100) | None = Field(None, description="Ray's accelerator type workers are pinned to "
+                                               "(`A100`, `H100`, ...).")
 
 
 class RetrySpec(_Strict):
     """Attempt caps and an optional per-cell time limit."""
 
-    max_attempts: int = Field(default=3, ge=1, le=100)
-    cell_timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400)  # 30 days
+    max_attempts: int = Field(default=3, ge=1, le=100, description="Attempts per unit of work before its cell "
+                              "is marked failed.")
+    cell_timeout_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="Seconds a shard may "
+                                         "run before its worker is replaced and the attempt counts as failed (at "
+                                         "most 30 days); null: no limit.")
 
 
 class GridSpec(_Strict):
     """A whole grid file."""
 
-    name: Name(200) = "grid"
-    models: list[ModelSpec] = Field(min_length=1)
-    policies: list[PolicySpec] = Field(min_length=1)
-    budgets: list[BudgetValue] = Field(default_factory=list)
-    chunk_sizes: list[ChunkValue] = Field(min_length=1)
-    tasks: list[TaskSpec] = Field(min_length=1)
-    generation: GenerationSpec = Field(default_factory=GenerationSpec)
-    protocol: ProtocolSpec | list[ProtocolSpec] = Field(default_factory=ProtocolSpec)
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    resources: ResourceSpec = Field(default_factory=ResourceSpec)
-    retries: RetrySpec = Field(default_factory=RetrySpec)
+    name: Name(200) = Field("grid", description="The grid's name (runs and reports show it; not part of a "
+                            "cell's id).")
+    models: list[ModelSpec] = Field(min_length=1, description="Models; a bare string is the model's `id`.")
+    policies: list[PolicySpec] = Field(min_length=1, description="Policies; a bare string is the policy's `name`.")
+    budgets: list[BudgetValue] = Field(default_factory=list, description="N: tokens kept per layer and KV head, "
+                                       "or a share of each prompt (`25%`). Each value once; may be empty when "
+                                       "every policy is `full`.")
+    chunk_sizes: list[ChunkValue] = Field(min_length=1, description="B: prompt tokens per chunk, or `whole` "
+                                          "(one chunk of all that is compressed: one-shot). Each value once.")
+    tasks: list[TaskSpec] = Field(min_length=1, description="Tasks; a bare string is the task's `name`.")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="Decoding settings of every "
+                                       "cell.")
+    protocol: ProtocolSpec | list[ProtocolSpec] = Field(default_factory=ProtocolSpec, description="What the "
+                                                        "budget applies to; a list runs each.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine options that change results.")
+    resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Workers and what each holds.")
+    retries: RetrySpec = Field(default_factory=RetrySpec, description="Attempt caps and time limits.")
 
     @field_validator("models", "policies", "tasks", mode="before")
     @classmethod

@@ -22,13 +22,19 @@ class TrackedMetric(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metric: str = Field(default="*", min_length=1)   # "needle", "ruler.avg", "longbench.*", "*"
-    policy: str = Field(default="*", min_length=1)   # "keydiff", "snapkv*", "*"
-    max_drop: float = Field(ge=0.0)                  # points (0-100 scale)
+    metric: str = Field(default="*", min_length=1, description="An fnmatch pattern on the score row's name: "
+                        "`needle`, `ruler.avg`, `longbench.*`, `*`.")
+    policy: str = Field(default="*", min_length=1, description="An fnmatch pattern on the policy: `keydiff`, "
+                        "`snapkv*`, `*`.")
+    max_drop: float = Field(ge=0.0, description="Points (0-100 scale): fail when the drop and its CI's bound "
+                            "are both beyond it.")
     # opt-in speed and memory gates against the baseline's same cell (see kdeval.jobs.nightly_speed)
-    max_ttft_ratio: float | None = Field(default=None, gt=0.0)     # fail when TTFT's ratio CI is all above
-    min_decode_ratio: float | None = Field(default=None, gt=0.0)   # fail when decode tok/s ratio CI is all below
-    max_kv_bytes_ratio: float | None = Field(default=None, gt=0.0)  # fail when peak KV bytes grow beyond (exact)
+    max_ttft_ratio: float | None = Field(default=None, gt=0.0, description="Fail when the CI of TTFT's ratio "
+                                         "to the baseline is all above it.")
+    min_decode_ratio: float | None = Field(default=None, gt=0.0, description="Fail when the CI of decode "
+                                           "tokens/s's ratio to the baseline is all below it.")
+    max_kv_bytes_ratio: float | None = Field(default=None, gt=0.0, description="Fail when peak KV bytes grow "
+                                             "beyond this ratio to the baseline (exact).")
 
     def matches(self, row: MetricRow) -> bool:
         return fnmatch.fnmatchcase(row.metric, self.metric) and fnmatch.fnmatchcase(row.policy, self.policy)
@@ -43,9 +49,10 @@ class DriftSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    nights: int = Field(default=3, ge=1)           # K: the last K nights against the K before them
-    max_drop: float = Field(default=2.0, ge=0.0)   # points: the mean drop the CI must exceed to flag
-    fail: bool = False                             # True: a flagged drift also fails the night
+    nights: int = Field(default=3, ge=1, description="K: the last K nights against the K before them.")
+    max_drop: float = Field(default=2.0, ge=0.0, description="Points: the mean drop that, with its CI, flags "
+                            "a drift.")
+    fail: bool = Field(False, description="`true`: a flagged drift also fails the night.")
 
 
 class NightlySpec(BaseModel):
@@ -53,19 +60,26 @@ class NightlySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    baseline: str = Field(default="last", min_length=1)
-    tracked: list[TrackedMetric] = Field(min_length=1)
-    report_dir: str = ".kdeval/nightly"
-    formats: list[str] = Field(default_factory=lambda: ["html", "json", "md"])
-    resamples: int = Field(default=2000, ge=0)
-    seed: int = 0
-    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
-    fail_on_failed_cells: bool = True
-    levels: list[str] = Field(default_factory=lambda: ["task", "benchmark"])  # which score rows are gated
-    reuse: Literal["never", "unchanged"] = "never"   # see kdeval.jobs.nightly_env
-    drift: DriftSpec = DriftSpec()
-    on_fail: str | None = Field(default=None, min_length=1)  # a command (no shell), the gate.json path appended
-    on_fail_timeout_s: float = Field(default=120.0, gt=0.0)
+    baseline: str = Field(default="last", min_length=1, description="`last`: the last nightly of the same "
+                          "grid that passed; or a run id to pin.")
+    tracked: list[TrackedMetric] = Field(min_length=1, description="The metrics the gate watches.")
+    report_dir: str = Field(".kdeval/nightly", description="Where each night's reports, `gate.json` and the "
+                            "history go.")
+    formats: list[str] = Field(default_factory=lambda: ["html", "json", "md"], description="Report formats "
+                               "written each night: some of md, csv, json, html.")
+    resamples: int = Field(default=2000, ge=0, description="Bootstrap resamples of each CI.")
+    seed: int = Field(0, description="The bootstrap's seed.")
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0, description="The CIs' confidence level.")
+    fail_on_failed_cells: bool = Field(True, description="A night with failed cells fails.")
+    levels: list[str] = Field(default_factory=lambda: ["task", "benchmark"], description="Which score rows are "
+                              "gated: some of task, benchmark, detail.")
+    reuse: Literal["never", "unchanged"] = Field("never", description="`unchanged`: reuse a cell from a night "
+                                                 "with the same source hash, library versions, device and "
+                                                 "dtype; `never`: compute every night afresh.")
+    drift: DriftSpec = Field(DriftSpec(), description="The slow-drift rule over the history.")
+    on_fail: str | None = Field(default=None, min_length=1, description="A command (split like a shell, run "
+                                "without one) run with the `gate.json` path appended when the night fails.")
+    on_fail_timeout_s: float = Field(default=120.0, gt=0.0, description="Seconds `on_fail` may run.")
 
     @field_validator("formats")
     @classmethod
