@@ -113,7 +113,7 @@ def test_results_directory_reads_alone_with_pyarrow_and_pandas(done_run):
 
 
 def test_cells_with_different_columns_read_as_one_dataset_with_unified_schemas(tmp_path):
-    """The README snippet for results of several tasks: a column null in one cell and float in another,
+    """The docs/reports.md snippet for results of several tasks: a column null in one cell and float in another,
     a metric column present in one task only."""
     cells = expand(parse_grid(GRID))
     a, b = cells[0], cells[1]
@@ -122,7 +122,7 @@ def test_cells_with_different_columns_read_as_one_dataset_with_unified_schemas(t
     pq.write_table(self_describing([{"id": "x", "depth": None}], a, "r"), root / "a.parquet")
     pq.write_table(self_describing([{"id": "y", "depth": 25.0, "rouge": 0.5}], b, "r"), root / "b.parquet")
 
-    # --- the README snippet (imports: pathlib.Path, pyarrow as pa, pyarrow.dataset as ds, pyarrow.parquet as pq)
+    # --- the docs/reports.md snippet (imports: pathlib.Path, pyarrow as pa, pyarrow.dataset as ds, pyarrow.parquet as pq)
     files = [str(p) for p in Path(root).rglob("*.parquet") if not p.name.startswith("_")]
     schema = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
     table = ds.dataset(files, schema=schema).to_table(filter=ds.field("policy") == b.policy)
