@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,12 @@ def test_the_marks_are_found(tmp_path):
     assert (a.mark, a.reason, a.kind) == ("not run", "needs a Ray cluster", "bash")
     assert c.mark is None and commands(c) == "kdeval ls \\\n  --db x\nkdeval status\n"
     assert y.file_name == "g.yaml" and y.text.startswith("# g.yaml\n")
+
+
+def test_relative_links_point_at_files_in_the_repository():
+    for page in [*pages(), *sorted((REPO / "docs" / "reference").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: link to missing {target}"
