@@ -108,6 +108,11 @@ def _leaves(tp: Any) -> list[Any]:
     return [tp] if not args else [leaf for a in args for leaf in _leaves(a)]
 
 
+def _cell(text: str) -> str:
+    """Text for one table cell: one line, pipes escaped, ``<`` as an entity (not a tag)."""
+    return text.replace("\n", " ").replace("|", "\\|").replace("<", "&lt;")
+
+
 def _markdown(text: str) -> str:
     """A docstring as Markdown: reST's double backticks as single ones."""
     return inspect.cleandoc(text or "").replace("``", "`")
@@ -117,7 +122,7 @@ def _model_section(model: type[BaseModel], where: str, titles: dict[type[BaseMod
     prefix = f"{where}." if where else ""
     rows = ["| field | type | default | constraints | meaning |", "|---|---|---|---|---|"]
     for name, info in model.model_fields.items():
-        meaning = (info.description or "").replace("\n", " ").replace("|", "\\|")
+        meaning = _cell(info.description or "")
         rows.append(f"| `{prefix}{name}` | {_type_name(info.annotation, titles)} | {_default(info)} | "
                     f"{_constraints(info)} | {meaning} |")
     doc = _markdown(model.__doc__ or "")
@@ -155,7 +160,7 @@ def policies_page() -> str:
             "|---|---|---|---|"]
     for i in infos:
         params = ", ".join(f"`{p.name}={p.default!r}`" for p in i.params) or "—"
-        rows.append(f"| `{i.name}` | {i.rule.replace('|', '/')} | {params} | {i.cost} |")
+        rows.append(f"| `{i.name}` | {_cell(i.rule)} | {params} | {_cell(i.cost)} |")
     return (HEADER.format(cmd=REGENERATE, source="the policy registry (`kdeval policies`)")
             + f"# Policies\n\n{len(infos)} policies. A grid names one as `{{name: NAME, params: {{...}}}}`; "
             "`kdeval generate --policy NAME --param key=value` runs one on a prompt.\n\n" + "\n".join(rows) + "\n")
@@ -168,8 +173,8 @@ def tasks_page() -> str:
     rows = ["| task | benchmark | metric | data source | parameters (default) |", "|---|---|---|---|---|"]
     for spec in REGISTRY.values():
         params = ", ".join(f"`{k}={v!r}`" for k, v in spec.params().items()) or "—"
-        rows.append(f"| `{spec.name}` | {spec.benchmark} | {spec.metric.replace('|', '/')} | "
-                    f"{spec.source.replace('|', '/').replace('<', '&lt;')} | {params} |")
+        rows.append(f"| `{spec.name}` | {spec.benchmark} | {_cell(spec.metric)} | "
+                    f"{_cell(spec.source)} | {params} |")
     return (HEADER.format(cmd=REGENERATE, source="the task registry (`kdeval tasks`)")
             + f"# Tasks\n\n{len(REGISTRY)} tasks. A grid names one as `{{name: TASK, lengths: [...], "
             "samples: N, params: {...}}`.\n\n" + "\n".join(rows) + "\n")
