@@ -27,7 +27,11 @@ __all__ = [
 
 def __getattr__(name: str):
     """Lazy access to the runner (it imports torch)."""
-    if name in ("run_task", "aggregate", "EvalRow", "build_prompts"):
+    if name == "EvalRow":
+        from kdeval.evals.rows import EvalRow
+
+        return EvalRow
+    if name in ("run_task", "aggregate", "build_prompts"):
         from kdeval.evals import runner
 
         return getattr(runner, name)

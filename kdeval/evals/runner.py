@@ -1,6 +1,6 @@
 """Running one task: (model, policy, budget, chunk size, task, samples) -> per-sample rows.
 
-Rows are flat dicts of JSON-able scalars and lists (:class:`EvalRow`), ready for Parquet.
+Rows are flat dicts of JSON-able scalars and lists (:class:`kdeval.evals.rows.EvalRow`), ready for Parquet.
 Consecutive samples whose prompt prefix (the context) is identical share one prefill: the context
 is compressed once and every question continues from a fork of that state.
 
@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 from itertools import groupby
-from typing import Any, Iterable, Mapping, Sequence, TypedDict
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -41,8 +40,8 @@ from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_posit
 from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.chunking import WHOLE, ChunkSize, resolve_chunk
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
-from kdeval.evals.scoring import score_row_fields
-from kdeval.evals.thinking import THINKING_MODES, scored_text, thinking_markers
+from kdeval.evals.rows import result_row
+from kdeval.evals.thinking import THINKING_MODES, thinking_markers
 
 #: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
 #: arguments, and each sample sets its generation length.
@@ -67,44 +66,6 @@ def engine_options() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_ENGINE_OPTIONS)
 
 
-class EvalRow(TypedDict):
-    """One scored sample of one run (the Parquet row schema).
-
-    Metric sub-scores (e.g. ``rouge_l_recall``, ``has_boxed``) are added as extra float columns
-    named after the sub-score; ``length`` and ``depth`` are copied out of ``meta`` when present. With
-    ``thinking="strip"`` a string column ``answer`` holds the scored text (``prediction`` less its thinking block).
-    """
-
-    task: str                  # registry name, e.g. "ruler.niah_single_1"
-    id: str                    # stable sample id (pairs runs item by item)
-    prompt_hash: str           # sha256[:16] of the exact prompt token ids
-    prompt_tokens: int         # prompt length fed to the model
-    truncated: bool            # middle truncation happened
-    removed_tokens: int        # tokens removed by the truncation
-    chat_template: bool        # the chat template was applied
-    context_shared: bool       # the context prefill was shared with other questions
-    shared_prefill_s: float    # seconds of the shared context prefill (0.0 when not shared)
-    prediction: str            # decoded generation (special tokens skipped)
-    generated_tokens: int      # number of generated tokens (eos excluded)
-    references: list[str]      # acceptable answers
-    score: float               # the task's per-sample score in [0, 1]
-    ttft_s: float              # time to first token of this generate call
-    timing_batch: int          # rows timed by one generate call share it (and ttft_s): one timing, not several
-    decode_s: float            # decoding time
-    peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
-    memory_kind: str           # what peak_memory_bytes is: "process_rss" or "cuda_max_allocated"
-    peak_kv_tokens: int        # most tokens held in the KV cache per layer
-    peak_kv_bytes: int         # most bytes of K/V tensors the cache had allocated during the call, all layers
-    model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
-    kept_tokens: int           # tokens in the cache at the end
-    resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
-    resolved_chunk: int        # B this sample was prefilled with (under chunk size "whole": the tokens compressed)
-    compressed_tokens: int     # tokens of what is compressed: the prompt, or its context under compress="context"
-    length: int | None         # target length (synthetic tasks)
-    depth: float | None        # needle depth in percent (needle, phonebook)
-    meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
-
-
 def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any:
     if isinstance(policy, str):
         from kdeval.keydiff.registry import get_policy
@@ -119,47 +80,6 @@ def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
     """Runs of consecutive prompt indices whose prefix token ids are identical."""
     for _, run in groupby(range(len(prompts)), key=lambda i: prompts[i].prefix_ids):
         yield list(run)
-
-
-def _row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
-         shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None,
-         chunk: int = 0, context_only: bool = False, strip: tuple[str, str] | None = None,
-         timing_batch: int = 0) -> dict[str, Any]:
-    meta = dict(sample.meta)
-    row: dict[str, Any] = {
-        "task": task.name,
-        "id": sample.id,
-        "prompt_hash": prompt.hash,
-        "prompt_tokens": prompt.n_tokens,
-        "truncated": prompt.truncated,
-        "removed_tokens": prompt.removed_tokens,
-        "chat_template": prompt.used_chat_template,
-        "context_shared": shared,
-        "shared_prefill_s": float(shared_s),
-        "prediction": text,
-        "generated_tokens": int(n_gen),
-        "references": list(sample.references),
-        "ttft_s": float(stats.get("ttft_s", 0.0)),
-        "timing_batch": int(timing_batch),
-        "decode_s": float(stats.get("decode_s", 0.0)),
-        "peak_memory_bytes": int(stats.get("peak_memory_bytes", 0)),
-        "memory_kind": str(stats.get("memory_kind", "")),
-        "peak_kv_tokens": int(stats.get("peak_kv_tokens", 0)),
-        "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
-        "model_weight_bytes": int(weight_bytes),
-        "kept_tokens": int(stats.get("kept_tokens", 0)),
-        "resolved_budget": budget,
-        "resolved_chunk": int(chunk),
-        "compressed_tokens": len(prompt.prefix_ids) if context_only else prompt.n_tokens,
-        "length": meta.pop("length", None),
-        "depth": meta.pop("depth", None),
-        "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),
-    }
-    answer = text
-    if strip is not None:  # thinking="strip": score the text after the thinking block, keep the raw prediction
-        answer = row["answer"] = scored_text(text, "strip", strip)
-    row.update(score_row_fields(task, answer, sample.references, sample.meta))
-    return row
 
 
 def _select(task: Task, samples: Sequence[Sample], sample_ids: Sequence[str] | None,
@@ -229,7 +149,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
              decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1,
              thinking: str = "keep") -> list[dict[str, Any]]:
-    """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one :class:`EvalRow` per sample.
+    """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one row per sample
+    (:class:`kdeval.evals.rows.EvalRow`).
 
     Args:
         lm: the loaded model (``model``, ``tokenizer``, ``max_context``).
@@ -340,7 +261,7 @@ def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[B
                                eos_token_id=eos, state=fork, protect_last=len(p.suffix_ids) if context_only else 0,
                                decode_evict=decode_evict)
             gen = res.tokens[0]
-            rows.append(_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
+            rows.append(result_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
                              weight_bytes, eng.config.budget if eng.evicting else None, eng.config.chunk_size,
                              context_only, strip, timing_batch=len(rows)))
             if not shared:
@@ -384,7 +305,7 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
             decode_evict=decode_evict)
         for (i, _, shared, shared_s), r in zip(queue, res):
             gen = r.tokens[0]
-            rows[i] = _row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
+            rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
                            shared_s, weight_bytes, eng.config.budget if eng.evicting else None,
                            eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
         batches[0] += 1

@@ -81,18 +81,18 @@ def test_markers_come_from_the_tokenizer():
 
 def test_row_scores_the_stripped_answer_and_keeps_the_raw_prediction():
     from kdeval.evals.prompting import BuiltPrompt
-    from kdeval.evals.runner import _row
+    from kdeval.evals.rows import result_row
 
     task = get_scorer("math500")
     sample = Sample(id="s", prefix="p", suffix="q", references=("9",), max_new_tokens=8)
     prompt = BuiltPrompt((1,), (2,), False, 0, False)
     raw = "<think>maybe \\boxed{8}</think> so \\boxed{9}"
-    kept = _row(task, sample, prompt, raw, 9, {}, False, 0.0)
-    stripped = _row(task, sample, prompt, raw, 9, {}, False, 0.0, strip=("<think>", "</think>"))
+    kept = result_row(task, sample, prompt, raw, 9, {}, False, 0.0)
+    stripped = result_row(task, sample, prompt, raw, 9, {}, False, 0.0, strip=("<think>", "</think>"))
     assert kept["score"] == 1.0 and "answer" not in kept  # the last box of the whole output happens to be right
     unfinished = "<think>maybe \\boxed{9}"
-    assert _row(task, sample, prompt, unfinished, 9, {}, False, 0.0)["score"] == 1.0
-    row = _row(task, sample, prompt, unfinished, 9, {}, False, 0.0, strip=("<think>", "</think>"))
+    assert result_row(task, sample, prompt, unfinished, 9, {}, False, 0.0)["score"] == 1.0
+    row = result_row(task, sample, prompt, unfinished, 9, {}, False, 0.0, strip=("<think>", "</think>"))
     assert row["score"] == 0.0 and row["answer"] == "" and row["prediction"] == unfinished
     assert stripped["prediction"] == raw and stripped["answer"] == "so \\boxed{9}" and stripped["score"] == 1.0
 

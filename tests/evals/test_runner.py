@@ -9,7 +9,8 @@ import pytest
 from kdeval.evals.base import ContextTooLongError, EvalError
 from kdeval.evals.prompting import PromptBuilder
 from kdeval.evals.registry import get_task
-from kdeval.evals.runner import EvalRow, aggregate, build_prompts, run_task
+from kdeval.evals.rows import EvalRow
+from kdeval.evals.runner import aggregate, build_prompts, run_task
 
 
 @pytest.fixture(scope="module")
