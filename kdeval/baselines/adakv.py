@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import policy_class, policy_names, register
+from kdeval.keydiff.registry import register, registered
 from kdeval.names import suggest
 
 
 def per_head_reason(name: str) -> str | None:
     """Why policy ``name`` (at its defaults) cannot score a head-shared pool's heads, or ``None`` when it can."""
-    cls = policy_class(name)
+    cls = registered()[name]
     if not cls.evicts:
         return "does not score tokens"
     if issubclass(cls, AdaKV):
@@ -53,15 +53,15 @@ class AdaKV(Policy):
         a = self.alpha_safeguard
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < 1:
             raise ValueError(f"alpha_safeguard: must be a number in [0, 1), got {a!r}")
-        if not isinstance(self.inner, str) or self.inner not in policy_names():
-            known = [n for n in policy_names() if per_head_reason(n) is None]
+        if not isinstance(self.inner, str) or self.inner not in registered():
+            known = [n for n in sorted(registered()) if per_head_reason(n) is None]
             raise ValueError(f"inner: unknown policy {self.inner!r}{suggest(str(self.inner), known)} "
                              f"(policies it can wrap: {', '.join(known)})")
         why = per_head_reason(self.inner)
         if why is not None:
             raise ValueError(f"inner: policy {self.inner!r} {why}; AdaKV wraps a policy that scores each head's "
                              f"own tokens")
-        self._inner: Policy = policy_class(self.inner)()
+        self._inner: Policy = registered()[self.inner]()
 
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, over a pool shared by the layer's heads."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import policy_class, policy_names, register
+from kdeval.keydiff.registry import register, registered
 from kdeval.names import suggest
 
 
@@ -66,12 +66,12 @@ class ChunkKV(Policy):
             raise ValueError(f"heads: expected 'all' or 'each', got {self.heads!r}")
         # ChunkKV ranks the groups of every KV head alike; a policy that shares slots among heads (AdaKV)
         # chooses per layer, across heads, and is not an inner scorer
-        names = policy_names()
-        scorer = self.inner in names and self.inner != self.name and policy_class(self.inner).evicts
-        inner = policy_class(self.inner)() if scorer else None
+        names = sorted(registered())
+        scorer = self.inner in names and self.inner != self.name and registered()[self.inner].evicts
+        inner = registered()[self.inner]() if scorer else None
         if inner is None or inner.needs().shares_heads:  # the list of valid names is built for the message only
-            known = [n for n in names if n != self.name and policy_class(n).evicts
-                     and not policy_class(n)().needs().shares_heads]
+            known = [n for n in names if n != self.name and registered()[n].evicts
+                     and not registered()[n]().needs().shares_heads]
             if self.inner == self.name:
                 why = f"cannot be {self.name!r} itself"
             elif inner is not None:

@@ -59,9 +59,8 @@ def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list
     import inspect
     from pathlib import Path
 
-    import kdeval.baselines  # noqa: F401 - registers every policy
+    from kdeval.baselines import policy_class
     from kdeval.keydiff import policy as interface
-    from kdeval.keydiff.registry import policy_class
     from kdeval.version import PACKAGE_ROOT
 
     files = []

@@ -39,12 +39,10 @@ import torch
 from kdeval.keydiff.attention import (CAPTURE_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation,
                                      static_mask)
 from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
-from kdeval.keydiff.blocks import CompiledBlocks
 from kdeval.keydiff.cache import BudgetCache, EmptySlots
-from kdeval.keydiff.config import EngineConfig, Experimental
+from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.continuation import check_continuable, checked_layer_budgets
-from kdeval.keydiff.eviction import Eviction, compiled_score, plain_score
-from kdeval.keydiff.flex_static import static_block_mask
+from kdeval.keydiff.eviction import Eviction
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.headpool import POOL_IMPL, HeadPoolCache
 from kdeval.keydiff.memory import PeakMemory
@@ -59,15 +57,14 @@ class Engine(Eviction):
     def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
                  on_step: Callable[[PrefillState], None] | None = None,
                  on_batch_step: Callable[[BatchView], None] | None = None, *, store: str = "slot",
-                 emulate_graphs: bool = False, experimental: Experimental | None = None):
+                 emulate_graphs: bool = False):
         """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing);
         ``on_batch_step(view)`` after every step of :meth:`generate_batch`.
 
         For tests and ``bench/`` only, not user options: ``store="gather"`` keeps the cache in transformers'
         growing layers, evicted by gathering (the reference the default slot store is checked against);
         ``emulate_graphs`` runs the graph path's static layout with plain calls instead of graph replays (on a
-        CPU; on CUDA, the eager reference the captured graphs are checked against); ``experimental``: the GPU
-        speed options ``bench/`` times (:class:`~kdeval.keydiff.config.Experimental`)."""
+        CPU; on CUDA, the eager reference the captured graphs are checked against)."""
         self.model = model
         self.on_step = on_step
         self.on_batch_step = on_batch_step
@@ -75,7 +72,6 @@ class Engine(Eviction):
         self.config = config
         self.store = store
         self.emulate_graphs = emulate_graphs
-        self.experimental = experimental or Experimental()
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         self.max_context = int(getattr(cfg, "max_position_embeddings", 0) or 0)
@@ -99,8 +95,6 @@ class Engine(Eviction):
         if config.cuda_graphs and self.device.type != "cuda" and not emulate_graphs:
             raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {self.device.type})")
         graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
-        ex = self.experimental
-        ex.check(config.budget, self.device, next(model.parameters()).dtype)
         #: graphs imply the static slot layout (same shapes for every full chunk, from the first one on)
         # Graphs run one captured step per chunk shape: not when scores read the host's step count (a graph
         # would freeze it), keep a query window between steps or re-rotate every kept key, nor when layers keep
@@ -108,10 +102,6 @@ class Engine(Eviction):
         self.use_graphs = (graphs and self.evicting and store == "slot" and self.uniform
                            and not self.policy_needs.reads_step and self.query_need is None and not self.rerotate
                            and not self.shares_heads)
-        self.fused = self.use_graphs and ex.fuse_layers and not self.policy_needs.reads_layer
-        self.compiled_scoring = self.use_graphs and ex.compile_scoring
-        self._score = compiled_score() if self.compiled_scoring else plain_score
-        self._blocks = CompiledBlocks(model) if self.use_graphs and ex.compile_blocks else None
         cfg = model.config
         self.group = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
@@ -135,7 +125,7 @@ class Engine(Eviction):
             cache = HeadPoolCache(self.num_layers, self.store, cap)
         else:
             cache = BudgetCache(self.num_layers, self.store, cap, state_names,
-                                static_base=self.config.budget if self.use_graphs else None, fused=self.fused)
+                                static_base=self.config.budget if self.use_graphs else None)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = self.rerotate
         return PrefillState(cache, 0, torch.empty(0))
@@ -356,18 +346,11 @@ class Engine(Eviction):
             cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
             phase = self.phase(cache, t)  # from host bookkeeping, exact
             empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
-            flex = self.experimental.flex_attention and t in (self.config.chunk_size, 1)  # the graphs' shapes only
-            if flex:
-                kwargs["kdeval_flex"] = static_block_mask(n, t, cached, ids.device)
-            elif phase == "full" and self.experimental.attention_splits:
-                kwargs["kdeval_splits"] = self.experimental.attention_splits
-            # A full head needs no mask (lower-right causal); with flex only captured rows read the dense one.
-            # A 4-D mask reaches the attention function as it is.
-            if phase != "full" and (capture is not None or not flex):
+            # A full head needs no mask (lower-right causal); a 4-D mask reaches the attention function as it is.
+            if phase != "full":
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, self.group)
-        blocks = self._blocks.active() if self._blocks is not None else contextlib.nullcontext()
         queries = capture_queries(self.model) if self.query_need is not None else contextlib.nullcontext()
-        with attention_implementation(self.model, impl), blocks, queries as captured:
+        with attention_implementation(self.model, impl), queries as captured:
             out = self.model(
                 input_ids=ids,
                 position_ids=self._rope_positions(cache, positions).unsqueeze(0).expand(ids.shape[0], t),

@@ -1,18 +1,14 @@
 """Eviction after a step: score the cached tokens, keep the protected ones, free the rest down to the budget.
 
 A mixin of :class:`kdeval.keydiff.engine.Engine` (its ``config``, ``policy``, ``policy_needs``, ``evicting`` and
-``_score``): the engine's half that runs after the forward, per layer or, on the static layout with the
-experimental ``fuse_layers``, for all layers at once. Shapes as in :mod:`kdeval.keydiff.policy`.
+``_score``): the engine's half that runs after the forward, layer by layer. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from kdeval.keydiff.attention import AttentionCapture
-from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
-from kdeval.keydiff.compiling import compile_fn
+from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.headpool import HeadPoolCache
 from kdeval.keydiff.headpool_eviction import evict_pool
 from kdeval.keydiff.policy import Policy, ScoreContext, held_mask, lowest_oldest_first, protect
@@ -34,9 +30,6 @@ class Eviction:
         ranges, all held); ``evict=False``: the policy observes the step and everything is kept."""
         if isinstance(cache, HeadPoolCache):
             evict_pool(self, cache, t, seen, steps, capture, evict, protected)
-            return
-        if cache.fused is not None:
-            self._evict_fused(cache, t, seen, steps, capture, empty)
             return
         held = sum(end - start for start, end in protected)
         for idx, layer in enumerate(cache.layers):
@@ -76,7 +69,7 @@ class Eviction:
         policy's scores (over every cached token, protected ones included), the kept positions (the policy's
         sink and recent ones, the ``protected`` ranges) raised, empty slots (static layout) lowered, then the
         ``k`` lowest → ``[rows, h, k]``."""
-        scores = self._score(self.policy, keys, ctx)
+        scores = self.policy.score(keys, ctx)
         scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
         if protected:
             scores = scores.masked_fill(held_mask(ctx.positions, protected), float("inf"))
@@ -88,28 +81,6 @@ class Eviction:
             # slot a token occupies nor on empty slots.
             return lowest_oldest_first(scores, ctx.positions, k, ctx.position_order)
         return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
-
-    def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-                     capture: AttentionCapture | None, empty: EmptySlots) -> None:
-        """The static layout's eviction for all layers at once, over the cache's shared buffers: the same
-        scoring, protection and selection as :meth:`_evict`, on ``layers * batch`` rows."""
-        budget = self.config.budget
-        m = budget + t
-        buffers = cache.fused
-        keys, positions = buffers["keys"][:, :, :m], buffers["positions"][:, :, :m]
-        pstate = {n: buffers[f"state.{n}"][:, :, :m] for n in self.policy_needs.token_state}
-        attention = None
-        if capture is not None:
-            attention = torch.cat([capture.by_layer[i] for i in range(len(cache.layers))], dim=0)
-            capture.clear()
-        ctx = ScoreContext(-1, positions, seen, t, attention, pstate, steps)
-        self.policy.observe(ctx)
-        if empty.room_slots is not None:
-            move_tail(list(buffers.values()), empty.room_slots, budget)
-        else:
-            compact(list(buffers.values()), self._choose(keys, ctx, t, budget, empty), budget)
-        cache.advance_static(t)
-
 
     def _evict_ragged(self, cache: RaggedCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
                       capture: AttentionCapture | None, protected: list[list[tuple[int, int]]],
@@ -137,7 +108,7 @@ class Eviction:
             if step.drops:
                 tail = keys[:, :, step.base : m]
                 tail.masked_fill_(step.pad[:, step.base :].view(step.rows, 1, step.T, 1), 0)  # zero keys: no anchor
-                scores = plain_score(self.policy, keys, ctx)  # eager: a ragged batch's shapes change every step
+                scores = self.policy.score(keys, ctx)  # eager: a ragged batch's shapes change every step
                 scores = protect(scores, positions, step.seen_after, self.policy.n_sink(), self.policy.n_recent(budget))
                 if any(protected):
                     held = torch.stack([held_mask(positions[r], ranges) for r, ranges in enumerate(protected)])
@@ -158,14 +129,3 @@ class Eviction:
         if capture is not None:
             capture.clear()
 
-
-def plain_score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-    """``policy.score(keys, ctx)``: what the engine calls to score (or its compiled form)."""
-    return policy.score(keys, ctx)
-
-
-@functools.cache
-def compiled_score():
-    """One compiled :func:`plain_score` per process: its guards are on the policy's class and parameters, not on the
-    instance, so new engines reuse it; a second shape makes it compile a dynamic-shape version."""
-    return compile_fn(plain_score)

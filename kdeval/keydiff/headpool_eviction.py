@@ -98,7 +98,7 @@ def evict_pool(engine: "Engine", cache: "HeadPoolCache", t: int, seen: int, step
         if not evict or layer.filled() <= keep:
             layer.commit(None)
             continue
-        scores = engine._score(policy, heads.keys, ctx)
+        scores = policy.score(heads.keys, ctx)
         raised = protect(torch.zeros_like(scores, dtype=torch.float32), heads.positions, seen, policy.n_sink(),
                          policy.n_recent(budget)).isinf()
         raised |= held_mask(heads.positions, protected)
