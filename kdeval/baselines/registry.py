@@ -120,8 +120,28 @@ def _coerce(value: Any, annotation: Any, field_name: str, policy: str) -> Any:
         raise ValueError(f"{field_name}: policy '{policy}' expects {caster.__name__}, got {value!r}") from None
 
 
+def _inner_policy(value: Any, field_name: str) -> Any:
+    """A wrapped policy given as ``{name, params}`` (a grid's nested mapping) → the policy object; a name or a
+    policy object is left to the wrapper. Its own bad parameters get a message naming ``<field>.params.<key>``."""
+    if not isinstance(value, dict):
+        return value
+    name, params = value.get("name"), value.get("params", {})
+    if set(value) - {"name", "params"} or not isinstance(name, str) or not isinstance(params, dict):
+        raise ValueError(f"{field_name}: expected a policy name or {{name: <policy>, params: {{...}}}}, got {value!r}")
+    if name not in registered():
+        return name  # the wrapper names what it can wrap
+    try:
+        return get_policy(name, **params)
+    except ValueError as e:
+        head, sep, rest = str(e).partition(": ")
+        if sep and head.split(".")[0] in params:
+            raise ValueError(f"{field_name}.params.{head}: {rest}") from None
+        raise ValueError(f"{field_name}: {e}") from None
+
+
 def get_policy(name: str, **params: Any) -> Policy:
-    """Build policy ``name`` with ``params``; unknown names and parameters get a clear ``ValueError``."""
+    """Build policy ``name`` with ``params``; unknown names and parameters get a clear ``ValueError``. A wrapper's
+    ``inner`` policy is a name, a policy object or ``{name, params}``."""
     cls = policy_class(name)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -129,7 +149,8 @@ def get_policy(name: str, **params: Any) -> Policy:
         if key not in fields:
             known = ", ".join(fields) or "none"
             raise ValueError(f"{key}: unknown parameter for policy '{name}'{suggest(key, list(fields))} (parameters: {known})")
-    coerced = {k: _coerce(v, hints.get(k), k, name) for k, v in params.items()}
+    coerced = {k: _inner_policy(v, k) if k == "inner" else _coerce(v, hints.get(k), k, name)
+               for k, v in params.items()}
     return cls(**coerced)
 
 

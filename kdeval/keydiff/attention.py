@@ -238,7 +238,7 @@ def attention_implementation(model: torch.nn.Module, impl: str | None) -> Iterat
     before = config._attn_implementation
     if before not in ("sdpa", CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL):
         raise ValueError(
-            f"attn_implementation: policies that need attention weights run beside SDPA; the model uses {before!r}"
+            f"attn_implementation: the engine's own attention functions run on SDPA; the model uses {before!r}"
         )
     config._attn_implementation = impl
     try:

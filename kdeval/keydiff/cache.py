@@ -4,7 +4,10 @@ Both stores keep, per layer, the cached ``keys``/``values`` ``[batch, kv_heads, 
 absolute ``positions`` ``[batch, kv_heads, tokens]`` of those tokens and any per-token policy state. During a
 chunk's forward the chunk's ``t`` tokens are appended after the ``n`` cached ones, so the valid tokens are always
 slots ``[0, n + t)`` with the chunk last: the causal mask transformers builds from the cache length (all of the
-cache, causal within the chunk) is therefore right, whatever order the older tokens sit in.
+cache, causal within the chunk) is therefore right, whatever order the older tokens sit in, as long as every layer
+holds the same count (transformers builds one mask, from layer 0). Under per-layer budgets (PyramidKV) the layers
+hold different counts and the engine runs attention without a mask, lower-right causal over each layer's own keys
+(kdeval/keydiff/plan.py chooses it).
 
 - :class:`SlotLayer` (``store="slot"``, default): one buffer of ``budget + chunk`` slots allocated once and
   written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
@@ -29,7 +32,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from kdeval.keydiff.slots import (  # noqa: F401  (EmptySlots, move_tail, static_visible: re-exported)
-    EMPTY_POSITION, EmptySlots, compact, expand_index, move_tail, static_visible,
+    EMPTY_POSITION, EmptySlots, compact, expand_index, move_tail, resized, static_visible,
 )
 
 
@@ -97,16 +100,11 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
             self.capacity = capacity
 
     def _grow(self, need: int, exact: bool = False) -> None:
-        new_cap = need if exact else max(need, 2 * self.capacity)
-
-        def grown(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_zeros(*t.shape[:2], new_cap, *t.shape[3:])
-            out[:, :, : self.length] = t[:, :, : self.length]
-            return out
-
-        self.keys, self.values, self.positions = grown(self.keys), grown(self.values), grown(self.positions)
-        self.state = {n: grown(s) for n, s in self.state.items()}
-        self.capacity = new_cap
+        cap, n = need if exact else max(need, 2 * self.capacity), self.length
+        self.keys, self.values = resized(self.keys, cap, n), resized(self.values, cap, n)
+        self.positions = resized(self.positions, cap, n)
+        self.state = {name: resized(s, cap, n) for name, s in self.state.items()}
+        self.capacity = cap
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -139,14 +137,9 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         """Take copies of ``src``'s valid tokens ``[0, src.length)`` into this (empty, dynamic) layer's buffers."""
         n, cap = src.length, self.capacity
         self.dtype, self.device, self.is_initialized = src.dtype, src.device, True
-
-        def copied(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_zeros(*t.shape[:2], cap, *t.shape[3:])
-            out[:, :, :n] = t[:, :, :n]
-            return out
-
-        self.keys, self.values, self.positions = copied(src.keys), copied(src.values), copied(src.positions)
-        self.state = {name: copied(s) for name, s in src.state.items()}
+        self.keys, self.values = resized(src.keys, cap, n), resized(src.values, cap, n)
+        self.positions = resized(src.positions, cap, n)
+        self.state = {name: resized(s, cap, n) for name, s in src.state.items()}
         self.length = n
         self._note_held()
 

@@ -6,6 +6,8 @@ variants here, the baselines there) before it reads the table, so nothing here i
 """
 from __future__ import annotations
 
+from typing import Any
+
 from kdeval.keydiff.policy import Policy
 
 _REGISTRY: dict[str, type[Policy]] = {}
@@ -22,3 +24,12 @@ def register(cls: type[Policy]) -> type[Policy]:
 def registered() -> dict[str, type[Policy]]:
     """The policies registered so far, by name (a copy)."""
     return dict(_REGISTRY)
+
+
+def as_policy(inner: Any) -> Policy | None:
+    """A wrapper's inner policy: a policy object as it is, a registered name built at its defaults, else ``None``."""
+    if isinstance(inner, Policy):
+        return inner
+    if isinstance(inner, str) and inner in _REGISTRY:
+        return _REGISTRY[inner]()
+    return None

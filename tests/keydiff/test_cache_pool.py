@@ -108,7 +108,7 @@ def test_a_state_continued_by_another_engine_gets_that_engines_steps():
     steady = (1, 16, "full")
     assert before[steady].owner() is None  # the first engine is gone
     assert got.state.cache.graphs[steady] is not before[steady]
-    assert got.state.cache.graphs[steady].owner() is other and got.state.cache.graphs[(1, 1, "full")].owner() is other
+    assert got.state.cache.graphs[steady].owner() is other.step and got.state.cache.graphs[(1, 1, "full")].owner() is other.step
     ref = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16), store="gather")
     ref_state = ref.prefill(prompt(70, seed=3))
     tova = Engine(lm.model, get_policy("tova", heads="group"), EngineConfig(budget=40, chunk_size=16), store="gather")
