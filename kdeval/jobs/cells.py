@@ -33,7 +33,9 @@ from kdeval.evals.chunking import chunk_code, chunk_text
 from kdeval.evals.identity import task_data
 from kdeval.evals.registry import get_spec
 from kdeval.jobs.errors import GridError, GridIssue
-from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
+from kdeval.jobs.grid import (
+    BUDGET_FREE_POLICIES, COMPRESS_NAMES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec,
+)
 from kdeval.jobs.registries import share_budget_notes
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
@@ -42,6 +44,16 @@ from kdeval.version import code_version, result_code_hash
 def policy_label(name: str, params: dict[str, Any]) -> str:
     """``name``, or ``name(k=v,...)`` with the parameters in key order (cell descriptions, report rows)."""
     return f"{name}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")" if params else name
+
+
+def protocol_tag(spec: dict[str, Any] | None) -> str:
+    """What a policy label gets for a protocol other than the default query-aware one with decode eviction
+    (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``, ... ("" for the
+    default), so the cells of a run holding both protocols stay apart in reports, status and progress."""
+    p = (spec or {}).get("protocol") or {}
+    parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
+    parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
+    return f" [{', '.join(parts)}]" if parts else ""
 
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
