@@ -1,6 +1,6 @@
 """What the GPU benchmarks share: the random-weight model shapes they build and the engine modes they name
-(``"graphs-fused-compiled"``, ``"static-eager+reused"``, ...), and a timer. Used by gpu_check.py,
-gpu_profile.py, step_ops.py, attention_kernels.py and tie_selection.py; needs only torch and transformers.
+(``"graphs-fp32scores"``, ``"static-eager+reused"``, ...), and a timer. Used by gpu_check.py,
+gpu_profile.py and tie_selection.py; needs only torch and transformers.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SHAPES = {
 #: a mode suffix: the request runs on a cache (and graphs) released by an earlier request of the same engine
 REUSED = "+reused"
 BASES = ("plain", "graphs", "static-eager")
-OPTIONS = ("fused", "compiled", "blocks", "flex", "fp32scores")
+OPTIONS = ("fp32scores",)
 
 
 def build(shape: str, device: str, dtype, layers: int | None = None):
@@ -43,32 +43,23 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 
 def engine_kwargs(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda") -> dict:
     """The keyword arguments of ``Engine(model, policy, **kwargs)`` for policy ``name`` in ``mode``: its
-    ``config``, the ``store`` and ``emulate_graphs`` test keywords and the ``experimental`` options.
+    ``config`` and the ``store`` and ``emulate_graphs`` test keywords.
 
     ``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
-    the last two with a "-fused" suffix for ``fuse_layers`` (all layers scored and evicted at once) and/or
-    "-compiled" for ``compile_scoring``, "-blocks" for ``compile_blocks``, "-splitS" for
-    ``attention_splits=S``, "-flex" for ``flex_attention`` (bench/README.md) and/or "-fp32scores" for
-    ``score_precision="float32"`` (TOVA, SnapKV and H2O's captured logits in float32, as before that option
+    the last two with a "-fp32scores" suffix for ``score_precision="float32"`` (TOVA, SnapKV and H2O's captured logits in float32, as before that option
     existed); a trailing :data:`REUSED` is handled by the caller."""
     from kdeval.keydiff import EngineConfig
-    from kdeval.keydiff.config import Experimental
 
     base, *options = mode.removesuffix(REUSED).split("-")
     if base == "static":  # "static-eager"
         base, options = "static-eager", options[1:]
-    unknown = [o for o in options if o not in OPTIONS and not (o.startswith("split") and o[5:].isdigit())]
+    unknown = [o for o in options if o not in OPTIONS]
     if base not in BASES or unknown:
-        raise ValueError(f"mode: expected one of {BASES} with options from {OPTIONS} or splitS, got {mode!r}")
+        raise ValueError(f"mode: expected one of {BASES} with options from {OPTIONS}, got {mode!r}")
     config = EngineConfig(budget=None if name == "full" else budget, chunk_size=B,
                           cuda_graphs=base in ("graphs", "static-eager") and name != "full",
                           score_precision="float32" if "fp32scores" in options else "model")
-    experimental = Experimental(fuse_layers="fused" in options, compile_scoring="compiled" in options,
-                                compile_blocks="blocks" in options,
-                                attention_splits=next((int(o[5:]) for o in options if o.startswith("split")), 0),
-                                flex_attention="flex" in options)
-    return dict(config=config, store=store, emulate_graphs=base == "static-eager" or device == "cpu",
-                experimental=experimental)
+    return dict(config=config, store=store, emulate_graphs=base == "static-eager" or device == "cpu")
 
 
 def clock(fn, device: str, reps: int, warmup: int = 2) -> float:

@@ -3,8 +3,7 @@
 1. Exactness first: on a 4-layer float64 Llama-3.2-3B-shaped random model the slot store, the static layout
    run eagerly and the static layout captured as CUDA graphs give the gather store's tokens and kept sets, for
    every policy timed below. On the full-depth bf16 model the captured graphs give exactly the tokens, kept
-   sets and logits of the same static step run eagerly. A float32 check puts FlexAttention (``flex_attention``)
-   beside that step and the gather store.
+   sets and logits of the same static step run eagerly.
 2. Then timing, side by side in one run: one-pass prefill, one-pass + KeyDiff compression (what kvpress does),
    and chunked KeyDiff / full / TOVA / SnapKV / H2O / StreamingLLM at several chunk sizes B and prompt lengths
    L, N = 8K, on Llama-3.2-3B- and Llama-3.1-8B-shaped models with random bf16 weights. Time (a whole request:
@@ -35,32 +34,22 @@ POLICIES = ["keydiff", "full", "tova", "snapkv", "sink", "h2o"]  # h2o last: its
 
 #: the check parts: (store, mode) variants, each compared with the first (on a CPU "graphs" is emulated)
 CHECKS = {
-    "exact": [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"), ("slot", "static-eager-fused"),
-              ("slot", "static-eager" + REUSED), ("slot", "static-eager-fused-compiled")],
+    "exact": [("gather", "plain"), ("slot", "plain"), ("slot", "static-eager"),
+              ("slot", "static-eager" + REUSED)],
     "graphs-vs-eager": [("slot", "static-eager"), ("slot", "graphs"), ("slot", "graphs" + REUSED),
                         ("slot", "plain")],
-    "fused-graphs-vs-eager": [("slot", "static-eager-fused"), ("slot", "graphs-fused")],
-    "compiled-graphs-vs-eager": [("slot", "static-eager-fused-compiled"), ("slot", "graphs-fused-compiled"),
-                                 ("slot", "static-eager-fused"), ("slot", "graphs-fused-compiled-blocks"),
-                                 ("slot", "graphs-fused-compiled-blocks-split8")],
-    "flex-vs-sdpa": [("slot", "static-eager"), ("slot", "static-eager-flex"), ("slot", "graphs-flex"),
-                     ("slot", "graphs-fused-compiled-blocks-flex"), ("gather", "plain")],
 }
 #: what "exact" adds on a GPU: the captured graphs themselves, in float64
-EXACT_ON_CUDA = [("slot", "graphs"), ("slot", "graphs-fused"), ("slot", "graphs" + REUSED),
-                 ("slot", "graphs-fused-compiled")]
+EXACT_ON_CUDA = [("slot", "graphs"), ("slot", "graphs" + REUSED)]
 
 
 def gpu_checks(exact_lengths: list[int]) -> list[dict]:
     """The check parts of both GPU plans, at the 3B shape: graphs against the same step run eagerly in bf16
-    (full depth), every store and layout against the gather store in float64 and FlexAttention against SDPA
-    in float32 (4 layers)."""
+    (full depth) and every store and layout against the gather store in float64 (4 layers)."""
     check = dict(shape="llama-3.2-3b", lengths=[4096], budget=1024, B=256)
     return [
-        *(dict(part=p, dtype="bfloat16", **check)
-          for p in ("graphs-vs-eager", "fused-graphs-vs-eager", "compiled-graphs-vs-eager")),
+        dict(part="graphs-vs-eager", dtype="bfloat16", **check),
         dict(part="exact", layers=4, dtype="float64", **{**check, "lengths": exact_lengths}),
-        dict(part="flex-vs-sdpa", layers=4, dtype="float32", **check),
     ]
 
 
@@ -71,22 +60,14 @@ def quick_plan() -> list[dict]:
     return [
         *gpu_checks([4096]),
         # L = N: every chunk is a room step (the eviction-overhead target)
-        dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"),
-                                                      ("sink", 128, "graphs"), ("full", 128, "plain"),
-                                                      ("keydiff", 128, "graphs-flex"),
-                                                      ("keydiff", 128, "graphs-fused-compiled-blocks-flex")]),
+        dict(part="time", **t3, lengths=[8192], cases=[("keydiff", 128, "graphs"),
+                                                      ("sink", 128, "graphs"), ("full", 128, "plain")]),
         # in order of what decides the defaults: a case past the deadline is skipped
         dict(part="time", **t3, lengths=[32768], cases=[
-            ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 128, "graphs-fused-compiled"),
-            ("keydiff", 128, "graphs-fused-blocks"), ("keydiff", 128, "graphs-fused-compiled-blocks"),
-            ("keydiff", 128, "graphs-fused-split8"), ("keydiff", 128, "graphs-fused-compiled-blocks-split8"),
-            ("keydiff", 128, "graphs-fused-flex"), ("keydiff", 128, "graphs-fused-compiled-blocks-flex"),
-            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fp32scores"), ("h2o", 128, "graphs-fused"),
-            ("h2o", 128, "graphs-fused-compiled-blocks"), ("snapkv", 128, "graphs"),
-            ("snapkv", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs-fused"), ("tova", 128, "graphs"),
-            ("tova", 128, "graphs-fused"), ("sink", 128, "graphs"), ("keydiff", 128, "graphs-compiled"),
-            ("keydiff", 1024, "graphs-fused-compiled-blocks"), ("keydiff", 1024, "graphs"),
-            ("keydiff", 256, "graphs")]),
+            ("keydiff", 128, "graphs"),
+            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fp32scores"), ("snapkv", 128, "graphs"),
+            ("snapkv", 128, "graphs-fp32scores"), ("tova", 128, "graphs"), ("sink", 128, "graphs"),
+            ("keydiff", 1024, "graphs"), ("keydiff", 256, "graphs")]),
     ]
 
 
@@ -100,34 +81,25 @@ def plan(cpu: bool, quick: bool = False) -> list[dict]:
         return [
             dict(part="exact", shape="cpu-tiny", layers=2, dtype="float64", lengths=[600, 200], budget=256, B=64),
             dict(part="graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
-            dict(part="fused-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256, B=64),
-            dict(part="compiled-graphs-vs-eager", shape="cpu-tiny", dtype="float32", lengths=[600], budget=256,
-                 B=64),
-            dict(part="flex-vs-sdpa", shape="cpu-tiny", dtype="float32", lengths=[600, 200], budget=256, B=64),
-            dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"), ("keydiff", 64, "graphs-fused"),
+            dict(part="time", **t, lengths=[1024], cases=[("keydiff", 64, "graphs"),
                                                           ("keydiff", 128, "plain"), ("full", 128, "plain"),
-                                                          ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"),
-                                                          ("keydiff", 64, "graphs-fused-compiled"),
-                                                          ("h2o", 128, "graphs-fp32scores"),
-                                                          ("keydiff", 64, "graphs-fused-compiled-blocks"),
-                                                          ("keydiff", 64, "graphs-fused-split8"),
-                                                          ("keydiff", 64, "graphs-fused-flex")]),
+                                                          ("h2o", 128, "graphs"),
+                                                          ("h2o", 128, "graphs-fp32scores")]),
         ]
     n = 8192
     t3 = dict(shape="llama-3.2-3b", budget=n)
     return [
         *gpu_checks([4096, 900]),
         dict(part="time", **t3, lengths=[32768], cases=[
-            ("keydiff", 128, "graphs"), ("keydiff", 128, "graphs-fused"), ("keydiff", 64, "graphs"),
-            ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"), ("keydiff", 1024, "graphs-fused"),
+            ("keydiff", 128, "graphs"), ("keydiff", 64, "graphs"),
+            ("keydiff", 256, "graphs"), ("keydiff", 1024, "graphs"),
             ("keydiff", 128, "plain"), ("keydiff", 1024, "plain"),
             ("full", 128, "plain"), ("full", 1024, "plain")]),
         dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[
-            ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("tova", 128, "graphs"),
-            ("tova", 128, "graphs-fused"), ("snapkv", 128, "graphs"), ("snapkv", 128, "graphs-fused"),
+            ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("tova", 128, "graphs"), ("snapkv", 128, "graphs"),
             ("tova", 128, "plain")]),
         dict(part="time", **t3, lengths=[32768], one_pass=False, cases=[
-            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fused"), ("h2o", 128, "graphs-fp32scores"),
+            ("h2o", 128, "graphs"), ("h2o", 128, "graphs-fp32scores"),
             ("h2o", 128, "plain")]),
         dict(part="time", **t3, lengths=[8192], cases=[
             ("keydiff", 128, "graphs"), ("sink", 128, "graphs"), ("keydiff", 128, "plain"), ("full", 128, "plain")]),

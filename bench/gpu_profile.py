@@ -1,6 +1,6 @@
 """Where the time of one chunk step goes: torch.profiler over a few steady-state chunk steps on the
-Llama-3.2-3B shape, bf16, N = 8K, B = 128. The static-layout steps run eagerly ("static-eager", per layer,
-"-fused", and with compiled scoring and blocks), so each kernel is attributed. The graph replays ("graphs")
+Llama-3.2-3B shape, bf16, N = 8K, B = 128. The static-layout steps run eagerly ("static-eager"), so each
+kernel is attributed. The graph replays ("graphs")
 give the wall time per chunk.
 
     PYTHONPATH=. python bench/gpu_profile.py --out $OUT      # on the GPU machine
@@ -35,10 +35,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ids = torch.randint(100, model.config.vocab_size - 1, (1, budget + 10 * B), device=device)
     report = []
-    for name, mode in (("keydiff", "graphs"), ("keydiff", "graphs-fused"), ("keydiff", "graphs-fused-compiled-blocks"),
+    for name, mode in (("keydiff", "graphs"),
                        ("h2o", "graphs"), ("sink", "static-eager"), ("keydiff", "static-eager"),
-                       ("keydiff", "static-eager-fused"),
-                       ("keydiff", "static-eager-fused-compiled-blocks"), ("keydiff", "plain")):
+                       ("keydiff", "plain")):
         eng = Engine(model, get_policy(name), **engine_kwargs(name, budget, B, mode, device=device))
         state = eng.prefill(ids[:, : budget + 2 * B])  # steady state reached
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])

@@ -79,7 +79,8 @@ CASES = [
                                "alpha_safeguard": 0.2}), n=500,
          rule="AdaKV around SnapKV at kdeval's defaults (window 32, kernel 7): kdeval pools the scores with max, "
               "kvpress with avg"),
-    dict(id="ada-snapkv (inner pooling avg)", ours=("ada-snapkv", {}), inner={"pooling": "avg"},
+    dict(id="ada-snapkv (inner pooling avg)",
+         ours=("ada-snapkv", {"inner": {"name": "snapkv", "params": {"pooling": "avg"}}}),
          press=("AdaKVPress", {"press": ("SnapKVPress", {"window_size": 32, "kernel_size": 7}),
                                "alpha_safeguard": 0.2}), n=500,
          rule="the row above with kdeval's inner SnapKV pooling with avg as kvpress does: the same rule"),
@@ -207,8 +208,6 @@ def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list, list]:
 
     name, params = case["ours"]
     policy = get_policy(name, **params)
-    if "inner" in case:  # AdaKV wraps its inner policy at its defaults; swap in one with other parameters
-        policy._inner = get_policy(policy.inner, **case["inner"])
     state = Engine(lm.model, policy, EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
     kept, keys = [], []
     for layer in state.cache.layers:

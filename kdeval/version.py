@@ -18,9 +18,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 
 #: Package-relative files and folders whose code computes every cell's result, whatever its policy. The
 #: engine folder's policy modules are left out here and hashed only into their own policies' cells.
-ENGINE_CODE = ("keydiff",)
+ENGINE_CODE = ("keydiff", "baselines/registry.py")
 TASK_CODE = ("evals",)
-EXECUTION_CODE = ("cluster/execute.py", "cluster/stub.py")
+EXECUTION_CODE = ("cluster/execute.py",)
+#: what a ``stub:`` model's cells run instead of the engine (hashed into those cells only)
+STUB_CODE = ("cluster/stub.py",)
 
 
 def _py_files(root: Path, rel: str) -> list[str]:
@@ -63,18 +65,19 @@ def code_version() -> str:
 
 
 def result_code_files(policy_files: Iterable[str], every_policy_file: Iterable[str],
-                      root: Path = PACKAGE_ROOT) -> list[str]:
+                      root: Path = PACKAGE_ROOT, stub: bool = False) -> list[str]:
     """The files a cell's result depends on: engine (less every policy module in it), tasks, execution, and
-    ``policy_files`` (package-relative modules of the cell's policy class and its bases)."""
+    ``policy_files`` (package-relative modules of the cell's policy class and its bases); ``stub``: a ``stub:``
+    model's cell, which also runs the stub workload."""
     own = set(policy_files)
     others = set(every_policy_file) - own
     files = set(own)
-    for rel in ENGINE_CODE + TASK_CODE + EXECUTION_CODE:
+    for rel in ENGINE_CODE + TASK_CODE + EXECUTION_CODE + (STUB_CODE if stub else ()):
         files.update(f for f in _py_files(root, rel) if f not in others)
     return sorted(files)
 
 
 def result_code_hash(policy_files: Iterable[str], every_policy_file: Iterable[str],
-                     root: Path = PACKAGE_ROOT) -> str:
+                     root: Path = PACKAGE_ROOT, stub: bool = False) -> str:
     """:func:`files_hash` of :func:`result_code_files`."""
-    return files_hash(root, result_code_files(policy_files, every_policy_file, root))
+    return files_hash(root, result_code_files(policy_files, every_policy_file, root, stub))

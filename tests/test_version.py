@@ -48,3 +48,11 @@ def test_a_wrapping_policy_hashes_its_inner_policys_code_too():
     assert catalog.policy_source_files("chunkkv", {"inner": "snapkv"}) == ["baselines/chunkkv.py",
                                                                           "baselines/snapkv.py"]
     assert cell_code_version("chunkkv", {"inner": "snapkv"}) != cell_code_version("chunkkv")
+
+
+def test_the_stub_workload_is_hashed_into_stub_cells_only():
+    every = ["baselines/snapkv.py"]
+    assert "cluster/stub.py" not in result_code_files(["baselines/snapkv.py"], every)
+    assert "cluster/stub.py" in result_code_files(["baselines/snapkv.py"], every, stub=True)
+    assert "baselines/registry.py" in result_code_files(["baselines/snapkv.py"], every)  # every cell looks it up
+    assert cell_code_version("keydiff", stub=True) != cell_code_version("keydiff")

@@ -14,22 +14,21 @@ state, a query window or re-rotation are refused (their state does not follow to
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import policy_class, policy_names, register
+from kdeval.keydiff.registry import as_policy, register, registered
 from kdeval.names import suggest
 
 
-def per_head_reason(name: str) -> str | None:
-    """Why policy ``name`` (at its defaults) cannot score a head-shared pool's heads, or ``None`` when it can."""
-    cls = policy_class(name)
-    if not cls.evicts:
+def per_head_reason(policy: Policy) -> str | None:
+    """Why ``policy`` cannot score a head-shared pool's heads, or ``None`` when it can."""
+    if not policy.evicts:
         return "does not score tokens"
-    if issubclass(cls, AdaKV):
+    if isinstance(policy, AdaKV):
         return "already shares a layer's budget among its heads"
-    policy = cls()
     needs = policy.needs()
     kept = [what for what, yes in (("per-token state", needs.token_state), ("a query window", needs.queries),
                                    ("re-rotation", needs.rerotates)) if yes]
@@ -46,22 +45,24 @@ class AdaKV(Policy):
     name = "ada"
     rule = "a layer's H x N kept tokens shared among its KV heads by an inner policy's scores (AdaKV)"
 
-    inner: str = "keydiff"
+    #: the policy whose per-head scores are shared: a registered name (at its defaults) or a policy object
+    inner: Any = "keydiff"
     alpha_safeguard: float = 0.2
 
     def validate(self) -> None:
         a = self.alpha_safeguard
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < 1:
             raise ValueError(f"alpha_safeguard: must be a number in [0, 1), got {a!r}")
-        if not isinstance(self.inner, str) or self.inner not in policy_names():
-            known = [n for n in policy_names() if per_head_reason(n) is None]
+        inner = as_policy(self.inner)
+        if inner is None:
+            known = [n for n, cls in sorted(registered().items()) if cls.evicts and per_head_reason(cls()) is None]
             raise ValueError(f"inner: unknown policy {self.inner!r}{suggest(str(self.inner), known)} "
                              f"(policies it can wrap: {', '.join(known)})")
-        why = per_head_reason(self.inner)
+        why = per_head_reason(inner)
         if why is not None:
-            raise ValueError(f"inner: policy {self.inner!r} {why}; AdaKV wraps a policy that scores each head's "
+            raise ValueError(f"inner: policy {inner.name!r} {why}; AdaKV wraps a policy that scores each head's "
                              f"own tokens")
-        self._inner: Policy = policy_class(self.inner)()
+        self._inner: Policy = inner
 
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, over a pool shared by the layer's heads."""

@@ -18,12 +18,13 @@ selection reused by the next) is not implemented.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import policy_class, policy_names, register
+from kdeval.keydiff.registry import as_policy, register, registered
 from kdeval.names import suggest
 
 
@@ -55,7 +56,8 @@ class ChunkKV(Policy):
     name = "chunkkv"
     rule = "keep whole groups of group_size adjacent tokens, ranked by the mean of an inner policy's scores"
 
-    inner: str = "keydiff"
+    #: the policy whose scores rank the groups: a registered name (at its defaults) or a policy object
+    inner: Any = "keydiff"
     group_size: int = 10
     heads: str = "all"
 
@@ -66,20 +68,19 @@ class ChunkKV(Policy):
             raise ValueError(f"heads: expected 'all' or 'each', got {self.heads!r}")
         # ChunkKV ranks the groups of every KV head alike; a policy that shares slots among heads (AdaKV)
         # chooses per layer, across heads, and is not an inner scorer
-        names = policy_names()
-        scorer = self.inner in names and self.inner != self.name and policy_class(self.inner).evicts
-        inner = policy_class(self.inner)() if scorer else None
-        if inner is None or inner.needs().shares_heads:  # the list of valid names is built for the message only
-            known = [n for n in names if n != self.name and policy_class(n).evicts
-                     and not policy_class(n)().needs().shares_heads]
-            if self.inner == self.name:
-                why = f"cannot be {self.name!r} itself"
-            elif inner is not None:
-                why = f"{self.inner!r} shares a layer's slots among its KV heads; expected a per-head scorer"
-            elif self.inner in names:
-                why = f"expected a policy that scores tokens, got {self.inner!r}"
-            else:
+        inner = as_policy(self.inner)
+        if inner is None or inner.name == self.name or not inner.evicts or inner.needs().shares_heads:
+            # the list of valid names is built for the message only
+            known = [n for n, cls in sorted(registered().items()) if n != self.name and cls.evicts
+                     and not cls().needs().shares_heads]
+            if inner is None:
                 why = f"unknown policy {self.inner!r}{suggest(str(self.inner), known)}"
+            elif inner.name == self.name:
+                why = f"cannot be {self.name!r} itself"
+            elif inner.evicts:
+                why = f"{inner.name!r} shares a layer's slots among its KV heads; expected a per-head scorer"
+            else:
+                why = f"expected a policy that scores tokens, got {inner.name!r}"
             raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
         self._inner: Policy = inner
 

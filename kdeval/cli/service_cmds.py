@@ -32,6 +32,7 @@ from kdeval.evals.chunking import chunk_text
 from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.cluster.raysetup import is_job_server
 from kdeval.jobs import service
+from kdeval.jobs.cells import protocol_tag
 from kdeval.jobs.drivers import describe_driver
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.progress import RunProgress
@@ -167,7 +168,7 @@ def _status_table(index: RunIndex, run_id: str) -> Group:
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
-        row = [c.id[:8]] + ([] if one_model else [c.model]) + [c.policy, nb, c.task, state] + (
+        row = [c.id[:8]] + ([] if one_model else [c.model]) + [c.policy + protocol_tag(c.spec), nb, c.task, state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
         t.add_row(*row)
     parts = [Text(title, style="bold"), t] + ([Text(caption)] if caption else [])

@@ -44,6 +44,24 @@ def policy_budget_error(name: str, params: dict[str, Any], budget: int) -> str |
     return None
 
 
+def policy_attention_error(name: str, params: dict[str, Any], attn_implementation: str) -> str | None:
+    """Why policy ``name`` cannot run on a model loaded with ``attn_implementation`` (it needs the engine's
+    SDPA-based attention: attention rows, per-layer budgets, a head-shared pool), else None (also for an
+    unknown policy or bad parameters, which :func:`policy_param_error` reports)."""
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff.plan import SDPA_FAMILY, own_attention_reason
+
+    if attn_implementation in SDPA_FAMILY:
+        return None
+    try:
+        policy = get_policy(name, **params)
+    except (TypeError, ValueError):
+        return None
+    if not policy.evicts:
+        return None
+    return own_attention_reason(policy.needs(), len(set(policy.layer_budgets(1024, 32))) > 1)
+
+
 def engine_setting_error(name: str, value: Any) -> str | None:
     """The engine's own message when ``value`` breaks its rule for setting ``name`` (``chunk_size``: "must be a
     positive number of tokens, got 0", without the name), else None (``kdeval.keydiff.config.RULES``)."""
@@ -55,13 +73,13 @@ def engine_setting_error(name: str, value: Any) -> str | None:
 def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list[str]:
     """Package-relative source files of policy ``name``'s class and its bases (the policy interface module
     excepted: it is engine code), e.g. ``["baselines/snapkv.py"]``, and those of the policy it wraps when it
-    takes an ``inner`` policy (ChunkKV: its ``params["inner"]`` or the default)."""
+    takes an ``inner`` policy (ChunkKV, AdaKV: its ``params["inner"]``, a name or ``{name, params}``, or the
+    default)."""
     import inspect
     from pathlib import Path
 
-    import kdeval.baselines  # noqa: F401 - registers every policy
+    from kdeval.baselines import policy_class
     from kdeval.keydiff import policy as interface
-    from kdeval.keydiff.registry import policy_class
     from kdeval.version import PACKAGE_ROOT
 
     files = []
@@ -72,9 +90,11 @@ def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list
         files.append(Path(inspect.getsourcefile(cls)).resolve().relative_to(PACKAGE_ROOT).as_posix())
     field = getattr(policy_class(name), "__dataclass_fields__", {}).get("inner")
     if field is not None:
-        inner = (params or {}).get("inner", field.default)
-        if inner != name and inner in policy_names():
-            files += policy_source_files(inner)
+        inner, inner_params = (params or {}).get("inner", field.default), {}
+        if isinstance(inner, dict):  # a nested policy: {name, params}
+            inner, inner_params = inner.get("name"), inner.get("params") or {}
+        if isinstance(inner, str) and inner != name and inner in policy_names():
+            files += policy_source_files(inner, inner_params)
     return sorted(set(files))
 
 

@@ -68,7 +68,7 @@ def engine_options() -> tuple[str, ...]:
 
 def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any:
     if isinstance(policy, str):
-        from kdeval.keydiff.registry import get_policy
+        from kdeval.baselines import get_policy
 
         return get_policy(policy, **dict(policy_params or {}))
     if policy_params:
@@ -155,7 +155,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     Args:
         lm: the loaded model (``model``, ``tokenizer``, ``max_context``).
         task: a task from :func:`kdeval.evals.registry.get_task`.
-        policy: a policy name for ``kdeval.keydiff.registry.get_policy`` or a policy object.
+        policy: a policy name for ``kdeval.baselines.get_policy`` or a policy object.
         policy_params: parameters for a policy given by name.
         budget: KV budget: N tokens, a share of each sample's prompt such as ``"25%"`` (resolved per sample, see
             the module docstring; rows record the N in ``resolved_budget``), or None (no eviction).

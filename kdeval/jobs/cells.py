@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from kdeval import __version__
 from kdeval.cluster import catalog
 from kdeval.cluster.execute import build_eval_task
+from kdeval.cluster.stub import STUB_PREFIX
 from kdeval.cluster.workload import CellTask, model_key
 from kdeval.evals.base import EvalError
 from kdeval.evals.budget import budget_share, budget_tokens
@@ -32,7 +33,9 @@ from kdeval.evals.chunking import chunk_code, chunk_text
 from kdeval.evals.identity import task_data
 from kdeval.evals.registry import get_spec
 from kdeval.jobs.errors import GridError, GridIssue
-from kdeval.jobs.grid import BUDGET_FREE_POLICIES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec
+from kdeval.jobs.grid import (
+    BUDGET_FREE_POLICIES, COMPRESS_NAMES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec,
+)
 from kdeval.jobs.registries import share_budget_notes
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
@@ -41,6 +44,16 @@ from kdeval.version import code_version, result_code_hash
 def policy_label(name: str, params: dict[str, Any]) -> str:
     """``name``, or ``name(k=v,...)`` with the parameters in key order (cell descriptions, report rows)."""
     return f"{name}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")" if params else name
+
+
+def protocol_tag(spec: dict[str, Any] | None) -> str:
+    """What a policy label gets for a protocol other than the default query-aware one with decode eviction
+    (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``, ... ("" for the
+    default), so the cells of a run holding both protocols stay apart in reports, status and progress."""
+    p = (spec or {}).get("protocol") or {}
+    parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
+    parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
+    return f" [{', '.join(parts)}]" if parts else ""
 
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
@@ -87,7 +100,8 @@ class TaskRef(BaseModel):
 class CellSpec(BaseModel):
     """Everything a worker needs to run one cell (JSON-able; this is what is hashed into the id).
 
-    ``kdeval_version`` is the release plus the hash of the code that computes this cell's result."""
+    ``kdeval_version`` is not the package's version: it is the release plus the hash of the code that computes
+    this cell's result (``kdeval.version.result_code_hash``), which differs between cells of other policies."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -166,15 +180,16 @@ def kdeval_version() -> str:
     return code_version()
 
 
-def cell_code_version(policy: str, params: dict[str, Any] | None = None) -> str:
-    """Release + hash of the code that computes a cell of ``policy`` with ``params`` (see ``kdeval.version``)."""
-    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str))
+def cell_code_version(policy: str, params: dict[str, Any] | None = None, stub: bool = False) -> str:
+    """Release + hash of the code that computes a cell of ``policy`` with ``params`` (see ``kdeval.version``);
+    ``stub``: the cell's model is a ``stub:`` workload."""
+    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str), stub)
 
 
 @lru_cache(maxsize=None)
-def _code_version(policy: str, params_json: str) -> str:
+def _code_version(policy: str, params_json: str, stub: bool) -> str:
     files = catalog.policy_source_files(policy, json.loads(params_json))
-    return f"{__version__}+{result_code_hash(files, catalog.every_policy_source_file())}"
+    return f"{__version__}+{result_code_hash(files, catalog.every_policy_source_file(), stub=stub)}"
 
 
 @dataclass(frozen=True)
@@ -258,7 +273,8 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
                                     protocol=protocol,
                                     engine=EngineSpec() if free else grid.engine,
-                                    kdeval_version=version or cell_code_version(pol.name, dict(pol.params)))
+                                    kdeval_version=version or cell_code_version(
+                                        pol.name, dict(pol.params), model.id.startswith(STUB_PREFIX)))
                     if salt is not None:
                         cell = cell.model_copy(update={"salt": salt(cell)})
                     cells.setdefault(cell.id, cell)

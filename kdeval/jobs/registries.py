@@ -25,7 +25,7 @@ def check_policy(index: int, name: str, params: dict[str, Any]) -> list[GridIssu
     if msg is None:
         return []
     head, sep, rest = msg.partition(":")
-    if sep and head.strip() in params:
+    if sep and head.strip().split(".")[0] in params:  # a nested policy's field: inner.params.pooling
         return [GridIssue(f"{path}.params.{head.strip()}", rest.strip())]
     return [GridIssue(f"{path}.params", msg)]
 

@@ -44,7 +44,8 @@ from ray import exceptions as rex
 from kdeval.cluster.raysetup import WorkerResources, missing_resources
 from kdeval.cluster.worker import worker_actor_class
 from kdeval.cluster.workload import CellOutcome, WorkerInfo, Workload
-from kdeval.jobs.cells import CellSpec, policy_label
+from kdeval.evals.chunking import chunk_text
+from kdeval.jobs.cells import CellSpec, policy_label, protocol_tag
 from kdeval.jobs.holds import Holds
 from kdeval.jobs.outcomes import Flight, ShardOutcomes
 from kdeval.jobs.progress import CellProgress, RunProgress
@@ -110,7 +111,8 @@ class _Slot:
 
 def _cell_label(cell: CellSpec) -> str:
     budget = "-" if cell.budget is None else cell.budget
-    return f"{cell.id[:8]} {policy_label(cell.policy, cell.policy_params)} {budget}/{cell.chunk_size} {cell.task.label}"
+    pol = policy_label(cell.policy, cell.policy_params) + protocol_tag({"protocol": cell.protocol.model_dump()})
+    return f"{cell.id[:8]} {pol} {budget}/{chunk_text(cell.chunk_size)} {cell.task.label}"
 
 
 class Scheduler(ShardOutcomes):

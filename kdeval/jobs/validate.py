@@ -201,6 +201,16 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
             issues += registries.check_budgets(i, p.name, dict(p.params), grid.budgets)
     for compress in dict.fromkeys(p.compress for p in grid.protocols):
         issues += registries.check_protocol(compress, [t.name for t in grid.tasks])
+    for m, model in enumerate(grid.models):
+        if (grid.generation.batch_size or 1) > 1 and model.attn_implementation != "sdpa":
+            issues.append(GridIssue("generation.batch_size", f"a batch of requests runs on SDPA with a padding mask; "
+                                    f"models[{m}] uses '{model.attn_implementation}' (set batch_size: 1 or "
+                                    f"attn_implementation: sdpa)"))
+        for i, p in enumerate(grid.policies):
+            why = catalog.policy_attention_error(p.name, dict(p.params), model.attn_implementation)
+            if why is not None:
+                issues.append(GridIssue(f"models[{m}].attn_implementation",
+                                        f"policies[{i}] '{p.name}' {why}; use attn_implementation: sdpa for it"))
     res = grid.resources
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "

@@ -33,12 +33,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.keydiff.cache import static_visible
-from kdeval.keydiff.flex_static import flex_static_attention
-from kdeval.keydiff.split_attention import HALF, split_kv_attention
 
 CAPTURE_IMPL = "kdeval_capture"
 STATIC_IMPL = "kdeval_static"
 RAGGED_IMPL = "kdeval_ragged"
+HALF = (torch.float16, torch.bfloat16)  # the dtypes whose captured logits are computed in their own precision
 
 
 @dataclass(frozen=True)
@@ -160,31 +159,20 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
     ``attention_mask``: :func:`static_mask` ``[1, 1, g * t, N + t]`` while the head fills, with the ``g = hq /
     hk`` query heads of a KV head folded into the query axis (``[b, hk, g * t, d]``), so SDPA's masked kernels
     run without repeating the keys and values; ``None`` once the head is full (plain lower-right causal, no
-    mask tensor; with ``kdeval_splits=S``, :func:`split_kv_attention` over ``S`` splits of the head). With
-    ``kdeval_flex`` (a block mask of the same rule), FlexAttention gives the output and the mask, if any, only
-    serves the captured rows.
+    mask tensor).
     """
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
-    splits: int = kwargs.pop("kdeval_splits", 0)
-    flex = kwargs.pop("kdeval_flex", None)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     b, hq, t, d = query.shape
     rows = None if attention_mask is None else attention_mask[:, :, :t]  # one query head's rows [1, 1, t, N + t]
     if capture is not None and capture.fuses_output(query):
         return capture.attend(module.layer_idx, query, key, value, scale, rows), None
-    if flex is not None:
-        out = flex_static_attention(query, key, value, scale, flex)
-        if capture is not None:
-            capture.record(module.layer_idx, query, key, scale, rows)
-        return out, None
     if attention_mask is None:
         # Every head slot is valid: the mask is "all of the head, causal within the tail", i.e. causal aligned
         # to the lower right, which SDPA's flash kernel takes without a mask tensor (and with GQA).
-        out = split_kv_attention(query, key, value, scale, splits) if splits else None
-        if out is None:
-            bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
-            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale,
-                                                                   enable_gqa=True).transpose(1, 2).contiguous()
+        bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale,
+                                                               enable_gqa=True).transpose(1, 2).contiguous()
         if capture is not None:
             capture.record(module.layer_idx, query, key, scale)
         return out, None
@@ -250,7 +238,7 @@ def attention_implementation(model: torch.nn.Module, impl: str | None) -> Iterat
     before = config._attn_implementation
     if before not in ("sdpa", CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL):
         raise ValueError(
-            f"attn_implementation: policies that need attention weights run beside SDPA; the model uses {before!r}"
+            f"attn_implementation: the engine's own attention functions run on SDPA; the model uses {before!r}"
         )
     config._attn_implementation = impl
     try:

@@ -26,12 +26,14 @@ import torch
 from kdeval.keydiff.attention import RAGGED_IMPL, AttentionCapture, attention_implementation
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.memory import PeakMemory
+from kdeval.keydiff.plan import check_ids
+from kdeval.keydiff.policy import add_range, held_tokens
 from kdeval.keydiff.queries import QueryWindow, capture_queries, record_step
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep
 from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.engine import Engine
+    from kdeval.keydiff.step import Step
 
 PAD_ID = 0  # the token fed at padding columns (masked: any id does)
 
@@ -62,10 +64,7 @@ class _Row:
         return self.done_chunks < len(self.plan)
 
     def protect(self, start: int, end: int) -> None:
-        if self.protected and self.protected[-1][1] == start:
-            self.protected[-1] = (self.protected[-1][0], end)
-        else:
-            self.protected.append((start, end))
+        add_range(self.protected, start, end)
 
 
 class BatchView:
@@ -109,34 +108,34 @@ def _plan(ids: torch.Tensor, chunk: int, protect_last: int) -> list[tuple[torch.
     return plan
 
 
-def _capacity(engine: "Engine", rows: list[_Row], lengths: list[int], decode_evict: bool,
+def _capacity(runner: "Step", rows: list[_Row], lengths: list[int], decode_evict: bool,
               budget: int | None) -> int:
     """Slots a layer that keeps ``budget`` can need: the most any row holds before a step plus the widest step."""
     most_n, most_t = 0, 1
     for row, n in zip(rows, lengths):
-        held = sum(e - s for s, e in row.protected)
+        held = held_tokens(row.protected)
         steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.plan] + [(1, decode_evict, False)] * max(row.max_new - 1, 0)
         for t, ev, pr in steps:
             most_n, most_t = max(most_n, n), max(most_t, t)
-            n = min(budget + held, n + t) if engine.evicting and ev else n + t
+            n = min(budget + held, n + t) if runner.plan.evicting and ev else n + t
             held += t if pr else 0
     return most_n + most_t
 
 
-def _row_state(engine: "Engine", cache: RaggedCache, r: int, row: _Row) -> PrefillState:
+def _row_state(runner: "Step", cache: RaggedCache, r: int, row: _Row) -> PrefillState:
     """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's store)."""
     names = cache.state_names
-    out = BudgetCache(len(cache.layers), engine.store, [lengths[r] for lengths in cache.lengths], names)
+    out = BudgetCache(len(cache.layers), runner.plan.store, [lengths[r] for lengths in cache.lengths], names)
     for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
         layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
         layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
         layer.length, layer.pending = k.shape[2], 0
         layer._note_held()
-    out.owner = weakref.ref(engine)
-    out.thawed_from = engine.config.budget if engine.use_graphs else None
-    out.rerotated = engine.rerotate
+    out.owner = weakref.ref(runner)
+    out.thawed_from = runner.plan.config.budget if runner.plan.use_graphs else None
+    out.rerotated = runner.plan.rerotate
     if cache.query_window is not None:
-        out.query_window = cache.query_window.rows(torch.tensor([r], device=engine.device))
+        out.query_window = cache.query_window.rows(torch.tensor([r], device=runner.plan.device))
     return PrefillState(out, row.seen, row.last_logits, row.peak_kv_tokens, row.steps,
                         protected=list(row.protected), peak_kv_bytes=row.peak_kv_bytes)
 
@@ -167,13 +166,13 @@ def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int, wind
         cache.load_row(r, layers())
 
 
-def _requests(engine: "Engine", prompts: Sequence, max_new_tokens, states, protect_last) -> tuple[list, list, list]:
+def _requests(default_max_new: int, prompts: Sequence, max_new_tokens, states, protect_last) -> tuple[list, list, list]:
     """The per-request start states, generation lengths and protected counts of a ``generate_batch`` call,
     broadcast to one per prompt and checked (``ValueError`` naming the argument and the request)."""
     n = len(prompts)
     if n == 0:
         raise ValueError("prompts: expected at least one prompt")
-    max_new = _per_row("max_new_tokens", engine.config.max_new_tokens if max_new_tokens is None else max_new_tokens, n)
+    max_new = _per_row("max_new_tokens", default_max_new if max_new_tokens is None else max_new_tokens, n)
     starts = [states] * n if isinstance(states, PrefillState) else _per_row("states", states, n)
     protect = _per_row("protect_last", protect_last, n)
     for i, (m, state) in enumerate(zip(max_new, starts)):
@@ -184,13 +183,14 @@ def _requests(engine: "Engine", prompts: Sequence, max_new_tokens, states, prote
     return starts, max_new, protect
 
 
-def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
+def generate_batch(runner: "Step", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
                    decode_evict: bool, on_batch_step: Callable[[BatchView], None] | None) -> list[GenerationResult]:
     """See ``Engine.generate_batch``."""
     n_req = len(prompts)
-    starts, max_new, protect = _requests(engine, prompts, max_new_tokens, states, protect_last)
+    starts, max_new, protect = _requests(runner.plan.config.max_new_tokens, prompts, max_new_tokens, states,
+                                         protect_last)
     ids = [_as_ids(p, i) for i, p in enumerate(prompts)]
-    impl = engine.model.config._attn_implementation
+    impl = runner.model.config._attn_implementation
     if impl not in ("sdpa", RAGGED_IMPL):
         raise ValueError(f"prompts: a batch of requests runs on SDPA with a padding mask; the model uses {impl!r} "
                          f"(load it with attn_implementation='sdpa', or send one request at a time)")
@@ -198,43 +198,44 @@ def generate_batch(engine: "Engine", prompts: Sequence, max_new_tokens, eos_toke
     for i in range(n_req):
         state = starts[i]
         try:
-            ids[i] = engine._check_ids(ids[i].unsqueeze(0), state, max_new[i])[0]
+            ids[i] = check_ids(runner.plan, ids[i].unsqueeze(0), state, max_new[i])[0]
         except ValueError as e:
             raise ValueError(f"prompts[{i}]: {e}") from None
         p = protect[i]
         if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= ids[i].shape[0]:
             raise ValueError(f"protect_last[{i}]: expected 0 .. {ids[i].shape[0]} prompt tokens, got {p!r}")
-        rows.append(_Row(i, _plan(ids[i], engine.config.chunk_size, p), max_new[i],
+        rows.append(_Row(i, _plan(ids[i], runner.plan.config.chunk_size, p), max_new[i],
                          state.seen if state else 0, state.steps if state else 0,
                          list(state.protected) if state else [], state.peak_kv_tokens if state else 0,
                          state.peak_kv_bytes if state else 0))
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-    cache = RaggedCache(engine.num_layers, 1, engine.policy_needs.token_state)
-    budgets = engine.budgets or [None] * engine.num_layers
+    cache = RaggedCache(runner.plan.num_layers, 1, runner.plan.needs.token_state)
+    budgets = runner.plan.budgets or [None] * runner.plan.num_layers
     cache.lengths = [[s.cache.layers[i].length if s is not None else 0 for s in starts] for i in range(len(budgets))]
     capacity: dict = {}  # one computation per distinct (budget, lengths)
     for layer, budget, lengths in zip(cache.layers, budgets, cache.lengths):
         key = (budget, tuple(lengths))
         if key not in capacity:
-            capacity[key] = _capacity(engine, rows, lengths, decode_evict, budget)
+            capacity[key] = _capacity(runner, rows, lengths, decode_evict, budget)
         layer.capacity = capacity[key]
     if any(s is not None for s in starts):
-        _load(cache, starts, n_req, engine.query_need.window if engine.query_need is not None else None)
-    return _Batch(engine, cache, rows, eos, decode_evict, on_batch_step).run()
+        _load(cache, starts, n_req, runner.plan.needs.queries.window if runner.plan.needs.queries is not None else None)
+    return _Batch(runner, cache, rows, eos, decode_evict, on_batch_step).run()
 
 
-def one_at_a_time(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
+def one_at_a_time(generate: Callable[..., GenerationResult], default_max_new: int, prompts: Sequence,
+                  max_new_tokens, eos_token_id, states, protect_last,
                   decode_evict: bool) -> list[GenerationResult]:
     """``Engine.generate_batch`` for a policy whose KV heads share a pool of slots (``PolicyNeeds.shares_heads``,
     kdeval/keydiff/headpool.py): each request by ``Engine.generate``, alone, so each gets exactly its batch-1
     result (a ragged step over a pool would need every row's own head counts; the batch's throughput is lost,
     and ``on_batch_step`` is not called)."""
-    starts, max_new, protect = _requests(engine, prompts, max_new_tokens, states, protect_last)
+    starts, max_new, protect = _requests(default_max_new, prompts, max_new_tokens, states, protect_last)
     out = []
     for i, prompt in enumerate(prompts):
         state = starts[i]
         try:
-            out.append(engine.generate(_as_ids(prompt, i).unsqueeze(0), max_new[i], eos_token_id,
+            out.append(generate(_as_ids(prompt, i).unsqueeze(0), max_new[i], eos_token_id,
                                        state.fork() if state is not None else None, protect_last=protect[i],
                                        decode_evict=decode_evict))
         except ValueError as e:
@@ -245,11 +246,11 @@ def one_at_a_time(engine: "Engine", prompts: Sequence, max_new_tokens, eos_token
 class _Batch:
     """The lockstep loop over the rows of one ``generate_batch`` call."""
 
-    def __init__(self, engine: "Engine", cache: RaggedCache, rows: list[_Row], eos: set[int], decode_evict: bool,
+    def __init__(self, runner: "Step", cache: RaggedCache, rows: list[_Row], eos: set[int], decode_evict: bool,
                  on_batch_step):
-        self.engine, self.cache, self.rows, self.eos = engine, cache, rows, eos
+        self.runner, self.cache, self.rows, self.eos = runner, cache, rows, eos
         self.decode_evict, self.on_batch_step = decode_evict, on_batch_step
-        self.memory = PeakMemory(engine.device)
+        self.memory = PeakMemory(runner.plan.device)
         self.results: list[GenerationResult | None] = [None] * len(rows)
 
     def _feeds(self) -> list[tuple[torch.Tensor | int, bool, bool]]:
@@ -257,41 +258,41 @@ class _Batch:
                 for row in self.rows]
 
     def _keep(self, row: _Row, n: int, t: int, evict: bool, budget: int | None) -> int:
-        if not (self.engine.evicting and evict):
+        if not (self.runner.plan.evicting and evict):
             return n + t
-        return min(budget + sum(e - s for s, e in row.protected), n + t)
+        return min(budget + held_tokens(row.protected), n + t)
 
     def _geometries(self, t: list[int], feeds) -> list[RaggedStep]:
         """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row (layers whose rows hold and keep
         the same counts share one)."""
-        eng = self.engine
+        eng = self.runner
         seen = [row.seen for row in self.rows]
         by_counts: dict = {}
         out = []
-        for lengths, budget in zip(self.cache.lengths, eng.budgets or [None] * eng.num_layers):
+        for lengths, budget in zip(self.cache.lengths, eng.plan.budgets or [None] * eng.plan.num_layers):
             keep = [self._keep(row, a, b, f[1], budget) for row, a, b, f in zip(self.rows, lengths, t, feeds)]
             key = (tuple(lengths), tuple(keep))
             if key not in by_counts:
-                by_counts[key] = RaggedStep(list(lengths), t, keep, seen, eng.device, eng.rerotate)
+                by_counts[key] = RaggedStep(list(lengths), t, keep, seen, eng.plan.device, eng.plan.rerotate)
             out.append(by_counts[key])
         return out
 
     def run(self) -> list[GenerationResult]:
-        eng, cache = self.engine, self.cache
+        eng, cache = self.runner, self.cache
         self.t0 = time.perf_counter()
         while self.rows:
             feeds = self._feeds()
             t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
             layer_steps = self._geometries(t, feeds)
             step = layer_steps[0]
-            ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.device)
+            ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.plan.device)
             for r, (f, tr) in enumerate(zip(feeds, t)):
                 ids[r, step.T - tr :] = f[0]
             for r, (row, b) in enumerate(zip(self.rows, t)):
                 row.peak_kv_tokens = max(row.peak_kv_tokens, max(lengths[r] for lengths in cache.lengths) + b)
             steps = [row.steps for row in self.rows]
             steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
-                steps, dtype=torch.long, device=eng.device).view(-1, 1, 1)
+                steps, dtype=torch.long, device=eng.plan.device).view(-1, 1, 1)
             logits = self._forward(ids, layer_steps, steps_arg)
             cache.lengths = [list(s.host_keep) for s in layer_steps]
             self.memory.sample()
@@ -309,25 +310,25 @@ class _Batch:
 
     def _forward(self, ids: torch.Tensor, layer_steps: list[RaggedStep], steps) -> torch.Tensor:
         """The model on ``ids [rows, T]`` under each layer's step mask, then eviction; the last column's logits."""
-        eng = self.engine
+        eng = self.runner
         capture = None
-        if eng.need is not None:
-            capture = AttentionCapture(eng.need, float32_logits=eng.config.score_precision == "float32")
+        if eng.plan.needs.attention is not None:
+            capture = AttentionCapture(eng.plan.needs.attention, float32_logits=eng.plan.config.score_precision == "float32")
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         step = layer_steps[0]
         masks = {id(s): s.mask() for s in layer_steps}
         if len(masks) > 1:  # the layers' geometries differ: each layer's attention takes its own mask
             kwargs["kdeval_layer_masks"] = [masks[id(s)] for s in layer_steps]
         self.cache.begin_step([s.base for s in layer_steps], step.cache_positions)
-        queries = capture_queries(eng.model) if eng.query_need is not None else contextlib.nullcontext()
+        queries = capture_queries(eng.model) if eng.plan.needs.queries is not None else contextlib.nullcontext()
         with attention_implementation(eng.model, RAGGED_IMPL), queries as captured:
             out = eng.model(input_ids=ids, position_ids=step.position_ids, attention_mask=masks[id(step)],
                             past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
         recent = None
-        if eng.query_need is not None:
-            recent = record_step(eng.model, eng.query_need, self.cache, captured, step.cache_positions[:, 0],
+        if eng.plan.needs.queries is not None:
+            recent = record_step(eng.model, eng.plan.needs.queries, self.cache, captured, step.cache_positions[:, 0],
                                  step.seen_after)
-        eng._evict_ragged(self.cache, layer_steps, steps, capture, [row.protected for row in self.rows], recent)
+        eng.evictor.evict_ragged(self.cache, layer_steps, steps, capture, [row.protected for row in self.rows], recent)
         return out.logits[:, -1, :]
 
     def _choose(self, logits: torch.Tensor, share: int) -> None:
@@ -367,12 +368,11 @@ class _Batch:
     def _result(self, r: int, row: _Row, share: int) -> GenerationResult:
         decode_s = time.perf_counter() - row.t_first
         n = len(row.out)
-        stats = RunStats(
+        stats = RunStats.of_run(
             prompt_tokens=row.prompt_tokens,
             ttft_s=row.ttft,
             decode_s=decode_s,
             decode_tokens=n,
-            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
             peak_kv_tokens=row.peak_kv_tokens,
             kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
             peak_memory_bytes=self.memory.peak_bytes,
@@ -380,4 +380,4 @@ class _Batch:
             peak_kv_bytes=row.peak_kv_bytes,
             memory_kind=self.memory.kind,
         )
-        return GenerationResult([list(row.out)], stats, _row_state(self.engine, self.cache, r, row))
+        return GenerationResult([list(row.out)], stats, _row_state(self.runner, self.cache, r, row))

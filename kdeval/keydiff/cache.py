@@ -4,7 +4,10 @@ Both stores keep, per layer, the cached ``keys``/``values`` ``[batch, kv_heads, 
 absolute ``positions`` ``[batch, kv_heads, tokens]`` of those tokens and any per-token policy state. During a
 chunk's forward the chunk's ``t`` tokens are appended after the ``n`` cached ones, so the valid tokens are always
 slots ``[0, n + t)`` with the chunk last: the causal mask transformers builds from the cache length (all of the
-cache, causal within the chunk) is therefore right, whatever order the older tokens sit in.
+cache, causal within the chunk) is therefore right, whatever order the older tokens sit in, as long as every layer
+holds the same count (transformers builds one mask, from layer 0). Under per-layer budgets (PyramidKV) the layers
+hold different counts and the engine runs attention without a mask, lower-right causal over each layer's own keys
+(kdeval/keydiff/plan.py chooses it).
 
 - :class:`SlotLayer` (``store="slot"``, default): one buffer of ``budget + chunk`` slots allocated once and
   written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
@@ -29,7 +32,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from kdeval.keydiff.slots import (  # noqa: F401  (EmptySlots, move_tail, static_visible: re-exported)
-    EMPTY_POSITION, EmptySlots, compact, expand_index, move_tail, static_visible,
+    EMPTY_POSITION, EmptySlots, compact, expand_index, move_tail, resized, static_visible,
 )
 
 
@@ -68,14 +71,10 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
 
     is_croppable = False
 
-    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None,
-                 allocate=None):
-        """``allocate(key_states, value_states)``: where the buffers come from (the cache's layer-fused
-        buffers); by default this layer allocates its own."""
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None):
         DynamicLayer.__init__(self)
         self.capacity = capacity
         self.static_base = static_base
-        self.allocate = allocate
         self._init_budget(state_names)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -83,9 +82,6 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         dev = key_states.device
         self.dtype, self.device = key_states.dtype, dev
         self.is_initialized = True
-        if self.allocate is not None:
-            self.keys, self.values, self.positions, self.state = self.allocate(key_states, value_states)
-            return
         self.keys = torch.zeros(b, h, self.capacity, d, dtype=key_states.dtype, device=dev)
         self.values = torch.zeros(b, h, self.capacity, value_states.shape[-1], dtype=value_states.dtype, device=dev)
         fill = EMPTY_POSITION if self.static_base is not None else 0
@@ -104,16 +100,11 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
             self.capacity = capacity
 
     def _grow(self, need: int, exact: bool = False) -> None:
-        new_cap = need if exact else max(need, 2 * self.capacity)
-
-        def grown(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_zeros(*t.shape[:2], new_cap, *t.shape[3:])
-            out[:, :, : self.length] = t[:, :, : self.length]
-            return out
-
-        self.keys, self.values, self.positions = grown(self.keys), grown(self.values), grown(self.positions)
-        self.state = {n: grown(s) for n, s in self.state.items()}
-        self.capacity = new_cap
+        cap, n = need if exact else max(need, 2 * self.capacity), self.length
+        self.keys, self.values = resized(self.keys, cap, n), resized(self.values, cap, n)
+        self.positions = resized(self.positions, cap, n)
+        self.state = {name: resized(s, cap, n) for name, s in self.state.items()}
+        self.capacity = cap
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -146,14 +137,9 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
         """Take copies of ``src``'s valid tokens ``[0, src.length)`` into this (empty, dynamic) layer's buffers."""
         n, cap = src.length, self.capacity
         self.dtype, self.device, self.is_initialized = src.dtype, src.device, True
-
-        def copied(t: torch.Tensor) -> torch.Tensor:
-            out = t.new_zeros(*t.shape[:2], cap, *t.shape[3:])
-            out[:, :, :n] = t[:, :, :n]
-            return out
-
-        self.keys, self.values, self.positions = copied(src.keys), copied(src.values), copied(src.positions)
-        self.state = {name: copied(s) for name, s in src.state.items()}
+        self.keys, self.values = resized(src.keys, cap, n), resized(src.values, cap, n)
+        self.positions = resized(src.positions, cap, n)
+        self.state = {name: resized(s, cap, n) for name, s in src.state.items()}
         self.length = n
         self._note_held()
 
@@ -232,15 +218,10 @@ class BudgetCache(Cache):
     """A transformers ``Cache`` of :class:`SlotLayer` or :class:`GatherLayer`, one per decoder layer."""
 
     def __init__(self, num_layers: int, store: str, capacity: int | list[int], state_names: tuple[str, ...] = (),
-                 static_base: int | None = None, fused: bool = False):
-        """``capacity``: slots per layer, one number or one per layer (per-layer budgets, dynamic layout only).
-
-        ``fused``: the static layout's layers share buffers ``[layers * batch, kv_heads, slots, ...]`` (layer
-        ``i`` owns rows ``[i * batch, (i + 1) * batch)``), so eviction can treat all layers as one batch."""
+                 static_base: int | None = None):
+        """``capacity``: slots per layer, one number or one per layer (per-layer budgets, dynamic layout only)."""
         if static_base is not None and store != "slot":
             raise ValueError("static_base: only the slot store has a static layout")
-        if fused and static_base is None:
-            raise ValueError("fused: layer-fused buffers need the static layout")
         capacities = [capacity] * num_layers if isinstance(capacity, int) else list(capacity)
         if static_base is not None and len(set(capacities)) > 1:
             raise ValueError("capacity: the static layout gives every layer the same slots")
@@ -248,11 +229,8 @@ class BudgetCache(Cache):
         #: every layer has the same slots, so every layer holds the same count (``length`` reads layer 0)
         self.uniform = len(set(capacities)) == 1
         self.state_names = tuple(state_names)
-        self.fused: dict[str, torch.Tensor] | None = None  # the shared buffers, once allocated
-        self._fused_specs = (num_layers, capacities[0], state_names) if fused else None
         if store == "slot":
-            layers = [SlotLayer(cap, state_names, static_base, self._fused_view(i) if fused else None)
-                      for i, cap in enumerate(capacities)]
+            layers = [SlotLayer(cap, state_names, static_base) for cap in capacities]
         elif store == "gather":
             layers = [GatherLayer(state_names) for _ in range(num_layers)]
         else:
@@ -272,28 +250,6 @@ class BudgetCache(Cache):
             return self.layers[0].length
         return max(layer.length for layer in self.layers)
 
-    def _fused_view(self, idx: int):
-        def allocate(key_states: torch.Tensor, value_states: torch.Tensor):
-            num_layers, cap, state_names = self._fused_specs
-            b, h, _, d = key_states.shape
-            dev = key_states.device
-            if self.fused is None:
-                rows = num_layers * b
-                self.fused = {
-                    "keys": torch.zeros(rows, h, cap, d, dtype=key_states.dtype, device=dev),
-                    "values": torch.zeros(rows, h, cap, value_states.shape[-1], dtype=value_states.dtype, device=dev),
-                    "positions": torch.full((rows, h, cap), EMPTY_POSITION, dtype=torch.long, device=dev),
-                    **{f"state.{n}": torch.zeros(rows, h, cap, dtype=torch.float32, device=dev) for n in state_names},
-                }
-            keys = self.fused["keys"]
-            if keys.shape[0] != num_layers * b or keys.shape[1] != h or keys.shape[3] != d:
-                raise ValueError("fused: every layer must have the same batch, KV heads and head size")
-            mine = {name: buf[idx * b : (idx + 1) * b] for name, buf in self.fused.items()}
-            state = {n: mine[f"state.{n}"] for n in state_names}
-            return mine["keys"], mine["values"], mine["positions"], state
-
-        return allocate
-
     def begin_chunk(self, positions: torch.Tensor) -> None:
         """Set the absolute positions ``[t]`` of the chunk the next forward writes."""
         pos = positions.view(1, 1, -1)
@@ -301,15 +257,11 @@ class BudgetCache(Cache):
             layer.next_positions = pos
 
     def _buffers(self) -> list[torch.Tensor]:
-        if self.fused is not None:
-            return list(self.fused.values())
         return [b for l in self.layers for b in (l.keys, l.values, l.positions, *l.state.values())]
 
     def can_copy_from(self, other: "BudgetCache") -> bool:
         """Whether :meth:`copy_from` applies: both static-layout caches with buffers of the same shapes."""
         if self.static_base is None or other.static_base != self.static_base or other is self:
-            return False
-        if (self.fused is None) != (other.fused is None):
             return False
         if not all(l.is_initialized for l in (*self.layers, *other.layers)):
             return False
@@ -338,14 +290,14 @@ class BudgetCache(Cache):
         with torch.inference_mode():  # the buffers were allocated during an inference-mode forward
             for buf in self._buffers():
                 buf.zero_()
-            for buf in [self.fused["positions"]] if self.fused is not None else [l.positions for l in self.layers]:
-                buf.fill_(EMPTY_POSITION)
+            for layer in self.layers:
+                layer.positions.fill_(EMPTY_POSITION)
         for layer in self.layers:
             layer.length, layer.pending, layer.next_positions = 0, 0, None
 
     def advance_static(self, t: int) -> None:
         """Host-side bookkeeping of a static step of ``t`` tokens once its chunk is committed (what ``evict``
-        does per layer): a replayed graph, or the layer-fused eviction."""
+        does per layer): a replayed graph."""
         for layer in self.layers:
             layer.pending = 0
             layer.length = min(layer.length + t, self.static_base)

@@ -1,30 +1,35 @@
 """Eviction after a step: score the cached tokens, keep the protected ones, free the rest down to the budget.
 
-A mixin of :class:`kdeval.keydiff.engine.Engine` (its ``config``, ``policy``, ``policy_needs``, ``evicting`` and
-``_score``): the engine's half that runs after the forward, per layer or, on the static layout with the
-experimental ``fuse_layers``, for all layers at once. Shapes as in :mod:`kdeval.keydiff.policy`.
+The half of a step (kdeval/keydiff/step.py) that runs after the forward, layer by layer, reading the policy and
+the plan (budgets, needs) only. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from kdeval.keydiff.attention import AttentionCapture
-from kdeval.keydiff.cache import BudgetCache, EmptySlots, compact, move_tail
-from kdeval.keydiff.compiling import compile_fn
+from typing import TYPE_CHECKING
+
+from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.headpool import HeadPoolCache
 from kdeval.keydiff.headpool_eviction import evict_pool
-from kdeval.keydiff.policy import Policy, ScoreContext, held_mask, lowest_oldest_first, protect
+from kdeval.keydiff.policy import Policy, ScoreContext, held_mask, held_tokens, lowest_oldest_first, protect
 from kdeval.keydiff.queries import StepQueries
 from kdeval.keydiff.rerotation import rerotate
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask, lowest_first
 
+if TYPE_CHECKING:
+    from kdeval.keydiff.plan import Plan
 
-class Eviction:
-    """The eviction half of the engine (see the module docstring)."""
 
-    def _evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
+class Evictor:
+    """Evicts the caches of one policy under one plan (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, policy: Policy, plan: "Plan"):
+        """``model``: for re-rotation (its rotary embedding)."""
+        self.model, self.policy, self.plan = model, policy, plan
+
+    def evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
                capture: AttentionCapture | None, empty: EmptySlots | None = None, evict: bool = True,
                protected: tuple[tuple[int, int], ...] = (), recent: StepQueries | None = None) -> None:
         """Score and free slots per layer. ``empty``: the static layout's empty slots (``None`` otherwise);
@@ -33,17 +38,14 @@ class Eviction:
         Each layer keeps its budget (``budgets[idx]``) plus the protected tokens (``protected``: position
         ranges, all held); ``evict=False``: the policy observes the step and everything is kept."""
         if isinstance(cache, HeadPoolCache):
-            evict_pool(self, cache, t, seen, steps, capture, evict, protected)
+            evict_pool(self.policy, self.plan, cache, t, seen, steps, capture, evict, protected)
             return
-        if cache.fused is not None:
-            self._evict_fused(cache, t, seen, steps, capture, empty)
-            return
-        held = sum(end - start for start, end in protected)
+        held = held_tokens(protected)
         for idx, layer in enumerate(cache.layers):
-            if not self.evicting:
+            if not self.plan.evicting:
                 layer.evict(None)
                 continue
-            keep = self.budgets[idx] + held
+            keep = self.plan.budgets[idx] + held
             m = keep + t if empty is not None else layer.length + layer.pending
             keys, positions, pstate = layer.view()
             ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
@@ -55,8 +57,8 @@ class Eviction:
             if not evict or m <= keep:
                 layer.evict(None)
                 continue
-            before = positions.sort(dim=-1).values if self.rerotate else None
-            layer.evict(self._choose(keys, ctx, m - keep, self.budgets[idx], empty, protected))
+            before = positions.sort(dim=-1).values if self.plan.rerotate else None
+            layer.evict(self.choose(keys, ctx, m - keep, self.plan.budgets[idx], empty, protected))
             if before is not None:
                 kept_keys, kept_positions, _ = layer.view()
                 rerotate(self.model, kept_keys, kept_positions, before)
@@ -67,56 +69,34 @@ class Eviction:
         """Give ``ctx`` the layer's recent queries and, when the policy asks, its values' first ``m`` slots."""
         if recent is not None:
             ctx.queries = recent.layer(ctx.layer_idx)
-            if self.query_need.values:
+            if self.plan.needs.queries.values:
                 ctx.values = values[:, :, :m]
 
-    def _choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, budget: int, empty: EmptySlots | None,
+    def choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, budget: int, empty: EmptySlots | None,
                 protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
         """The ``k`` slots to free per row of ``keys [rows, h, slots, d]`` in a layer that keeps ``budget``: the
         policy's scores (over every cached token, protected ones included), the kept positions (the policy's
         sink and recent ones, the ``protected`` ranges) raised, empty slots (static layout) lowered, then the
         ``k`` lowest → ``[rows, h, k]``."""
-        scores = self._score(self.policy, keys, ctx)
+        scores = self.policy.score(keys, ctx)
         scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
         if protected:
             scores = scores.masked_fill(held_mask(ctx.positions, protected), float("inf"))
         if empty is not None:
             scores = empty.ranked(scores)
-        if self.policy_needs.exact_ties:
+        if self.plan.needs.exact_ties:
             # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
             # own choice among ties depends on the array's layout), so the kept set depends neither on which
             # slot a token occupies nor on empty slots.
             return lowest_oldest_first(scores, ctx.positions, k, ctx.position_order)
         return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
 
-    def _evict_fused(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
-                     capture: AttentionCapture | None, empty: EmptySlots) -> None:
-        """The static layout's eviction for all layers at once, over the cache's shared buffers: the same
-        scoring, protection and selection as :meth:`_evict`, on ``layers * batch`` rows."""
-        budget = self.config.budget
-        m = budget + t
-        buffers = cache.fused
-        keys, positions = buffers["keys"][:, :, :m], buffers["positions"][:, :, :m]
-        pstate = {n: buffers[f"state.{n}"][:, :, :m] for n in self.policy_needs.token_state}
-        attention = None
-        if capture is not None:
-            attention = torch.cat([capture.by_layer[i] for i in range(len(cache.layers))], dim=0)
-            capture.clear()
-        ctx = ScoreContext(-1, positions, seen, t, attention, pstate, steps)
-        self.policy.observe(ctx)
-        if empty.room_slots is not None:
-            move_tail(list(buffers.values()), empty.room_slots, budget)
-        else:
-            compact(list(buffers.values()), self._choose(keys, ctx, t, budget, empty), budget)
-        cache.advance_static(t)
-
-
-    def _evict_ragged(self, cache: RaggedCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
+    def evict_ragged(self, cache: RaggedCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
                       capture: AttentionCapture | None, protected: list[list[tuple[int, int]]],
                       recent: StepQueries | None = None) -> None:
         """Eviction after a step of a ragged batch (kdeval/keydiff/ragged.py), per layer with its step
         ``layer_steps[idx]``: row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as
-        :meth:`_choose` chooses at batch 1 (the policy's scores, its sink/recent positions and the row's
+        :meth:`choose` chooses at batch 1 (the policy's scores, its sink/recent positions and the row's
         ``protected`` ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction
         steps before this one (an int when they agree); ``recent``: the step's recent queries, for a policy
         with a ``QueryNeed``."""
@@ -125,9 +105,9 @@ class Eviction:
             m = step.M
             drop = (m - step.keep).view(-1, 1, 1)
             k = max(m - kept for kept in step.host_keep)
-            budget = self.budgets[idx] if self.evicting else None
+            budget = self.plan.budgets[idx] if self.plan.evicting else None
             keys, positions, pstate = layer.view(m)
-            if self.evicting:
+            if self.plan.evicting:
                 attention = capture.by_layer.get(idx) if capture else None
                 ctx = ScoreContext(idx, positions, step.seen_after, step.T, attention, pstate, steps)
                 self._add_queries(ctx, recent, layer.values, m)
@@ -137,19 +117,19 @@ class Eviction:
             if step.drops:
                 tail = keys[:, :, step.base : m]
                 tail.masked_fill_(step.pad[:, step.base :].view(step.rows, 1, step.T, 1), 0)  # zero keys: no anchor
-                scores = plain_score(self.policy, keys, ctx)  # eager: a ragged batch's shapes change every step
+                scores = self.policy.score(keys, ctx)  # eager: a ragged batch's shapes change every step
                 scores = protect(scores, positions, step.seen_after, self.policy.n_sink(), self.policy.n_recent(budget))
                 if any(protected):
                     held = torch.stack([held_mask(positions[r], ranges) for r, ranges in enumerate(protected)])
                     scores = scores.masked_fill(held, float("inf"))
                 if scores.dtype not in (torch.float32, torch.float64):
                     scores = scores.float()  # the empty slots' ranks need float32's range
-                order = lowest_first(step.invalid_ranks(scores), positions, k, self.policy_needs.exact_ties,
+                order = lowest_first(step.invalid_ranks(scores), positions, k, self.plan.needs.exact_ties,
                                      ctx.position_order)
                 kept = kept_mask(order, drop, m)
             else:
                 kept = step.valid.unsqueeze(1).expand(-1, keys.shape[1], -1)
-            before = positions.sort(dim=-1).values if self.rerotate and step.drops else None
+            before = positions.sort(dim=-1).values if self.plan.rerotate and step.drops else None
             compact_rows(layer.buffers(), kept, step.keep, step.movers)
             clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), m)
             if before is not None:
@@ -158,14 +138,3 @@ class Eviction:
         if capture is not None:
             capture.clear()
 
-
-def plain_score(policy: Policy, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-    """``policy.score(keys, ctx)``: what the engine calls to score (or its compiled form)."""
-    return policy.score(keys, ctx)
-
-
-@functools.cache
-def compiled_score():
-    """One compiled :func:`plain_score` per process: its guards are on the policy's class and parameters, not on the
-    instance, so new engines reuse it; a second shape makes it compile a dynamic-shape version."""
-    return compile_fn(plain_score)

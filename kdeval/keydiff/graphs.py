@@ -11,73 +11,79 @@ a replayed value.
 The first call runs eagerly, on the side stream the capture will use (so lazily created per-stream state such
 as library workspaces exists before capture), and is the warm-up; the second call captures, then replays.
 ``emulate=True`` (tests without CUDA) runs the same buffers through a plain call instead of a graph.
+
+The step that is captured (kdeval/keydiff/step.py) is passed to every call, not kept: the cache holds this object
+(``cache.graphs``) and the step's pool holds released caches, so keeping it would make a reference cycle that
+keeps a cache and the graph's memory pool alive until the garbage collector runs.
 """
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from kdeval.keydiff.cache import BudgetCache
-    from kdeval.keydiff.engine import Engine
+
+
+class DeviceStep(Protocol):
+    """What is captured: a step's forward + eviction with no host synchronisation."""
+
+    def device_step(self, cache: "BudgetCache", ids: torch.Tensor, positions: torch.Tensor,
+                    seen_after: torch.Tensor, steps: int, all_logits: bool) -> torch.Tensor: ...
 
 
 class CapturedStep:
-    """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1), captured by one engine
-    (``owner``: it recorded that engine's policy and settings)."""
+    """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1), captured from one step
+    (``owner``, weakly: it recorded that step's policy and plan) on ``device`` (``emulate``: plain calls)."""
 
-    def __init__(self, engine: "Engine", batch: int, t: int):
-        # The engine and the cache are passed to every call, not kept (the engine only weakly, to tell who
-        # captured this): the cache holds this object (``cache.graphs``) and the engine's pool holds released
-        # caches, and a reference cycle would keep a cache and the graph's memory pool alive until the
-        # garbage collector runs.
-        self.owner, self.t = weakref.ref(engine), t
-        dev = engine.device
+    def __init__(self, step: DeviceStep, batch: int, t: int, device: torch.device, emulate: bool = False):
+        self.owner, self.t = weakref.ref(step), t
+        dev = device
         self.ids = torch.zeros(batch, t, dtype=torch.long, device=dev)
         self.offsets = torch.arange(t, device=dev)
         self.positions = torch.zeros(t, dtype=torch.long, device=dev)
         self.seen_after = torch.zeros((), dtype=torch.long, device=dev)
-        self.emulate = dev.type != "cuda" or engine.emulate_graphs
+        self.emulate = dev.type != "cuda" or emulate
         self.stream = None if self.emulate else torch.cuda.Stream(device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.warmed = False
 
-    def _fn(self, engine: "Engine", cache: "BudgetCache") -> torch.Tensor:
-        return engine._device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
+    def _fn(self, step: DeviceStep, cache: "BudgetCache") -> torch.Tensor:
+        return step.device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
 
     def _fill(self, ids: torch.Tensor, seen: int) -> None:
         self.ids.copy_(ids)
         torch.add(self.offsets, seen, out=self.positions)
         self.seen_after.fill_(seen + self.t)
 
-    def run(self, engine: "Engine", cache: "BudgetCache", ids: torch.Tensor, seen: int) -> torch.Tensor:
-        """One step of ``cache`` (always the same one) for ``ids [batch, t]`` from position ``seen`` by ``engine``
+    def run(self, step: DeviceStep, cache: "BudgetCache", ids: torch.Tensor, seen: int) -> torch.Tensor:
+        """One step of ``cache`` (always the same one) for ``ids [batch, t]`` from position ``seen`` by ``step``
         (always its owner); returns logits ``[batch, 1, vocab]``."""
         self._fill(ids, seen)
         if self.emulate:
-            return self._fn(engine, cache).clone()
+            return self._fn(step, cache).clone()
         if not self.warmed:
             self.warmed = True
             current = torch.cuda.current_stream()
             self.stream.wait_stream(current)
             with torch.cuda.stream(self.stream):
-                logits = self._fn(engine, cache).clone()
+                logits = self._fn(step, cache).clone()
             current.wait_stream(self.stream)
             return logits
         if self.graph is None:
-            self._capture(engine, cache)  # its Python pass did this step's bookkeeping
+            self._capture(step, cache)  # its Python pass did this step's bookkeeping
         else:
             cache.advance_static(self.t)
         self.graph.replay()
         return self.logits.clone()
 
-    def _capture(self, engine: "Engine", cache: "BudgetCache") -> None:
+    def _capture(self, step: DeviceStep, cache: "BudgetCache") -> None:
         # The capture records kernels without running them; replay() right after runs this step.
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=self.stream):
-            self.logits = self._fn(engine, cache)
+            self.logits = self._fn(step, cache)
         self.graph = graph

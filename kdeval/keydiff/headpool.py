@@ -31,7 +31,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.cache import BudgetCache, _BudgetLayerMixin
-from kdeval.keydiff.slots import EMPTY_POSITION, compact, expand_index
+from kdeval.keydiff.slots import EMPTY_POSITION, compact, expand_index, resized
 
 POOL_IMPL = "kdeval_pool"
 
@@ -74,13 +74,8 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
             return
         if self.is_initialized:
             n, p = self.slots, self.heads * capacity
-            grown = []
-            for buf in self._buffers():
-                fill = -1 if buf is self.tags else EMPTY_POSITION if buf is self.positions else 0
-                out = buf.new_full((*buf.shape[:2], p, *buf.shape[3:]), fill)
-                out[:, :, :n] = buf[:, :, :n]
-                grown.append(out)
-            self.keys, self.values, self.positions, self.tags = grown
+            self.keys, self.values = resized(self.keys, p, n), resized(self.values, p, n)
+            self.positions, self.tags = resized(self.positions, p, n, EMPTY_POSITION), resized(self.tags, p, n, -1)
         self.capacity = capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

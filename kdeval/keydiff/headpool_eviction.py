@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from kdeval.keydiff.attention import AttentionCapture
-from kdeval.keydiff.policy import ScoreContext, held_mask, lowest_oldest_first, protect
+from kdeval.keydiff.policy import ScoreContext, held_mask, held_tokens, lowest_oldest_first, protect
 from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.engine import Engine
+    from kdeval.keydiff.plan import Plan
+    from kdeval.keydiff.policy import Policy
     from kdeval.keydiff.headpool import HeadPoolCache, HeadPoolLayer
 
 
@@ -77,18 +78,17 @@ def select_across_heads(scores: torch.Tensor, positions: torch.Tensor, valid: to
     return kept.view(b, h, n)
 
 
-def evict_pool(engine: "Engine", cache: "HeadPoolCache", t: int, seen: int, steps: int,
+def evict_pool(policy: "Policy", plan: "Plan", cache: "HeadPoolCache", t: int, seen: int, steps: int,
                capture: AttentionCapture | None, evict: bool, protected: tuple[tuple[int, int], ...]) -> None:
-    """The engine's eviction after a step over a head-shared pool: layer ``idx`` keeps ``H * (budgets[idx] +
-    held)`` tokens (``held``: the protected ranges' tokens, per head); ``evict=False``: the policy observes the
-    step and everything is kept."""
-    policy = engine.policy
-    held = sum(end - start for start, end in protected)
+    """Eviction after a step over a head-shared pool (``plan``'s budgets, ``policy``'s scores): layer ``idx``
+    keeps ``H * (budgets[idx] + held)`` tokens (``held``: the protected ranges' tokens, per head);
+    ``evict=False``: the policy observes the step and everything is kept."""
+    held = held_tokens(protected)
     for idx, layer in enumerate(cache.layers):
-        if not engine.evicting:
+        if not plan.evicting:
             layer.commit(None)
             continue
-        budget = engine.budgets[idx]
+        budget = plan.budgets[idx]
         keep = layer.heads * (budget + held)
         heads = HeadTokens(layer, seen)
         attention = capture.by_layer.get(idx) if capture is not None else None
@@ -98,7 +98,7 @@ def evict_pool(engine: "Engine", cache: "HeadPoolCache", t: int, seen: int, step
         if not evict or layer.filled() <= keep:
             layer.commit(None)
             continue
-        scores = engine._score(policy, heads.keys, ctx)
+        scores = policy.score(heads.keys, ctx)
         raised = protect(torch.zeros_like(scores, dtype=torch.float32), heads.positions, seen, policy.n_sink(),
                          policy.n_recent(budget)).isinf()
         raised |= held_mask(heads.positions, protected)

@@ -1,9 +1,11 @@
 """The eviction-policy interface every policy (KeyDiff and the baselines) implements.
 
 After every chunk of prompt tokens and every generated token, the engine hands each layer's cached keys to the
-policy's :meth:`Policy.score`; the engine then keeps, per (batch row, KV head), the ``budget`` highest-scoring
-tokens. Tokens the policy protects (the first ``n_sink`` positions and the most recent ``n_recent(budget)``
-positions) are always kept.
+policy's :meth:`Policy.score`; the engine then keeps, per (batch row, KV head), the layer's budget of
+highest-scoring tokens (``budget`` N, or the layer's own share under :meth:`Policy.layer_budgets`); a policy that
+``shares_heads`` (AdaKV) keeps instead the best ``H * N`` tokens of a layer across its ``H`` KV heads
+(kdeval/keydiff/headpool_eviction.py). Tokens the policy protects (the first ``n_sink`` positions and the most
+recent ``n_recent(budget)`` positions) are always kept.
 
 Tensor shapes, everywhere in this package:
 
@@ -14,7 +16,7 @@ Tensor shapes, everywhere in this package:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import torch
 
@@ -176,6 +178,19 @@ def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int | torch.Ten
     if n_recent > 0:
         mask |= positions >= seen - n_recent
     return scores.masked_fill(mask, float("inf"))
+
+
+def held_tokens(ranges: Sequence[tuple[int, int]]) -> int:
+    """Tokens in the protected position ``ranges`` ``[start, end)`` (held on top of the budget)."""
+    return sum(end - start for start, end in ranges)
+
+
+def add_range(ranges: list[tuple[int, int]], start: int, end: int) -> None:
+    """Add positions ``[start, end)`` to the protected ``ranges``, merged with a range that ends at ``start``."""
+    if ranges and ranges[-1][1] == start:
+        ranges[-1] = (ranges[-1][0], end)
+    else:
+        ranges.append((start, end))
 
 
 def held_mask(positions: torch.Tensor, ranges) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from kdeval.keydiff.policy import lowest_oldest_first
-from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
+from kdeval.keydiff.slots import EMPTY_POSITION, expand_index, resized
 
 
 class RaggedLayer(DynamicLayer):
@@ -58,17 +58,11 @@ class RaggedLayer(DynamicLayer):
         """At least ``need`` slots (doubling); the new slots are clean."""
         if need <= self.capacity:
             return
-        cap = max(need, 2 * self.capacity)
-
-        def grown(t: torch.Tensor, fill) -> torch.Tensor:
-            out = t.new_full((*t.shape[:2], cap, *t.shape[3:]), fill)
-            out[:, :, : t.shape[2]] = t
-            return out
-
+        cap, n = max(need, 2 * self.capacity), self.capacity
         if self.is_initialized:
-            self.keys, self.values = grown(self.keys, 0), grown(self.values, 0)
-            self.positions = grown(self.positions, EMPTY_POSITION)
-            self.state = {n: grown(s, 0) for n, s in self.state.items()}
+            self.keys, self.values = resized(self.keys, cap, n), resized(self.values, cap, n)
+            self.positions = resized(self.positions, cap, n, EMPTY_POSITION)
+            self.state = {name: resized(s, cap, n) for name, s in self.state.items()}
         self.capacity = cap
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

@@ -1,103 +1,16 @@
-"""One flat registry of eviction policies, shared by KeyDiff's variants and the baselines.
+"""The table of eviction policies by name, which every policy module registers into with :func:`register`.
 
-Policies register themselves with :func:`register` when their module is imported. The built-in ones live in
-the modules named by :data:`BUILTIN_POLICY_MODULES` (the plugin list), which every lookup (:func:`get_policy`,
-:func:`policy_names`, :func:`describe`, ...) imports on first use: ``kdeval.keydiff.get_policy("snapkv")``
-works without importing ``kdeval.baselines`` first, while importing ``kdeval.keydiff`` alone never imports
-``kdeval.baselines`` (the baselines import this package, not the other way round).
+This module only holds the table: the lookups that see every built-in policy (``get_policy``, ``policy_names``,
+``describe``, ...) live in :mod:`kdeval.baselines.registry`, which imports every built-in policy module (KeyDiff's
+variants here, the baselines there) before it reads the table, so nothing here imports upward.
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import typing
-from dataclasses import dataclass
 from typing import Any
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds
-from kdeval.names import suggest
+from kdeval.keydiff.policy import Policy
 
 _REGISTRY: dict[str, type[Policy]] = {}
-
-#: Modules whose import registers the built-in policies; imported on the first lookup, in this order.
-#: ``kdeval.baselines`` imports each of its policy modules (a new baseline is added there).
-BUILTIN_POLICY_MODULES: tuple[str, ...] = ("kdeval.keydiff.keydiff", "kdeval.baselines")
-_builtins_loaded = False
-
-
-def _load_builtins() -> None:
-    """Import :data:`BUILTIN_POLICY_MODULES` once (a failed import is raised, and retried on the next lookup)."""
-    global _builtins_loaded
-    if _builtins_loaded:
-        return
-    for module in BUILTIN_POLICY_MODULES:
-        importlib.import_module(module)
-    _builtins_loaded = True
-
-
-class UnknownPolicyError(ValueError):
-    """An unknown policy name; the message suggests the closest registered names."""
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    name: str
-    type: str
-    default: Any
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    """What ``kdeval policies`` prints for one policy: ``needs`` with its default parameters, and the extra
-    cost they bring (:func:`extra_cost`)."""
-
-    name: str
-    rule: str
-    params: tuple[ParamInfo, ...]
-    needs: PolicyNeeds
-    #: layers keep different budgets (``Policy.layer_budgets``, PyramidKV)
-    per_layer_budgets: bool = False
-
-    @property
-    def cost(self) -> str:
-        return extra_cost(self.needs, self.per_layer_budgets)
-
-    def to_dict(self) -> dict[str, Any]:
-        attention = self.needs.attention
-        return {
-            "name": self.name,
-            "rule": self.rule,
-            "params": [{"name": p.name, "type": p.type, "default": p.default} for p in self.params],
-            "cost": self.cost,
-            "per_layer_budgets": self.per_layer_budgets,
-            "needs": {**dataclasses.asdict(self.needs),
-                      "attention": None if attention is None else attention.rows_label()},
-        }
-
-
-def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
-    """What running a policy with ``needs`` costs beside scoring its keys, e.g. ``"attention rows of the last 32
-    queries; per-token state: 1 float"``, or ``"none"``."""
-    parts = []
-    if needs.attention is not None:
-        parts.append(f"attention rows of {needs.attention.rows_label()}")
-    if needs.token_state:
-        n = len(needs.token_state)
-        parts.append(f"per-token state: {n} float{'s' if n > 1 else ''}")
-    if needs.queries is not None:
-        values = " and the values" if needs.queries.values else ""
-        parts.append(f"the last {needs.queries.window} queries before RoPE per layer{values}")
-    if needs.rerotates:
-        parts.append("the kept keys re-rotated after every eviction")
-    if needs.shares_heads:
-        parts.append("KV heads x the attention compute (one slot pool per layer, same memory)")
-    eager = [why for why, yes in (("scores read the step count", needs.reads_step),
-                                  ("a query window between steps", needs.queries is not None),
-                                  ("re-rotation", needs.rerotates), ("per-layer budgets", per_layer_budgets),
-                                  ("a head-shared pool", needs.shares_heads)) if yes]
-    if eager:
-        parts.append(f"no CUDA graphs ({', '.join(eager)})")
-    return "; ".join(parts) or "none"
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -108,66 +21,15 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def policy_names() -> list[str]:
-    """Every registered policy name, the built-in ones included, sorted."""
-    _load_builtins()
-    return sorted(_REGISTRY)
+def registered() -> dict[str, type[Policy]]:
+    """The policies registered so far, by name (a copy)."""
+    return dict(_REGISTRY)
 
 
-def policy_class(name: str) -> type[Policy]:
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise UnknownPolicyError(f"policy: unknown name '{name}'{suggest(name, policy_names())} (known: {', '.join(policy_names())})")
-    return _REGISTRY[name]
-
-
-def _coerce(value: Any, annotation: Any, field_name: str, policy: str) -> Any:
-    """Turn CLI strings (``key=value``) into the field's type; leave other values alone."""
-    if not isinstance(value, str):
-        return value
-    target = annotation if isinstance(annotation, type) else None
-    if annotation in ("int", int) or target is int:
-        caster: Any = int
-    elif annotation in ("float", float) or target is float:
-        caster = float
-    elif annotation in ("bool", bool) or target is bool:
-        if value.lower() in ("1", "true", "yes"):
-            return True
-        if value.lower() in ("0", "false", "no"):
-            return False
-        raise ValueError(f"{field_name}: policy '{policy}' expects true/false, got {value!r}")
-    else:
-        return value
-    try:
-        return caster(value)
-    except ValueError:
-        raise ValueError(f"{field_name}: policy '{policy}' expects {caster.__name__}, got {value!r}") from None
-
-
-def get_policy(name: str, **params: Any) -> Policy:
-    """Build policy ``name`` with ``params``; unknown names and parameters get a clear ``ValueError``."""
-    cls = policy_class(name)
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in params:
-        if key not in fields:
-            known = ", ".join(fields) or "none"
-            raise ValueError(f"{key}: unknown parameter for policy '{name}'{suggest(key, list(fields))} (parameters: {known})")
-    coerced = {k: _coerce(v, hints.get(k), k, name) for k, v in params.items()}
-    return cls(**coerced)
-
-
-def describe(name: str) -> PolicyInfo:
-    cls = policy_class(name)
-    hints = typing.get_type_hints(cls)
-    params = tuple(
-        ParamInfo(f.name, getattr(hints.get(f.name), "__name__", str(hints.get(f.name))), f.default)
-        for f in dataclasses.fields(cls)
-    )
-    policy = cls()
-    per_layer = len(set(policy.layer_budgets(1024, 32))) > 1  # a budget and depth every default fits
-    return PolicyInfo(cls.name, cls.rule, params, policy.needs(), per_layer)
-
-
-def list_policies() -> list[PolicyInfo]:
-    return [describe(n) for n in policy_names()]
+def as_policy(inner: Any) -> Policy | None:
+    """A wrapper's inner policy: a policy object as it is, a registered name built at its defaults, else ``None``."""
+    if isinstance(inner, Policy):
+        return inner
+    if isinstance(inner, str) and inner in _REGISTRY:
+        return _REGISTRY[inner]()
+    return None

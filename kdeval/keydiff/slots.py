@@ -16,6 +16,14 @@ def expand_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 EMPTY_POSITION = 2**62
 
 
+def resized(buf: torch.Tensor, capacity: int, keep: int, fill: int | float = 0) -> torch.Tensor:
+    """A new buffer ``[rows, heads, capacity, ...]`` holding ``buf``'s first ``keep`` slots, the others ``fill``:
+    how every slot buffer (uniform, per-layer, ragged, head pool) grows or is copied."""
+    out = buf.new_full((*buf.shape[:2], capacity, *buf.shape[3:]), fill)
+    out[:, :, :keep] = buf[:, :, :keep]
+    return out
+
+
 def static_visible(row, slot, cached, budget: int):
     """The static layout's attention rule: query ``row`` of the chunk sees ``slot`` when it is one of the
     ``cached`` valid head slots ``[0, cached)``, or a tail slot ``[budget, budget + t)`` at or before its own.

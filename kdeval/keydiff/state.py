@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kdeval.keydiff.cache import BudgetCache
+from kdeval.keydiff.policy import add_range, held_tokens
 
 
 @dataclass
@@ -42,13 +43,25 @@ class RunStats:
     peak_kv_bytes: int = 0
     memory_kind: str = ""
 
+    @classmethod
+    def of_run(cls, *, prompt_tokens: int, ttft_s: float, decode_s: float, decode_tokens: int, peak_kv_tokens: int,
+               kept_tokens: int, peak_memory_bytes: int, memory_kind: str, kv_cache_bytes: int,
+               peak_kv_bytes: int) -> "RunStats":
+        """The figures of one request; its decode rate counts the tokens after the first (0 below two)."""
+        rate = (decode_tokens - 1) / decode_s if decode_tokens > 1 and decode_s > 0 else 0.0
+        return cls(prompt_tokens=prompt_tokens, ttft_s=ttft_s, decode_s=decode_s, decode_tokens=decode_tokens,
+                   decode_tokens_per_s=rate, peak_kv_tokens=peak_kv_tokens, kept_tokens=kept_tokens,
+                   peak_memory_bytes=peak_memory_bytes, kv_cache_bytes=kv_cache_bytes, peak_kv_bytes=peak_kv_bytes,
+                   memory_kind=memory_kind)
+
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
 
 
 @dataclass
 class PrefillState:
-    """A prefilled (and compressed) cache that generation can continue from; ``fork`` before reusing it.
+    """A cache and its counters after prefill, and also after generation (``GenerationResult.state``): what a
+    later ``prefill`` or ``generate`` can continue from; ``fork`` before reusing it.
 
     ``protected``: ranges ``[start, end)`` of absolute positions fed with ``evict=False`` (the question under
     kvpress's protocol): those tokens are never evicted and are held on top of the budget.
@@ -67,14 +80,11 @@ class PrefillState:
     @property
     def n_protected(self) -> int:
         """Tokens per layer and KV head that eviction never frees (all of them are in the cache)."""
-        return sum(end - start for start, end in self.protected)
+        return held_tokens(self.protected)
 
     def protect(self, start: int, end: int) -> None:
         """Mark positions ``[start, end)`` protected (merged with a range that ends at ``start``)."""
-        if self.protected and self.protected[-1][1] == start:
-            self.protected[-1] = (self.protected[-1][0], end)
-        else:
-            self.protected.append((start, end))
+        add_range(self.protected, start, end)
 
     def check_usable(self) -> None:
         if self.released:

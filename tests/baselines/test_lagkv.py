@@ -87,14 +87,13 @@ def test_one_chunk_is_kvpress_rule_on_the_keys():
 @pytest.mark.parametrize("params", [dict(lag_size=8), dict(lag_size=5, n_sink_tokens=0)], ids=["lag8", "lag5-nosink"])
 def test_variants_keep_what_the_gather_store_keeps(params):
     """Partitions scored across chunks (B = 16) and decode steps: the slot store and the static layout
-    (emulated graphs, layer by layer and fused) keep the gather store's tokens and logits; a batch of two
+    (emulated graphs) keep the gather store's tokens and logits; a batch of two
     rows keeps what each row keeps alone."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(130, batch=2, seed=11)
     ref = Engine(lm.model, get_policy("lagkv", **params), EngineConfig(budget=40, chunk_size=16), store="gather")
     ref = ref.generate(ids, max_new_tokens=6)
-    for cfg in (dict(), dict(cuda_graphs=True, emulate_graphs=True), dict(cuda_graphs=True, emulate_graphs=True,
-                                                                          fuse_layers=True)):
+    for cfg in (dict(), dict(cuda_graphs=True, emulate_graphs=True)):
         eng = make_engine(lm.model, get_policy("lagkv", **params), budget=40, chunk_size=16, **cfg)
         assert_same_run(eng.generate(ids, max_new_tokens=6), ref, atol=1e-9)
     alone = Engine(lm.model, get_policy("lagkv", **params), EngineConfig(budget=40, chunk_size=16))

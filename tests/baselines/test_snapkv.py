@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kdeval.keydiff import Engine, EngineConfig, get_policy, load_model
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig, load_model
 from kdeval.keydiff.cache import EMPTY_POSITION
 from kdeval.keydiff.policy import ScoreContext, protect
 

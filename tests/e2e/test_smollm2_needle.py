@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from kdeval.keydiff import Engine, EngineConfig, get_policy, load_model
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig, load_model
 
 NEEDLE = "The special magic number for Kyoto is 4817263."
 QUESTION = "What is the special magic number for Kyoto mentioned in the text above?"

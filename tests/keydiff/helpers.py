@@ -1,12 +1,11 @@
 """Helpers shared by the engine tests: tiny models, kept positions, a reference one-pass forward."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
 
-from kdeval.keydiff.config import EngineConfig, Experimental
+from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
 from kdeval.keydiff.models import LoadedModel, load_model
 
@@ -20,12 +19,10 @@ def tiny(name: str = "random:llama-tiny", kv_heads: int | None = None, dtype: st
 def make_engine(model, policy, on_step=None, on_batch_step=None, *, store: str = "slot",
                 emulate_graphs: bool = False, **settings) -> Engine:
     """An engine from flat keywords, for tests that list engines as dicts: ``EngineConfig`` settings, the
-    engine's test keywords (``store``, ``emulate_graphs``) and experimental options, e.g.
-    ``make_engine(m, p, budget=40, cuda_graphs=True, emulate_graphs=True, fuse_layers=True)``."""
-    names = {f.name for f in dataclasses.fields(Experimental)}
-    experimental = {k: settings.pop(k) for k in names & set(settings)}
+    engine's test keywords (``store``, ``emulate_graphs``), e.g.
+    ``make_engine(m, p, budget=40, cuda_graphs=True, emulate_graphs=True)``."""
     return Engine(model, policy, EngineConfig(**settings), on_step, on_batch_step, store=store,
-                  emulate_graphs=emulate_graphs, experimental=Experimental(**experimental))
+                  emulate_graphs=emulate_graphs)
 
 
 def prompt(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:

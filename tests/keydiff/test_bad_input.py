@@ -2,9 +2,9 @@
 import pytest
 from transformers import AutoConfig
 
-from kdeval.keydiff import Engine, EngineConfig, UnsupportedModelError, get_policy, load_model
+from kdeval.baselines import UnknownPolicyError, get_policy
+from kdeval.keydiff import Engine, EngineConfig, UnsupportedModelError, load_model
 from kdeval.keydiff.models import check_supported
-from kdeval.keydiff.registry import UnknownPolicyError
 
 from .helpers import prompt, tiny
 

@@ -1,7 +1,8 @@
 """After every chunk and every decode step each layer holds exactly min(N, seen) tokens."""
 import pytest
 
-from kdeval.keydiff import Engine, EngineConfig, get_policy
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig
 
 from .helpers import make_engine, prompt, tiny
 

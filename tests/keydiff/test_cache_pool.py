@@ -12,21 +12,19 @@ from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
 REQUESTS = [(130, 8, 1, 9), (25, 24, 1, 10), (70, 5, 2, 11), (90, 6, 1, 12)]  # length, new tokens, batch, seed
 
 
-def _engine(lm, policy, fused: bool = False) -> Engine:
-    """An engine on the static layout (emulated graphs), layer by layer or ``fused``."""
-    return make_engine(lm.model, policy, budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
-                       fuse_layers=fused)
+def _engine(lm, policy) -> Engine:
+    """An engine on the static layout (emulated graphs)."""
+    return make_engine(lm.model, policy, budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
 @pytest.mark.parametrize("policy", ["keydiff", "h2o"])  # h2o: per-token state that must be emptied too
-def test_released_cache_serves_the_next_request_like_a_fresh_one(policy, fused):
+def test_released_cache_serves_the_next_request_like_a_fresh_one(policy):
     lm = tiny("random:llama-tiny", 2, "float64")
-    pooled = _engine(lm, get_policy(policy), fused)
+    pooled = _engine(lm, get_policy(policy))
     caches, steps = {}, {}  # per batch size: the cache, and every captured step seen on it
     for length, new, batch, seed in REQUESTS:
         ids = prompt(length, batch=batch, seed=seed)
-        fresh = _engine(lm, get_policy(policy), fused).generate(ids, max_new_tokens=new)
+        fresh = _engine(lm, get_policy(policy)).generate(ids, max_new_tokens=new)
         got = pooled.generate(ids, max_new_tokens=new)
         assert got.tokens == fresh.tokens
         assert torch.equal(got.state.last_logits, fresh.state.last_logits)
@@ -42,7 +40,7 @@ def test_released_cache_serves_the_next_request_like_a_fresh_one(policy, fused):
 
 def test_a_reused_cache_starts_empty():
     lm = tiny()
-    eng = _engine(lm, get_policy("tova"), False)
+    eng = _engine(lm, get_policy("tova"))
     used = eng.generate(prompt(100), max_new_tokens=4).state
     eng.release(used)
     state = eng.new_state()
@@ -56,7 +54,7 @@ def test_a_reused_cache_starts_empty():
 
 def test_a_released_state_is_refused():
     lm = tiny()
-    eng = _engine(lm, get_policy("keydiff"), False)
+    eng = _engine(lm, get_policy("keydiff"))
     res = eng.generate(prompt(60), max_new_tokens=3)
     eng.release(res.state)
     with pytest.raises(ValueError, match=r"state: it was released to the engine's pool"):
@@ -82,8 +80,8 @@ def test_a_pooled_cache_is_freed_with_its_engine_and_only_its_engine_pools_it():
     import weakref
 
     lm = tiny()
-    eng = _engine(lm, get_policy("keydiff"), False)
-    other = _engine(lm, get_policy("keydiff"), False)
+    eng = _engine(lm, get_policy("keydiff"))
+    other = _engine(lm, get_policy("keydiff"))
     res = eng.generate(prompt(60), max_new_tokens=3)
     foreign = other.generate(prompt(60), max_new_tokens=3).state
     eng.release(foreign)
@@ -103,14 +101,14 @@ def test_a_state_continued_by_another_engine_gets_that_engines_steps():
     """Captured steps record their engine's policy and settings: a state prefilled by one engine (since
     dropped) and continued by another with the same layout runs the second engine's own steps."""
     lm = tiny("random:llama-tiny", 2, "float64")
-    state = _engine(lm, get_policy("tova"), False).prefill(prompt(70, seed=3))
+    state = _engine(lm, get_policy("tova")).prefill(prompt(70, seed=3))
     before = dict(state.cache.graphs)
-    other = _engine(lm, get_policy("tova", heads="group"), False)
+    other = _engine(lm, get_policy("tova", heads="group"))
     got = other.generate(prompt(20, seed=4), max_new_tokens=4, state=state)
     steady = (1, 16, "full")
     assert before[steady].owner() is None  # the first engine is gone
     assert got.state.cache.graphs[steady] is not before[steady]
-    assert got.state.cache.graphs[steady].owner() is other and got.state.cache.graphs[(1, 1, "full")].owner() is other
+    assert got.state.cache.graphs[steady].owner() is other.step and got.state.cache.graphs[(1, 1, "full")].owner() is other.step
     ref = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16), store="gather")
     ref_state = ref.prefill(prompt(70, seed=3))
     tova = Engine(lm.model, get_policy("tova", heads="group"), EngineConfig(budget=40, chunk_size=16), store="gather")

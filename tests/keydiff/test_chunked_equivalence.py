@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kdeval.keydiff import Engine, EngineConfig, get_policy
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig
 
 from .helpers import prompt, tiny
 

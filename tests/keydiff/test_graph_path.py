@@ -11,7 +11,6 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.attention import static_mask
 from kdeval.keydiff.cache import EMPTY_POSITION
 from kdeval.keydiff.cache import EmptySlots
-from kdeval.keydiff.policy import PolicyNeeds
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
 
@@ -25,22 +24,19 @@ GRAPH_SAFE = [n for n in policy_names() if n != "full" and not get_policy(n).nee
               and len(set(get_policy(n).layer_budgets(40, 3))) == 1]
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
 @pytest.mark.parametrize("policy", GRAPH_SAFE)
 @pytest.mark.parametrize("length, new_tokens, graphs", [
     # fills (two chunks with room, one that also evicts), then steady chunks and decoding
     (130, 8, {(1, 16, "room"), (1, 16, "partial"), (1, 16, "full"), (1, 1, "full")}),
     (25, 24, {(1, 16, "room"), (1, 1, "room"), (1, 1, "full")}),  # the cache fills up while decoding
 ])
-def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs, fused):
-    """The static layout (emulated graphs), layer by layer or all layers at once, keeps exactly what the
-    gather store keeps and gives its logits."""
+def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs):
+    """The static layout (emulated graphs) keeps exactly what the gather store keeps and gives its logits."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(length, seed=9)
     used = []
     static = make_engine(lm.model, get_policy(policy), lambda s: used.append(set(s.cache.graphs)), budget=40,
-                         chunk_size=16, cuda_graphs=True, emulate_graphs=True, fuse_layers=fused)
-    assert static.fused == fused
+                         chunk_size=16, cuda_graphs=True, emulate_graphs=True)
     gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16), store="gather")
     got, ref = static.generate(ids, max_new_tokens=new_tokens), gather.generate(ids, max_new_tokens=new_tokens)
     assert used[-1] == graphs
@@ -113,39 +109,6 @@ def test_graphs_default_off_without_cuda():
     assert eng.generate(prompt(100), max_new_tokens=4).state.cache.static_base is None
 
 
-def test_fused_layers_share_one_buffer_and_batches():
-    """With ``fuse_layers`` every layer's keys are rows of one shared buffer, batch rows stay apart, and the
-    kept sets equal the per-layer path's (batch of 2, GQA 4:1, H2O's per-token state included)."""
-    lm = tiny()
-    ids = prompt(90, batch=2, seed=3)
-    results = []
-    for fused in (False, True):
-        eng = make_engine(lm.model, get_policy("h2o"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
-                          fuse_layers=fused)
-        results.append(eng.generate(ids, max_new_tokens=6))
-    per_layer, fused = results
-    shared = fused.state.cache.fused["keys"]
-    for i, layer in enumerate(fused.state.cache.layers):
-        assert layer.keys.data_ptr() == shared[2 * i].data_ptr()
-    assert_same_run(fused, per_layer)
-
-
-def test_fuse_layers_needs_a_layer_independent_policy():
-    """A graph-safe policy whose scores depend on the layer keeps the per-layer eviction (``random`` would not
-    show it: it never takes the graph path at all)."""
-    from kdeval.keydiff.keydiff import KeyDiff
-
-    class PerLayer(KeyDiff):
-        def needs(self) -> PolicyNeeds:
-            return PolicyNeeds(reads_layer=True)
-
-    lm = tiny()
-    settings = dict(budget=40, cuda_graphs=True, emulate_graphs=True, fuse_layers=True)
-    assert make_engine(lm.model, get_policy("keydiff"), **settings).fused
-    eng = make_engine(lm.model, PerLayer(), **settings)
-    assert eng.use_graphs and not eng.fused
-
-
 def test_query_policies_run_eagerly():
     """A policy with a QueryNeed keeps a window of recent queries per request between steps: the engine runs it
     eagerly even when graphs are asked for, and it gives the eager engine's run."""
@@ -160,23 +123,18 @@ def test_query_policies_run_eagerly():
     assert_same_run(got, eager.generate(ids, max_new_tokens=6), atol=0)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
-def test_forked_static_state_continues_like_gather(fused):
+def test_forked_static_state_continues_like_gather():
     """A shared prefix prefilled once, forked, then continued (run_task's shared-context path): the forked
-    static cache (its shared buffers too) continues exactly like the gather store's, and the original stays."""
+    static cache continues exactly like the gather store's, and the original stays."""
     lm = tiny("random:llama-tiny", 2, "float64")
     prefix, suffix = prompt(70, seed=4), prompt(20, seed=5)
     out = {}
     for name, settings in (("gather", dict(store="gather")),
-                           ("static", dict(cuda_graphs=True, emulate_graphs=True, fuse_layers=fused))):
+                           ("static", dict(cuda_graphs=True, emulate_graphs=True))):
         eng = make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, **settings)
         state = eng.prefill(prefix)
         before = kept_positions(state)
         fork = state.fork()
-        if fused and name == "static":  # the copy's layers are views of the copy's own shared buffer
-            shared = fork.cache.fused["keys"]
-            assert shared.data_ptr() != state.cache.fused["keys"].data_ptr()
-            assert all(l.keys.data_ptr() == shared[i].data_ptr() for i, l in enumerate(fork.cache.layers))
         first = eng.generate(suffix, max_new_tokens=5, state=fork)
         second = eng.generate(suffix, max_new_tokens=5, state=state.fork())
         assert first.tokens == second.tokens
@@ -186,13 +144,11 @@ def test_forked_static_state_continues_like_gather(fused):
     assert_same_run(out["static"], out["gather"])
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
-def test_fork_into_an_earlier_fork_reuses_its_buffers_and_graphs(fused):
+def test_fork_into_an_earlier_fork_reuses_its_buffers_and_graphs():
     """``fork(into=)`` overwrites an earlier fork in place: same results as a fresh deep copy, same buffers,
     same captured steps (so CUDA graphs need not be captured again for the next question)."""
     lm = tiny("random:llama-tiny", 2, "float64")
-    eng = make_engine(lm.model, get_policy("tova"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True,
-                      fuse_layers=fused)
+    eng = make_engine(lm.model, get_policy("tova"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
     state = eng.prefill(prompt(70, seed=4))
     scratch = state.fork()
     first = eng.generate(prompt(40, seed=5), max_new_tokens=6, state=scratch)
@@ -219,8 +175,7 @@ def test_fork_into_other_layouts_deep_copies():
     assert again is not earlier and again.cache is not state.cache
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["per-layer", "fused"])
-def test_chunks_with_room_skip_scoring_but_not_observation(fused):
+def test_chunks_with_room_skip_scoring_but_not_observation():
     """While the empty head slots take a whole chunk nothing is scored (the chunk just moves into them), yet
     the policy still observes every step (H2O keeps accumulating attention)."""
     lm = tiny()
@@ -237,7 +192,7 @@ def test_chunks_with_room_skip_scoring_but_not_observation(fused):
     policy.score, policy.observe = counted("score", score), counted("observe", observe)
     seen = []
     eng = make_engine(lm.model, policy, lambda s: seen.append((s.cache.length, dict(calls))), budget=48, chunk_size=16,
-                      cuda_graphs=True, emulate_graphs=True, fuse_layers=fused)
+                      cuda_graphs=True, emulate_graphs=True)
     eng.prefill(prompt(80))
     assert [n for n, _ in seen] == [16, 32, 48, 48, 48]
     assert all(c["score"] == 0 and c["observe"] > 0 for _, c in seen[:3])

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kdeval.keydiff import Engine, EngineConfig, get_policy
+from kdeval.baselines import get_policy
+from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.keydiff import keydiff_scores
 
 from .helpers import prompt, tiny

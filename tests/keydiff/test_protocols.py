@@ -164,16 +164,15 @@ def test_decode_keep_grows_by_one_token_per_step_evict_stays_at_budget(store):
 
 
 def test_protocols_and_stores_agree():
-    """The static layout (graph path, thawed for the question or the decode steps; per layer or layer-fused) and
+    """The static layout (graph path, thawed for the question or the decode steps) and
     the gather store keep the same tokens as the slot store under both protocols and both decode modes."""
     lm = lively()
     ids = prompt(130, seed=8)
-    fused = {**ENGINES["static"], "fuse_layers": True}  # all layers' buffers in one: thawed layer by layer
     for protect in (0, 11):
         for decode_evict in (True, False):
             runs = [make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, **extra)
                     .generate(ids, max_new_tokens=12, protect_last=protect, decode_evict=decode_evict)
-                    for extra in (*ENGINES.values(), fused)]
+                    for extra in ENGINES.values()]
             for other in runs[1:]:
                 assert_same_run(other, runs[0], atol=1e-9)
 
@@ -186,11 +185,11 @@ def test_thawed_static_cache_returns_to_the_pool_with_its_graphs():
                  EngineConfig(budget=40, chunk_size=16, cuda_graphs=True), emulate_graphs=True)
     first = eng.generate(prompt(120, seed=1), max_new_tokens=4, protect_last=9)
     assert first.state.cache.static_base is None and first.state.cache.thawed_from == 40
-    pooled = eng._spare[1]
+    pooled = eng.step._spare[1]
     graphs = dict(pooled.graphs)
     assert graphs  # the context's full chunks were captured
     eng.release(first.state)  # a thawed cache is not pooled in its place
-    assert eng._spare[1] is pooled
+    assert eng.step._spare[1] is pooled
     second = eng.generate(prompt(120, seed=2), max_new_tokens=4, protect_last=9)
     assert pooled.graphs == graphs  # the same captured steps, none added
     # a thawed state continues on the engine that made it (eagerly)

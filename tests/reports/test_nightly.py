@@ -108,7 +108,7 @@ def _fake_executor(score_of):
 def _code_version(monkeypatch, version: str) -> None:
     """Pretend the code changed: cells get new ids (each policy's code version enters its cells' ids)."""
     monkeypatch.setattr("kdeval.jobs.cells.kdeval_version", lambda: version)
-    monkeypatch.setattr("kdeval.jobs.cells.cell_code_version", lambda policy, params=None: version)
+    monkeypatch.setattr("kdeval.jobs.cells.cell_code_version", lambda policy, params=None, stub=False: version)
 
 
 def test_run_nightly_end_to_end_baseline_and_regression(tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ from kdeval.cluster import provenance
 from kdeval.cluster.workload import CellResult, CellTask
 from kdeval.keydiff.keydiff import KeyDiff
 from kdeval.keydiff.policy import ScoreContext
-from kdeval.keydiff.registry import _REGISTRY, get_policy, register
+from kdeval.baselines import get_policy
+from kdeval.keydiff.registry import register, registered
 from kdeval.storage import CellState, RunIndex, RunState
 from tests.reports.helpers import record_done
 
@@ -41,7 +42,7 @@ class WeakenablePolicy(KeyDiff):
         return -scores if type(self).weakened else scores
 
 
-if WeakenablePolicy.name not in _REGISTRY:
+if WeakenablePolicy.name not in registered():
     register(WeakenablePolicy)
 
 

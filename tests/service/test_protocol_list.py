@@ -44,3 +44,27 @@ def test_bad_protocols_name_their_path(protocol, message):
         parse_grid(GRID.format(protocol=protocol))
     assert [str(i) for i in e.value.issues if str(i).startswith("protocol")] == [
         next(str(i) for i in e.value.issues if str(i).startswith(message))]
+
+
+def test_status_and_progress_labels_tell_the_protocols_apart(paths):
+    """The same policy, budget and chunk under both protocols: two rows that must not read the same."""
+    import io
+
+    from rich.console import Console
+
+    from kdeval.cli.service_cmds import _status_table
+    from kdeval.jobs.scheduler import _cell_label
+
+    from .helpers import new_run
+
+    text = GRID.format(protocol=f"[{AWARE}, {AGNOSTIC}]")
+    idx, run_id, plan = new_run(paths["db"], paths["results"], text)
+    buf = io.StringIO()
+    Console(file=buf, width=160, markup=False).print(_status_table(idx, run_id))  # as the CLI prints; no fold
+    keydiff = [ln.split()[1:4] for ln in buf.getvalue().splitlines() if " keydiff" in ln]
+    assert len(keydiff) == 8 and len({tuple(k) for k in keydiff}) == 8, keydiff
+    assert sum("[query-agnostic]" in " ".join(k) for k in keydiff) == 4
+    labels = {_cell_label(c) for c in plan.cells}
+    assert len(labels) == len(plan.cells) and any(" 64/whole " in lb for lb in labels)
+    assert sum("keydiff [query-agnostic]" in lb for lb in labels) == 4
+    idx.close()

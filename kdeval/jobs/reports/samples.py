@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kdeval.evals.budget import Budget, budget_order
-from kdeval.jobs.cells import policy_label
-from kdeval.jobs.grid import COMPRESS_NAMES
+from kdeval.jobs.cells import policy_label, protocol_tag
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 
 
@@ -66,16 +65,6 @@ def task_name(view: CellView) -> str:
     if isinstance(task, dict) and task.get("name"):
         return str(task["name"])
     return task_of_label(view.task)
-
-
-def protocol_tag(spec: dict[str, Any] | None) -> str:
-    """What a policy label gets for a protocol other than the default query-aware one with decode eviction:
-    ``" [query-agnostic]"``, ``" [decode keep]"``, ... ("" for the default), so a run holding both protocols
-    keeps their cells apart."""
-    p = (spec or {}).get("protocol") or {}
-    parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
-    parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
-    return f" [{', '.join(parts)}]" if parts else ""
 
 
 def slot_of(view: CellView) -> Slot:

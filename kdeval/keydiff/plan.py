@@ -1,0 +1,190 @@
+"""The engine's plan: everything decided once from (model, policy, config) before the first step.
+
+Per-layer budgets, what the policy needs, the cache layout, the attention function each kind of step runs
+under and whether CUDA graphs run (and, when they do not, why). Every other part of the engine reads the plan;
+nothing re-derives it. Also here: the checks a prompt and a state to continue pass before a step runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kdeval.keydiff.attention import CAPTURE_IMPL, RAGGED_IMPL, STATIC_IMPL
+from kdeval.keydiff.config import EngineConfig
+from kdeval.keydiff.headpool import POOL_IMPL, HeadPoolCache
+from kdeval.keydiff.policy import Policy, PolicyNeeds
+from kdeval.keydiff.queries import query_sources, rotary_embedding
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.state import PrefillState
+
+#: the model attention implementations the engine's own attention functions (all SDPA-based) may replace
+SDPA_FAMILY = ("sdpa", CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL, POOL_IMPL)
+
+
+def own_attention_reason(needs: PolicyNeeds, per_layer_budgets: bool) -> str | None:
+    """Why a policy with ``needs`` runs under one of the engine's SDPA-based attention functions whatever
+    the model's own implementation, or ``None`` when the model's attention serves (score-only policies)."""
+    if needs.attention is not None:
+        return f"reads attention rows ({needs.attention.rows_label()}), computed beside SDPA"
+    if per_layer_budgets:
+        return "keeps a budget per layer, so attention takes each layer's own mask (SDPA)"
+    if needs.shares_heads:
+        return "shares a layer's slots among its KV heads, whose mask only SDPA takes"
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine does for one (model, policy, config), decided once (module docstring)."""
+
+    config: EngineConfig
+    policy_name: str
+    #: what the policy's scores read (``PolicyNeeds()`` without eviction)
+    needs: PolicyNeeds
+    #: the policy evicts and a budget is set
+    evicting: bool
+    #: tokens each layer keeps (the policy's allocation of N; ``None`` without eviction)
+    budgets: tuple[int, ...] | None
+    #: every layer keeps the same budget: transformers' one mask serves every layer
+    uniform: bool
+    #: ``"slot"`` (the product store) or ``"gather"`` (the reference store tests compare with)
+    store: str
+    num_layers: int
+    #: query heads per KV head
+    group: int
+    #: the model's context (``max_position_embeddings``; 0: unknown)
+    max_context: int
+    device: torch.device
+    #: the model's own attention implementation
+    model_attention: str
+    #: the attention implementation of an eager (not static-layout) step; ``None``: the model's own
+    step_attention: str | None
+    #: the static layout and its captured step run (CUDA graphs, or emulated on a CPU)
+    use_graphs: bool
+    #: why graphs do not run although asked for (or on by default), ``None`` when they run or were not asked for
+    graphs_off: str | None
+    #: run the static layout with plain calls instead of graph replays (tests and bench on a CPU)
+    emulate_graphs: bool
+
+    @property
+    def rerotate(self) -> bool:
+        return self.needs.rerotates
+
+    @property
+    def shares_heads(self) -> bool:
+        return self.needs.shares_heads
+
+
+def checked_layer_budgets(policy: Policy, n: int, num_layers: int) -> list[int]:
+    """The policy's per-layer budgets under budget ``n``, checked: one integer per layer, each holding the tokens
+    the policy always keeps (``ValueError`` naming ``budget`` otherwise)."""
+    policy.check_budget(n)
+    budgets = policy.layer_budgets(n, num_layers)
+    if len(budgets) != num_layers or not all(isinstance(b, int) and b > 0 for b in budgets):
+        raise ValueError(f"budget: policy '{policy.name}' must give each of the {num_layers} layers a "
+                         f"positive number of tokens, got {budgets!r}")
+    for i, b in enumerate(budgets):
+        try:
+            policy.check_budget(b)
+        except ValueError as e:
+            raise ValueError(f"budget: layer {i} keeps {b} of N={n} tokens under policy '{policy.name}', "
+                             f"{str(e).removeprefix('budget: ')}") from None
+    return budgets
+
+
+def _graphs_off(needs: PolicyNeeds, evicting: bool, store: str, uniform: bool, model_attention: str) -> str | None:
+    """Why the graph path cannot run this policy (one captured step per chunk shape), or ``None``."""
+    reasons = [why for why, yes in (
+        ("nothing is evicted", not evicting),
+        ("the gather store", store != "slot"),
+        ("per-layer budgets (the static layout gives every layer N slots)", not uniform),
+        ("scores read the step count (a graph would freeze it)", needs.reads_step),
+        ("a query window between steps", needs.queries is not None),
+        ("re-rotation of every kept key", needs.rerotates),
+        ("a head-shared pool", needs.shares_heads),
+        (f"the static layout's attention runs on SDPA; the model uses {model_attention!r}",
+         model_attention not in SDPA_FAMILY),
+    ) if yes]
+    return "; ".join(reasons) or None
+
+
+def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, store: str = "slot",
+              emulate_graphs: bool = False) -> Plan:
+    """The plan for ``policy`` on ``model`` under ``config``; ``ValueError`` naming the setting for what cannot run
+    (graphs asked for without CUDA, a budget the policy cannot split, an attention implementation the policy
+    cannot run beside)."""
+    cfg = model.config
+    num_layers = cfg.num_hidden_layers
+    evicting = policy.evicts and config.budget is not None
+    budgets = tuple(checked_layer_budgets(policy, config.budget, num_layers)) if evicting else None
+    uniform = budgets is None or len(set(budgets)) == 1
+    needs = policy.needs() if evicting else PolicyNeeds()
+    if needs.queries is not None:
+        query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
+    if needs.queries is not None or needs.rerotates:
+        rotary_embedding(model)
+    device = next(model.parameters()).device
+    if config.cuda_graphs and device.type != "cuda" and not emulate_graphs:
+        raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {device.type})")
+    model_attention = cfg._attn_implementation
+    why = own_attention_reason(needs, not uniform)
+    if why is not None and model_attention not in SDPA_FAMILY:
+        raise ValueError(f"attn_implementation: policy '{policy.name}' {why}; the model uses {model_attention!r} "
+                         f"(load it with attn_implementation='sdpa')")
+    step_attention = (POOL_IMPL if needs.shares_heads else STATIC_IMPL if not uniform
+                      else CAPTURE_IMPL if needs.attention is not None else None)
+    wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
+    off = _graphs_off(needs, evicting, store, uniform, model_attention) if wanted else None
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return Plan(config=config, policy_name=policy.name, needs=needs, evicting=evicting, budgets=budgets,
+                uniform=uniform, store=store, num_layers=num_layers, group=cfg.num_attention_heads // heads,
+                max_context=int(getattr(cfg, "max_position_embeddings", 0) or 0), device=device,
+                model_attention=model_attention, step_attention=step_attention, use_graphs=wanted and off is None,
+                graphs_off=off, emulate_graphs=emulate_graphs)
+
+
+def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None", max_new: int = 0) -> torch.Tensor:
+    """``input_ids`` as ``[batch, tokens]`` on the model's device, checked: non-empty, within the model's context
+    with ``state``'s tokens and ``max_new`` generated ones, and ``state`` one this plan can continue."""
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids: expected a non-empty [batch, tokens] tensor, got shape {tuple(input_ids.shape)}")
+    if state is not None:
+        check_continuable(plan, state)
+    total = (state.seen if state else 0) + input_ids.shape[1] + max_new
+    if plan.max_context and total > plan.max_context:
+        raise ValueError(
+            f"prompt: {total} tokens (prompt + cached + max_new_tokens) exceed the model's context of "
+            f"{plan.max_context} tokens (max_position_embeddings)"
+        )
+    return input_ids.to(plan.device)
+
+
+def check_continuable(plan: Plan, state: "PrefillState") -> None:
+    """Refuse (``ValueError`` naming ``state``) a state this plan cannot continue: released, laid out for other
+    graph/store settings, rotated at the other positions, of the other cache kind, or without the per-token
+    state the policy keeps."""
+    state.check_usable()
+    name = plan.policy_name
+    layout = plan.config.budget if plan.use_graphs else None
+    if state.cache.static_base != layout and not (
+            state.cache.static_base is None and state.cache.thawed_from == layout):
+        raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
+                         "continue it with the engine that made it")
+    if state.cache.rerotated != plan.rerotate and state.cache.length < state.seen:
+        raise ValueError("state: its kept keys are rotated at " + ("contiguous" if state.cache.rerotated else
+                         "their absolute") + f" positions, policy '{name}' expects "
+                         + ("contiguous" if plan.rerotate else "absolute") + " ones; continue it with the policy "
+                         "that made it")
+    if isinstance(state.cache, HeadPoolCache) != plan.shares_heads:
+        theirs, ours = ("does not share", "does") if plan.shares_heads else ("shares", "does not")
+        raise ValueError(f"state: its cache {theirs} its slots among KV heads, policy '{name}' "
+                         f"{ours}; continue it with the policy that made it")
+    wanted = plan.needs.token_state
+    if set(wanted) - set(state.cache.state_names):
+        raise ValueError(f"state: its cache keeps the per-token state {list(state.cache.state_names)}, policy "
+                         f"'{name}' needs {list(wanted)}; continue it with the policy that made it")

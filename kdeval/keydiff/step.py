@@ -1,0 +1,176 @@
+"""One engine step: the forward of a chunk (or a generated token) with the attention rows and queries the policy
+reads, then eviction to the budget; and the caches the steps run on (made, grown, pooled).
+
+A step reads everything it decides from the :class:`~kdeval.keydiff.plan.Plan`. On the graph path
+(:attr:`Plan.use_graphs`, the static slot layout) :meth:`Step.device_step` is what a CUDA graph captures
+(kdeval/keydiff/graphs.py); steps that do not evict run eagerly: a static-layout cache is first thawed into a
+dynamic one (``BudgetCache.thawed``) and its buffers, with the graphs captured on them, go back to the pool.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+from kdeval.keydiff.attention import STATIC_IMPL, AttentionCapture, attention_implementation, static_mask
+from kdeval.keydiff.cache import BudgetCache, EmptySlots
+from kdeval.keydiff.eviction import Evictor
+from kdeval.keydiff.graphs import CapturedStep
+from kdeval.keydiff.headpool import HeadPoolCache
+from kdeval.keydiff.plan import Plan
+from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.queries import capture_queries, record_step
+from kdeval.keydiff.state import PrefillState
+
+
+class Step:
+    """Runs the steps of one policy under one plan on one model; keeps released static caches for reuse."""
+
+    def __init__(self, model: torch.nn.Module, policy: Policy, plan: Plan):
+        self.model, self.policy, self.plan = model, policy, plan
+        self.evictor = Evictor(model, policy, plan)
+        self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
+        self._spare: dict[int, BudgetCache] = {}  # released static caches (with their graphs), by batch size
+
+    def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
+        """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed).
+
+        On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
+        with the graphs captured on it."""
+        spare = self._spare.pop(batch, None)
+        if spare is not None:
+            spare.reset()
+            return PrefillState(spare, 0, torch.empty(0))
+        plan = self.plan
+        B = plan.config.chunk_size
+        cap = [b + B for b in plan.budgets] if plan.evicting else max(tokens, B)
+        if plan.shares_heads:
+            cache = HeadPoolCache(plan.num_layers, plan.store, cap)
+        else:
+            cache = BudgetCache(plan.num_layers, plan.store, cap, plan.needs.token_state,
+                                static_base=plan.config.budget if plan.use_graphs else None)
+        cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
+        cache.rerotated = plan.rerotate
+        return PrefillState(cache, 0, torch.empty(0))
+
+    def release(self, state: PrefillState) -> None:
+        """Take back a state its caller is done with (see ``Engine.release``)."""
+        state.check_usable()
+        state.released = True
+        self._pool(state.cache)
+
+    def _pool(self, cache: BudgetCache) -> None:
+        """Keep ``cache`` for the next request of its batch size when it is one of this step's static ones."""
+        mine = cache.owner is not None and cache.owner() is self
+        if mine and self.plan.use_graphs and cache.static_base is not None and cache.batch_size is not None:
+            self._spare[cache.batch_size] = cache
+
+    def make_room(self, state: PrefillState, tokens: int) -> None:
+        """Room for ``tokens`` more without eviction: a static-layout cache is thawed into a dynamic one (its
+        buffers and graphs go back to the pool), a slot cache grows its buffers once."""
+        cache = state.cache
+        if cache.static_base is not None:
+            state.cache = cache.thawed(cache.length + tokens)
+            if cache.graphs or cache.batch_size not in self._spare:  # keep a pooled cache with graphs
+                self._pool(cache)
+        else:
+            cache.reserve_more(tokens)
+
+    def run(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
+            protect: bool = False) -> torch.Tensor:
+        """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget
+        plus the protected tokens (``evict=False``: none; ``protect``: these tokens become protected); returns
+        the logits ``[batch, t or 1, vocab]``."""
+        t = ids.shape[1]
+        if not evict and state.cache.static_base is not None:
+            self.make_room(state, t)
+        state.cache.rerotated = self.plan.rerotate  # check_ids let it through: the schemes agree so far
+        state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
+        graph = self._graph_for(state, ids, all_logits) if evict else None
+        if graph is not None:
+            logits = graph.run(self, state.cache, ids, state.seen)
+        else:
+            positions = torch.arange(state.seen, state.seen + t, device=self.plan.device)
+            logits = self.device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits,
+                                      evict=evict, protected=tuple(state.protected))
+        state.peak_kv_bytes = max(state.peak_kv_bytes, state.cache.held_nbytes())
+        if protect:
+            state.protect(state.seen, state.seen + t)
+        state.seen += t
+        state.steps += 1
+        return logits
+
+    def device_step(self, cache: BudgetCache, ids: torch.Tensor, positions: torch.Tensor,
+                    seen_after: int | torch.Tensor, steps: int, all_logits: bool, evict: bool = True,
+                    protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
+        """Forward + eviction with no host synchronisation: capturable as one CUDA graph (static layout).
+
+        ``positions [t]`` and ``seen_after`` (an int, or a 0-d device tensor under graphs) are the only inputs
+        that change from chunk to chunk. ``evict=False`` and ``protected`` (position ranges never evicted, on
+        top of the budget) take the eager path only: a dynamic-layout cache.
+        """
+        plan = self.plan
+        t = ids.shape[1]
+        cache.begin_chunk(positions)
+        need = plan.needs.attention
+        capture = None
+        if need is not None:
+            capture = AttentionCapture(need, float32_logits=plan.config.score_precision == "float32")
+        kwargs = {"kdeval_capture": capture} if capture is not None else {}
+        impl = plan.step_attention
+        if isinstance(cache, HeadPoolCache):
+            kwargs["kdeval_pool"] = cache  # its attention function builds one mask per layer from the slots' tags
+        empty = None
+        if cache.static_base is not None:
+            impl = STATIC_IMPL
+            n = cache.static_base
+            cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
+            phase = self.phase(cache, t)  # from host bookkeeping, exact
+            empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
+            # A full head needs no mask (lower-right causal); a 4-D mask reaches the attention function as it is.
+            if phase != "full":
+                kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, plan.group)
+        query_need = plan.needs.queries
+        queries = capture_queries(self.model) if query_need is not None else contextlib.nullcontext()
+        with attention_implementation(self.model, impl), queries as captured:
+            out = self.model(
+                input_ids=ids,
+                position_ids=self._rope_positions(cache, positions).unsqueeze(0).expand(ids.shape[0], t),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+                **kwargs,
+            )
+        recent = None
+        if query_need is not None:
+            recent = record_step(self.model, query_need, cache, captured, positions.unsqueeze(0), seen_after)
+        self.evictor.evict(cache, t, seen_after, steps, capture, empty, evict, protected, recent)
+        return out.logits
+
+    def _rope_positions(self, cache: BudgetCache, positions: torch.Tensor) -> torch.Tensor:
+        """The RoPE positions ``[t]`` of a chunk at absolute ``positions [t]``: the same, or, for a policy that
+        re-rotates, right after the ``cache.length`` cached tokens."""
+        if not self.plan.rerotate:
+            return positions
+        return torch.arange(cache.length, cache.length + positions.shape[0], device=positions.device)
+
+    def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool) -> CapturedStep | None:
+        """The captured step for this cache and chunk shape, when graphs apply (static layout); else ``None``."""
+        if not self.plan.use_graphs or all_logits or state.cache.static_base is None:  # thawed: eager
+            return None
+        t = ids.shape[1]
+        if t not in (self.plan.config.chunk_size, 1):
+            return None
+        key = (ids.shape[0], t, self.phase(state.cache, t))
+        graph = state.cache.graphs.get(key)
+        if graph is None or graph.owner() is not self:  # another engine's graph ran its policy and settings
+            graph = CapturedStep(self, ids.shape[0], t, self.plan.device, self.plan.emulate_graphs)
+            state.cache.graphs[key] = graph
+        return graph
+
+    def phase(self, cache: BudgetCache, t: int) -> str:
+        """The static layout's step kind for ``t`` more tokens, each its own graph: ``room`` (the empty head slots
+        take the whole chunk: nothing to score), ``partial`` (some empty slots, some eviction) or ``full``."""
+        n = self.plan.config.budget
+        return "full" if cache.length >= n else "room" if cache.length + t <= n else "partial"
