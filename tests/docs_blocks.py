@@ -8,8 +8,8 @@ A page's blocks run in order, in one temporary directory:
   ```console blocks run their ``$ `` lines the same way.
 
 A block that cannot run in a test says why in an HTML comment on the line before it:
-``<!-- not run in tests: REASON -->``, or ``<!-- slow in tests: REASON -->`` for a block that runs only in the
-slow suite (the reason names the test that runs it).
+``<!-- not run in tests: REASON -->``, or ``<!-- slow in tests: REASON -->`` for a block that a slow test runs
+(the reason names that test, which reads the page).
 """
 from __future__ import annotations
 

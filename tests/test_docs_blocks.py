@@ -39,20 +39,20 @@ for step in steps:
 EXEMPT_WORDS = ("make ", "ray job submit", "systemctl", "--address")
 
 
-def steps(page_blocks: list[Block], slow: bool) -> list[dict]:
+def steps(page_blocks: list[Block]) -> list[dict]:
     out = []
     for b in page_blocks:
         if b.file_name:
             out.append({"kind": "file", "name": b.file_name, "text": b.text})
-        elif b.kind in RUN_KINDS and (b.mark is None or (b.mark == "slow" and slow)):
+        elif b.kind in RUN_KINDS and b.mark is None:
             out.append({"kind": "python" if b.kind == "python" else "shell", "where": b.where,
                         "text": b.text if b.kind == "python" else commands(b)})
     return out
 
 
-def run_page(page: Path, tmp_path: Path, data_dir: Path, slow: bool) -> subprocess.CompletedProcess:
+def run_page(page: Path, tmp_path: Path, data_dir: Path) -> subprocess.CompletedProcess:
     (tmp_path / "examples").symlink_to(REPO / "examples")
-    (tmp_path / "steps.json").write_text(json.dumps(steps(blocks(page), slow)), encoding="utf-8")
+    (tmp_path / "steps.json").write_text(json.dumps(steps(blocks(page))), encoding="utf-8")
     (tmp_path / "driver.py").write_text(DRIVER, encoding="utf-8")
     env = dict(os.environ, DOCS_PYTHON=sys.executable, KDEVAL_DATA_DIR=str(data_dir),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
@@ -67,15 +67,7 @@ def _runnable(page: Path) -> bool:
 
 @pytest.mark.parametrize("page", [p for p in pages() if _runnable(p)], ids=lambda p: p.name)
 def test_page_blocks_run_as_written(page, tmp_path, data_dir):
-    done = run_page(page, tmp_path, data_dir, slow=False)
-    assert done.returncode == 0, f"{page.name}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("page", [p for p in pages() if any(b.mark == "slow" for b in blocks(p))],
-                         ids=lambda p: p.name)
-def test_page_blocks_run_with_the_slow_ones(page, tmp_path, data_dir):
-    done = run_page(page, tmp_path, data_dir, slow=True)
+    done = run_page(page, tmp_path, data_dir)
     assert done.returncode == 0, f"{page.name}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
 
 
@@ -104,6 +96,9 @@ def test_slow_blocks_name_the_test_that_runs_them():
             if b.mark == "slow":
                 named = [w for w in b.reason.replace("(", " ").replace(")", " ").split() if w.startswith("tests/")]
                 assert named and all((REPO / w).is_file() for w in named), b.where
+                page_name = Path(b.page).name
+                assert any(page_name in (REPO / w).read_text(encoding="utf-8") for w in named), \
+                    f"{b.where}: {named} does not read {page_name}"
 
 
 def test_the_marks_are_found(tmp_path):
