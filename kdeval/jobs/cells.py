@@ -36,7 +36,7 @@ from kdeval.jobs.errors import GridError, GridIssue
 from kdeval.jobs.grid import (
     BUDGET_FREE_POLICIES, COMPRESS_NAMES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec,
 )
-from kdeval.jobs.registries import share_budget_notes
+from kdeval.jobs.grid_checks import share_budget_notes
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
 

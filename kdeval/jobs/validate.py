@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from kdeval.cluster import catalog
-from kdeval.jobs import registries
+from kdeval.jobs import grid_checks
 from kdeval.jobs.errors import GridError, GridIssue, join_path
 from kdeval.jobs.grid import BUDGET_FREE_POLICIES, GridSpec
 from kdeval.names import suggest
@@ -157,11 +157,11 @@ def _registry_issues(raw: dict) -> list[GridIssue]:
     reported even when other fields fail schema validation)."""
     issues: list[GridIssue] = []
     for i, name, _ in _names(raw, "models", "id"):
-        issues += registries.check_model(i, name)
+        issues += grid_checks.check_model(i, name)
     for i, name, params in _names(raw, "policies", "name"):
-        issues += registries.check_policy(i, name, params)
+        issues += grid_checks.check_policy(i, name, params)
     for i, name, params in _names(raw, "tasks", "name"):
-        issues += registries.check_task(i, name, params)
+        issues += grid_checks.check_task(i, name, params)
     return issues
 
 
@@ -198,9 +198,9 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
                                            "positive token counts or shares of the prompt, e.g. [256, 512, 25%])"))
     for i, p in enumerate(grid.policies):
         if p.name not in BUDGET_FREE_POLICIES:
-            issues += registries.check_budgets(i, p.name, dict(p.params), grid.budgets)
+            issues += grid_checks.check_budgets(i, p.name, dict(p.params), grid.budgets)
     for compress in dict.fromkeys(p.compress for p in grid.protocols):
-        issues += registries.check_protocol(compress, [t.name for t in grid.tasks])
+        issues += grid_checks.check_protocol(compress, [t.name for t in grid.tasks])
     for m, model in enumerate(grid.models):
         if (grid.generation.batch_size or 1) > 1 and model.attn_implementation != "sdpa":
             issues.append(GridIssue("generation.batch_size", f"a batch of requests runs on SDPA with a padding mask; "

@@ -1,5 +1,6 @@
-"""Names the grid may use: policies and models (through ``kdeval.cluster.catalog``) and tasks
-(``kdeval.evals.registry``).
+"""A grid's entries checked against what exists: model and policy names and parameters (through
+``kdeval.cluster.catalog``), task names and parameters (``kdeval.evals.registry``), budgets against what a
+policy always keeps, and protocols against the tasks that can run them.
 """
 from __future__ import annotations
 
