@@ -42,8 +42,12 @@ from kdeval.version import code_version, result_code_hash
 
 
 def policy_label(name: str, params: dict[str, Any]) -> str:
-    """``name``, or ``name(k=v,...)`` with the parameters in key order (cell descriptions, report rows)."""
-    return f"{name}(" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + ")" if params else name
+    """``name``, or ``name(k=v,...)`` with the parameters in key order (cell descriptions, report rows); a
+    wrapped policy (``{name, params}`` as a value) reads the same way: ``ada(inner=snapkv(pooling=avg))``."""
+    def value(v: Any) -> Any:
+        return policy_label(v["name"], v.get("params") or {}) if isinstance(v, dict) and "name" in v else v
+
+    return f"{name}(" + ",".join(f"{k}={value(params[k])}" for k in sorted(params)) + ")" if params else name
 
 
 def protocol_tag(spec: dict[str, Any] | None) -> str:

@@ -68,3 +68,13 @@ def test_status_and_progress_labels_tell_the_protocols_apart(paths):
     assert len(labels) == len(plan.cells) and any(" 64/whole " in lb for lb in labels)
     assert sum("keydiff [query-agnostic]" in lb for lb in labels) == 4
     idx.close()
+
+
+def test_a_wrapped_policy_reads_as_a_call_in_labels():
+    from kdeval.jobs.cells import policy_label
+
+    assert policy_label("ada", {"inner": {"name": "snapkv", "params": {"pooling": "avg"}}}) == \
+        "ada(inner=snapkv(pooling=avg))"
+    assert policy_label("chunkkv", {"inner": {"name": "keydiff"}, "group_size": 5}) == \
+        "chunkkv(group_size=5,inner=keydiff)"
+    assert policy_label("snapkv", {"window": 32}) == "snapkv(window=32)" and policy_label("full", {}) == "full"
