@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.reports import MetricRow
 from kdeval.jobs.reports.samples import LoadedCell, benchmark_of
 
@@ -40,7 +41,7 @@ class Contribution:
 
     def describe(self) -> str:
         budget = "" if self.budget is None else f" N={self.budget}"
-        return f"{self.policy}{budget} B={self.chunk} {self.task} ({self.model}): {self.points:+.2f} points over {self.n} samples"
+        return f"{self.policy}{budget} B={chunk_text(self.chunk)} {self.task} ({self.model}): {self.points:+.2f} points over {self.n} samples"
 
 
 def _cells_of(row: MetricRow, cells: list[LoadedCell]) -> list[LoadedCell]:

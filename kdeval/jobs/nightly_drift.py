@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.reports.samples import LoadedCell
 from kdeval.jobs.reports.stats import Interval, paired_bootstrap
 
@@ -35,7 +36,7 @@ class DriftFinding:
         model, policy, budget, chunk, task = self.series
         iv, k = self.interval, len(self.runs) // 2
         budget_text = "" if budget is None else f" N={budget}"
-        return (f"{task} {policy}{budget_text} B={chunk} ({model}): the last {k} nights average "
+        return (f"{task} {policy}{budget_text} B={chunk_text(chunk)} ({model}): the last {k} nights average "
                 f"{-iv.estimate:.2f} points below the {k} before (95% CI of the drop {-iv.high:.2f}..{-iv.low:.2f}, "
                 f"{self.n} samples) > {self.max_drop:g}")
 

@@ -19,6 +19,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.nightly_attribution import NIGHT_KEYS
 
 PAGE = "history.html"
@@ -98,7 +99,7 @@ def perf_figure(entries: list[dict[str, Any]]) -> str | None:
     for i, e in enumerate(entries):
         for p in e.get("perf") or []:
             budget = "" if p.get("budget") is None else f" N={p['budget']}"
-            config = f"{p['policy']}{budget} B={p['chunk']}"
+            config = f"{p['policy']}{budget} B={chunk_text(p['chunk'])}"
             for k in ("ttft_s", "decode_tok_s", "peak_kv_bytes"):
                 if p.get(k) is not None:
                     per[k][config][i].append(float(p[k]))

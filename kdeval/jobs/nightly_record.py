@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.reports import Report
 from kdeval.storage import RunIndex
 
@@ -11,7 +12,7 @@ from kdeval.storage import RunIndex
 def series_key(metric: str, policy: str, budget: Any, chunk: int, model: str) -> str:
     """How the history names a tracked score: ``needle · keydiff N=64 B=32 · stub:0``."""
     budget_text = "" if budget is None else f" N={budget}"
-    return f"{metric} · {policy}{budget_text} B={chunk} · {model}"
+    return f"{metric} · {policy}{budget_text} B={chunk_text(chunk)} · {model}"
 
 
 def tracked_points(report: Report, levels: list[str], threshold: Any, regressed: set[int]) -> list[dict[str, Any]]:

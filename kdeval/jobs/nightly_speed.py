@@ -16,6 +16,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.reports import PerfRow, Report
 
 
@@ -35,7 +36,7 @@ class SpeedFinding:
         budget = "" if r.budget is None else f" N={r.budget}"
         ci = "exact" if self.low == self.high == self.ratio else f"95% CI {self.low:.3f}..{self.high:.3f}"
         side = "<" if self.what == "decode tok/s" else ">"
-        return (f"{self.what} {r.policy}{budget} B={r.chunk} {r.task} ({r.model}): × {self.ratio:.3f} of the "
+        return (f"{self.what} {r.policy}{budget} B={chunk_text(r.chunk)} {r.task} ({r.model}): × {self.ratio:.3f} of the "
                 f"baseline ({ci}) {side} {self.threshold:g}")
 
     def to_json(self) -> dict[str, Any]:

@@ -72,11 +72,8 @@ def paired_bootstrap(
         d = diffs[g]
         picks = rng.integers(0, d.size, size=(resamples, d.size))
         total += d[picks].mean(axis=1)
-    means = total / len(groups)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    # A constant difference must give exactly [c, c]: clamp rounding noise of the resampled means.
-    return Interval(estimate, float(min(low, estimate)), float(max(high, estimate)))
+    # a constant difference gives exactly [c, c]: the interval is clamped around the estimate
+    return _percentile_interval(estimate, total / len(groups), confidence)
 
 
 def median_ratio_bootstrap(
