@@ -40,12 +40,17 @@ class Evictor:
         if isinstance(cache, HeadPoolCache):
             evict_pool(self.policy, self.plan, cache, t, seen, steps, capture, evict, protected)
             return
-        held = held_tokens(protected)
-        for idx, layer in enumerate(cache.layers):
-            if not self.plan.evicting:
+        plan = self.plan
+        if not plan.evicting:
+            for layer in cache.layers:
                 layer.evict(None)
-                continue
-            keep = self.plan.budgets[idx] + held
+            if capture is not None:
+                capture.clear()
+            return
+        held, budgets, rerotates = held_tokens(protected), plan.budgets, plan.needs.rerotates
+        for idx, layer in enumerate(cache.layers):
+            budget = budgets[idx]
+            keep = budget + held
             m = keep + t if empty is not None else layer.length + layer.pending
             keys, positions, pstate = layer.view()
             ctx = ScoreContext(idx, positions, seen, t, capture.by_layer.get(idx) if capture else None, pstate, steps)
@@ -57,8 +62,8 @@ class Evictor:
             if not evict or m <= keep:
                 layer.evict(None)
                 continue
-            before = positions.sort(dim=-1).values if self.plan.rerotate else None
-            layer.evict(self.choose(keys, ctx, m - keep, self.plan.budgets[idx], empty, protected))
+            before = positions.sort(dim=-1).values if rerotates else None
+            layer.evict(self.choose(keys, ctx, m - keep, budget, empty, protected))
             if before is not None:
                 kept_keys, kept_positions, _ = layer.view()
                 rerotate(self.model, kept_keys, kept_positions, before)
