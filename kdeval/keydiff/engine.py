@@ -64,12 +64,10 @@ class Engine:
         self.plan = make_plan(model, policy, config, store, emulate_graphs)
         self.step = Step(model, policy, self.plan)
         plan = self.plan
-        self.store, self.emulate_graphs, self.device = store, emulate_graphs, plan.device
-        self.num_layers, self.max_context = plan.num_layers, plan.max_context
+        self.device, self.num_layers = plan.device, plan.num_layers
         self.evicting, self.uniform, self.use_graphs = plan.evicting, plan.uniform, plan.use_graphs
         self.budgets = list(plan.budgets) if plan.budgets is not None else None
-        self.policy_needs = plan.needs
-        self.need, self.query_need = plan.needs.attention, plan.needs.queries
+        self.query_need = plan.needs.queries
         self.rerotate, self.shares_heads = plan.rerotate, plan.shares_heads
 
     # ------------------------------------------------------------------ public API
