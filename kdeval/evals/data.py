@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from kdeval.evals.base import DataNotFoundError
 
@@ -61,3 +61,24 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """Rows of a JSON-lines data file (blank lines skipped); errors name the file and line."""
     for _, row in jsonl_objects(path):
         yield row
+
+
+class OneFileOrHub:
+    """Mixin of a task whose samples come from one file of the data directory (:attr:`data_file`) or, with
+    ``source="hub"``, from the hub (:attr:`hub_id`): what its cells hash and report as their data.
+    The task class (a :class:`kdeval.evals.base.Task`) has ``source`` and ``data_dir`` fields."""
+
+    data_file: ClassVar[str]
+    hub_id: ClassVar[str]
+    how_to_get: ClassVar[str]
+
+    def sample_ids(self) -> list[str] | None:
+        return None if self.source == "hub" else super().sample_ids()
+
+    def data_files(self) -> list[tuple[str, Any]]:
+        if self.source == "hub":
+            return []
+        return [(self.data_file, require_data_file(self.data_dir, self.data_file, self.how_to_get))]
+
+    def data_source(self) -> str:
+        return f"hub {self.hub_id}" if self.source == "hub" else self.data_file

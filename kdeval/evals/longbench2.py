@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from kdeval.evals.base import DataNotFoundError, Sample, ScoreResult, Task, check_choice, check_positive, row_field
-from kdeval.evals.data import require_data_file
+from kdeval.evals.data import OneFileOrHub, require_data_file
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.longbench2 import accuracy_table, extract_choice
 
@@ -46,7 +46,7 @@ def render_prompt(row: Mapping[str, str]) -> tuple[str, str]:
 
 
 @dataclass
-class LongBench2Task(Task):
+class LongBench2Task(OneFileOrHub, Task):
     """LongBench v2 (headline: accuracy overall, by difficulty and by length, as the official ``result.py``).
 
     Args:
@@ -55,6 +55,10 @@ class LongBench2Task(Task):
         limit: keep only the first ``limit`` questions.
         max_new_tokens: generation length (official: 128; raise it for reasoning models).
     """
+
+    data_file: ClassVar[str] = DATA_FILE
+    hub_id: ClassVar[str] = HUB_ID
+    how_to_get: ClassVar[str] = _HOW_TO_GET
 
     data_dir: str | None = None
     source: str = "local"
@@ -86,15 +90,6 @@ class LongBench2Task(Task):
             if missing:
                 raise DataNotFoundError(f"{path}: question {i} has no field {missing[0]!r}")
         return rows[: self.limit] if self.limit is not None else rows
-
-    def sample_ids(self) -> list[str] | None:
-        return None if self.source == "hub" else super().sample_ids()
-
-    def data_files(self) -> list[tuple[str, Any]]:
-        return [] if self.source == "hub" else [(DATA_FILE, require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET))]
-
-    def data_source(self) -> str:
-        return f"hub {HUB_ID}" if self.source == "hub" else DATA_FILE
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per question, in file order; id = the row's ``_id``."""

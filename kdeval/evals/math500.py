@@ -6,12 +6,12 @@ unique_id) or, with ``source="hub"``, the hub dataset ``HuggingFaceH4/MATH-500``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from kdeval.evals.base import (
     EvalError, Sample, ScoreResult, Task, check_choice, check_positive, group_percent, percent, row_field,
 )
-from kdeval.evals.data import read_jsonl, require_data_file
+from kdeval.evals.data import OneFileOrHub, read_jsonl, require_data_file
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.math_equiv import last_boxed, math_equal
 
@@ -28,7 +28,7 @@ _HOW_TO_GET = (
 
 
 @dataclass
-class Math500Task(Task):
+class Math500Task(OneFileOrHub, Task):
     """MATH-500 with chain-of-thought generation.
 
     Args:
@@ -37,6 +37,10 @@ class Math500Task(Task):
         limit: keep only the first ``limit`` problems.
         max_new_tokens: generation budget for the reasoning and the answer.
     """
+
+    data_file: ClassVar[str] = DATA_FILE
+    hub_id: ClassVar[str] = HUB_ID
+    how_to_get: ClassVar[str] = _HOW_TO_GET
 
     data_dir: str | None = None
     source: str = "local"
@@ -64,15 +68,6 @@ class Math500Task(Task):
 
     #: the problem is the question: there is no context to compress apart from it
     separable_question = False
-
-    def sample_ids(self) -> list[str] | None:
-        return None if self.source == "hub" else super().sample_ids()
-
-    def data_files(self) -> list[tuple[str, Any]]:
-        return [] if self.source == "hub" else [(DATA_FILE, require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET))]
-
-    def data_source(self) -> str:
-        return f"hub {HUB_ID}" if self.source == "hub" else DATA_FILE
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per problem; id = the row's unique_id."""
