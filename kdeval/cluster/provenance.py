@@ -15,8 +15,9 @@ from kdeval.cluster.workload import CellTask
 from kdeval.version import source_hash
 
 
-def _device(torch: Any) -> str:
-    """The CUDA device's name when CUDA is in use, else ``cpu <processor>``."""
+def device_name(torch: Any) -> str:
+    """The CUDA device's name when CUDA is in use, else ``cpu <processor>`` (also what a nightly records as
+    its own device, so the two compare)."""
     try:
         if torch is not None and torch.cuda.is_available():
             return str(torch.cuda.get_device_name(torch.cuda.current_device()))
@@ -45,7 +46,7 @@ def collect_provenance(task: CellTask, handle: Any = None) -> dict[str, Any]:
         "torch": _version(torch),
         "transformers": _version(transformers),
         "cuda": getattr(getattr(torch, "version", None), "cuda", None),  # None: a CPU build (or no torch)
-        "device": _device(torch),
+        "device": device_name(torch),
         "dtype": str(loaded).removeprefix("torch.") if loaded is not None else task.dtype,
         "attn_implementation": task.attn_implementation,
         "host": socket.gethostname(),

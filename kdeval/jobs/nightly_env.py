@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from kdeval import __version__
+from kdeval.cluster.provenance import device_name
 from kdeval.jobs.cells import CellSpec
 from kdeval.version import PACKAGE_ROOT, source_hash
 
@@ -41,16 +42,14 @@ def _module_version(name: str) -> str | None:
 
 
 def _cuda_facts() -> tuple[str | None, str | None, str]:
-    """(CUDA version of torch, GPU driver version, device name); CPU-only: (None, None, "cpu <processor>")."""
-    cpu = f"cpu {platform.processor() or platform.machine()}".strip()
+    """(CUDA version of torch, GPU driver version, device name as cells record it); CPU-only: (None, None,
+    "cpu <processor>")."""
     try:
         import torch
     except Exception:  # noqa: BLE001
-        return None, None, cpu
+        return None, None, device_name(None)
     cuda = getattr(torch.version, "cuda", None)
-    if not torch.cuda.is_available():
-        return cuda, None, cpu
-    return cuda, _driver_version(), str(torch.cuda.get_device_name(torch.cuda.current_device()))
+    return cuda, _driver_version() if torch.cuda.is_available() else None, device_name(torch)
 
 
 def _driver_version() -> str | None:
