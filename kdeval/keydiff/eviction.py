@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from kdeval.keydiff.attention import AttentionCapture
 from typing import TYPE_CHECKING
 
+from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.cache import BudgetCache, EmptySlots
 from kdeval.keydiff.headpool import HeadPoolCache
 from kdeval.keydiff.headpool_eviction import evict_pool
-from kdeval.keydiff.policy import Policy, ScoreContext, held_mask, held_tokens, lowest_oldest_first, protect
+from kdeval.keydiff.policy import Policy, ScoreContext, held_tokens
 from kdeval.keydiff.queries import StepQueries
+from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask
 from kdeval.keydiff.rerotation import rerotate
-from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask, lowest_first
+from kdeval.keydiff.selection import Selector
 
 if TYPE_CHECKING:
     from kdeval.keydiff.plan import Plan
@@ -28,6 +29,7 @@ class Evictor:
     def __init__(self, model: torch.nn.Module, policy: Policy, plan: "Plan"):
         """``model``: for re-rotation (its rotary embedding)."""
         self.model, self.policy, self.plan = model, policy, plan
+        self.selector = Selector(policy, plan.needs.exact_ties)
 
     def evict(self, cache: BudgetCache, t: int, seen: int | torch.Tensor, steps: int,
                capture: AttentionCapture | None, empty: EmptySlots | None = None, evict: bool = True,
@@ -63,7 +65,8 @@ class Evictor:
                 layer.evict(None)
                 continue
             before = positions.sort(dim=-1).values if rerotates else None
-            layer.evict(self.choose(keys, ctx, m - keep, budget, empty, protected))
+            layer.evict(self.selector.free(keys, ctx, m - keep, budget, protected,
+                                           empty=empty.mask if empty is not None else None))
             if before is not None:
                 kept_keys, kept_positions, _ = layer.view()
                 rerotate(self.model, kept_keys, kept_positions, before)
@@ -77,31 +80,12 @@ class Evictor:
             if self.plan.needs.queries.values:
                 ctx.values = values[:, :, :m]
 
-    def choose(self, keys: torch.Tensor, ctx: ScoreContext, k: int, budget: int, empty: EmptySlots | None,
-                protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
-        """The ``k`` slots to free per row of ``keys [rows, h, slots, d]`` in a layer that keeps ``budget``: the
-        policy's scores (over every cached token, protected ones included), the kept positions (the policy's
-        sink and recent ones, the ``protected`` ranges) raised, empty slots (static layout) lowered, then the
-        ``k`` lowest → ``[rows, h, k]``."""
-        scores = self.policy.score(keys, ctx)
-        scores = protect(scores, ctx.positions, ctx.seen, self.policy.n_sink(), self.policy.n_recent(budget))
-        if protected:
-            scores = scores.masked_fill(held_mask(ctx.positions, protected), float("inf"))
-        if empty is not None:
-            scores = empty.ranked(scores)
-        if self.plan.needs.exact_ties:
-            # Scores with exact ties (pooled ones): among equal scores the oldest position goes first (topk's
-            # own choice among ties depends on the array's layout), so the kept set depends neither on which
-            # slot a token occupies nor on empty slots.
-            return lowest_oldest_first(scores, ctx.positions, k, ctx.position_order)
-        return torch.topk(scores, k, dim=-1, largest=False, sorted=False).indices
-
     def evict_ragged(self, cache: RaggedCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
                       capture: AttentionCapture | None, protected: list[list[tuple[int, int]]],
                       recent: StepQueries | None = None) -> None:
         """Eviction after a step of a ragged batch (kdeval/keydiff/ragged.py), per layer with its step
         ``layer_steps[idx]``: row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as
-        :meth:`choose` chooses at batch 1 (the policy's scores, its sink/recent positions and the row's
+        the selector chooses at batch 1 (the policy's scores, its sink/recent positions and the row's
         ``protected`` ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction
         steps before this one (an int when they agree); ``recent``: the step's recent queries, for a policy
         with a ``QueryNeed``."""
@@ -122,15 +106,9 @@ class Evictor:
             if step.drops:
                 tail = keys[:, :, step.base : m]
                 tail.masked_fill_(step.pad[:, step.base :].view(step.rows, 1, step.T, 1), 0)  # zero keys: no anchor
-                scores = self.policy.score(keys, ctx)  # eager: a ragged batch's shapes change every step
-                scores = protect(scores, positions, step.seen_after, self.policy.n_sink(), self.policy.n_recent(budget))
-                if any(protected):
-                    held = torch.stack([held_mask(positions[r], ranges) for r, ranges in enumerate(protected)])
-                    scores = scores.masked_fill(held, float("inf"))
-                if scores.dtype not in (torch.float32, torch.float64):
-                    scores = scores.float()  # the empty slots' ranks need float32's range
-                order = lowest_first(step.invalid_ranks(scores), positions, k, self.plan.needs.exact_ties,
-                                     ctx.position_order)
+                # eager (a ragged batch's shapes change every step); the row's own protected ranges
+                order = self.selector.free(keys, ctx, k, budget, protected, per_row=True,
+                                           empty=~step.valid.unsqueeze(1), sorted=True)
                 kept = kept_mask(order, drop, m)
             else:
                 kept = step.valid.unsqueeze(1).expand(-1, keys.shape[1], -1)

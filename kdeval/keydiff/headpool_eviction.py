@@ -3,8 +3,9 @@ its KV heads by score (AdaKV, Feng et al. 2024, arXiv 2407.11550).
 
 Per layer and step: each head's filled slots are gathered in position order into a padded ``[b, H, L]`` layout
 (:class:`HeadTokens`; padding: zero keys, the empty position, no attention) and scored there by the policy as
-any per-head score; :func:`select_across_heads` then raises the policy's protected tokens (sink, recent window,
-protected ranges) and each head's ``safeguard`` best tokens to +inf and keeps the ``keep`` best tokens of the
+any per-head score; :func:`~kdeval.keydiff.selection.raise_kept` raises the policy's protected tokens (sink, recent window,
+protected ranges) to +inf, as every layout does, and :func:`select_across_heads` raises each head's ``safeguard``
+best tokens too and keeps the ``keep`` best tokens of the
 row across all heads, equal scores evicted oldest position first (then lower head first), padding never kept.
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from kdeval.keydiff.attention import AttentionCapture
-from kdeval.keydiff.policy import ScoreContext, held_mask, held_tokens, lowest_oldest_first, protect
+from kdeval.keydiff.policy import ScoreContext, held_tokens
+from kdeval.keydiff.selection import lowest_oldest_first, raise_kept
 from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
 
 if TYPE_CHECKING:
@@ -56,15 +58,15 @@ class HeadTokens:
         return self.slots[kept].view(kept.shape[0], -1)
 
 
-def select_across_heads(scores: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, raised: torch.Tensor,
-                        safeguard: int, keep: int) -> torch.Tensor:
+def select_across_heads(scores: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, safeguard: int,
+                        keep: int) -> torch.Tensor:
     """Which of the ``[b, H, L]`` entries to keep: ``keep`` per row (module docstring) → bool ``[b, H, L]``.
 
-    ``scores``: the policy's; ``raised``: entries always kept (the protected tokens); ``safeguard``: each head's
-    best tokens also always kept (equal scores: oldest first). Needs at most ``keep`` raised entries and at
-    least ``keep`` valid ones per row."""
+    ``scores``: the policy's, the entries always kept (the protected tokens) raised to +inf
+    (:func:`kdeval.keydiff.selection.raise_kept`); ``safeguard``: each head's best tokens also always kept
+    (equal scores: oldest first). Entries not ``valid`` are freed first, whatever their score. Needs at most
+    ``keep`` raised valid entries and at least ``keep`` valid ones per row."""
     scores = scores if scores.dtype == torch.float64 else scores.float()
-    scores = scores.masked_fill(raised, float("inf"))
     if safeguard > 0:
         best = lowest_oldest_first((-scores).masked_fill(~valid, float("inf")), positions, safeguard)
         scores = scores.scatter(-1, best, float("inf"))
@@ -98,12 +100,8 @@ def evict_pool(policy: "Policy", plan: "Plan", cache: "HeadPoolCache", t: int, s
         if not evict or layer.filled() <= keep:
             layer.commit(None)
             continue
-        scores = policy.score(heads.keys, ctx)
-        raised = protect(torch.zeros_like(scores, dtype=torch.float32), heads.positions, seen, policy.n_sink(),
-                         policy.n_recent(budget)).isinf()
-        raised |= held_mask(heads.positions, protected)
-        kept = select_across_heads(scores, heads.positions, heads.valid, raised & heads.valid,
-                                   policy.head_safeguard(budget), keep)
+        scores = raise_kept(policy.score(heads.keys, ctx), heads.positions, seen, policy, budget, protected)
+        kept = select_across_heads(scores, heads.positions, heads.valid, policy.head_safeguard(budget), keep)
         layer.commit(heads.kept_slots(kept))
     if capture is not None:
         capture.clear()

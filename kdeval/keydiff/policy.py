@@ -16,7 +16,7 @@ Tensor shapes, everywhere in this package:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -167,19 +167,6 @@ class Policy:
         return asdict(self)
 
 
-def protect(scores: torch.Tensor, positions: torch.Tensor, seen: int | torch.Tensor, n_sink: int,
-            n_recent: int) -> torch.Tensor:
-    """Return ``scores`` with the sink and recent positions raised to +inf so they are always kept."""
-    if n_sink <= 0 and n_recent <= 0:
-        return scores
-    mask = torch.zeros_like(positions, dtype=torch.bool)
-    if n_sink > 0:
-        mask |= positions < n_sink
-    if n_recent > 0:
-        mask |= positions >= seen - n_recent
-    return scores.masked_fill(mask, float("inf"))
-
-
 def held_tokens(ranges: Sequence[tuple[int, int]]) -> int:
     """Tokens in the protected position ``ranges`` ``[start, end)`` (held on top of the budget)."""
     return sum(end - start for start, end in ranges)
@@ -191,38 +178,3 @@ def add_range(ranges: list[tuple[int, int]], start: int, end: int) -> None:
         ranges[-1] = (ranges[-1][0], end)
     else:
         ranges.append((start, end))
-
-
-def held_mask(positions: torch.Tensor, ranges) -> torch.Tensor:
-    """Which of ``positions`` (any shape) fall in the protected position ``ranges`` (``(start, end)`` pairs)."""
-    held = torch.zeros_like(positions, dtype=torch.bool)
-    for start, end in ranges:
-        held |= (positions >= start) & (positions < end)
-    return held
-
-
-def sort_oldest_first(scores: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k`` lowest of ``scores [rows, h, n]``, equal scores oldest first, by a stable sort of the scores
-    taken in position order (``order``: the indices that sort the positions) → indices ``[rows, h, k]``."""
-    pick = torch.sort(scores.gather(-1, order), dim=-1, stable=True).indices[..., :k]
-    return order.gather(-1, pick)
-
-
-def lowest_oldest_first(scores: torch.Tensor, positions: torch.Tensor, k: int,
-                        position_order: Callable[[], torch.Tensor] | None = None, sorted: bool = False
-                        ) -> torch.Tensor:
-    """The ``k`` lowest of ``scores [rows, h, n]`` per row, equal scores taken oldest position first →
-    indices ``[rows, h, k]`` (in no particular order; ``sorted``: lowest first).
-
-    float32 (and half-precision) scores: one ``topk`` over 64-bit keys, the score's bits mapped to an integer
-    of the same order above the position, instead of :func:`sort_oldest_first`. float64 scores do not fit such
-    a key and take the sort, in the order ``position_order()`` gives (``ScoreContext.position_order``, which
-    pooling may have computed already), else one computed here.
-    """
-    if scores.dtype == torch.float64:
-        order = position_order() if position_order is not None else positions.argsort(dim=-1)
-        return sort_oldest_first(scores, order, k)
-    bits = (scores.float() + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0, equal to it
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger bits, lower value
-    key = (ordered << 32) | positions.clamp(max=2**31 - 1)  # empty slots' huge positions: their scores differ
-    return torch.topk(key, k, dim=-1, largest=False, sorted=sorted).indices

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from kdeval.keydiff.policy import lowest_oldest_first
 from kdeval.keydiff.slots import EMPTY_POSITION, expand_index, resized
 
 
@@ -195,21 +194,6 @@ class RaggedStep:
         causal = (tail >= first) & (tail <= col)
         real = col >= first  # [rows, T, 1]
         return torch.where(real, head | causal, tail == col).unsqueeze(1)
-
-    def invalid_ranks(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores [rows, h, M]`` (float32 or float64) with the empty and padding slots below every real score
-        (distinct, lowest slot lowest), as the static layout ranks its empty slots."""
-        ranks = -1e30 * (2.0 - self.slots.to(scores.dtype) / self.M)
-        return torch.where(self.valid.unsqueeze(1), scores, ranks)
-
-
-def lowest_first(scores: torch.Tensor, positions: torch.Tensor, k: int, ties: bool, position_order=None
-                 ) -> torch.Tensor:
-    """The ``k`` lowest of ``scores [rows, h, n]`` in ascending order → indices ``[rows, h, k]``; with ``ties``
-    equal scores oldest position first (:func:`kdeval.keydiff.policy.lowest_oldest_first`)."""
-    if ties:
-        return lowest_oldest_first(scores, positions, k, position_order, sorted=True)
-    return torch.topk(scores, k, dim=-1, largest=False, sorted=True).indices
 
 
 def kept_mask(order: torch.Tensor, drop: torch.Tensor, m: int) -> torch.Tensor:

@@ -32,34 +32,22 @@ def static_visible(row, slot, cached, budget: int):
 
 
 class EmptySlots:
-    """Static layout: the empty head slots ``[cached, budget)`` of the ``budget + t`` slots a step scores get
-    distinct scores below every real score, lowest slot lowest, so eviction frees them first and in slot order
-    (the chunk then moves into ``[cached, cached + t)`` in every layer and head: the valid slots stay a prefix).
-
-    Which slots are empty is the same for every layer: computed once per step. The ranks depend only on the
-    shape: ``ranks`` (a dict the engine keeps) caches them per (slots, dtype, device).
+    """Static layout: the empty head slots ``[cached, budget)`` of the ``budget + t`` slots a step scores. Eviction
+    ranks them below every real score, lowest slot lowest (:func:`kdeval.keydiff.selection.rank_empty`), so it
+    frees them first and in slot order (the chunk then moves into ``[cached, cached + t)`` in every layer and
+    head: the valid slots stay a prefix). Which slots are empty is the same for every layer: computed once per
+    step.
 
     ``room``: the host knows that the empty slots hold the whole chunk (``cached + t <= budget``). Eviction
     would then free exactly ``[cached, cached + t)``, so the engine skips scoring and moves the chunk there
     (:func:`move_tail`); ``room_slots`` ``[t]`` are those slots.
     """
 
-    def __init__(self, budget: int, t: int, cached: int | torch.Tensor, device: torch.device,
-                 ranks: dict | None = None, room: bool = False):
-        self.budget = budget
-        self.slots = torch.arange(budget + t, device=device)
-        self.ranks = {} if ranks is None else ranks
-        self.room_slots = self.slots[:t] + cached if room else None
-        self.mask = None if room else (self.slots >= cached) & (self.slots < budget)  # [budget + t]
-
-    def ranked(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores [rows, h, budget + t]`` with the empty slots' ranks in."""
-        if scores.dtype not in (torch.float32, torch.float64):
-            scores = scores.float()  # the ranks need float32's range and precision
-        key = (scores.shape[-1], scores.dtype, scores.device)
-        if key not in self.ranks:  # -2e30 at slot 0 rising to -1e30 at slot budget
-            self.ranks[key] = -1e30 * (2.0 - self.slots.to(scores.dtype) / self.budget)
-        return torch.where(self.mask, self.ranks[key], scores)
+    def __init__(self, budget: int, t: int, cached: int | torch.Tensor, device: torch.device, room: bool = False):
+        slots = torch.arange(budget + t, device=device)
+        self.room_slots = slots[:t] + cached if room else None
+        #: ``[budget + t]``, True at the empty slots (``None`` with ``room``)
+        self.mask = None if room else (slots >= cached) & (slots < budget)
 
 
 def move_tail(buffers, slots: torch.Tensor, base: int) -> None:

@@ -30,7 +30,6 @@ class Step:
     def __init__(self, model: torch.nn.Module, policy: Policy, plan: Plan):
         self.model, self.policy, self.plan = model, policy, plan
         self.evictor = Evictor(model, policy, plan)
-        self._empty_ranks: dict = {}  # EmptySlots ranks per (slots, dtype, device)
         self._spare: dict[int, BudgetCache] = {}  # released static caches (with their graphs), by batch size
 
     def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
@@ -127,7 +126,7 @@ class Step:
             n = cache.static_base
             cached = (seen_after - t).clamp(max=n) if isinstance(seen_after, torch.Tensor) else min(seen_after - t, n)
             phase = self.phase(cache, t)  # from host bookkeeping, exact
-            empty = EmptySlots(n, t, cached, ids.device, self._empty_ranks, room=phase == "room")
+            empty = EmptySlots(n, t, cached, ids.device, room=phase == "room")
             # A full head needs no mask (lower-right causal); a 4-D mask reaches the attention function as it is.
             if phase != "full":
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, plan.group)

@@ -24,8 +24,9 @@ def head_sets(layer) -> list[set[int]]:
 
 def select(scores, positions, valid, keep, safeguard, raised=None):
     scores, positions, valid = torch.tensor([scores]), torch.tensor([positions]), torch.tensor([valid])
-    raised = torch.zeros_like(valid) if raised is None else torch.tensor([raised])
-    kept = select_across_heads(scores, positions, valid, raised, safeguard, keep)[0]
+    if raised is not None:  # what raise_kept does to the protected entries
+        scores = scores.masked_fill(torch.tensor([raised]), INF)
+    kept = select_across_heads(scores, positions, valid, safeguard, keep)[0]
     return [sorted(p for p, k in zip(ps, ks) if k) for ps, ks in zip(positions[0].tolist(), kept.tolist())]
 
 

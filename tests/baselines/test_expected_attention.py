@@ -10,7 +10,8 @@ from kdeval.baselines import policy_names
 from kdeval.baselines.expected_attention import (ExpectedAttention, expected_attention_scores, mean_rotation,
                                                  query_statistics, window_statistics)
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.policy import ScoreContext, protect
+from kdeval.keydiff.policy import ScoreContext
+from kdeval.keydiff.selection import protect
 from kdeval.keydiff.queries import QueryWindow
 
 from ..keydiff.helpers import kept_positions, prompt, tiny

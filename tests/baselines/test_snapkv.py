@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig, load_model
 from kdeval.keydiff.cache import EMPTY_POSITION
-from kdeval.keydiff.policy import ScoreContext, protect
+from kdeval.keydiff.policy import ScoreContext
+from kdeval.keydiff.selection import protect
 
 from ..keydiff.helpers import prompt
 

@@ -11,6 +11,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.attention import static_mask
 from kdeval.keydiff.cache import EMPTY_POSITION
 from kdeval.keydiff.cache import EmptySlots
+from kdeval.keydiff.selection import rank_empty
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
 
@@ -74,7 +75,7 @@ def test_static_mask_known_answer():
 
 def test_empty_slots_are_freed_first_lowest_first():
     scores = torch.tensor([[[0.5, -3.0, 9.0, 9.0, 9.0, 0.1, 0.2]]])  # budget 5, 2 cached, chunk of 2
-    ranked = EmptySlots(budget=5, t=2, cached=2, device=scores.device).ranked(scores)
+    ranked = rank_empty(scores, EmptySlots(budget=5, t=2, cached=2, device=scores.device).mask)
     drop = torch.topk(ranked, 2, dim=-1, largest=False).indices.sort(-1).values
     assert drop.tolist() == [[[2, 3]]]
     assert torch.equal(ranked[..., :2], scores[..., :2]) and torch.equal(ranked[..., 5:], scores[..., 5:])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kdeval.keydiff.cache import EMPTY_POSITION
-from kdeval.keydiff.policy import lowest_oldest_first, sort_oldest_first
+from kdeval.keydiff.selection import lowest_oldest_first, sort_oldest_first
 
 
 def by_sort(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:
