@@ -18,19 +18,19 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from kdeval.keydiff.attention import RAGGED_IMPL, AttentionCapture, attention_implementation
 from kdeval.keydiff.cache import BudgetCache
+from kdeval.keydiff.decoding import Feed, GenerationLoop, Request, eos_ids, prompt_steps
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids
-from kdeval.keydiff.policy import add_range, held_tokens
 from kdeval.keydiff.queries import QueryWindow, capture_queries, record_step
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep
-from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
+from kdeval.keydiff.state import GenerationResult, PrefillState
 
 if TYPE_CHECKING:
     from kdeval.keydiff.step import Step
@@ -39,32 +39,11 @@ PAD_ID = 0  # the token fed at padding columns (masked: any id does)
 
 
 @dataclass
-class _Row:
-    """One request's progress: its plan of prompt steps, then its decoding."""
+class _Row(Request):
+    """A request of the batch, with the counters of its own cache (``state``: seen, steps, protected ranges,
+    peaks, last prompt logits; its cache is filled in when it leaves the batch)."""
 
-    index: int
-    plan: list[tuple[torch.Tensor, bool, bool]]  # prompt chunks: (ids [t], evict, protect)
-    max_new: int
-    seen: int
-    steps: int
-    protected: list[tuple[int, int]]
-    peak_kv_tokens: int
-    peak_kv_bytes: int
-    done_chunks: int = 0
-    prompt_tokens: int = 0
-    taken: int = 0  # next-token choices made (the loop index of Engine.generate)
-    pending: int = 0  # the token to feed next
-    out: list[int] = field(default_factory=list)
-    last_logits: torch.Tensor | None = None
-    t_first: float = 0.0
-    ttft: float = 0.0
-
-    @property
-    def prefilling(self) -> bool:
-        return self.done_chunks < len(self.plan)
-
-    def protect(self, start: int, end: int) -> None:
-        add_range(self.protected, start, end)
+    state: PrefillState | None = None
 
 
 class BatchView:
@@ -99,22 +78,13 @@ def _per_row(name: str, value, n: int) -> list:
     return value
 
 
-def _plan(ids: torch.Tensor, chunk: int, protect_last: int) -> list[tuple[torch.Tensor, bool, bool]]:
-    """The prompt steps of ``Engine.generate``: chunks of the unprotected part (evicting), then of the
-    protected question (not evicting, protected)."""
-    split = ids.shape[0] - protect_last
-    plan = [(ids[s : min(s + chunk, split)], True, False) for s in range(0, split, chunk)]
-    plan += [(ids[split + s : split + s + chunk], False, True) for s in range(0, protect_last, chunk)]
-    return plan
-
-
 def _capacity(runner: "Step", rows: list[_Row], lengths: list[int], decode_evict: bool,
               budget: int | None) -> int:
     """Slots a layer that keeps ``budget`` can need: the most any row holds before a step plus the widest step."""
     most_n, most_t = 0, 1
     for row, n in zip(rows, lengths):
-        held = held_tokens(row.protected)
-        steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.plan] + [(1, decode_evict, False)] * max(row.max_new - 1, 0)
+        held = row.state.n_protected
+        steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.steps] + [(1, decode_evict, False)] * max(row.max_new - 1, 0)
         for t, ev, pr in steps:
             most_n, most_t = max(most_n, n), max(most_t, t)
             n = min(budget + held, n + t) if runner.plan.evicting and ev else n + t
@@ -136,8 +106,8 @@ def _row_state(runner: "Step", cache: RaggedCache, r: int, row: _Row) -> Prefill
     out.rerotated = runner.plan.rerotate
     if cache.query_window is not None:
         out.query_window = cache.query_window.rows(torch.tensor([r], device=runner.plan.device))
-    return PrefillState(out, row.seen, row.last_logits, row.peak_kv_tokens, row.steps,
-                        protected=list(row.protected), peak_kv_bytes=row.peak_kv_bytes)
+    row.state.cache = out
+    return row.state
 
 
 def _load(cache: RaggedCache, states: list[PrefillState | None], rows: int, window: int | None) -> None:
@@ -204,11 +174,10 @@ def generate_batch(runner: "Step", prompts: Sequence, max_new_tokens, eos_token_
         p = protect[i]
         if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= ids[i].shape[0]:
             raise ValueError(f"protect_last[{i}]: expected 0 .. {ids[i].shape[0]} prompt tokens, got {p!r}")
-        rows.append(_Row(i, _plan(ids[i], runner.plan.config.chunk_size, p), max_new[i],
-                         state.seen if state else 0, state.steps if state else 0,
-                         list(state.protected) if state else [], state.peak_kv_tokens if state else 0,
-                         state.peak_kv_bytes if state else 0))
-    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        counters = PrefillState(None, state.seen, None, state.peak_kv_tokens, state.steps,
+                                protected=list(state.protected), peak_kv_bytes=state.peak_kv_bytes) if state else \
+            PrefillState(None, 0, None)
+        rows.append(_Row(i, prompt_steps(ids[i], runner.plan.config.chunk_size, p), max_new[i], state=counters))
     cache = RaggedCache(runner.plan.num_layers, 1, runner.plan.needs.token_state)
     budgets = runner.plan.budgets or [None] * runner.plan.num_layers
     cache.lengths = [[s.cache.layers[i].length if s is not None else 0 for s in starts] for i in range(len(budgets))]
@@ -220,7 +189,7 @@ def generate_batch(runner: "Step", prompts: Sequence, max_new_tokens, eos_token_
         layer.capacity = capacity[key]
     if any(s is not None for s in starts):
         _load(cache, starts, n_req, runner.plan.needs.queries.window if runner.plan.needs.queries is not None else None)
-    return _Batch(runner, cache, rows, eos, decode_evict, on_batch_step).run()
+    return _Batch(runner, cache, rows, eos_ids(eos_token_id), decode_evict, on_batch_step).run()
 
 
 def one_at_a_time(generate: Callable[..., GenerationResult], default_max_new: int, prompts: Sequence,
@@ -244,33 +213,31 @@ def one_at_a_time(generate: Callable[..., GenerationResult], default_max_new: in
 
 
 class _Batch:
-    """The lockstep loop over the rows of one ``generate_batch`` call."""
+    """The ragged steps of one ``generate_batch`` call, run by the generation loop; finished rows leave."""
 
     def __init__(self, runner: "Step", cache: RaggedCache, rows: list[_Row], eos: set[int], decode_evict: bool,
                  on_batch_step):
-        self.runner, self.cache, self.rows, self.eos = runner, cache, rows, eos
-        self.decode_evict, self.on_batch_step = decode_evict, on_batch_step
+        self.runner, self.cache, self.rows = runner, cache, rows
+        self.on_batch_step = on_batch_step
         self.memory = PeakMemory(runner.plan.device)
+        self.loop = GenerationLoop(rows, eos, decode_evict, self.memory, rows_leave=True)
         self.results: list[GenerationResult | None] = [None] * len(rows)
-
-    def _feeds(self) -> list[tuple[torch.Tensor | int, bool, bool]]:
-        return [row.plan[row.done_chunks] if row.prefilling else (row.pending, self.decode_evict, False)
-                for row in self.rows]
+        self.share = 0  # the rows' share of the K/V buffers' bytes after the last step
 
     def _keep(self, row: _Row, n: int, t: int, evict: bool, budget: int | None) -> int:
         if not (self.runner.plan.evicting and evict):
             return n + t
-        return min(budget + held_tokens(row.protected), n + t)
+        return min(budget + row.state.n_protected, n + t)
 
-    def _geometries(self, t: list[int], feeds) -> list[RaggedStep]:
+    def _geometries(self, rows: list[_Row], t: list[int], feeds: list[Feed]) -> list[RaggedStep]:
         """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row (layers whose rows hold and keep
         the same counts share one)."""
         eng = self.runner
-        seen = [row.seen for row in self.rows]
+        seen = [row.state.seen for row in rows]
         by_counts: dict = {}
         out = []
         for lengths, budget in zip(self.cache.lengths, eng.plan.budgets or [None] * eng.plan.num_layers):
-            keep = [self._keep(row, a, b, f[1], budget) for row, a, b, f in zip(self.rows, lengths, t, feeds)]
+            keep = [self._keep(row, a, b, f[1], budget) for row, a, b, f in zip(rows, lengths, t, feeds)]
             key = (tuple(lengths), tuple(keep))
             if key not in by_counts:
                 by_counts[key] = RaggedStep(list(lengths), t, keep, seen, eng.plan.device, eng.plan.rerotate)
@@ -278,37 +245,42 @@ class _Batch:
         return out
 
     def run(self) -> list[GenerationResult]:
-        eng, cache = self.runner, self.cache
-        self.t0 = time.perf_counter()
-        while self.rows:
-            feeds = self._feeds()
-            t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
-            layer_steps = self._geometries(t, feeds)
-            step = layer_steps[0]
-            ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.plan.device)
-            for r, (f, tr) in enumerate(zip(feeds, t)):
-                ids[r, step.T - tr :] = f[0]
-            for r, (row, b) in enumerate(zip(self.rows, t)):
-                row.peak_kv_tokens = max(row.peak_kv_tokens, max(lengths[r] for lengths in cache.lengths) + b)
-            steps = [row.steps for row in self.rows]
-            steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
-                steps, dtype=torch.long, device=eng.plan.device).view(-1, 1, 1)
-            logits = self._forward(ids, layer_steps, steps_arg)
-            cache.lengths = [list(s.host_keep) for s in layer_steps]
-            self.memory.sample()
-            share = cache.nbytes() // step.rows
-            for row, f, b in zip(self.rows, feeds, t):
-                row.peak_kv_bytes = max(row.peak_kv_bytes, share)
-                if f[2]:
-                    row.protect(row.seen, row.seen + b)
-                row.seen += b
-                row.steps += 1
-            if self.on_batch_step is not None:
-                self.on_batch_step(BatchView(cache, [row.index for row in self.rows], [row.seen for row in self.rows]))
-            self._choose(logits, share)
+        self.loop.run(self._step, self._leave)
         return self.results  # type: ignore[return-value]
 
-    def _forward(self, ids: torch.Tensor, layer_steps: list[RaggedStep], steps) -> torch.Tensor:
+    def _step(self, rows: list[_Row], feeds: list[Feed]) -> torch.Tensor:
+        """One ragged step of every row (left-padded to the widest) → the last column's logits ``[rows, vocab]``."""
+        eng, cache = self.runner, self.cache
+        t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
+        layer_steps = self._geometries(rows, t, feeds)
+        step = layer_steps[0]
+        ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.plan.device)
+        for r, (f, tr) in enumerate(zip(feeds, t)):
+            ids[r, step.T - tr :] = f[0]
+        for r, (row, b) in enumerate(zip(rows, t)):
+            row.state.peak_kv_tokens = max(row.state.peak_kv_tokens,
+                                           max(lengths[r] for lengths in cache.lengths) + b)
+        steps = [row.state.steps for row in rows]
+        steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
+            steps, dtype=torch.long, device=eng.plan.device).view(-1, 1, 1)
+        logits = self._forward(rows, ids, layer_steps, steps_arg)
+        cache.lengths = [list(s.host_keep) for s in layer_steps]
+        self.share = cache.nbytes() // step.rows
+        for r, (row, f, b) in enumerate(zip(rows, feeds, t)):
+            state = row.state
+            state.peak_kv_bytes = max(state.peak_kv_bytes, self.share)
+            if f[2]:
+                state.protect(state.seen, state.seen + b)
+            state.seen += b
+            state.steps += 1
+            if row.ending_prompt:
+                state.last_logits = logits[r : r + 1].clone()
+                row.prompt_tokens = state.seen
+        if self.on_batch_step is not None:
+            self.on_batch_step(BatchView(cache, [row.index for row in rows], [row.state.seen for row in rows]))
+        return logits
+
+    def _forward(self, rows: list[_Row], ids: torch.Tensor, layer_steps: list[RaggedStep], steps) -> torch.Tensor:
         """The model on ``ids [rows, T]`` under each layer's step mask, then eviction; the last column's logits."""
         eng = self.runner
         capture = None
@@ -328,56 +300,20 @@ class _Batch:
         if eng.plan.needs.queries is not None:
             recent = record_step(eng.model, eng.plan.needs.queries, self.cache, captured, step.cache_positions[:, 0],
                                  step.seen_after)
-        eng.evictor.evict_ragged(self.cache, layer_steps, steps, capture, [row.protected for row in self.rows], recent)
+        eng.evictor.evict_ragged(self.cache, layer_steps, steps, capture, [row.state.protected for row in rows],
+                                 recent)
         return out.logits[:, -1, :]
 
-    def _choose(self, logits: torch.Tensor, share: int) -> None:
-        """Greedy tokens as ``Engine.generate`` takes them; finished rows leave the batch."""
-        tokens = logits.argmax(dim=-1).tolist()
-        now = time.perf_counter()
-        finished: list[int] = []
-        for r, row in enumerate(self.rows):
-            if row.prefilling:
-                row.done_chunks += 1
-                if row.prefilling:
-                    continue
-                row.last_logits = logits[r : r + 1].clone()
-                row.prompt_tokens, row.t_first = row.seen, now
-            if row.taken >= row.max_new:
-                finished.append(r)
-                continue
-            if row.taken == 0:
-                row.t_first, row.ttft = now, now - self.t0
-            tok = tokens[r]
-            if tok in self.eos or row.taken == row.max_new - 1:
-                if tok not in self.eos:
-                    row.out.append(tok)
-                finished.append(r)
-                continue
-            row.out.append(tok)
-            row.taken += 1
-            row.pending = tok
+    def _leave(self, finished: list[int]) -> None:
+        """The finished rows' results (each row's own figures, its state with its cache); the others stay."""
+        rows = self.loop.rows
         for r in finished:
-            self.results[self.rows[r].index] = self._result(r, self.rows[r], share)
-        if finished:
-            stay = [r for r in range(len(self.rows)) if r not in finished]
-            if stay:
-                self.cache.keep_rows(stay)
-            self.rows = [self.rows[r] for r in stay]
-
-    def _result(self, r: int, row: _Row, share: int) -> GenerationResult:
-        decode_s = time.perf_counter() - row.t_first
-        n = len(row.out)
-        stats = RunStats.of_run(
-            prompt_tokens=row.prompt_tokens,
-            ttft_s=row.ttft,
-            decode_s=decode_s,
-            decode_tokens=n,
-            peak_kv_tokens=row.peak_kv_tokens,
-            kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
-            peak_memory_bytes=self.memory.peak_bytes,
-            kv_cache_bytes=share,
-            peak_kv_bytes=row.peak_kv_bytes,
-            memory_kind=self.memory.kind,
-        )
-        return GenerationResult([list(row.out)], stats, _row_state(self.runner, self.cache, r, row))
+            row = rows[r]
+            stats = row.stats(time.perf_counter() - row.t_first, self.memory,
+                              peak_kv_tokens=row.state.peak_kv_tokens,
+                              kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
+                              kv_cache_bytes=self.share, peak_kv_bytes=row.state.peak_kv_bytes)
+            self.results[row.index] = GenerationResult([list(row.out)], stats, _row_state(self.runner, self.cache, r, row))
+        stay = [r for r in range(len(rows)) if r not in finished]
+        if stay:
+            self.cache.keep_rows(stay)

@@ -19,8 +19,9 @@ Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and
   ``decode_evict=False`` stops eviction after the prompt: the cache grows by one token per decode step.
 
 The engine is a front: :func:`~kdeval.keydiff.plan.make_plan` decides once what runs (budgets, layout,
-attention function, graphs), :class:`~kdeval.keydiff.step.Step` runs one forward with its eviction, and the loops
-here feed it the prompt's chunks and the generated tokens.
+attention function, graphs), :class:`~kdeval.keydiff.step.Step` runs one forward with its eviction, and one
+generation loop (:class:`~kdeval.keydiff.decoding.GenerationLoop`) feeds it each request's prompt chunks and
+generated tokens, for ``generate`` (batch 1 is a batch of one row) as for ``generate_batch``.
 
 A policy that shares a layer's ``H * N`` kept tokens among its KV heads (``PolicyNeeds.shares_heads``, AdaKV)
 runs over one pool of ``H * (N + B)`` slots per layer instead (kdeval/keydiff/headpool.py), eagerly.
@@ -37,10 +38,11 @@ import torch
 
 from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
 from kdeval.keydiff.config import EngineConfig
+from kdeval.keydiff.decoding import GenerationLoop, Request, eos_ids, prompt_steps
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
-from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
+from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import Step
 
 
@@ -87,15 +89,10 @@ class Engine:
         ``evict=False``: no eviction after these chunks, and their tokens are protected (never evicted by
         later steps, held on top of the budget): kvpress's question."""
         input_ids = check_ids(self.plan, input_ids, state)
-        return self._prefill(input_ids, state, collect_logits, PeakMemory(self.device), reserve=0, evict=evict)
-
-    def _prefill(self, input_ids: torch.Tensor, state: PrefillState | None, collect_logits: bool,
-                 memory: PeakMemory, reserve: int, evict: bool = True) -> PrefillState:
-        """``reserve``: tokens that will follow (generation), so a non-evicting cache is allocated once; without
-        eviction (``evict=False``) the cache makes room for these tokens and ``reserve`` more at once."""
-        state = state or self.new_state(input_ids.shape[0], input_ids.shape[1] + reserve)
+        memory = PeakMemory(self.device)
+        state = state or self.new_state(input_ids.shape[0], input_ids.shape[1])
         if not evict:
-            self.step.make_room(state, input_ids.shape[1] + reserve)
+            self.step.make_room(state, input_ids.shape[1])
         B = self.config.chunk_size
         for s in range(0, input_ids.shape[1], B):
             logits = self._step(state, input_ids[:, s : s + B], collect_logits, evict=evict, protect=not evict)
@@ -120,56 +117,47 @@ class Engine:
         input_ids = check_ids(self.plan, input_ids, state, max_new)
         if not isinstance(protect_last, int) or not 0 <= protect_last <= input_ids.shape[1]:
             raise ValueError(f"protect_last: expected 0 .. {input_ids.shape[1]} prompt tokens, got {protect_last!r}")
+        batch, length = input_ids.shape
+        requests = [Request(r, prompt_steps(input_ids[r], self.config.chunk_size, protect_last), max_new)
+                    for r in range(batch)]
         memory = PeakMemory(self.device)
-        t0 = time.perf_counter()
-        split = input_ids.shape[1] - protect_last
+        loop = GenerationLoop(requests, eos_ids(eos_token_id), decode_evict, memory, rows_leave=False)
         # a decode step holds one more token than the cache keeps; without eviction each one stays
         decode_room = 0 if max_new < 2 else (1 if decode_evict else max_new - 1)
-        if split:
-            state = self._prefill(input_ids[:, :split], state, False, memory, reserve=protect_last + max_new)
-        if protect_last:
-            state = self._prefill(input_ids[:, split:], state, False, memory, reserve=decode_room, evict=False)
-        if not decode_evict and decode_room:
-            self.step.make_room(state, decode_room)
-        prompt_tokens = state.seen
-        eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
-        batch = input_ids.shape[0]
-        out: list[list[int]] = [[] for _ in range(batch)]
-        done = [False] * batch
-        ttft = 0.0
-        t_first = time.perf_counter()
-        logits = state.last_logits
-        for i in range(max_new):
-            nxt = logits.argmax(dim=-1)  # [batch]
-            tokens = nxt.tolist()  # the host needs them (eos); on CUDA this also waits for the device
-            if i == 0:
-                t_first = time.perf_counter()
-                ttft = t_first - t0
-            for r, tok in enumerate(tokens):
-                if not done[r]:
-                    if tok in eos:
-                        done[r] = True
-                    else:
-                        out[r].append(tok)
-            if all(done) or i == max_new - 1:
-                break
-            logits = self._step(state, nxt.view(batch, 1), False, evict=decode_evict)[:, -1, :]
-            memory.sample()
-        decode_s = time.perf_counter() - t_first
-        n_decoded = max(len(r) for r in out) if out else 0
-        stats = RunStats.of_run(
-            prompt_tokens=prompt_tokens,
-            ttft_s=ttft,
-            decode_s=decode_s,
-            decode_tokens=n_decoded,
-            peak_kv_tokens=state.peak_kv_tokens,
-            kept_tokens=state.cache.length,
-            peak_memory_bytes=memory.peak_bytes,
-            kv_cache_bytes=state.cache.nbytes(),
-            peak_kv_bytes=state.peak_kv_bytes,
-            memory_kind=memory.kind,
-        )
-        return GenerationResult(out, stats, state)
+        # a cache that does not evict is sized once for all it will hold
+        state = state or self.new_state(batch, length + max_new if length > protect_last else length + decode_room)
+        results: list[GenerationResult] = []
+        question_ahead = protect_last > 0
+
+        def forward(rows: list[Request], feeds) -> torch.Tensor:
+            nonlocal question_ahead
+            ids, evict, protect = feeds[0]
+            if isinstance(ids, int):
+                ids = torch.tensor([[row.pending] for row in rows], device=self.device)
+            else:
+                ids = torch.stack([f[0] for f in feeds])
+            if protect and question_ahead:  # the question is held whole, unevicted: room for it at once
+                self.step.make_room(state, protect_last + decode_room)
+                question_ahead = False
+            logits = self._step(state, ids, False, evict=evict, protect=protect)[:, -1, :]
+            if rows[0].ending_prompt:
+                state.last_logits = logits
+                for row in rows:
+                    row.prompt_tokens = state.seen
+                if not decode_evict and decode_room:
+                    self.step.make_room(state, decode_room)
+            return logits
+
+        def leave(finished: list[int]) -> None:
+            decode_s = time.perf_counter() - requests[0].t_first
+            stats = requests[0].stats(decode_s, memory, peak_kv_tokens=state.peak_kv_tokens,
+                                      kept_tokens=state.cache.length, kv_cache_bytes=state.cache.nbytes(),
+                                      peak_kv_bytes=state.peak_kv_bytes,
+                                      decode_tokens=max(len(row.out) for row in requests))
+            results.append(GenerationResult([row.out for row in requests], stats, state))
+
+        loop.run(forward, leave)
+        return results[0]
 
     @torch.inference_mode()
     def generate_batch(self, prompts: Sequence[Sequence[int] | torch.Tensor],
