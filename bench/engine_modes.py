@@ -43,12 +43,14 @@ def build(shape: str, device: str, dtype, layers: int | None = None):
 
 def engine_kwargs(name: str, budget: int, B: int, mode: str, store: str = "slot", device: str = "cuda") -> dict:
     """The keyword arguments of ``Engine(model, policy, **kwargs)`` for policy ``name`` in ``mode``: its
-    ``config`` and the ``store`` and ``emulate_graphs`` test keywords.
+    ``config`` and the test oracles it plugs in (tests/keydiff/oracles.py): ``store="gather"``, the gather store;
+    "static-eager" (and every mode on a CPU), the graph path emulated with plain calls.
 
     ``mode``: "plain", "graphs" (captured; emulated on the CPU) or "static-eager" (the same step, uncaptured),
     the last two with a "-fp32scores" suffix for ``score_precision="float32"`` (TOVA, SnapKV and H2O's captured logits in float32, as before that option
     existed); a trailing :data:`REUSED` is handled by the caller."""
     from kdeval.keydiff import EngineConfig
+    from tests.keydiff.oracles import EMULATED, STORES  # run from the repository root (PYTHONPATH=.)
 
     base, *options = mode.removesuffix(REUSED).split("-")
     if base == "static":  # "static-eager"
@@ -59,7 +61,8 @@ def engine_kwargs(name: str, budget: int, B: int, mode: str, store: str = "slot"
     config = EngineConfig(budget=None if name == "full" else budget, chunk_size=B,
                           cuda_graphs=base in ("graphs", "static-eager") and name != "full",
                           score_precision="float32" if "fp32scores" in options else "model")
-    return dict(config=config, store=store, emulate_graphs=base == "static-eager" or device == "cpu")
+    emulated = EMULATED if base == "static-eager" or device == "cpu" else {}
+    return dict(config=config, **STORES[store], **emulated)
 
 
 def clock(fn, device: str, reps: int, warmup: int = 2) -> float:

@@ -10,21 +10,18 @@ why). Each row keeps its own absolute positions (its first token is position 0, 
 own budget and kept set, and stops at its own eos or generation length; a finished row leaves the batch.
 
 Requests run eagerly (no CUDA graphs): the shapes change from step to step. A state prefilled on the graph
-path is read as it is; a row's resulting state is a dynamic slot (or gather) cache the same engine can
-continue.
+path is read as it is; a row's resulting state is a dynamic cache the same engine can continue.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from kdeval.keydiff.attention import RAGGED_IMPL, AttentionCapture, attention_implementation
-from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.decoding import Feed, GenerationLoop, Request, eos_ids, prompt_steps
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids
@@ -93,15 +90,13 @@ def _capacity(runner: "Step", rows: list[_Row], lengths: list[int], decode_evict
 
 
 def _row_state(runner: "Step", cache: RaggedCache, r: int, row: _Row) -> PrefillState:
-    """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's store)."""
-    names = cache.state_names
-    out = BudgetCache(len(cache.layers), runner.plan.store, [lengths[r] for lengths in cache.lengths], names)
+    """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's layers)."""
+    out = runner.new_cache([lengths[r] for lengths in cache.lengths])
     for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
         layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
         layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
         layer.length, layer.pending = k.shape[2], 0
         layer._note_held()
-    out.owner = weakref.ref(runner)
     out.thawed_from = runner.plan.config.budget if runner.plan.use_graphs else None
     out.rerotated = runner.plan.rerotate
     if cache.query_window is not None:

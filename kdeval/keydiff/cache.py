@@ -1,6 +1,6 @@
 """Budgeted KV caches the engine evicts from, plugged into transformers as a ``Cache``.
 
-Both stores keep, per layer, the cached ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``, the
+A :class:`BudgetCache` keeps, per layer, the cached ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``, the
 absolute ``positions`` ``[batch, kv_heads, tokens]`` of those tokens and any per-token policy state. During a
 chunk's forward the chunk's ``t`` tokens are appended after the ``n`` cached ones, so the valid tokens are always
 slots ``[0, n + t)`` with the chunk last: the causal mask transformers builds from the cache length (all of the
@@ -9,20 +9,21 @@ holds the same count (transformers builds one mask, from layer 0). Under per-lay
 hold different counts and the engine runs attention without a mask, lower-right causal over each layer's own keys
 (kdeval/keydiff/plan.py chooses it).
 
-- :class:`SlotLayer` (``store="slot"``, default): one buffer of ``budget + chunk`` slots allocated once and
+- :class:`SlotLayer`: one buffer of ``budget + chunk`` slots allocated once and
   written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
   the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order is not position order.
-- The slot store's *static* layout (``static_base=N``, used by the captured CUDA-graph step): every chunk of
+- Its *static* layout (``static_base=N``, used by the captured CUDA-graph step): every chunk of
   ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction always see all
   ``N + t`` slots, so every full chunk has the same shapes from the first chunk on. While fewer than ``N``
   tokens are cached, slots ``[length, N)`` are empty (zero keys, a sentinel position); the engine masks them out
   of attention and evicts them first, lowest slot first, so the valid tokens stay in ``[0, length)`` with
   ``length = min(tokens seen, N)``.
-- :class:`GatherLayer` (``store="gather"``): transformers' growing ``DynamicLayer``; eviction gathers the kept
-  tokens into new tensors in position order. Simple, and the reference the slot store is checked against.
+
+The tests check this store against a reference written there (a growing layer whose eviction gathers the kept
+tokens in position order), plugged in through ``Engine(cache_layer=...)``.
 
 Steps that do not evict (kvpress's question, decoding without eviction) make the cache grow past
-``budget + chunk``: the slot store then grows its buffers (once, by :meth:`BudgetCache.reserve`, when the
+``budget + chunk``: a slot layer then grows its buffers (once, by :meth:`BudgetCache.reserve`, when the
 engine knows how much), and a static-layout cache, which cannot grow, is first copied into a dynamic one
 (:meth:`BudgetCache.thawed`).
 """
@@ -37,7 +38,7 @@ from kdeval.keydiff.slots import (  # noqa: F401  (EmptySlots, move_tail, static
 
 
 class _BudgetLayerMixin:
-    """Bookkeeping shared by both stores: committed length, pending chunk, positions and policy state."""
+    """Bookkeeping every budgeted layer shares: committed length, pending chunk, positions and policy state."""
 
     length: int
     pending: int
@@ -172,71 +173,20 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
             self.length = keep_n
 
 
-class GatherLayer(_BudgetLayerMixin, DynamicLayer):
-    """transformers' growing layer; eviction gathers the kept tokens (position order) into new tensors."""
-
-    def __init__(self, state_names: tuple[str, ...] = ()):
-        DynamicLayer.__init__(self)
-        self._init_budget(state_names)
-        self.positions: torch.Tensor | None = None
-        self.state: dict[str, torch.Tensor] = {}
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        keys, values = DynamicLayer.update(self, key_states, value_states)
-        b, h, t = key_states.shape[:3]
-        new_pos = self.next_positions.expand(b, h, t)
-        self.positions = new_pos.clone() if self.positions is None else torch.cat([self.positions, new_pos], dim=2)
-        zeros = torch.zeros(b, h, t, dtype=torch.float32, device=key_states.device)
-        self.state = {n: torch.cat([self.state[n], zeros], 2) if n in self.state else zeros.clone() for n in self.state_names}
-        self.pending = t
-        self._note_held()
-        return keys, values
-
-    def reserve(self, capacity: int) -> None:
-        """Nothing to do: the gather store allocates what each step needs."""
-
-    def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        return self.keys, self.positions, self.state
-
-    def evict(self, drop: torch.Tensor | None) -> None:
-        m = self.length + self.pending
-        self.pending = 0
-        if drop is None or drop.shape[-1] == 0:
-            self.length = m
-            return
-        b, h = drop.shape[:2]
-        keep_mask = torch.ones(b, h, m, dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
-        keep = keep_mask.nonzero()[:, -1].view(b, h, m - drop.shape[-1])  # row-major: ascending slots
-        self.keys = self.keys.gather(2, expand_index(keep, self.keys))
-        self.values = self.values.gather(2, expand_index(keep, self.values))
-        self.positions = self.positions.gather(2, keep)
-        self.state = {n: s.gather(2, keep) for n, s in self.state.items()}
-        self.length = keep.shape[-1]
-
-
 class BudgetCache(Cache):
-    """A transformers ``Cache`` of :class:`SlotLayer` or :class:`GatherLayer`, one per decoder layer."""
+    """A transformers ``Cache`` of budgeted layers (:class:`SlotLayer`), one per decoder layer."""
 
-    def __init__(self, num_layers: int, store: str, capacity: int | list[int], state_names: tuple[str, ...] = (),
-                 static_base: int | None = None):
-        """``capacity``: slots per layer, one number or one per layer (per-layer budgets, dynamic layout only)."""
-        if static_base is not None and store != "slot":
-            raise ValueError("static_base: only the slot store has a static layout")
-        capacities = [capacity] * num_layers if isinstance(capacity, int) else list(capacity)
+    def __init__(self, layers: list, state_names: tuple[str, ...] = (), static_base: int | None = None):
+        """``layers``: one per decoder layer (:class:`SlotLayer`, or a test's reference layer), each with its
+        ``capacity``; ``static_base``: the static layout's N (every layer the same slots)."""
+        capacities = [layer.capacity for layer in layers]
         if static_base is not None and len(set(capacities)) > 1:
             raise ValueError("capacity: the static layout gives every layer the same slots")
         self.static_base = static_base
         #: every layer has the same slots, so every layer holds the same count (``length`` reads layer 0)
         self.uniform = len(set(capacities)) == 1
         self.state_names = tuple(state_names)
-        if store == "slot":
-            layers = [SlotLayer(cap, state_names, static_base) for cap in capacities]
-        elif store == "gather":
-            layers = [GatherLayer(state_names) for _ in range(num_layers)]
-        else:
-            raise ValueError(f"store: expected 'slot' or 'gather', got {store!r}")
         super().__init__(layers=layers)
-        self.store = store
         self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (Engine.phase)
         self.owner = None  # a weak reference to the engine that made this cache (its pool takes only its own)
         self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
@@ -307,13 +257,13 @@ class BudgetCache(Cache):
         return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)
 
     def held_nbytes(self) -> int:
-        """Bytes of the key/value tensors allocated during the last forward, all layers: for the slot store its
-        buffers; for the gather store the cached tokens plus the chunk, before eviction gathered the kept ones."""
+        """Bytes of the key/value tensors allocated during the last forward, all layers: a slot layer's buffers
+        (a growing layer's: the cached tokens plus the chunk, before eviction)."""
         return sum(l.held_nbytes for l in self.layers)
 
     def reserve_more(self, tokens: int) -> None:
-        """Room for ``tokens`` more than each layer holds, allocated at once (slot store; a no-op for the gather
-        store and where there is room): a layer with a smaller budget grows less."""
+        """Room for ``tokens`` more than each layer holds, allocated at once (a no-op where there is room): a layer
+        with a smaller budget grows less."""
         for layer in self.layers:
             layer.reserve(layer.length + tokens)
 
@@ -323,7 +273,8 @@ class BudgetCache(Cache):
         do not evict can follow. This cache is left as it is."""
         if self.static_base is None:
             raise ValueError("thawed: only a static-layout cache is thawed")
-        out = BudgetCache(len(self.layers), "slot", max(capacity, self.length), self.state_names)
+        cap = max(capacity, self.length)
+        out = BudgetCache([SlotLayer(cap, self.state_names) for _ in self.layers], self.state_names)
         out.owner, out.thawed_from = self.owner, self.static_base
         for src, dst in zip(self.layers, out.layers):
             if src.is_initialized:

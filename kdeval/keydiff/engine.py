@@ -39,11 +39,12 @@ import torch
 from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.decoding import GenerationLoop, Request, eos_ids, prompt_steps
+from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.state import GenerationResult, PrefillState
-from kdeval.keydiff.step import Step
+from kdeval.keydiff.step import GraphRunner, LayerFactory, Step, slot_layer
 
 
 class Engine:
@@ -51,20 +52,21 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
                  on_step: Callable[[PrefillState], None] | None = None,
-                 on_batch_step: Callable[[BatchView], None] | None = None, *, store: str = "slot",
-                 emulate_graphs: bool = False):
+                 on_batch_step: Callable[[BatchView], None] | None = None, *,
+                 cache_layer: LayerFactory = slot_layer, graph_runner: GraphRunner | None = None):
         """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing);
         ``on_batch_step(view)`` after every step of :meth:`generate_batch`.
 
-        For tests and ``bench/`` only, not user options: ``store="gather"`` keeps the cache in transformers'
-        growing layers, evicted by gathering (the reference the default slot store is checked against);
-        ``emulate_graphs`` runs the graph path's static layout with plain calls instead of graph replays (on a
-        CPU; on CUDA, the eager reference the captured graphs are checked against)."""
+        The hooks tests plug their references into (not user options; no grid or config reaches them):
+        ``cache_layer(capacity, state_names, static_base, shares_heads)`` makes each layer of every cache
+        (default :func:`~kdeval.keydiff.step.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
+        runner of one captured step (default :class:`~kdeval.keydiff.graphs.CapturedStep`, CUDA graphs, which
+        need CUDA); given one, the graph path runs on any device."""
         self.model, self.policy, self.config = model, policy, config
         self.on_step, self.on_batch_step = on_step, on_batch_step
         #: everything decided once (budgets, layout, attention function, graphs)
-        self.plan = make_plan(model, policy, config, store, emulate_graphs)
-        self.step = Step(model, policy, self.plan)
+        self.plan = make_plan(model, policy, config, graph_runner_given=graph_runner is not None)
+        self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep)
         plan = self.plan
         self.device, self.num_layers = plan.device, plan.num_layers
         self.evicting, self.uniform, self.use_graphs = plan.evicting, plan.uniform, plan.use_graphs

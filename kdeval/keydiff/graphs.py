@@ -10,7 +10,8 @@ a replayed value.
 
 The first call runs eagerly, on the side stream the capture will use (so lazily created per-stream state such
 as library workspaces exists before capture), and is the warm-up; the second call captures, then replays.
-``emulate=True`` (tests without CUDA) runs the same buffers through a plain call instead of a graph.
+:class:`CapturedStep` is the engine's default graph runner; a test gives the engine another one
+(``Engine(graph_runner=...)``) that runs the same static inputs through plain calls, on a CPU.
 
 The step that is captured (kdeval/keydiff/step.py) is passed to every call, not kept: the cache holds this object
 (``cache.graphs``) and the step's pool holds released caches, so keeping it would make a reference cycle that
@@ -34,43 +35,49 @@ class DeviceStep(Protocol):
                     seen_after: torch.Tensor, steps: int, all_logits: bool) -> torch.Tensor: ...
 
 
-class CapturedStep:
-    """One graph for one cache, batch size and chunk length ``t`` (``chunk_size`` or 1), captured from one step
-    (``owner``, weakly: it recorded that step's policy and plan) on ``device`` (``emulate``: plain calls)."""
+class StepInputs:
+    """The static inputs of one captured step (token ids ``[batch, t]``, positions ``[t]``, the count of tokens
+    seen after it, a 0-d tensor), refilled before each run, for one cache, batch size and chunk length ``t``
+    (``chunk_size`` or 1) of one step (``owner``, weakly: a graph records that step's policy and plan)."""
 
-    def __init__(self, step: DeviceStep, batch: int, t: int, device: torch.device, emulate: bool = False):
+    def __init__(self, step: DeviceStep, batch: int, t: int, device: torch.device):
         self.owner, self.t = weakref.ref(step), t
-        dev = device
-        self.ids = torch.zeros(batch, t, dtype=torch.long, device=dev)
-        self.offsets = torch.arange(t, device=dev)
-        self.positions = torch.zeros(t, dtype=torch.long, device=dev)
-        self.seen_after = torch.zeros((), dtype=torch.long, device=dev)
-        self.emulate = dev.type != "cuda" or emulate
-        self.stream = None if self.emulate else torch.cuda.Stream(device=dev)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
-        self.warmed = False
+        self.ids = torch.zeros(batch, t, dtype=torch.long, device=device)
+        self.offsets = torch.arange(t, device=device)
+        self.positions = torch.zeros(t, dtype=torch.long, device=device)
+        self.seen_after = torch.zeros((), dtype=torch.long, device=device)
 
-    def _fn(self, step: DeviceStep, cache: "BudgetCache") -> torch.Tensor:
+    def call(self, step: DeviceStep, cache: "BudgetCache") -> torch.Tensor:
+        """``step``'s forward + eviction of ``cache`` on these inputs: what a graph captures."""
         return step.device_step(cache, self.ids, self.positions, self.seen_after, 0, False)
 
-    def _fill(self, ids: torch.Tensor, seen: int) -> None:
+    def fill(self, ids: torch.Tensor, seen: int) -> None:
+        """Refill the inputs with ``ids [batch, t]`` at positions ``seen .. seen + t - 1``."""
         self.ids.copy_(ids)
         torch.add(self.offsets, seen, out=self.positions)
         self.seen_after.fill_(seen + self.t)
 
+
+class CapturedStep(StepInputs):
+    """:class:`StepInputs` whose step is captured as a CUDA graph on ``device`` and replayed (module docstring)."""
+
+    def __init__(self, step: DeviceStep, batch: int, t: int, device: torch.device):
+        super().__init__(step, batch, t, device)
+        self.stream = torch.cuda.Stream(device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+        self.warmed = False
+
     def run(self, step: DeviceStep, cache: "BudgetCache", ids: torch.Tensor, seen: int) -> torch.Tensor:
         """One step of ``cache`` (always the same one) for ``ids [batch, t]`` from position ``seen`` by ``step``
         (always its owner); returns logits ``[batch, 1, vocab]``."""
-        self._fill(ids, seen)
-        if self.emulate:
-            return self._fn(step, cache).clone()
+        self.fill(ids, seen)
         if not self.warmed:
             self.warmed = True
             current = torch.cuda.current_stream()
             self.stream.wait_stream(current)
             with torch.cuda.stream(self.stream):
-                logits = self._fn(step, cache).clone()
+                logits = self.call(step, cache).clone()
             current.wait_stream(self.stream)
             return logits
         if self.graph is None:
@@ -85,5 +92,5 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=self.stream):
-            self.logits = self._fn(step, cache)
+            self.logits = self.call(step, cache)
         self.graph = graph

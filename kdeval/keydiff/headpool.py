@@ -16,8 +16,7 @@ exactly the uniform cache's bytes:
   memory (the per-head layout with room for adaptive budgets costs ``H`` times the memory instead).
 - Eviction (kdeval/keydiff/headpool_eviction.py) gathers each head's tokens in position order, scores them with
   the policy and keeps the best ``H * N`` of the row; :meth:`HeadPoolLayer.commit` compacts them into
-  ``[0, H * N)``: moved in place (``store="slot"``, an O(evicted) move, slot order is then not position
-  order) or gathered in (head, position) order (``store="gather"``, the reference).
+  ``[0, H * N)``, moved in place (an O(evicted) move: slot order is then not position order).
 
 ``length`` is the tokens per KV head on average (``slots / H``; the pool always holds a multiple of ``H``), the
 figure the engine's counters and bounds read for every cache.
@@ -31,7 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.cache import BudgetCache, _BudgetLayerMixin
-from kdeval.keydiff.slots import EMPTY_POSITION, compact, expand_index, resized
+from kdeval.keydiff.slots import EMPTY_POSITION, compact, resized
 
 POOL_IMPL = "kdeval_pool"
 
@@ -41,10 +40,9 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
 
     is_croppable = False
 
-    def __init__(self, capacity: int, gather: bool = False):
+    def __init__(self, capacity: int):
         DynamicLayer.__init__(self)
         self.capacity = capacity
-        self.gather = gather
         self.heads = 0
         self._init_budget(())
         self.state: dict[str, torch.Tensor] = {}
@@ -127,11 +125,7 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
             self.length = m // self.heads
             return
         b, k = kept.shape
-        if self.gather:
-            for buf in self._buffers():
-                rows = buf[:, 0, :m].gather(1, expand_index(kept.unsqueeze(1), buf[:, :, :m])[:, 0])
-                buf[:, 0, :k] = rows
-        elif k < m:
+        if k < m:
             keep = torch.zeros(b, m, dtype=torch.bool, device=kept.device).scatter_(1, kept, True)
             drop = (~keep).nonzero()[:, 1].view(b, 1, m - k)
             compact([buf[:, :, :m] for buf in self._buffers()], drop, k)
@@ -139,13 +133,8 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
 
 
 class HeadPoolCache(BudgetCache):
-    """A :class:`BudgetCache` of :class:`HeadPoolLayer`: ``capacity`` slots per KV head and layer, one number or
-    one per layer (``store``: ``"slot"`` moves kept tokens in place, ``"gather"`` gathers them)."""
-
-    def __init__(self, num_layers: int, store: str, capacity: int | list[int]):
-        super().__init__(num_layers, store, capacity)
-        capacities = [capacity] * num_layers if isinstance(capacity, int) else list(capacity)
-        self.layers = [HeadPoolLayer(cap, gather=store == "gather") for cap in capacities]
+    """A :class:`BudgetCache` of :class:`HeadPoolLayer` (``capacity``: slots per KV head), which the engine
+    evicts by :func:`~kdeval.keydiff.headpool_eviction.evict_pool`."""
 
 
 def pool_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -50,8 +50,6 @@ class Plan:
     budgets: tuple[int, ...] | None
     #: every layer keeps the same budget: transformers' one mask serves every layer
     uniform: bool
-    #: ``"slot"`` (the product store) or ``"gather"`` (the reference store tests compare with)
-    store: str
     num_layers: int
     #: query heads per KV head
     group: int
@@ -62,12 +60,10 @@ class Plan:
     model_attention: str
     #: the attention implementation of an eager (not static-layout) step; ``None``: the model's own
     step_attention: str | None
-    #: the static layout and its captured step run (CUDA graphs, or emulated on a CPU)
+    #: the static layout and its captured step run (CUDA graphs, or a test's graph runner)
     use_graphs: bool
     #: why graphs do not run although asked for (or on by default), ``None`` when they run or were not asked for
     graphs_off: str | None
-    #: run the static layout with plain calls instead of graph replays (tests and bench on a CPU)
-    emulate_graphs: bool
 
     @property
     def rerotate(self) -> bool:
@@ -95,11 +91,10 @@ def checked_layer_budgets(policy: Policy, n: int, num_layers: int) -> list[int]:
     return budgets
 
 
-def _graphs_off(needs: PolicyNeeds, evicting: bool, store: str, uniform: bool, model_attention: str) -> str | None:
+def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str) -> str | None:
     """Why the graph path cannot run this policy (one captured step per chunk shape), or ``None``."""
     reasons = [why for why, yes in (
         ("nothing is evicted", not evicting),
-        ("the gather store", store != "slot"),
         ("per-layer budgets (the static layout gives every layer N slots)", not uniform),
         ("scores read the step count (a graph would freeze it)", needs.reads_step),
         ("a query window between steps", needs.queries is not None),
@@ -111,11 +106,11 @@ def _graphs_off(needs: PolicyNeeds, evicting: bool, store: str, uniform: bool, m
     return "; ".join(reasons) or None
 
 
-def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, store: str = "slot",
-              emulate_graphs: bool = False) -> Plan:
+def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, graph_runner_given: bool = False
+              ) -> Plan:
     """The plan for ``policy`` on ``model`` under ``config``; ``ValueError`` naming the setting for what cannot run
-    (graphs asked for without CUDA, a budget the policy cannot split, an attention implementation the policy
-    cannot run beside)."""
+    (graphs asked for without CUDA and without a graph runner of the caller's, a budget the policy cannot split, an
+    attention implementation the policy cannot run beside)."""
     cfg = model.config
     num_layers = cfg.num_hidden_layers
     evicting = policy.evicts and config.budget is not None
@@ -127,7 +122,7 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, stor
     if needs.queries is not None or needs.rerotates:
         rotary_embedding(model)
     device = next(model.parameters()).device
-    if config.cuda_graphs and device.type != "cuda" and not emulate_graphs:
+    if config.cuda_graphs and device.type != "cuda" and not graph_runner_given:
         raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {device.type})")
     model_attention = cfg._attn_implementation
     why = own_attention_reason(needs, not uniform)
@@ -137,13 +132,13 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, stor
     step_attention = (POOL_IMPL if needs.shares_heads else STATIC_IMPL if not uniform
                       else CAPTURE_IMPL if needs.attention is not None else None)
     wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
-    off = _graphs_off(needs, evicting, store, uniform, model_attention) if wanted else None
+    off = _graphs_off(needs, evicting, uniform, model_attention) if wanted else None
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     return Plan(config=config, policy_name=policy.name, needs=needs, evicting=evicting, budgets=budgets,
-                uniform=uniform, store=store, num_layers=num_layers, group=cfg.num_attention_heads // heads,
+                uniform=uniform, num_layers=num_layers, group=cfg.num_attention_heads // heads,
                 max_context=int(getattr(cfg, "max_position_embeddings", 0) or 0), device=device,
                 model_attention=model_attention, step_attention=step_attention, use_graphs=wanted and off is None,
-                graphs_off=off, emulate_graphs=emulate_graphs)
+                graphs_off=off)
 
 
 def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None", max_new: int = 0) -> torch.Tensor:
@@ -166,14 +161,14 @@ def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None",
 
 def check_continuable(plan: Plan, state: "PrefillState") -> None:
     """Refuse (``ValueError`` naming ``state``) a state this plan cannot continue: released, laid out for other
-    graph/store settings, rotated at the other positions, of the other cache kind, or without the per-token
+    graph settings, rotated at the other positions, of the other cache kind, or without the per-token
     state the policy keeps."""
     state.check_usable()
     name = plan.policy_name
     layout = plan.config.budget if plan.use_graphs else None
     if state.cache.static_base != layout and not (
             state.cache.static_base is None and state.cache.thawed_from == layout):
-        raise ValueError("state: its cache was laid out by an engine with other graph/store settings; "
+        raise ValueError("state: its cache was laid out by an engine with other graph settings; "
                          "continue it with the engine that made it")
     if state.cache.rerotated != plan.rerotate and state.cache.length < state.seen:
         raise ValueError("state: its kept keys are rotated at " + ("contiguous" if state.cache.rerotated else

@@ -10,25 +10,45 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from typing import Callable
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from kdeval.keydiff.attention import STATIC_IMPL, AttentionCapture, attention_implementation, static_mask
-from kdeval.keydiff.cache import BudgetCache, EmptySlots
+from kdeval.keydiff.cache import BudgetCache, EmptySlots, SlotLayer
 from kdeval.keydiff.eviction import Evictor
 from kdeval.keydiff.graphs import CapturedStep
-from kdeval.keydiff.headpool import HeadPoolCache
+from kdeval.keydiff.headpool import HeadPoolCache, HeadPoolLayer
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.queries import capture_queries, record_step
 from kdeval.keydiff.state import PrefillState
 
 
+def slot_layer(capacity: int, state_names: tuple[str, ...], static_base: int | None, shares_heads: bool
+               ) -> DynamicLayer:
+    """One layer of the engine's cache: ``capacity`` slots per KV head, the per-token ``state_names``, the static
+    layout's N (``None``: dynamic), a pool shared by the KV heads (``shares_heads``, no per-token state)."""
+    if shares_heads:
+        return HeadPoolLayer(capacity)
+    return SlotLayer(capacity, state_names, static_base)
+
+
+#: makes one cache layer from the arguments :func:`slot_layer` takes
+LayerFactory = Callable[[int, tuple, int | None, bool], DynamicLayer]
+#: makes the runner of one captured step from the arguments :class:`CapturedStep` takes
+GraphRunner = Callable[..., CapturedStep]
+
+
 class Step:
     """Runs the steps of one policy under one plan on one model; keeps released static caches for reuse."""
 
-    def __init__(self, model: torch.nn.Module, policy: Policy, plan: Plan):
+    def __init__(self, model: torch.nn.Module, policy: Policy, plan: Plan, cache_layer: LayerFactory = slot_layer,
+                 graph_runner: GraphRunner = CapturedStep):
+        """``cache_layer``, ``graph_runner``: see ``Engine``."""
         self.model, self.policy, self.plan = model, policy, plan
+        self.cache_layer, self.graph_runner = cache_layer, graph_runner
         self.evictor = Evictor(model, policy, plan)
         self._spare: dict[int, BudgetCache] = {}  # released static caches (with their graphs), by batch size
 
@@ -43,15 +63,21 @@ class Step:
             return PrefillState(spare, 0, torch.empty(0))
         plan = self.plan
         B = plan.config.chunk_size
-        cap = [b + B for b in plan.budgets] if plan.evicting else max(tokens, B)
-        if plan.shares_heads:
-            cache = HeadPoolCache(plan.num_layers, plan.store, cap)
-        else:
-            cache = BudgetCache(plan.num_layers, plan.store, cap, plan.needs.token_state,
-                                static_base=plan.config.budget if plan.use_graphs else None)
+        cap = [b + B for b in plan.budgets] if plan.evicting else [max(tokens, B)] * plan.num_layers
+        cache = self.new_cache(cap, plan.config.budget if plan.use_graphs else None)
+        return PrefillState(cache, 0, torch.empty(0))
+
+    def new_cache(self, capacities: list[int], static_base: int | None = None) -> BudgetCache:
+        """An empty cache of this plan's kind with ``capacities[i]`` slots per KV head in layer ``i`` (the static
+        layout's N: ``static_base``), owned by this step."""
+        plan = self.plan
+        pooled = plan.shares_heads
+        names = () if pooled else plan.needs.token_state
+        layers = [self.cache_layer(cap, names, static_base, pooled) for cap in capacities]
+        cache = (HeadPoolCache if pooled else BudgetCache)(layers, names, static_base)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = plan.rerotate
-        return PrefillState(cache, 0, torch.empty(0))
+        return cache
 
     def release(self, state: PrefillState) -> None:
         """Take back a state its caller is done with (see ``Engine.release``)."""
@@ -164,7 +190,7 @@ class Step:
         key = (ids.shape[0], t, self.phase(state.cache, t))
         graph = state.cache.graphs.get(key)
         if graph is None or graph.owner() is not self:  # another engine's graph ran its policy and settings
-            graph = CapturedStep(self, ids.shape[0], t, self.plan.device, self.plan.emulate_graphs)
+            graph = self.graph_runner(self, ids.shape[0], t, self.plan.device)
             state.cache.graphs[key] = graph
         return graph
 

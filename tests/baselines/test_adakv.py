@@ -11,6 +11,7 @@ from kdeval.keydiff.headpool_eviction import select_across_heads
 from kdeval.keydiff.keydiff import keydiff_scores
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine, prompt, tiny
+from ..keydiff.oracles import EMULATED, GATHER
 
 INF = float("inf")
 
@@ -86,7 +87,7 @@ def test_one_chunk_keeps_per_head_what_the_allocation_rule_gives():
     floor(0.2 x 24) = 4 best safeguarded, then the layer's best 2 x 24 = 48 tokens across heads."""
     ids, n, alpha = prompt(80, seed=5), 24, 0.2
     state = engine(get_policy("ada-keydiff", alpha_safeguard=alpha), n, 80).prefill(ids)
-    full = engine(get_policy("full"), None, 80, store="gather").prefill(ids)
+    full = engine(get_policy("full"), None, 80, **GATHER).prefill(ids)
     uneven = False
     for layer, ref in zip(state.cache.layers, full.cache.layers):
         scores = keydiff_scores(ref.keys)[0].tolist()  # [heads][80]
@@ -136,7 +137,7 @@ def test_every_step_keeps_the_layer_total_and_the_protected_question_in_every_he
 
 
 def test_graphs_are_refused():
-    assert not engine(get_policy("ada-keydiff"), 40, 16, cuda_graphs=True, emulate_graphs=True).use_graphs
+    assert not engine(get_policy("ada-keydiff"), 40, 16, cuda_graphs=True, **EMULATED).use_graphs
 
 
 def test_a_ragged_batch_keeps_what_each_request_keeps_alone():

@@ -9,6 +9,7 @@ from kdeval.keydiff.selection import lowest_oldest_first
 
 from ..keydiff.helpers import (assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine,
                                prompt, tiny)
+from ..keydiff.oracles import EMULATED, GATHER
 
 # Worked by hand. Positions 0..7 in groups of 2; knorm scores are -|k|.
 # head 0 norms [1, 3, 2, 1, 5, 1, .5, .5]: group means -2, -1.5, -3, -.5
@@ -97,9 +98,9 @@ def test_variants_keep_what_the_gather_store_keeps(params):
     """Slot store and the static layout (emulated graphs) keep the gather store's tokens and logits."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(130, seed=11)
-    ref = Engine(lm.model, get_policy("chunkkv", **params), EngineConfig(budget=40, chunk_size=16), store="gather")
+    ref = Engine(lm.model, get_policy("chunkkv", **params), EngineConfig(budget=40, chunk_size=16), **GATHER)
     ref = ref.generate(ids, max_new_tokens=6)
-    for cfg in (dict(), dict(cuda_graphs=True, emulate_graphs=True)):
+    for cfg in (dict(), dict(cuda_graphs=True, **EMULATED)):
         eng = make_engine(lm.model, get_policy("chunkkv", **params), budget=40, chunk_size=16, **cfg)
         assert_same_run(eng.generate(ids, max_new_tokens=6), ref, atol=1e-9)
 

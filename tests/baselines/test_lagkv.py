@@ -9,6 +9,7 @@ from kdeval.keydiff.selection import lowest_oldest_first
 
 from ..keydiff.helpers import (assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine,
                                prompt, tiny)
+from ..keydiff.oracles import EMULATED, GATHER
 
 
 def scores_by_position(keys_by_position: dict, seen: int, lag: int, n_sink: int = 0, perm=None) -> dict:
@@ -92,9 +93,9 @@ def test_variants_keep_what_the_gather_store_keeps(params):
     rows keeps what each row keeps alone."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(130, batch=2, seed=11)
-    ref = Engine(lm.model, get_policy("lagkv", **params), EngineConfig(budget=40, chunk_size=16), store="gather")
+    ref = Engine(lm.model, get_policy("lagkv", **params), EngineConfig(budget=40, chunk_size=16), **GATHER)
     ref = ref.generate(ids, max_new_tokens=6)
-    for cfg in (dict(), dict(cuda_graphs=True, emulate_graphs=True)):
+    for cfg in (dict(), dict(cuda_graphs=True, **EMULATED)):
         eng = make_engine(lm.model, get_policy("lagkv", **params), budget=40, chunk_size=16, **cfg)
         assert_same_run(eng.generate(ids, max_new_tokens=6), ref, atol=1e-9)
     alone = Engine(lm.model, get_policy("lagkv", **params), EngineConfig(budget=40, chunk_size=16))

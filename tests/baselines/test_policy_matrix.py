@@ -6,6 +6,7 @@ from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import Engine, EngineConfig
 
 from ..keydiff.helpers import kept_positions, make_engine, prompt, tiny
+from ..keydiff.oracles import STORES
 
 EVICTING = [n for n in policy_names() if n != "full"]
 BUDGET = 40  # >= every policy's protected tokens at its defaults (snapkv's window is 32)
@@ -13,7 +14,7 @@ BUDGET = 40  # >= every policy's protected tokens at its defaults (snapkv's wind
 
 def run(policy, store="slot", kv_heads=2, chunk=16, batch=1, n=90, new=6, seed=0, check=None):
     lm = tiny("random:llama-tiny", kv_heads)
-    eng = make_engine(lm.model, get_policy(policy), check, budget=BUDGET, chunk_size=chunk, store=store)
+    eng = make_engine(lm.model, get_policy(policy), check, budget=BUDGET, chunk_size=chunk, **STORES[store])
     return eng.generate(prompt(n, batch=batch, seed=seed), max_new_tokens=new)
 
 
@@ -99,7 +100,7 @@ def test_slot_store_equals_gather_store(policy, kv_heads):
     ids = prompt(90, seed=11)
     states = []
     for store in ("slot", "gather"):
-        eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=BUDGET, chunk_size=16), store=store)
+        eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=BUDGET, chunk_size=16), **STORES[store])
         states.append(eng.prefill(ids, collect_logits=True))
     slot, gather = states
     for ps, pg in zip(kept_positions(slot), kept_positions(gather)):

@@ -15,6 +15,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from ..keydiff.helpers import (
     assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine, prompt, tiny,
 )
+from ..keydiff.oracles import EMULATED
 
 
 # Worked by hand. N = 40, window 8, 4 layers, beta 2: S = 32 selectable tokens per layer on average, shares
@@ -108,7 +109,7 @@ def test_graphs_are_refused_and_the_eager_run_is_the_same():
     """Non-uniform budgets: the engine runs eagerly even when asked for graphs (no static layout), and keeps
     and generates what the plain engine does; a uniform pyramid (beta 1) still takes the static layout."""
     ids = prompt(130, seed=11)
-    graphs = dict(cuda_graphs=True, emulate_graphs=True)
+    graphs = dict(cuda_graphs=True, **EMULATED)
     eng = engine(get_policy("pyramidkv", window=8), 40, 16, **graphs)
     assert not eng.use_graphs
     assert_same_run(eng.generate(ids, max_new_tokens=6),

@@ -11,6 +11,7 @@ from kdeval.keydiff.models import load_model
 from kdeval.keydiff.rerotation import rerotate, rotate, rotation
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, prompt, tiny
+from ..keydiff.oracles import EMULATED, STORES
 
 
 def layer0_keys(model, ids: torch.Tensor) -> torch.Tensor:
@@ -58,7 +59,7 @@ def test_kept_keys_are_their_pre_rope_keys_at_contiguous_positions(store):
     sinks and the last 20 tokens (absolute positions), their keys rotated at positions 0..23 in that order."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(60, seed=4)
-    eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16), store=store)
+    eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16), **STORES[store])
     checked = []
 
     def check(fed: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor):
@@ -104,7 +105,7 @@ def test_with_eviction_it_keeps_sinks_positions_and_generates_otherwise():
 def test_runs_eagerly_and_a_ragged_batch_equals_each_request_alone():
     lm = tiny("random:llama-tiny", 2, "float64")
     eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16, cuda_graphs=True),
-                 emulate_graphs=True)
+                 **EMULATED)
     assert not eng.use_graphs and eng.rerotate
     assert_ragged_batch_matches_alone(get_policy("sink-rerotate"))
 

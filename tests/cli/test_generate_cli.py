@@ -48,7 +48,7 @@ def test_generate_offers_no_test_or_experimental_engine_options():
     """The reference store, emulated graphs and bench's experimental speed options are not user options."""
     res = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0 and "--score-precision" in res.stdout and "--graphs" in res.stdout
-    for hidden in ("--store", "--emulate", "--fuse", "--compile", "--attention-splits", "--flex"):
+    for hidden in ("--store", "--emulate", "--cache-layer", "--graph-runner", "--fuse", "--compile", "--attention-splits", "--flex"):
         assert hidden not in res.stdout, hidden
     res = runner.invoke(app, ["generate", "--model", "random:llama-tiny", "--prompt", "x", "--store", "gather"])
     assert res.exit_code == 2 and "No such option: --store" in res.output

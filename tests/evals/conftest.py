@@ -50,29 +50,32 @@ def fixtures_dir() -> Path:
 
 @pytest.fixture
 def emulated_graphs(monkeypatch) -> None:
-    """Every engine built while the test runs takes the graph path emulated (``Engine(emulate_graphs=True)``:
+    """Every engine built while the test runs takes the graph path emulated (``Engine(**EMULATED)``:
     the static layout run with plain calls on a CPU), so ``run_task(engine={"cuda_graphs": True})`` runs it:
-    the engine's test keywords are no ``run_task`` options."""
+    the engine's test hooks are no ``run_task`` options."""
     import functools
 
     from kdeval.keydiff import engine
 
-    monkeypatch.setattr(engine.Engine, "__init__", functools.partialmethod(engine.Engine.__init__, emulate_graphs=True))
+    from ..keydiff.oracles import EMULATED
+
+    monkeypatch.setattr(engine.Engine, "__init__", functools.partialmethod(engine.Engine.__init__, **EMULATED))
 
 
 @pytest.fixture
 def captured_steps(monkeypatch) -> list:
-    """The arguments of every CUDA-graph step captured while the test runs (emulated graphs on CPU)."""
+    """The arguments of every graph step made while the test runs (its static inputs: a CUDA graph, or the emulated
+    graphs' plain calls on CPU)."""
     from kdeval.keydiff import graphs
 
     made: list = []
-    init = graphs.CapturedStep.__init__
+    init = graphs.StepInputs.__init__
 
     def counted(self, *args, **kwargs):
         made.append(args)
         init(self, *args, **kwargs)
 
-    monkeypatch.setattr(graphs.CapturedStep, "__init__", counted)
+    monkeypatch.setattr(graphs.StepInputs, "__init__", counted)
     return made
 
 

@@ -92,7 +92,8 @@ def test_engine_options_are_checked():
     task = get_task("needle", lengths=[600], depths=[0], haystack="noise", max_new_tokens=4)
     with pytest.raises(ValueError, match="cuda_graphs: needs a CUDA device"):
         run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"cuda_graphs": True})
-    with pytest.raises(EvalError, match=r"engine: unknown option 'emulate_graphs'"):  # a test keyword of Engine
-        run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"emulate_graphs": True})
+    for hook in ("graph_runner", "cache_layer"):  # the engine's test hooks
+        with pytest.raises(EvalError, match=rf"engine: unknown option '{hook}'"):
+            run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={hook: None})
     with pytest.raises(EvalError, match=r"engine: unknown option 'budget'"):
         run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"budget": 3})

@@ -16,13 +16,15 @@ def tiny(name: str = "random:llama-tiny", kv_heads: int | None = None, dtype: st
     return load_model(name, device="cpu", overrides=overrides, dtype=dtype)
 
 
-def make_engine(model, policy, on_step=None, on_batch_step=None, *, store: str = "slot",
-                emulate_graphs: bool = False, **settings) -> Engine:
-    """An engine from flat keywords, for tests that list engines as dicts: ``EngineConfig`` settings, the
-    engine's test keywords (``store``, ``emulate_graphs``), e.g.
-    ``make_engine(m, p, budget=40, cuda_graphs=True, emulate_graphs=True)``."""
-    return Engine(model, policy, EngineConfig(**settings), on_step, on_batch_step, store=store,
-                  emulate_graphs=emulate_graphs)
+HOOKS = ("cache_layer", "graph_runner")
+
+
+def make_engine(model, policy, on_step=None, on_batch_step=None, **settings) -> Engine:
+    """An engine from flat keywords, for tests that list engines as dicts: ``EngineConfig`` settings and the
+    engine's test hooks (``cache_layer``, ``graph_runner``: tests/keydiff/oracles.py), e.g.
+    ``make_engine(m, p, budget=40, cuda_graphs=True, **EMULATED)``."""
+    hooks = {k: settings.pop(k) for k in HOOKS if k in settings}
+    return Engine(model, policy, EngineConfig(**settings), on_step, on_batch_step, **hooks)
 
 
 def prompt(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:

@@ -15,6 +15,7 @@ from kdeval.keydiff import Engine, EngineConfig, load_model
 from kdeval.keydiff.plan import own_attention_reason
 
 from .helpers import assert_same_run, kept_positions, prompt
+from .oracles import EMULATED
 
 CONFIG = dict(budget=40, chunk_size=16)
 
@@ -46,7 +47,7 @@ def test_score_only_policies_run_under_every_cpu_implementation_on_the_graph_pat
     eager model runs eagerly under its own attention, saying why; both keep what the dynamic slot store keeps
     under SDPA."""
     ids = prompt(90, seed=5)
-    graphs = Engine(model(impl), get_policy(policy), EngineConfig(**CONFIG, cuda_graphs=True), emulate_graphs=True)
+    graphs = Engine(model(impl), get_policy(policy), EngineConfig(**CONFIG, cuda_graphs=True), **EMULATED)
     off = graphs.plan.graphs_off or ""
     assert graphs.plan.use_graphs == (off == "")  # a query window, re-rotation, ... also keep graphs off
     assert ("the model uses 'eager'" in off) == (impl == "eager")
@@ -63,7 +64,7 @@ def test_score_only_policies_run_under_every_cpu_implementation_on_the_graph_pat
 @pytest.mark.parametrize("graphs", [None, True])
 def test_policies_that_need_the_engines_sdpa_are_refused_on_an_eager_model(policy, graphs):
     with pytest.raises(ValueError) as info:
-        Engine(model("eager"), get_policy(policy), EngineConfig(**CONFIG, cuda_graphs=graphs), emulate_graphs=True)
+        Engine(model("eager"), get_policy(policy), EngineConfig(**CONFIG, cuda_graphs=graphs), **EMULATED)
     msg = str(info.value)
     assert msg.startswith(f"attn_implementation: policy '{policy}' ") and "the model uses 'eager'" in msg
     assert _own_attention(policy) in msg

@@ -19,13 +19,6 @@ def test_engine_config_rejects(kwargs, field):
         EngineConfig(**kwargs)
 
 
-def test_unknown_store_rejected():
-    """``store`` is a test keyword of the engine (the gather store is the reference), not a setting."""
-    eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=32), store="ring")
-    with pytest.raises(ValueError, match=r"^store: expected 'slot' or 'gather', got 'ring'"):
-        eng.prefill(prompt(8))
-
-
 def test_budget_below_protected_tokens():
     with pytest.raises(ValueError, match=r"budget: must be >= the 10 tokens"):
         Engine(tiny().model, get_policy("keydiff", n_sink_tokens=10), EngineConfig(budget=5))

@@ -15,6 +15,7 @@ from kdeval.keydiff.models import load_model
 from kdeval.keydiff.slots import EMPTY_POSITION
 
 from .helpers import kept_positions, make_engine
+from .oracles import EMULATED, GATHER
 
 BUDGET, CHUNK, NEW = 24, 16, 12
 LENGTHS = [37, 70, 101, 5, 64, 90, 16]  # a partial last chunk, several chunks, one token short of a chunk, ...
@@ -133,7 +134,7 @@ def test_shared_contexts_and_the_context_protocol(policy, decode_evict):
     assert kept_positions(states[0])[0].shape[-1] == (75 if policy == "full" else BUDGET)
 
 
-@pytest.mark.parametrize("config", [{"store": "gather"}, {"cuda_graphs": True, "emulate_graphs": True}],
+@pytest.mark.parametrize("config", [GATHER, {"cuda_graphs": True, **EMULATED}],
                          ids=["gather", "graphs"])
 @pytest.mark.parametrize("policy", ["keydiff", "tova", "snapkv"])
 def test_other_stores_and_the_graph_path(policy, config):

@@ -5,6 +5,7 @@ from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 
 from .helpers import make_engine, prompt, tiny
+from .oracles import STORES
 
 
 @pytest.mark.parametrize("store", ["slot", "gather"])
@@ -25,7 +26,7 @@ def test_cache_holds_min_budget_seen(store, budget, chunk):
         seen_lengths.append(state.seen)
         assert state.peak_kv_tokens <= budget + chunk
 
-    eng = make_engine(lm.model, get_policy("keydiff"), check, budget=budget, chunk_size=chunk, store=store)
+    eng = make_engine(lm.model, get_policy("keydiff"), check, budget=budget, chunk_size=chunk, **STORES[store])
     res = eng.generate(prompt(70), max_new_tokens=5)
     n_chunks = -(-70 // chunk)
     assert len(seen_lengths) == n_chunks + len(res.tokens[0]) - 1

@@ -8,13 +8,14 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.cache import EMPTY_POSITION
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
+from .oracles import EMULATED, GATHER
 
 REQUESTS = [(130, 8, 1, 9), (25, 24, 1, 10), (70, 5, 2, 11), (90, 6, 1, 12)]  # length, new tokens, batch, seed
 
 
 def _engine(lm, policy) -> Engine:
     """An engine on the static layout (emulated graphs)."""
-    return make_engine(lm.model, policy, budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
+    return make_engine(lm.model, policy, budget=40, chunk_size=16, cuda_graphs=True, **EMULATED)
 
 
 @pytest.mark.parametrize("policy", ["keydiff", "h2o"])  # h2o: per-token state that must be emptied too
@@ -109,9 +110,9 @@ def test_a_state_continued_by_another_engine_gets_that_engines_steps():
     assert before[steady].owner() is None  # the first engine is gone
     assert got.state.cache.graphs[steady] is not before[steady]
     assert got.state.cache.graphs[steady].owner() is other.step and got.state.cache.graphs[(1, 1, "full")].owner() is other.step
-    ref = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16), store="gather")
+    ref = Engine(lm.model, get_policy("tova"), EngineConfig(budget=40, chunk_size=16), **GATHER)
     ref_state = ref.prefill(prompt(70, seed=3))
-    tova = Engine(lm.model, get_policy("tova", heads="group"), EngineConfig(budget=40, chunk_size=16), store="gather")
+    tova = Engine(lm.model, get_policy("tova", heads="group"), EngineConfig(budget=40, chunk_size=16), **GATHER)
     want = tova.generate(prompt(20, seed=4), max_new_tokens=4, state=ref_state)
     assert_same_run(got, want)
 

@@ -11,6 +11,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.attention import AttentionCapture, AttentionNeed, static_attention_forward, static_mask
 
 from .helpers import prompt, tiny
+from .oracles import EMULATED
 
 B, HK, G, T, M, D = 1, 2, 3, 4, 40, 64
 
@@ -65,7 +66,7 @@ def test_bf16_attention_policies_run_under_the_budget(precision):
     for policy in ("h2o", "snapkv", "tova"):
         for graphs in (False, True):
             eng = Engine(lm.model, get_policy(policy), EngineConfig(
-                budget=40, chunk_size=16, cuda_graphs=graphs, score_precision=precision), emulate_graphs=graphs)
+                budget=40, chunk_size=16, cuda_graphs=graphs, score_precision=precision), **(EMULATED if graphs else {}))
             res = eng.generate(prompt(100, seed=5), max_new_tokens=4)
             assert res.stats.peak_kv_tokens <= 40 + 16 and res.stats.kept_tokens == 40
 

@@ -6,6 +6,7 @@ from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 
 from .helpers import prompt, tiny
+from .oracles import STORES
 
 TOL = 1e-4  # float32; observed differences are ~1e-6
 
@@ -17,7 +18,7 @@ def test_full_chunked_equals_one_pass(model_name, chunk, store):
     lm = tiny(model_name)
     ids = prompt(100)
     ref = lm.model(ids).logits
-    state = Engine(lm.model, get_policy("full"), EngineConfig(chunk_size=chunk), store=store).prefill(
+    state = Engine(lm.model, get_policy("full"), EngineConfig(chunk_size=chunk), **STORES[store]).prefill(
         ids, collect_logits=True)
     assert state.logits.shape == ref.shape
     assert (state.logits - ref).abs().max().item() < TOL

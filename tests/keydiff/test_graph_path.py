@@ -14,6 +14,7 @@ from kdeval.keydiff.cache import EmptySlots
 from kdeval.keydiff.selection import rank_empty
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
+from .oracles import EMULATED, GATHER
 
 # Policies that run eagerly: those whose scores read the step count, those that read recent queries or
 # re-rotate keys (test_query_policies_run_eagerly, tests/baselines/test_sink_rerotate.py) and those with
@@ -37,8 +38,8 @@ def test_static_graph_step_equals_gather(policy, length, new_tokens, graphs):
     ids = prompt(length, seed=9)
     used = []
     static = make_engine(lm.model, get_policy(policy), lambda s: used.append(set(s.cache.graphs)), budget=40,
-                         chunk_size=16, cuda_graphs=True, emulate_graphs=True)
-    gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16), store="gather")
+                         chunk_size=16, cuda_graphs=True, **EMULATED)
+    gather = Engine(lm.model, get_policy(policy), EngineConfig(budget=40, chunk_size=16), **GATHER)
     got, ref = static.generate(ids, max_new_tokens=new_tokens), gather.generate(ids, max_new_tokens=new_tokens)
     assert used[-1] == graphs
     assert_same_run(got, ref, atol=1e-9)
@@ -61,7 +62,7 @@ def test_static_layout_keeps_valid_slots_a_prefix():
             assert bool((held[..., 1:] > held[..., :-1]).all())  # no token held twice
 
     eng = make_engine(lm.model, get_policy("keydiff"), check, budget=budget, chunk_size=16, cuda_graphs=True,
-                      emulate_graphs=True)
+                      **EMULATED)
     eng.generate(prompt(70, batch=2), max_new_tokens=5)
 
 
@@ -85,7 +86,7 @@ def test_state_of_another_layout_refused():
     lm = tiny()
     plain = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
     static = make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, cuda_graphs=True,
-                         emulate_graphs=True)
+                         **EMULATED)
     state = plain.prefill(prompt(50))
     with pytest.raises(ValueError, match=r"state: its cache was laid out by an engine with other"):
         static.prefill(prompt(10), state=state)
@@ -98,7 +99,7 @@ def test_graphs_refused_without_cuda():
 
 def test_random_policy_never_captured():
     lm = tiny()
-    eng = make_engine(lm.model, get_policy("random"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
+    eng = make_engine(lm.model, get_policy("random"), budget=40, chunk_size=16, cuda_graphs=True, **EMULATED)
     assert not eng.use_graphs
     res = eng.generate(prompt(100), max_new_tokens=4)
     assert res.state.cache.graphs == {}
@@ -115,7 +116,7 @@ def test_query_policies_run_eagerly():
     eagerly even when graphs are asked for, and it gives the eager engine's run."""
     lm = tiny("random:llama-tiny", 2, "float64")
     graphs = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True),
-                    emulate_graphs=True)
+                    **EMULATED)
     eager = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16))
     assert not graphs.use_graphs and graphs.query_need is not None
     ids = prompt(90, seed=9)
@@ -130,8 +131,8 @@ def test_forked_static_state_continues_like_gather():
     lm = tiny("random:llama-tiny", 2, "float64")
     prefix, suffix = prompt(70, seed=4), prompt(20, seed=5)
     out = {}
-    for name, settings in (("gather", dict(store="gather")),
-                           ("static", dict(cuda_graphs=True, emulate_graphs=True))):
+    for name, settings in (("gather", GATHER),
+                           ("static", dict(cuda_graphs=True, **EMULATED))):
         eng = make_engine(lm.model, get_policy("keydiff"), budget=40, chunk_size=16, **settings)
         state = eng.prefill(prefix)
         before = kept_positions(state)
@@ -149,7 +150,7 @@ def test_fork_into_an_earlier_fork_reuses_its_buffers_and_graphs():
     """``fork(into=)`` overwrites an earlier fork in place: same results as a fresh deep copy, same buffers,
     same captured steps (so CUDA graphs need not be captured again for the next question)."""
     lm = tiny("random:llama-tiny", 2, "float64")
-    eng = make_engine(lm.model, get_policy("tova"), budget=40, chunk_size=16, cuda_graphs=True, emulate_graphs=True)
+    eng = make_engine(lm.model, get_policy("tova"), budget=40, chunk_size=16, cuda_graphs=True, **EMULATED)
     state = eng.prefill(prompt(70, seed=4))
     scratch = state.fork()
     first = eng.generate(prompt(40, seed=5), max_new_tokens=6, state=scratch)
@@ -193,7 +194,7 @@ def test_chunks_with_room_skip_scoring_but_not_observation():
     policy.score, policy.observe = counted("score", score), counted("observe", observe)
     seen = []
     eng = make_engine(lm.model, policy, lambda s: seen.append((s.cache.length, dict(calls))), budget=48, chunk_size=16,
-                      cuda_graphs=True, emulate_graphs=True)
+                      cuda_graphs=True, **EMULATED)
     eng.prefill(prompt(80))
     assert [n for n, _ in seen] == [16, 32, 48, 48, 48]
     assert all(c["score"] == 0 and c["observe"] > 0 for _, c in seen[:3])

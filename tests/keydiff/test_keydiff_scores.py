@@ -9,6 +9,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.keydiff import keydiff_scores
 
 from .helpers import prompt, tiny
+from .oracles import STORES
 
 
 def _np_keydiff(keys: np.ndarray) -> np.ndarray:
@@ -52,7 +53,7 @@ def test_single_chunk_kept_set_equals_numpy_reference(store):
     cache = DynamicCache()
     with torch.no_grad():
         lm.model(ids, past_key_values=cache, use_cache=True)
-    state = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=20, chunk_size=60), store=store).prefill(ids)
+    state = Engine(lm.model, get_policy("keydiff"), EngineConfig(budget=20, chunk_size=60), **STORES[store]).prefill(ids)
     for li, layer in enumerate(state.cache.layers):
         ref_keys = cache.layers[li].keys[0].numpy()  # [kv_heads, 60, d]
         held = layer.view()[1][0]

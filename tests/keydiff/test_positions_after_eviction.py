@@ -8,6 +8,7 @@ from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.policy import Policy
 
 from .helpers import prompt, tiny
+from .oracles import STORES
 
 
 @dataclass
@@ -36,7 +37,7 @@ def test_chunk_logits_equal_masked_full_forward(store, model_name):
                 assert set(row.tolist()) == kept
         kept_after.append(kept)
 
-    eng = Engine(lm.model, PositionHash(), EngineConfig(budget=budget, chunk_size=chunk), on_step=record, store=store)
+    eng = Engine(lm.model, PositionHash(), EngineConfig(budget=budget, chunk_size=chunk), on_step=record, **STORES[store])
     got = eng.prefill(ids, collect_logits=True).logits
 
     mask = torch.zeros(1, 1, L, L, dtype=torch.bool)

@@ -15,6 +15,7 @@ from kdeval.keydiff.memory import model_weight_bytes
 from kdeval.keydiff.models import load_model
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt
+from .oracles import EMULATED, GATHER, STORES
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,8 +68,8 @@ def one_shot_reference(model, ids: torch.Tensor, n_context: int, budget: int, ma
 
 ENGINES = {
     "slot": {},
-    "gather": {"store": "gather"},
-    "static": {"cuda_graphs": True, "emulate_graphs": True},  # the graph path's layout, thawed for the question
+    "gather": GATHER,
+    "static": {"cuda_graphs": True, **EMULATED},  # the graph path's layout, thawed for the question
 }
 
 
@@ -182,7 +183,7 @@ def test_thawed_static_cache_returns_to_the_pool_with_its_graphs():
     its captured steps (no new capture)."""
     lm = lively()
     eng = Engine(lm.model, get_policy("keydiff"),
-                 EngineConfig(budget=40, chunk_size=16, cuda_graphs=True), emulate_graphs=True)
+                 EngineConfig(budget=40, chunk_size=16, cuda_graphs=True), **EMULATED)
     first = eng.generate(prompt(120, seed=1), max_new_tokens=4, protect_last=9)
     assert first.state.cache.static_base is None and first.state.cache.thawed_from == 40
     pooled = eng.step._spare[1]
@@ -239,7 +240,7 @@ def test_peak_kv_bytes_flat_under_a_budget_growing_for_the_full_cache():
     peaks = {}
     for policy in ("keydiff", "full"):
         for store in ("slot", "gather"):
-            eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=budget, chunk_size=chunk), store=store)
+            eng = Engine(lm.model, get_policy(policy), EngineConfig(budget=budget, chunk_size=chunk), **STORES[store])
             for n in (100, 140):
                 stats = eng.generate(prompt(n, seed=n), max_new_tokens=max_new).stats
                 peaks[policy, store, n] = stats.peak_kv_bytes

@@ -66,7 +66,8 @@ BAD_GRIDS = {
     "bad-param": (BASE.replace("window_fraction: 0.5", "window_fraction: -1"), "policies[2].params.window_fraction: must be in [0, 1)"),
     "remote-code": (BASE.replace("dtype: bfloat16", "trust_remote_code: true"), "trust_remote_code: is not accepted"),
     "empty": ("", "expected a mapping at the top level"),
-    # the engine's test keywords (Engine(store=..., emulate_graphs=...)) are not grid options
+    # the engine's test hooks (Engine(cache_layer=..., graph_runner=...)) are not grid options
+    "engine-hook": (BASE + "engine: {graph_runner: eager}\n", "engine.graph_runner: unknown field"),
     "engine-store": (BASE + "engine: {store: gather}\n", "engine.store: unknown field"),
     "engine-emulate": (BASE + "engine: {emulate_graphs: true}\n", "engine.emulate_graphs: unknown field"),
 }

@@ -91,7 +91,11 @@ def test_shorthands_and_defaults():
     (BASE + "engine: {cuda_graphs: true}\n", "engine.cuda_graphs: true needs GPU workers"),
     (BASE + "engine: {score_precision: fp16}\n", "engine.score_precision: expected one of ['model', 'float32'], got 'fp16'"),
     (BASE + "engine: {score_precision: 16}\n", "engine.score_precision: Input should be a valid string"),
-    # the engine's test keywords are no grid options
+    # the engine's test hooks (and the keywords they replaced) are no grid options
+    (BASE + "engine: {cache_layer: gather}\n", "engine.cache_layer: unknown field; expected one of cuda_graphs, "
+                                               "score_precision"),
+    (BASE + "engine: {graph_runner: eager}\n", "engine.graph_runner: unknown field; expected one of cuda_graphs, "
+                                               "score_precision"),
     (BASE + "engine: {store: gather}\n", "engine.store: unknown field; expected one of cuda_graphs, score_precision"),
     (BASE + "engine: {emulate_graphs: true}\n", "engine.emulate_graphs: unknown field (did you mean 'cuda_graphs'?); "
                                                 "expected one of cuda_graphs, score_precision"),
@@ -106,9 +110,10 @@ def test_malformed_grids_name_the_field(text, expected):
     assert str(info.value).startswith("invalid grid in grid.yaml")
 
 
-@pytest.mark.parametrize("engine", ["{store: gather}", "{emulate_graphs: true}"])
+@pytest.mark.parametrize("engine", ["{cache_layer: gather}", "{graph_runner: eager}", "{store: gather}",
+                                    "{emulate_graphs: true}"])
 def test_the_engines_test_keywords_are_one_grid_error(engine):
-    """The reference store and emulated graphs are Engine keywords for tests, not grid options: one issue."""
+    """The reference store and emulated graphs are test hooks of Engine, not grid options: one issue."""
     with pytest.raises(GridError) as info:
         parse_grid(BASE + f"engine: {engine}\n", "grid.yaml")
     [issue] = info.value.issues
