@@ -93,10 +93,7 @@ def _row_state(runner: "Step", cache: RaggedCache, r: int, row: _Row) -> Prefill
     """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's layers)."""
     out = runner.new_cache([lengths[r] for lengths in cache.lengths])
     for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
-        layer.keys, layer.values, layer.positions, layer.state = k, v, p, st
-        layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
-        layer.length, layer.pending = k.shape[2], 0
-        layer._note_held()
+        layer.load(k, v, p, st)
     out.thawed_from = runner.plan.config.budget if runner.plan.use_graphs else None
     out.rerotated = runner.plan.rerotate
     if cache.query_window is not None:

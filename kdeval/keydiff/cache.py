@@ -9,8 +9,8 @@ holds the same count (transformers builds one mask, from layer 0). Under per-lay
 hold different counts and the engine runs attention without a mask, lower-right causal over each layer's own keys
 (kdeval/keydiff/plan.py chooses it).
 
-- :class:`SlotLayer`: one buffer of ``budget + chunk`` slots allocated once and
-  written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
+- :class:`SlotLayer`: one slot buffer (:class:`~kdeval.keydiff.buffers.SlotBuffers`) of ``budget + chunk``
+  slots allocated once and written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
   the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order is not position order.
 - Its *static* layout (``static_base=N``, used by the captured CUDA-graph step): every chunk of
   ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction always see all
@@ -23,36 +23,29 @@ The tests check this store against a reference written there (a growing layer wh
 tokens in position order), plugged in through ``Engine(cache_layer=...)``.
 
 Steps that do not evict (kvpress's question, decoding without eviction) make the cache grow past
-``budget + chunk``: a slot layer then grows its buffers (once, by :meth:`BudgetCache.reserve`, when the
+``budget + chunk``: a slot layer then grows its buffers (once, by :meth:`BudgetCache.reserve_more`, when the
 engine knows how much), and a static-layout cache, which cannot grow, is first copied into a dynamic one
 (:meth:`BudgetCache.thawed`).
 """
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
-from kdeval.keydiff.slots import (  # noqa: F401  (EmptySlots, move_tail, static_visible: re-exported)
-    EMPTY_POSITION, EmptySlots, compact, expand_index, move_tail, resized, static_visible,
-)
+from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers, state_buffers
+from kdeval.keydiff.slots import EMPTY_POSITION, EmptySlots, static_visible  # noqa: F401  (the last two: re-exported)
 
 
-class _BudgetLayerMixin:
-    """Bookkeeping every budgeted layer shares: committed length, pending chunk, positions and policy state."""
+class BudgetLayerMixin:
+    """Bookkeeping every budgeted layer shares: committed length, pending chunk, the next chunk's positions."""
 
     length: int
     pending: int
 
-    def _init_budget(self, state_names: tuple[str, ...]) -> None:
+    def _init_budget(self) -> None:
         self.length = 0
         self.pending = 0
-        self.state_names = state_names
         self.next_positions: torch.Tensor | None = None
-        #: bytes of the key/value tensors allocated during the last forward (set by ``update``)
-        self.held_nbytes = 0
-
-    def _note_held(self) -> None:
-        self.held_nbytes = sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
     def get_seq_length(self) -> int:
         return self.length
@@ -64,30 +57,17 @@ class _BudgetLayerMixin:
         return -1
 
 
-class SlotLayer(_BudgetLayerMixin, DynamicLayer):
+class SlotLayer(BudgetLayerMixin, BufferedLayer):
     """A buffer of ``capacity`` slots written in place, grown only for the full cache and steps without eviction.
 
     ``static_base`` N selects the static layout (module docstring): chunks land in ``[N, N + t)``.
     """
 
-    is_croppable = False
-
     def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None):
-        DynamicLayer.__init__(self)
-        self.capacity = capacity
+        fill = EMPTY_POSITION if static_base is not None else 0
+        BufferedLayer.__init__(self, SlotBuffers(capacity, fill, state_buffers(state_names)), state_names)
         self.static_base = static_base
-        self._init_budget(state_names)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, h, _, d = key_states.shape
-        dev = key_states.device
-        self.dtype, self.device = key_states.dtype, dev
-        self.is_initialized = True
-        self.keys = torch.zeros(b, h, self.capacity, d, dtype=key_states.dtype, device=dev)
-        self.values = torch.zeros(b, h, self.capacity, value_states.shape[-1], dtype=value_states.dtype, device=dev)
-        fill = EMPTY_POSITION if self.static_base is not None else 0
-        self.positions = torch.full((b, h, self.capacity), fill, dtype=torch.long, device=dev)
-        self.state = {n: torch.zeros(b, h, self.capacity, dtype=torch.float32, device=dev) for n in self.state_names}
+        self._init_budget()
 
     def reserve(self, capacity: int) -> None:
         """Make room for ``capacity`` tokens at once (no-op when there is; not for the static layout)."""
@@ -95,33 +75,16 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
             return
         if self.static_base is not None:
             raise ValueError("reserve: the static layout's buffers have a fixed size")
-        if self.is_initialized:
-            self._grow(capacity, exact=True)
-        else:
-            self.capacity = capacity
-
-    def _grow(self, need: int, exact: bool = False) -> None:
-        cap, n = need if exact else max(need, 2 * self.capacity), self.length
-        self.keys, self.values = resized(self.keys, cap, n), resized(self.values, cap, n)
-        self.positions = resized(self.positions, cap, n)
-        self.state = {name: resized(s, cap, n) for name, s in self.state.items()}
-        self.capacity = cap
+        self.slot_buffers.grow(capacity, self.length, exact=True)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[2]
         start = self.length if self.static_base is None else self.static_base
-        end = start + t
-        if end > self.capacity:
-            self._grow(end)
-        self.keys[:, :, start:end] = key_states
-        self.values[:, :, start:end] = value_states
-        self.positions[:, :, start:end] = self.next_positions
-        for s in self.state.values():
-            s[:, :, start:end] = 0.0
+        self.slot_buffers.grow(start + t, self.length)
+        end = self.slot_buffers.write(start, key_states, value_states, self.next_positions)
         self.pending = t
-        self._note_held()
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -136,17 +99,20 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
 
     def adopt(self, src: "SlotLayer") -> None:
         """Take copies of ``src``'s valid tokens ``[0, src.length)`` into this (empty, dynamic) layer's buffers."""
-        n, cap = src.length, self.capacity
         self.dtype, self.device, self.is_initialized = src.dtype, src.device, True
-        self.keys, self.values = resized(src.keys, cap, n), resized(src.values, cap, n)
-        self.positions = resized(src.positions, cap, n)
-        self.state = {name: resized(s, cap, n) for name, s in src.state.items()}
-        self.length = n
-        self._note_held()
+        self.slot_buffers.copy_of(src.slot_buffers, src.length)
+        self.length = src.length
+
+    def load(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+             state: dict[str, torch.Tensor]) -> None:
+        """Hold these tensors ``[rows, heads, n, ...]`` (not copied) as this empty dynamic layer's ``n`` tokens."""
+        self.slot_buffers.take({"keys": keys, "values": values, "positions": positions, **state})
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self.length, self.pending = keys.shape[2], 0
 
     def commit_into(self, slots: torch.Tensor) -> None:
         """Static layout, with room for the whole chunk: move it from the tail into the empty ``slots [t]``."""
-        move_tail((self.keys, self.values, self.positions, *self.state.values()), slots, self.static_base)
+        self.slot_buffers.move_tail(slots, self.static_base)
         self.length += self.pending
         self.pending = 0
 
@@ -168,7 +134,7 @@ class SlotLayer(_BudgetLayerMixin, DynamicLayer):
             self.length = m
             return
         keep_n = m - drop.shape[-1]
-        compact((self.keys, self.values, self.positions, *self.state.values()), drop, keep_n)
+        self.slot_buffers.compact(drop, keep_n)
         if self.static_base is None:
             self.length = keep_n
 
@@ -206,24 +172,20 @@ class BudgetCache(Cache):
         for layer in self.layers:
             layer.next_positions = pos
 
-    def _buffers(self) -> list[torch.Tensor]:
-        return [b for l in self.layers for b in (l.keys, l.values, l.positions, *l.state.values())]
-
     def can_copy_from(self, other: "BudgetCache") -> bool:
         """Whether :meth:`copy_from` applies: both static-layout caches with buffers of the same shapes."""
         if self.static_base is None or other.static_base != self.static_base or other is self:
             return False
         if not all(l.is_initialized for l in (*self.layers, *other.layers)):
             return False
-        mine, theirs = self._buffers(), other._buffers()
-        return len(mine) == len(theirs) and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+        return len(self.layers) == len(other.layers) and all(
+            a.slot_buffers.same_shapes(b.slot_buffers) for a, b in zip(self.layers, other.layers))
 
     def copy_from(self, other: "BudgetCache") -> None:
         """Overwrite this static cache's buffers and bookkeeping with ``other``'s, in place (same addresses,
         so graphs captured on this cache stay valid)."""
-        for mine, theirs in zip(self._buffers(), other._buffers()):
-            mine.copy_(theirs)
         for mine, theirs in zip(self.layers, other.layers):
+            mine.slot_buffers.copy_from(theirs.slot_buffers)
             mine.length, mine.pending = theirs.length, theirs.pending
 
     @property
@@ -238,10 +200,8 @@ class BudgetCache(Cache):
         if self.static_base is None or not all(l.is_initialized for l in self.layers):
             raise ValueError("reset: only an allocated static-layout cache is reset in place")
         with torch.inference_mode():  # the buffers were allocated during an inference-mode forward
-            for buf in self._buffers():
-                buf.zero_()
             for layer in self.layers:
-                layer.positions.fill_(EMPTY_POSITION)
+                layer.slot_buffers.reset()
         for layer in self.layers:
             layer.length, layer.pending, layer.next_positions = 0, 0, None
 
@@ -253,13 +213,13 @@ class BudgetCache(Cache):
             layer.length = min(layer.length + t, self.static_base)
 
     def nbytes(self) -> int:
-        """Bytes held by the key/value tensors (allocated buffers, not just valid slots)."""
-        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)
+        """Bytes held by the key/value tensors (allocated buffers, not just valid slots), all layers."""
+        return sum(l.nbytes() for l in self.layers)
 
     def held_nbytes(self) -> int:
         """Bytes of the key/value tensors allocated during the last forward, all layers: a slot layer's buffers
         (a growing layer's: the cached tokens plus the chunk, before eviction)."""
-        return sum(l.held_nbytes for l in self.layers)
+        return sum(l.held_nbytes() for l in self.layers)
 
     def reserve_more(self, tokens: int) -> None:
         """Room for ``tokens`` more than each layer holds, allocated at once (a no-op where there is room): a layer

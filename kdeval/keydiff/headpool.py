@@ -25,27 +25,35 @@ from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface
 
 from kdeval.keydiff.attention import AttentionCapture
-from kdeval.keydiff.cache import BudgetCache, _BudgetLayerMixin
-from kdeval.keydiff.slots import EMPTY_POSITION, compact, resized
+from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers
+from kdeval.keydiff.cache import BudgetCache, BudgetLayerMixin
+from kdeval.keydiff.slots import EMPTY_POSITION
 
 POOL_IMPL = "kdeval_pool"
 
 
-class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
-    """One decoder layer's pool: ``capacity`` slots per KV head, shared by all of them (module docstring)."""
-
-    is_croppable = False
+class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):
+    """One decoder layer's pool: ``capacity`` slots per KV head, shared by all of them (module docstring); its slot
+    buffers are ``[b, 1, H * capacity, ...]``, with the head ``tags``."""
 
     def __init__(self, capacity: int):
-        DynamicLayer.__init__(self)
-        self.capacity = capacity
+        BufferedLayer.__init__(self, SlotBuffers(0, EMPTY_POSITION, {"tags": (torch.long, -1)}))
+        self.head_capacity = capacity
         self.heads = 0
-        self._init_budget(())
-        self.state: dict[str, torch.Tensor] = {}
+        self._init_budget()
+
+    @property
+    def capacity(self) -> int:
+        """Slots per KV head."""
+        return self.head_capacity
+
+    @property
+    def tags(self) -> torch.Tensor:
+        """``[b, 1, slots]``: the KV head each slot belongs to (-1: empty)."""
+        return self.slot_buffers.tensors["tags"]
 
     @property
     def slots(self) -> int:
@@ -54,27 +62,17 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
-        dev = key_states.device
-        self.dtype, self.device, self.heads = key_states.dtype, dev, h
-        self.is_initialized = True
-        p = h * self.capacity
-        self.keys = torch.zeros(b, 1, p, d, dtype=key_states.dtype, device=dev)
-        self.values = torch.zeros(b, 1, p, value_states.shape[-1], dtype=value_states.dtype, device=dev)
-        self.positions = torch.full((b, 1, p), EMPTY_POSITION, dtype=torch.long, device=dev)
-        self.tags = torch.full((b, 1, p), -1, dtype=torch.long, device=dev)
-
-    def _buffers(self) -> list[torch.Tensor]:
-        return [self.keys, self.values, self.positions, self.tags]
+        self.heads = h
+        self.slot_buffers.capacity = h * self.head_capacity
+        self.allocate(b, 1, d, value_states.shape[-1], key_states.dtype, key_states.device)
 
     def reserve(self, capacity: int) -> None:
         """Room for ``capacity`` tokens per KV head at once (no-op when there is)."""
-        if capacity <= self.capacity:
+        if capacity <= self.head_capacity:
             return
         if self.is_initialized:
-            n, p = self.slots, self.heads * capacity
-            self.keys, self.values = resized(self.keys, p, n), resized(self.values, p, n)
-            self.positions, self.tags = resized(self.positions, p, n, EMPTY_POSITION), resized(self.tags, p, n, -1)
-        self.capacity = capacity
+            self.slot_buffers.grow(self.heads * capacity, self.slots, exact=True)
+        self.head_capacity = capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the chunk ``[b, H, t, d]`` head-major after the filled slots; return the filled keys and values
@@ -83,13 +81,11 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         b, h, t, d = key_states.shape
         self.reserve(self.length + t)
-        n, m = self.slots, self.slots + h * t
-        self.keys[:, 0, n:m] = key_states.reshape(b, h * t, d)
-        self.values[:, 0, n:m] = value_states.reshape(b, h * t, -1)
-        self.positions[:, 0, n:m] = self.next_positions.reshape(1, t).repeat(1, h)
-        self.tags[:, 0, n:m] = torch.arange(h, device=self.device).repeat_interleave(t)
+        m = self.slot_buffers.write(self.slots, key_states.reshape(b, 1, h * t, d),
+                                    value_states.reshape(b, 1, h * t, -1),
+                                    self.next_positions.reshape(1, t).repeat(1, h).view(1, 1, -1),
+                                    tags=torch.arange(h, device=self.device).repeat_interleave(t).view(1, 1, -1))
         self.pending = t
-        self._note_held()
         return self.keys[:, :, :m], self.values[:, :, :m]
 
     def filled(self) -> int:
@@ -128,7 +124,7 @@ class HeadPoolLayer(_BudgetLayerMixin, DynamicLayer):
         if k < m:
             keep = torch.zeros(b, m, dtype=torch.bool, device=kept.device).scatter_(1, kept, True)
             drop = (~keep).nonzero()[:, 1].view(b, 1, m - k)
-            compact([buf[:, :, :m] for buf in self._buffers()], drop, k)
+            self.slot_buffers.compact(drop, k)
         self.length = k // self.heads
 
 

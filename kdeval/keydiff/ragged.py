@@ -22,60 +22,41 @@ positions keep position-ordered pooling (SnapKV) as at batch 1; other scores of 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
-from kdeval.keydiff.slots import EMPTY_POSITION, expand_index, resized
+from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers, state_buffers
+from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
 
 
-class RaggedLayer(DynamicLayer):
+class RaggedLayer(BufferedLayer):
     """One decoder layer's buffers for a ragged batch; the step's chunk lands in ``[base, base + T)``."""
 
-    is_croppable = False
-
     def __init__(self, capacity: int, state_names: tuple[str, ...] = ()):
-        DynamicLayer.__init__(self)
-        self.capacity = capacity
-        self.state_names = state_names
+        super().__init__(SlotBuffers(capacity, EMPTY_POSITION, state_buffers(state_names)), state_names)
         self.base = 0
         self.next_positions: torch.Tensor | None = None  # [rows, 1, T] (padding: EMPTY_POSITION)
-        self.state: dict[str, torch.Tensor] = {}
 
-    def allocate(self, rows: int, heads: int, key_dim: int, value_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        """Clean buffers of ``capacity`` slots for ``rows`` rows."""
-        self.dtype, self.device, self.is_initialized = dtype, device, True
-        cap = self.capacity
-        self.keys = torch.zeros(rows, heads, cap, key_dim, dtype=dtype, device=device)
-        self.values = torch.zeros(rows, heads, cap, value_dim, dtype=dtype, device=device)
-        self.positions = torch.full((rows, heads, cap), EMPTY_POSITION, dtype=torch.long, device=device)
-        self.state = {n: torch.zeros(rows, heads, cap, dtype=torch.float32, device=device) for n in self.state_names}
+    @property
+    def capacity(self) -> int:
+        return self.slot_buffers.capacity
 
-    def buffers(self) -> list[torch.Tensor]:
-        return [self.keys, self.values, self.positions, *self.state.values()]
+    @capacity.setter
+    def capacity(self, slots: int) -> None:
+        """Slots to allocate (before the buffers are; :meth:`grow` them after)."""
+        if self.is_initialized:
+            raise ValueError("capacity: the buffers are allocated; grow them instead")
+        self.slot_buffers.capacity = slots
 
     def grow(self, need: int) -> None:
         """At least ``need`` slots (doubling); the new slots are clean."""
-        if need <= self.capacity:
-            return
-        cap, n = max(need, 2 * self.capacity), self.capacity
-        if self.is_initialized:
-            self.keys, self.values = resized(self.keys, cap, n), resized(self.values, cap, n)
-            self.positions = resized(self.positions, cap, n, EMPTY_POSITION)
-            self.state = {name: resized(s, cap, n) for name, s in self.state.items()}
-        self.capacity = cap
+        self.slot_buffers.grow(need, self.capacity)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the step's ``[rows, kv_heads, T, d]`` to ``[base, base + T)``; return slots ``[0, base + T)``."""
-        b, h, t, d = key_states.shape
         if not self.is_initialized:
-            self.allocate(b, h, d, value_states.shape[-1], key_states.dtype, key_states.device)
-        end = self.base + t
-        self.grow(end)
-        self.keys[:, :, self.base : end] = key_states
-        self.values[:, :, self.base : end] = value_states
-        self.positions[:, :, self.base : end] = self.next_positions
-        for s in self.state.values():
-            s[:, :, self.base : end] = 0.0
+            self.lazy_initialization(key_states, value_states)
+        self.grow(self.base + key_states.shape[2])
+        end = self.slot_buffers.write(self.base, key_states, value_states, self.next_positions)
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def view(self, m: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -84,9 +65,6 @@ class RaggedLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.base
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class RaggedCache(Cache):
@@ -124,9 +102,7 @@ class RaggedCache(Cache):
         """Drop every other row (finished requests), keeping the order of ``rows``."""
         index = torch.tensor(rows, dtype=torch.long, device=self.layers[0].keys.device)
         for layer in self.layers:
-            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
-            layer.positions = layer.positions.index_select(0, index)
-            layer.state = {n: s.index_select(0, index) for n, s in layer.state.items()}
+            layer.slot_buffers.select_rows(index)
         self.lengths = [[lengths[r] for r in rows] for lengths in self.lengths]
         if self.query_window is not None:
             self.query_window = self.query_window.rows(index)
@@ -138,8 +114,7 @@ class RaggedCache(Cache):
 
     def nbytes(self) -> int:
         """Bytes of the key/value buffers, all rows and layers (allocated, not just valid slots)."""
-        return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
-                   for l in self.layers if l.is_initialized)
+        return sum(l.nbytes() for l in self.layers)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].base

@@ -1,4 +1,5 @@
-"""Slot moves of the budgeted slot store and the static layout's empty slots (see kdeval/keydiff/cache.py).
+"""Slot moves of the slot buffers (kdeval/keydiff/buffers.py) and the static layout's empty slots (see
+kdeval/keydiff/cache.py).
 
 Buffers are ``[rows, kv_heads, slots, ...]``; index tensors ``[rows, kv_heads, k]``.
 """

@@ -12,22 +12,39 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.cache import _BudgetLayerMixin
+from kdeval.keydiff.cache import BudgetLayerMixin
 from kdeval.keydiff.graphs import StepInputs
 from kdeval.keydiff.headpool import HeadPoolLayer
 from kdeval.keydiff.slots import expand_index
 
 
-class GatherLayer(_BudgetLayerMixin, DynamicLayer):
+class GatherLayer(BudgetLayerMixin, DynamicLayer):
     """transformers' growing layer; eviction gathers the kept tokens (position order) into new tensors.
     ``capacity`` is recorded, not allocated (the cache reads it to tell per-layer budgets)."""
 
     def __init__(self, capacity: int, state_names: tuple[str, ...] = ()):
         DynamicLayer.__init__(self)
         self.capacity = capacity
-        self._init_budget(state_names)
+        self.state_names = tuple(state_names)
+        self._init_budget()
         self.positions: torch.Tensor | None = None
         self.state: dict[str, torch.Tensor] = {}
+        self._held = 0  # bytes of keys and values after the last update, before eviction gathered the kept ones
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    def held_nbytes(self) -> int:
+        return self._held
+
+    def load(self, keys, values, positions, state) -> None:
+        """Hold these tensors as this empty layer's tokens (a batch row's state)."""
+        self.keys, self.values, self.positions, self.state = keys, values, positions, state
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self.length, self.pending = keys.shape[2], 0
+        self._held = self.nbytes()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = DynamicLayer.update(self, key_states, value_states)
@@ -38,7 +55,7 @@ class GatherLayer(_BudgetLayerMixin, DynamicLayer):
         self.state = {n: torch.cat([self.state[n], zeros], 2) if n in self.state else zeros.clone()
                       for n in self.state_names}
         self.pending = t
-        self._note_held()
+        self._held = self.nbytes()
         return keys, values
 
     def reserve(self, capacity: int) -> None:
@@ -72,7 +89,7 @@ class GatherPoolLayer(HeadPoolLayer):
         m = self.filled()
         self.pending = 0
         k = kept.shape[1]
-        for buf in self._buffers():
+        for buf in self.buffers():
             rows = buf[:, 0, :m].gather(1, expand_index(kept.unsqueeze(1), buf[:, :, :m])[:, 0])
             buf[:, 0, :k] = rows
         self.length = k // self.heads
