@@ -77,16 +77,22 @@ def _per_row(name: str, value, n: int) -> list:
 
 def _capacity(runner: "Step", rows: list[_Row], lengths: list[int], decode_evict: bool,
               budget: int | None) -> int:
-    """Slots a layer that keeps ``budget`` can need: the most any row holds before a step plus the widest step."""
-    most_n, most_t = 0, 1
+    """Slots a layer that keeps ``budget`` can need: over the batch's steps, the most a row holds before the
+    step (where the step's columns land) plus the step's widest row (a row's ``j``-th step runs in the batch's
+    ``j``-th forward)."""
+    base: list[int] = []  # per forward: the most a row holds before it
+    width: list[int] = []  # per forward: its widest row
     for row, n in zip(rows, lengths):
         held = row.state.n_protected
         steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.steps] + [(1, decode_evict, False)] * max(row.max_new - 1, 0)
-        for t, ev, pr in steps:
-            most_n, most_t = max(most_n, n), max(most_t, t)
+        for j, (t, ev, pr) in enumerate(steps):
+            if j == len(base):
+                base.append(0)
+                width.append(1)
+            base[j], width[j] = max(base[j], n), max(width[j], t)
             n = min(budget + held, n + t) if runner.plan.evicting and ev else n + t
             held += t if pr else 0
-    return most_n + most_t
+    return max(b + w for b, w in zip(base, width))
 
 
 def _row_state(runner: "Step", cache: RaggedCache, r: int, row: _Row) -> PrefillState:

@@ -63,7 +63,8 @@ class Step:
             return PrefillState(spare, 0, torch.empty(0))
         plan = self.plan
         B = plan.config.chunk_size
-        cap = [b + B for b in plan.budgets] if plan.evicting else [max(tokens, B)] * plan.num_layers
+        # without eviction: what the call will hold, when it says (a chunk size past the prompt allocates nothing)
+        cap = [b + B for b in plan.budgets] if plan.evicting else [tokens or B] * plan.num_layers
         cache = self.new_cache(cap, plan.config.budget if plan.use_graphs else None)
         return PrefillState(cache, 0, torch.empty(0))
 
