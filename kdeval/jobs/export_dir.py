@@ -14,7 +14,8 @@ from kdeval.jobs.export_kvpress import kvpress_files
 from kdeval.jobs.export_lmeval import lmeval_files
 from kdeval.storage import RunIndex
 
-#: Each directory format's (``kdeval.jobs.export.DIR_FORMATS``) files (relative path -> text) from the run's id, its cells' (view, rows) and a date.
+#: Each directory format's (``kdeval.jobs.export.DIR_FORMATS``) files (relative path -> text) from the run's id,
+#: its cells' (view, rows) and a date.
 FILES: dict[str, Callable[[str, list[tuple[Any, list[dict[str, Any]]]], datetime | None], dict[str, str]]] = {
     "kvpress": lambda run_id, cells, date: kvpress_files(run_id, cells),
     "lm-eval": lmeval_files,

@@ -1,4 +1,5 @@
-"""``kdeval export RUN --format lm-eval --out DIR`` (:mod:`kdeval.jobs.export_dir`): a run's done cells as lm-evaluation-harness output.
+"""``kdeval export RUN --format lm-eval --out DIR`` (:mod:`kdeval.jobs.export_dir`): a run's done cells as
+lm-evaluation-harness output.
 
 lm-evaluation-harness writes, per evaluated model, ``<out>/<model_name_sanitized>/results_<date>.json`` (its
 ``EvalResults``: ``results`` per task with ``<metric>,<filter>`` and ``<metric>_stderr,<filter>`` keys,

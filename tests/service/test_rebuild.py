@@ -142,10 +142,12 @@ def test_recovery_reads_each_part_once_and_checks_the_rows_it_read(ran, monkeypa
     part = part_files(cells[1])[1]
     table = pq.read_table(part)
     ids = table.column_names.index("cell_id")
-    for value, why in ((cells[2].name, f"holds cell {cells[2].name}"), (None, "holds rows of no cell (1 null cell_id)")):
+    for value, why in ((cells[2].name, f"holds cell {cells[2].name}"),
+                       (None, "holds rows of no cell (1 null cell_id)")):
         forged = table.set_column(ids, "cell_id", pa.array([value] * table.num_rows, pa.string()))
         pq.write_table(forged.replace_schema_metadata(read_part_metadata(part)), part)
         assert recover_cell(res, cells[1].name) == f"part-0001.parquet: {why}"
     # rows that cannot be read under a readable description: named as the integrity check names them
     pq.write_table(table.drop(["cell_id"]).replace_schema_metadata(read_part_metadata(part)), part)
-    assert recover_cell(res, cells[1].name) == "part-0001.parquet: no cell_id column (written before rows named their cell)"
+    assert recover_cell(res, cells[1].name) == \
+        "part-0001.parquet: no cell_id column (written before rows named their cell)"
