@@ -53,13 +53,11 @@ def export(
 def _export_dir(run: str, fmt: str, out_dir: Path, db: Optional[str], results_dir: Optional[Path]) -> None:
     """The kvpress / lm-eval exports: one directory, written whole or not at all."""
     with bad_input():
-        from kdeval.jobs.export_kvpress import check_out_dir, export_kvpress
-        from kdeval.jobs.export_lmeval import export_lmeval
+        from kdeval.jobs.export_dir import check_out_dir, export_dir
 
         check_out_dir(out_dir)  # before the index is opened
         index = open_index(db, write=False)
-        writer = export_kvpress if fmt == "kvpress" else export_lmeval
-        done, target, parts = writer(index, run, out_dir, results_dir=results_dir)
+        done, target, parts = export_dir(index, run, fmt, out_dir, results_dir=results_dir)
     what = "kvpress result directories" if fmt == "kvpress" else "lm-eval model folders"
     out.print(f"run {done.run_id}: {len(done.cells)} cells -> {target} ({len(parts)} {what})",
               highlight=False, soft_wrap=True)

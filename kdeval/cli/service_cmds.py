@@ -160,15 +160,19 @@ def _status_table(index: RunIndex, run_id: str) -> Group:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state"] + (
         ["worker@node"] if wide else []) + ["s"]
+    labels = {c.id: c.policy + protocol_tag(c.spec) for c in cells}
+    # a label folds between its words ("keydiff [query-agnostic]"), never inside one
+    longest = max((len(w) for label in labels.values() for w in label.split()), default=0)
     for col in cols:
-        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left")
+        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left",
+                     min_width=longest if col == "policy" else None)
     t.add_column("score / error", overflow="fold", ratio=1)
     for c in cells:
         detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
-        row = [c.id[:8]] + ([] if one_model else [c.model]) + [c.policy + protocol_tag(c.spec), nb, c.task, state] + (
+        row = [c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb, c.task, state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
         t.add_row(*row)
     parts = [Text(title, style="bold"), t] + ([Text(caption)] if caption else [])

@@ -11,10 +11,10 @@ itself (configs ``AIME2025-I`` and ``AIME2025-II``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
-from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, check_choice, check_positive, percent
-from kdeval.evals.data import read_jsonl, require_data_file
+from kdeval.evals.base import EvalError, Sample, ScoreResult, Task, check_positive, percent
+from kdeval.evals.data import LocalOrHubData
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.math500 import INSTRUCTION, REASONING_MAX_NEW_TOKENS, boxed_score
 
@@ -27,19 +27,19 @@ _HOW_TO_GET = (
 
 
 @dataclass
-class Aime2025Task(Task):
+class Aime2025Task(LocalOrHubData, Task):
     """AIME 2025 with chain-of-thought generation.
 
     Args:
-        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
-        source: ``"local"`` or ``"hub"``.
-        limit: keep only the first ``limit`` problems (I before II).
+        data_dir, source, limit: as :class:`LocalOrHubData` (limit: the first ``limit`` problems, I before II).
         max_new_tokens: generation budget for the reasoning and the answer.
     """
 
-    data_dir: str | None = None
-    source: str = "local"
-    limit: int | None = None
+    local_files: ClassVar[tuple[str, ...]] = tuple(f"aime2025/aime2025-{part}.jsonl" for part in PARTS)
+    local_source: ClassVar[str] = "aime2025/aime2025-{I,II}.jsonl"
+    hub_id: ClassVar[str] = HUB_ID
+    how_to_get: ClassVar[str] = _HOW_TO_GET
+
     max_new_tokens: int = REASONING_MAX_NEW_TOKENS
 
     #: the grid's length under ``generation: {thinking: strip}`` when it sets none (the default already is)
@@ -49,32 +49,15 @@ class Aime2025Task(Task):
     separable_question = False
 
     def __post_init__(self) -> None:
-        check_choice("source", self.source, ("local", "hub"))
-        check_positive("limit", self.limit, allow_none=True)
+        self.check_source()
         check_positive("max_new_tokens", self.max_new_tokens)
         self.name = "aime2025"
-        if self.source == "local":
-            self.data_files()
-
-    def data_files(self) -> list[tuple[str, Any]]:
-        if self.source == "hub":
-            return []
-        rels = [f"aime2025/aime2025-{part}.jsonl" for part in PARTS]
-        return [(rel, require_data_file(self.data_dir, rel, _HOW_TO_GET)) for rel in rels]
-
-    def data_source(self) -> str:
-        return f"hub {HUB_ID}" if self.source == "hub" else "aime2025/aime2025-{I,II}.jsonl"
-
-    def sample_ids(self) -> list[str] | None:
-        return None if self.source == "hub" else super().sample_ids()
+        self.require_local()
 
     def _rows(self) -> list[tuple[str, int, dict[str, Any]]]:
         """(part, index in its part, row) of every problem, I before II."""
-        out = []
-        for part, (_, path) in zip(PARTS, self.data_files() or [(None, None)] * len(PARTS)):
-            rows = list(read_jsonl(path)) if path is not None else hub_rows(HUB_ID, f"AIME2025-{part}", "test", "task aime2025")
-            out.extend((part, i, row) for i, row in enumerate(rows))
-        return out[: self.limit] if self.limit is not None else out
+        parts = self.file_rows(lambda i, what: hub_rows(HUB_ID, f"AIME2025-{PARTS[i]}", "test", what))
+        return self.first([(part, i, row) for part, rows in zip(PARTS, parts) for i, row in enumerate(rows)])
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per problem; id = ``aime2025/<part>-<number>``."""

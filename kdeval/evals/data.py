@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator
 
-from kdeval.evals.base import DataNotFoundError
+from kdeval.evals.base import DataNotFoundError, check_choice, check_positive
 
 ENV_VAR = "KDEVAL_DATA_DIR"
 
@@ -63,14 +64,28 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         yield row
 
 
-class OneFileOrHub:
-    """Mixin of a task whose samples come from one file of the data directory (:attr:`data_file`) or, with
-    ``source="hub"``, from the hub (:attr:`hub_id`): what its cells hash and report as their data.
-    The task class (a :class:`kdeval.evals.base.Task`) has ``source`` and ``data_dir`` fields."""
+class LocalOrHub:
+    """Mixin of a task whose samples come from files of the data directory (:attr:`local_files`) or, with
+    ``source="hub"``, from the hub dataset :attr:`hub_id`: its checks, the files its cells hash and the source
+    they report. The task (a dataclass :class:`kdeval.evals.base.Task`) has the fields ``data_dir``, ``source``
+    (``"local"`` or ``"hub"``) and ``limit``, and states :attr:`local_files`, :attr:`hub_id` and
+    :attr:`how_to_get` (what a missing-file error says), as class or instance attributes."""
 
-    data_file: ClassVar[str]
-    hub_id: ClassVar[str]
-    how_to_get: ClassVar[str]
+    hub_id: str
+    local_files: tuple[str, ...]
+    how_to_get: str
+    #: what of the hub dataset the task reads, when not all of it (the data source says it in brackets)
+    hub_part: str | None = None
+
+    def check_source(self) -> None:
+        """Check ``source`` and ``limit`` (an error naming the field)."""
+        check_choice("source", self.source, ("local", "hub"))
+        check_positive("limit", self.limit, allow_none=True)
+
+    def require_local(self) -> None:
+        """With ``source="local"``: a :class:`DataNotFoundError` unless every file is there (before a model loads)."""
+        if self.source == "local":
+            self.data_files()
 
     def sample_ids(self) -> list[str] | None:
         return None if self.source == "hub" else super().sample_ids()
@@ -78,7 +93,72 @@ class OneFileOrHub:
     def data_files(self) -> list[tuple[str, Any]]:
         if self.source == "hub":
             return []
-        return [(self.data_file, require_data_file(self.data_dir, self.data_file, self.how_to_get))]
+        return [(rel, require_data_file(self.data_dir, rel, self.how_to_get)) for rel in self.local_files]
+
+    @property
+    def local_source(self) -> str:
+        """The data source with ``source="local"`` (default: the file names)."""
+        return " + ".join(self.local_files)
 
     def data_source(self) -> str:
-        return f"hub {self.hub_id}" if self.source == "hub" else self.data_file
+        if self.source == "local":
+            return self.local_source
+        return f"hub {self.hub_id}" + (f" ({self.hub_part})" if self.hub_part else "")
+
+    def file_rows(self, from_hub: Callable[[int, str], list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        """The rows of each of :attr:`local_files` (JSON lines), or, with ``source="hub"``, ``from_hub(i, what)``
+        for the ``i``-th (``what`` names the task in errors)."""
+        if self.source == "hub":
+            return [from_hub(i, f"task {self.name}") for i in range(len(self.local_files))]
+        return [list(read_jsonl(path)) for _, path in self.data_files()]
+
+    def first(self, rows: list[Any]) -> list[Any]:
+        """The first ``limit`` of ``rows`` (all without a limit)."""
+        return rows[: self.limit] if self.limit is not None else rows
+
+
+@dataclass
+class LocalOrHubData(LocalOrHub):
+    """:class:`LocalOrHub` with its fields, first of the task's.
+
+    Args:
+        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
+        source: ``"local"`` or ``"hub"``.
+        limit: keep only the first ``limit`` samples.
+    """
+
+    data_dir: str | None = None
+    source: str = "local"
+    limit: int | None = None
+
+
+@dataclass
+class LocalOrHubSubset(LocalOrHub):
+    """:class:`LocalOrHub` for one subset of a benchmark (task ``<benchmark>.<subset>``), which states the rest in
+    :meth:`subset_data`.
+
+    Args:
+        subset: one of :attr:`subsets`.
+        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
+        source: ``"local"`` or ``"hub"``.
+        limit: keep only the first ``limit`` questions.
+    """
+
+    benchmark: ClassVar[str]
+    subsets: ClassVar[tuple[str, ...]]
+
+    subset: str
+    data_dir: str | None = None
+    source: str = "local"
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("subset", self.subset, self.subsets)
+        self.check_source()
+        self.name = f"{self.benchmark}.{self.subset}"
+        self.local_files, self.hub_part, self.how_to_get = self.subset_data()
+        self.require_local()
+
+    def subset_data(self) -> tuple[tuple[str, ...], str, str]:
+        """The subset's :attr:`local_files`, :attr:`hub_part` and :attr:`how_to_get`."""
+        raise NotImplementedError

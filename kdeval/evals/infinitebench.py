@@ -12,10 +12,10 @@ Data: the official ``<task file>.jsonl`` (rows ``id, context, input, answer, opt
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
-from kdeval.evals.base import DataNotFoundError, EvalError, Sample, ScoreResult, Task, check_choice, check_positive
-from kdeval.evals.data import read_jsonl, require_data_file
+from kdeval.evals.base import DataNotFoundError, EvalError, Sample, ScoreResult, Task
+from kdeval.evals.data import LocalOrHubSubset, read_jsonl
 from kdeval.evals.hub import hub_file
 from kdeval.evals.metrics.infinitebench import choice_match, qa_f1
 from kdeval.evals.prompting import split_at_context
@@ -42,51 +42,26 @@ def mc_labels(row: Mapping[str, Any]) -> list[str]:
 
 
 @dataclass
-class InfiniteBenchTask(Task):
-    """One data-backed InfiniteBench task (headline: 100 × mean score, rounded to 2).
+class InfiniteBenchTask(LocalOrHubSubset, Task):
+    """One data-backed InfiniteBench task (headline: 100 × mean score, rounded to 2); ``subset``: ``en_qa`` or
+    ``en_mc``."""
 
-    Args:
-        subset: ``en_qa`` or ``en_mc``.
-        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
-        source: ``"local"`` or ``"hub"``.
-        limit: keep only the first ``limit`` questions.
-    """
+    benchmark: ClassVar[str] = "infinitebench"
+    subsets: ClassVar[tuple[str, ...]] = tuple(TASKS)
+    hub_id: ClassVar[str] = HUB_ID
 
-    subset: str
-    data_dir: str | None = None
-    source: str = "local"
-    limit: int | None = None
-
-    def __post_init__(self) -> None:
-        check_choice("subset", self.subset, tuple(TASKS))
-        check_choice("source", self.source, ("local", "hub"))
-        check_positive("limit", self.limit, allow_none=True)
-        self.name = f"infinitebench.{self.subset}"
+    def subset_data(self) -> tuple[tuple[str, ...], str, str]:
         self._file = f"{TASKS[self.subset][0]}.jsonl"
-        if self.source == "local":
-            self._local_path()  # fail before any model loads
-
-    def _local_path(self) -> Any:
-        how = (f"It is {self._file} of the hub dataset {HUB_ID}; put it at <data dir>/infinitebench/{self._file} "
-               "or set the task's `params: {source: hub}` to download it when online.")
-        return require_data_file(self.data_dir, f"infinitebench/{self._file}", how)
+        return ((f"infinitebench/{self._file}",), self._file,
+                f"It is {self._file} of the hub dataset {HUB_ID}; put it at <data dir>/infinitebench/{self._file} "
+                "or set the task's `params: {source: hub}` to download it when online.")
 
     def _rows(self) -> list[dict[str, Any]]:
-        path = self._local_path() if self.source == "local" else hub_file(HUB_ID, self._file, f"task {self.name}")
-        rows = list(read_jsonl(path))
-        return rows[: self.limit] if self.limit is not None else rows
+        [rows] = self.file_rows(lambda _, what: list(read_jsonl(hub_file(HUB_ID, self._file, what))))
+        return self.first(rows)
 
     def generation_length(self) -> int:
         return TASKS[self.subset][2]
-
-    def sample_ids(self) -> list[str] | None:
-        return None if self.source == "hub" else super().sample_ids()
-
-    def data_files(self) -> list[tuple[str, Any]]:
-        return [] if self.source == "hub" else [(f"infinitebench/{self._file}", self._local_path())]
-
-    def data_source(self) -> str:
-        return f"hub {HUB_ID} ({self._file})" if self.source == "hub" else f"infinitebench/{self._file}"
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per row, in file order, with the official prompt split after the context."""

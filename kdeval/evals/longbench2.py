@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
-from kdeval.evals.base import DataNotFoundError, Sample, ScoreResult, Task, check_choice, check_positive, row_field
-from kdeval.evals.data import OneFileOrHub, require_data_file
+from kdeval.evals.base import DataNotFoundError, Sample, ScoreResult, Task, check_positive, row_field
+from kdeval.evals.data import LocalOrHubData
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.longbench2 import accuracy_table, extract_choice
 
@@ -46,38 +46,31 @@ def render_prompt(row: Mapping[str, str]) -> tuple[str, str]:
 
 
 @dataclass
-class LongBench2Task(OneFileOrHub, Task):
+class LongBench2Task(LocalOrHubData, Task):
     """LongBench v2 (headline: accuracy overall, by difficulty and by length, as the official ``result.py``).
 
     Args:
-        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
-        source: ``"local"`` (``longbench2/data.json``) or ``"hub"``.
-        limit: keep only the first ``limit`` questions.
+        data_dir, source, limit: as :class:`LocalOrHubData` (local: ``longbench2/data.json``).
         max_new_tokens: generation length (official: 128; raise it for reasoning models).
     """
 
-    data_file: ClassVar[str] = DATA_FILE
+    local_files: ClassVar[tuple[str, ...]] = (DATA_FILE,)
     hub_id: ClassVar[str] = HUB_ID
     how_to_get: ClassVar[str] = _HOW_TO_GET
 
-    data_dir: str | None = None
-    source: str = "local"
-    limit: int | None = None
     max_new_tokens: int = MAX_NEW_TOKENS
 
     def __post_init__(self) -> None:
-        check_choice("source", self.source, ("local", "hub"))
-        check_positive("limit", self.limit, allow_none=True)
+        self.check_source()
         check_positive("max_new_tokens", self.max_new_tokens)
         self.name = "longbench2"
-        if self.source == "local":
-            require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)  # fail before any model loads
+        self.require_local()
 
     def _rows(self) -> list[dict[str, Any]]:
         if self.source == "hub":  # as the official pred.py loads it
             path, rows = HUB_ID, hub_rows(HUB_ID, None, "train", "task longbench2")
         else:
-            path = require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)
+            [(_, path)] = self.data_files()
             with open(path, encoding="utf-8") as f:
                 try:
                     rows = json.load(f)
@@ -89,7 +82,7 @@ class LongBench2Task(OneFileOrHub, Task):
             missing = [k for k in _FIELDS if not isinstance(row, dict) or k not in row]
             if missing:
                 raise DataNotFoundError(f"{path}: question {i} has no field {missing[0]!r}")
-        return rows[: self.limit] if self.limit is not None else rows
+        return self.first(rows)
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per question, in file order; id = the row's ``_id``."""

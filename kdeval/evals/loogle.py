@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
-from kdeval.evals.base import DataNotFoundError, EvalError, Sample, ScoreResult, Task, check_choice, check_positive, mean
-from kdeval.evals.data import read_jsonl, require_data_file
+from kdeval.evals.base import DataNotFoundError, EvalError, Sample, ScoreResult, Task, mean
+from kdeval.evals.data import LocalOrHubSubset
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.loogle import loogle_scores
 from kdeval.evals.prompting import split_at_context
@@ -48,50 +48,24 @@ def qa_pairs(row: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class LooGLETask(Task):
-    """One LooGLE QA task.
+class LooGLETask(LocalOrHubSubset, Task):
+    """One LooGLE QA task; ``subset``: ``shortdep_qa`` or ``longdep_qa``."""
 
-    Args:
-        subset: ``shortdep_qa`` or ``longdep_qa``.
-        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
-        source: ``"local"`` or ``"hub"``.
-        limit: keep only the first ``limit`` questions.
-    """
+    benchmark: ClassVar[str] = "loogle"
+    subsets: ClassVar[tuple[str, ...]] = tuple(MAX_NEW_TOKENS)
+    hub_id: ClassVar[str] = HUB_ID
 
-    subset: str
-    data_dir: str | None = None
-    source: str = "local"
-    limit: int | None = None
-
-    def __post_init__(self) -> None:
-        check_choice("subset", self.subset, tuple(MAX_NEW_TOKENS))
-        check_choice("source", self.source, ("local", "hub"))
-        check_positive("limit", self.limit, allow_none=True)
-        self.name = f"loogle.{self.subset}"
-        if self.source == "local":
-            self._local_path()
-
-    def _local_path(self) -> Any:
-        how = (f"It is LooGLE-testdata/{self.subset}.jsonl of the official repository (also hub {HUB_ID}); put it "
-               f"at <data dir>/loogle/{self.subset}.jsonl or set the task's `params: {{source: hub}}` when online.")
-        return require_data_file(self.data_dir, f"loogle/{self.subset}.jsonl", how)
+    def subset_data(self) -> tuple[tuple[str, ...], str, str]:
+        return ((f"loogle/{self.subset}.jsonl",), self.subset,
+                f"It is LooGLE-testdata/{self.subset}.jsonl of the official repository (also hub {HUB_ID}); put it "
+                f"at <data dir>/loogle/{self.subset}.jsonl or set the task's `params: {{source: hub}}` when online.")
 
     def _rows(self) -> list[dict[str, Any]]:
-        if self.source == "local":
-            return list(read_jsonl(self._local_path()))
-        return hub_rows(HUB_ID, self.subset, "test", f"task {self.name}")
+        [rows] = self.file_rows(lambda _, what: hub_rows(HUB_ID, self.subset, "test", what))
+        return rows
 
     def generation_length(self) -> int:
         return MAX_NEW_TOKENS[self.subset]
-
-    def sample_ids(self) -> list[str] | None:
-        return None if self.source == "hub" else super().sample_ids()
-
-    def data_files(self) -> list[tuple[str, Any]]:
-        return [] if self.source == "hub" else [(f"loogle/{self.subset}.jsonl", self._local_path())]
-
-    def data_source(self) -> str:
-        return f"hub {HUB_ID} ({self.subset})" if self.source == "hub" else f"loogle/{self.subset}.jsonl"
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """One sample per question, documents in file order; id = document index / question index."""

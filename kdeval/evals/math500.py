@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 from kdeval.evals.base import (
-    EvalError, Sample, ScoreResult, Task, check_choice, check_positive, group_percent, percent, row_field,
+    EvalError, Sample, ScoreResult, Task, check_positive, group_percent, percent, row_field,
 )
-from kdeval.evals.data import OneFileOrHub, read_jsonl, require_data_file
+from kdeval.evals.data import LocalOrHubData
 from kdeval.evals.hub import hub_rows
 from kdeval.evals.metrics.math_equiv import last_boxed, math_equal
 
@@ -28,43 +28,33 @@ _HOW_TO_GET = (
 
 
 @dataclass
-class Math500Task(OneFileOrHub, Task):
+class Math500Task(LocalOrHubData, Task):
     """MATH-500 with chain-of-thought generation.
 
     Args:
-        data_dir: data directory (else ``$KDEVAL_DATA_DIR``).
-        source: ``"local"`` or ``"hub"``.
-        limit: keep only the first ``limit`` problems.
+        data_dir, source, limit: as :class:`LocalOrHubData` (limit: the first ``limit`` problems).
         max_new_tokens: generation budget for the reasoning and the answer.
     """
 
-    data_file: ClassVar[str] = DATA_FILE
+    local_files: ClassVar[tuple[str, ...]] = (DATA_FILE,)
     hub_id: ClassVar[str] = HUB_ID
     how_to_get: ClassVar[str] = _HOW_TO_GET
 
-    data_dir: str | None = None
-    source: str = "local"
-    limit: int | None = None
     max_new_tokens: int = 1024
 
     #: with ``generation: {thinking: strip}`` and no grid length: the DeepSeek-R1 evaluation's length
     reasoning_max_new_tokens = REASONING_MAX_NEW_TOKENS
 
     def __post_init__(self) -> None:
-        check_choice("source", self.source, ("local", "hub"))
-        check_positive("limit", self.limit, allow_none=True)
+        self.check_source()
         check_positive("max_new_tokens", self.max_new_tokens)
         self.name = "math500"
-        if self.source == "local":
-            require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)
+        self.require_local()
 
     def rows(self) -> list[dict[str, Any]]:
         """The dataset rows."""
-        if self.source == "local":
-            rows = list(read_jsonl(require_data_file(self.data_dir, DATA_FILE, _HOW_TO_GET)))
-        else:
-            rows = hub_rows(HUB_ID, None, "test", "task math500")
-        return rows[: self.limit] if self.limit is not None else rows
+        [rows] = self.file_rows(lambda _, what: hub_rows(HUB_ID, None, "test", what))
+        return self.first(rows)
 
     #: the problem is the question: there is no context to compress apart from it
     separable_question = False

@@ -27,7 +27,7 @@ from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table
 
 #: Export formats and the file suffix each implies.
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
-#: Formats written as a directory of other tools' files (kdeval.jobs.export_kvpress, kdeval.jobs.export_lmeval).
+#: Formats written as a directory of other tools' files (kdeval.jobs.export_dir).
 DIR_FORMATS = ("kvpress", "lm-eval")
 _ALL = ", ".join([*FORMATS, *DIR_FORMATS])
 
@@ -49,19 +49,55 @@ def self_describing(rows: list[dict[str, Any]], cell: CellSpec, run_id: str) -> 
 
 
 @dataclass
-class RunExport:
-    """What :func:`run_table` gathered: the table, and the run's cells it could not include."""
+class Gathered:
+    """What gathering a run's done cells left out."""
 
     run_id: str
-    table: pa.Table
-    cells: int  # done cells whose rows are in the table
     not_done: int  # cells of the run not done (pending, running, failed)
-    skipped: dict[str, str] = field(default_factory=dict)  # done cell id -> why its file was left out
+    skipped: dict[str, str]  # done cell id -> why its file was left out
 
     @property
     def complete(self) -> bool:
-        """Every cell of the run is in the table."""
+        """Every cell of the run was gathered."""
         return not self.not_done and not self.skipped
+
+
+@dataclass
+class DoneCells(Gathered):
+    """A run's done cells whose files pass their integrity check: (view, table) in grid order."""
+
+    cells: list[tuple[Any, pa.Table]]
+
+    def rows(self) -> list[tuple[Any, list[dict[str, Any]]]]:
+        """(view, rows as dicts) of every cell."""
+        return [(view, table.to_pylist()) for view, table in self.cells]
+
+
+def done_cells(index: RunIndex, run_ref: str, results_dir: str | Path | None = None) -> DoneCells:
+    """Every done cell of run ``run_ref`` whose file passes its check, each read once; ``results_dir``
+    overrides the recorded one. ValueError naming ``RUN`` for an unknown run."""
+    run = index.get_run(run_ref)
+    if run is None:
+        raise ValueError(f"RUN: no run {run_ref!r} (or the prefix is ambiguous); see `kdeval ls`")
+    out = DoneCells(run.id, 0, {}, [])
+    for view in index.run_cells(run.id):
+        if view.state != CellState.DONE.value:
+            out.not_done += 1
+            continue
+        problem = verify_cell(view, results_dir)
+        if problem is not None:
+            out.skipped[view.id] = problem
+            continue
+        out.cells.append((view, read_cell_table(results_dir or view.results_dir, view.result_path)))
+    return out
+
+
+@dataclass
+class RunExport(Gathered):
+    """What :func:`run_table` gathered: the table, and the run's cells it could not include."""
+
+    table: pa.Table
+    cells: int  # done cells whose rows are in the table
 
 
 def check_format(fmt: str | None, out: Path) -> str:
@@ -94,21 +130,11 @@ def check_out(out: Path) -> Path:
 def run_table(index: RunIndex, run_ref: str, results_dir: str | Path | None = None) -> RunExport:
     """Every row of run ``run_ref``'s done cells (grid order), with types unified across cells (a column
     null in one cell and float in another is float); ``results_dir`` overrides the recorded one."""
-    run = index.get_run(run_ref)
-    if run is None:
-        raise ValueError(f"RUN: no run {run_ref!r} (or the prefix is ambiguous); see `kdeval ls`")
-    tables, skipped, not_done = [], {}, 0
-    for view in index.run_cells(run.id):
-        if view.state != CellState.DONE.value:
-            not_done += 1
-            continue
-        problem = verify_cell(view, results_dir)
-        if problem is not None:
-            skipped[view.id] = problem
-            continue
-        tables.append(read_cell_table(results_dir or view.results_dir, view.result_path))
+    done = done_cells(index, run_ref, results_dir)
+    tables = [table for _, table in done.cells]
     table = pa.concat_tables(tables, promote_options="permissive") if tables else IDENTITY_SCHEMA.empty_table()
-    return RunExport(run_id=run.id, table=table, cells=len(tables), not_done=not_done, skipped=skipped)
+    return RunExport(run_id=done.run_id, table=table, cells=len(tables), not_done=done.not_done,
+                     skipped=done.skipped)
 
 
 def _json_value(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""``kdeval export RUN --format kvpress --out DIR``: a run's done cells as kvpress evaluation results.
+"""``kdeval export RUN --format kvpress --out DIR`` (:mod:`kdeval.jobs.export_dir`): a run's done cells as kvpress
+evaluation results.
 
 One kvpress directory per task × model × policy × budget (and protocol, and chunk size: see below), named and
 filled as kvpress's ``evaluation/evaluate.py`` does (:mod:`kdeval.jobs.kvpress_format`): RULER cells of one
@@ -20,12 +21,7 @@ datasets kdeval's own per-task metric (``{"kdeval_score": points}``), since kvpr
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -34,70 +30,6 @@ import yaml
 from kdeval.evals.budget import is_share, kvpress_ratio
 from kdeval.evals.chunking import is_whole
 from kdeval.jobs import kvpress_format as kv
-from kdeval.storage import CellState, RunIndex, read_cell_table, verify_cell
-
-
-@dataclass
-class DoneCells:
-    """A run's done, intact cells (view and rows), and what was left out."""
-
-    run_id: str
-    cells: list[tuple[Any, list[dict[str, Any]]]]
-    not_done: int = 0
-    skipped: dict[str, str] = field(default_factory=dict)  # cell id -> why its file was left out
-
-    @property
-    def complete(self) -> bool:
-        return not self.not_done and not self.skipped
-
-
-def done_cells(index: RunIndex, run_ref: str, results_dir: str | Path | None = None) -> DoneCells:
-    """The rows of every done cell of run ``run_ref`` whose file passes its integrity check (grid order);
-    ValueError naming ``RUN`` for an unknown run."""
-    run = index.get_run(run_ref)
-    if run is None:
-        raise ValueError(f"RUN: no run {run_ref!r} (or the prefix is ambiguous); see `kdeval ls`")
-    out = DoneCells(run.id, [])
-    for view in index.run_cells(run.id):
-        if view.state != CellState.DONE.value:
-            out.not_done += 1
-            continue
-        problem = verify_cell(view, results_dir)
-        if problem is not None:
-            out.skipped[view.id] = problem
-            continue
-        out.cells.append((view, read_cell_table(results_dir or view.results_dir, view.result_path).to_pylist()))
-    return out
-
-
-def check_out_dir(out: str | Path) -> Path:
-    """``out`` as an absolute directory path that does not exist yet or is empty, in a writable parent;
-    ValueError naming ``--out`` otherwise."""
-    out = Path(out).expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out: {out} exists and is not an empty directory; expected a new directory")
-    if not out.parent.is_dir():
-        raise ValueError(f"--out: directory {out.parent} does not exist")
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out: directory {out.parent} is not writable")
-    return out
-
-
-def write_tree(out: Path, files: dict[str, str]) -> None:
-    """Write ``files`` (relative path -> text) under ``out`` all at once: into a temp directory beside it, then
-    renamed into place, so a failure leaves nothing behind."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        for rel, text in files.items():
-            path = tmp / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        if out.exists():
-            out.rmdir()  # empty (checked)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _row_ratio(row: dict[str, Any], budget: Any) -> float:
@@ -129,11 +61,11 @@ def _dir_of(spec: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str, dict
                       query_aware=query_aware)
 
 
-def kvpress_files(done: DoneCells) -> dict[str, str]:
-    """Relative path -> text of every file of the export."""
+def kvpress_files(run_id: str, cells: list[tuple[Any, list[dict[str, Any]]]]) -> dict[str, str]:
+    """Relative path -> text of every file of the export of run ``run_id``'s done ``cells`` (view, rows)."""
     groups: dict[str, list[tuple[Any, list[dict[str, Any]]]]] = defaultdict(list)
     settings: dict[str, dict[str, Any]] = {}
-    for view, rows in done.cells:
+    for view, rows in cells:
         name, setting = _dir_of(view.spec, rows)
         groups[name].append((view, rows))
         settings[name] = setting
@@ -163,20 +95,6 @@ def kvpress_files(done: DoneCells) -> dict[str, str]:
         files[f"{name}/metrics.json"] = json.dumps(metrics, indent=4)
         config = kv.evaluation_config(s["dataset"], s["data_dir"], s["model"], s["press"], round(s["ratio"], 6),
                                       s["query_aware"], None, 42,
-                                      {"run_id": done.run_id, "computed_by": "kdeval", "cells": cells})
+                                      {"run_id": run_id, "computed_by": "kdeval", "cells": cells})
         files[f"{name}/config.yaml"] = yaml.safe_dump(config, sort_keys=False)
     return files
-
-
-def export_kvpress(index: RunIndex, run_ref: str, out: str | Path,
-                   results_dir: str | Path | None = None) -> tuple[DoneCells, Path, list[str]]:
-    """Check ``out``, gather the run's done cells and write their kvpress directories under ``out``; returns
-    (the cells, ``out``, the directory names). Bad arguments raise ValueError before anything is written."""
-    out = check_out_dir(out)
-    done = done_cells(index, run_ref, results_dir)
-    files = kvpress_files(done)
-    try:
-        write_tree(out, files)
-    except OSError as exc:
-        raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
-    return done, out, sorted({rel.split("/")[0] for rel in files})

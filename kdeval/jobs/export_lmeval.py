@@ -1,4 +1,5 @@
-"""``kdeval export RUN --format lm-eval --out DIR``: a run's done cells as lm-evaluation-harness output.
+"""``kdeval export RUN --format lm-eval --out DIR`` (:mod:`kdeval.jobs.export_dir`): a run's done cells as
+lm-evaluation-harness output.
 
 lm-evaluation-harness writes, per evaluated model, ``<out>/<model_name_sanitized>/results_<date>.json`` (its
 ``EvalResults``: ``results`` per task with ``<metric>,<filter>`` and ``<metric>_stderr,<filter>`` keys,
@@ -18,13 +19,10 @@ import math
 import re
 from collections import defaultdict
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from kdeval.evals.chunking import chunk_text
-from kdeval.jobs.export_kvpress import DoneCells, check_out_dir, done_cells, write_tree
 from kdeval.jobs.grid import COMPRESS_NAMES
-from kdeval.storage import RunIndex
 
 METRIC = "score"
 FILTER = "none"
@@ -78,12 +76,14 @@ def _stderr(scores: list[float]) -> float:
     return math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1) / n)
 
 
-def lmeval_files(done: DoneCells, date: datetime | None = None) -> dict[str, str]:
-    """Relative path -> text of every file of the export."""
+def lmeval_files(run_id: str, cells: list[tuple[Any, list[dict[str, Any]]]], date: datetime | None = None
+                 ) -> dict[str, str]:
+    """Relative path -> text of every file of the export of run ``run_id``'s done ``cells`` (view, rows), dated
+    ``date`` (default: now)."""
     date = date or datetime.now(timezone.utc)
     date_id = date.replace(tzinfo=None).isoformat().replace(":", "-")
     by_config: dict[str, dict[str, list[tuple[Any, list[dict[str, Any]]]]]] = defaultdict(lambda: defaultdict(list))
-    for view, rows in done.cells:
+    for view, rows in cells:
         by_config[config_name(view.spec)][task_name(view.spec)].append((view, rows))
     files: dict[str, str] = {}
     for name, tasks in by_config.items():
@@ -103,7 +103,7 @@ def lmeval_files(done: DoneCells, date: datetime | None = None) -> dict[str, str
                              "generation_kwargs": {"until": [], "do_sample": False,
                                                    "max_gen_toks": spec["task"].get("max_new_tokens")},
                              "metric_list": [{"metric": METRIC, "aggregation": "mean", "higher_is_better": True}],
-                             "metadata": {"kdeval_cells": [v.id for v, _ in members], "run_id": done.run_id,
+                             "metadata": {"kdeval_cells": [v.id for v, _ in members], "run_id": run_id,
                                           "task_params": spec["task"].get("params") or {}}}
             versions[task] = spec.get("kdeval_version")
             n_samples[task] = {"original": len(rows), "effective": len(rows)}
@@ -123,20 +123,6 @@ def lmeval_files(done: DoneCells, date: datetime | None = None) -> dict[str, str
                     "bootstrap_iters": 0, "gen_kwargs": {"do_sample": False}, "random_seed": None,
                     "numpy_seed": None, "torch_seed": None, "fewshot_seed": None},
                 "date": date.timestamp(), "model_source": "kdeval", "model_name": name,
-                "model_name_sanitized": folder, "task_hashes": {}, "kdeval_run_id": done.run_id}
+                "model_name_sanitized": folder, "task_hashes": {}, "kdeval_run_id": run_id}
         files[f"{folder}/results_{date_id}.json"] = json.dumps(body, indent=2, ensure_ascii=False)
     return files
-
-
-def export_lmeval(index: RunIndex, run_ref: str, out: str | Path, results_dir: str | Path | None = None,
-                  date: datetime | None = None) -> tuple[DoneCells, Path, list[str]]:
-    """Check ``out``, gather the run's done cells and write lm-eval's files under ``out``; returns (the cells,
-    ``out``, the model folders). Bad arguments raise ValueError before anything is written."""
-    out = check_out_dir(out)
-    done = done_cells(index, run_ref, results_dir)
-    files = lmeval_files(done, date)
-    try:
-        write_tree(out, files)
-    except OSError as exc:
-        raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
-    return done, out, sorted({rel.split("/")[0] for rel in files})

@@ -93,28 +93,34 @@ def _values(cells: list[LoadedCell], key: str) -> str:
     return ", ".join(vals)
 
 
+def night_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str | None, Any, Any]]:
+    """What differs between two nights' history entries, as ``(kind, key, before, after)`` in this order:
+    ``("env", fact, ...)`` per :data:`NIGHT_KEYS` fact, ``("grid", None, ...)`` for the grid hash, ``("data",
+    task, ...)`` per task's data digest."""
+    a, b = before.get("env") or {}, after.get("env") or {}
+    out: list[tuple[str, str | None, Any, Any]] = [("env", k, a.get(k), b.get(k)) for k in NIGHT_KEYS
+                                                   if a.get(k) != b.get(k)]
+    if before.get("grid_hash") != after.get("grid_hash"):
+        out.append(("grid", None, before.get("grid_hash"), after.get("grid_hash")))
+    da, db = before.get("data") or {}, after.get("data") or {}
+    out += [("data", t, da.get(t), db.get(t)) for t in sorted(set(da) | set(db)) if da.get(t) != db.get(t)]
+    return out
+
+
 def differences(base_entry: dict[str, Any] | None, night_entry: dict[str, Any], tonight: list[LoadedCell],
                 baseline: list[LoadedCell]) -> list[dict[str, str]]:
-    """What differs between the baseline night and this one: ``{"what", "baseline", "tonight"}`` each."""
-    out: list[dict[str, str]] = []
-    base_env, env = (base_entry or {}).get("env") or {}, night_entry.get("env") or {}
-    if base_env:
-        for k in NIGHT_KEYS:
-            if base_env.get(k) != env.get(k):
-                out.append({"what": f"night {k}", "baseline": str(base_env.get(k)), "tonight": str(env.get(k))})
+    """What differs between the baseline night and this one: ``{"what", "baseline", "tonight"}`` each (the
+    night facts only where the baseline recorded its environment)."""
+    night = night_changes(base_entry, night_entry) if base_entry is not None else []
+    what = {"env": "night {}", "grid": "grid hash", "data": "data {}"}
+    rows = {kind: [{"what": what[kind].format(key), "baseline": str(a), "tonight": str(b)}
+                   for k, key, a, b in night if k == kind] for kind in what}
+    out = rows["env"] if (base_entry or {}).get("env") else []
     for k in PROVENANCE_KEYS:
         a, b = _values(baseline, k), _values(tonight, k)
         if a and b and a != b:
             out.append({"what": f"cells' {k}", "baseline": a, "tonight": b})
-    if base_entry is not None:
-        if base_entry.get("grid_hash") != night_entry.get("grid_hash"):
-            out.append({"what": "grid hash", "baseline": str(base_entry.get("grid_hash")),
-                        "tonight": str(night_entry.get("grid_hash"))})
-        before, now = base_entry.get("data") or {}, night_entry.get("data") or {}
-        for task in sorted(set(before) | set(now)):
-            if before.get(task) != now.get(task):
-                out.append({"what": f"data {task}", "baseline": str(before.get(task)), "tonight": str(now.get(task))})
-    return out
+    return out + rows["grid"] + rows["data"]
 
 
 def attribute(findings: list[Any], tonight: list[LoadedCell], baseline: list[LoadedCell],

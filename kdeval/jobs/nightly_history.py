@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kdeval.evals.chunking import chunk_text
-from kdeval.jobs.nightly_attribution import NIGHT_KEYS
+from kdeval.jobs.nightly_attribution import night_changes
 
 PAGE = "history.html"
 #: Okabe–Ito: readable with the common colour-vision deficiencies.
@@ -128,17 +128,10 @@ def changes(prev: dict[str, Any] | None, entry: dict[str, Any]) -> list[str]:
     """What changed from the night before (environment, grid, data), one text each."""
     if prev is None:
         return ["first night"]
-    out = []
-    a, b = prev.get("env") or {}, entry.get("env") or {}
-    for k in NIGHT_KEYS:
-        if a.get(k) != b.get(k):
-            out.append(f"{k}: {a.get(k)} → {b.get(k)}")
-    if prev.get("grid_hash") != entry.get("grid_hash"):
-        out.append(f"grid {str(prev.get('grid_hash'))[:12]} → {str(entry.get('grid_hash'))[:12]}")
-    da, db = prev.get("data") or {}, entry.get("data") or {}
-    out += [f"data {t}: {str(da.get(t))[:12]} → {str(db.get(t))[:12]}" for t in sorted(set(da) | set(db))
-            if da.get(t) != db.get(t)]
-    return out
+    text = {"env": lambda k, a, b: f"{k}: {a} → {b}",
+            "grid": lambda k, a, b: f"grid {str(a)[:12]} → {str(b)[:12]}",
+            "data": lambda k, a, b: f"data {k}: {str(a)[:12]} → {str(b)[:12]}"}
+    return [text[kind](key, a, b) for kind, key, a, b in night_changes(prev, entry)]
 
 
 def _verdict(e: dict[str, Any]) -> str:

@@ -5,7 +5,7 @@ Every part a driver writes carries, in its Parquet key-value metadata (:data:`PA
 and what the index records of the shard (range, shard size, duration, peak memory, worker, node, provenance);
 every run writes ``runs/<run id>.json`` (its record and its cells' records) when it is created. A cell is
 recovered when its parts are exactly the shards of one plan (``kdeval.jobs.shards.shard_ranges``), their spec
-gives the cell's id and they check out as integrity checks them (``kdeval.storage.verify_cell_file``); its
+gives the cell's id and they check out as integrity checks them (``kdeval.storage.verify_read_parts``); its
 summary is then the workload's ``aggregate`` of its rows, as when it was computed. What the files do not hold
 is not recovered: attempts (history, errors, counts), failed cells' errors, when cells finished.
 """
@@ -24,8 +24,8 @@ from kdeval.cluster.workload import CellOutcome, Workload
 from kdeval.jobs.cells import CellSpec
 from kdeval.jobs.shards import HeldCell, Shard, ShardDone, shard_ranges
 from kdeval.storage import (
-    RUNS_DIR, CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, cell_dirs, part_files, read_cell_table,
-    read_part_metadata, read_run_manifests, verify_cell_file, write_run_manifest,
+    RUNS_DIR, CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, cell_dirs, concat_parts, part_files,
+    read_run_manifests, schema_metadata, unreadable, verify_read_parts, write_run_manifest,
 )
 
 #: The key of a part's metadata that describes it (JSON; see :func:`part_metadata`).
@@ -67,17 +67,30 @@ class Recovered:
     rows: list[dict[str, Any]]
 
 
+def _read_part(path: Path) -> tuple[dict[str, Any], CellSpec, int, pa.Table | str]:
+    """One part, opened once: its description (:data:`PART_KEY`), the cell spec in it, its row count and its
+    rows (or why they cannot be read). An unreadable footer or description raises (OSError, ArrowException,
+    KeyError, ValueError, TypeError)."""
+    with pq.ParquetFile(path) as pf:
+        meta = json.loads(schema_metadata(pf.schema_arrow)[PART_KEY])
+        spec = CellSpec.model_validate(meta["cell"])
+        try:
+            table: pa.Table | str = pf.read()
+        except (OSError, pa.ArrowException) as exc:
+            table = unreadable(exc)
+        return meta, spec, pf.metadata.num_rows, table
+
+
 def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
-    """The cell's parts under ``results_dir``, read back and checked; else why they do not make the cell."""
+    """The cell's parts under ``results_dir``, each read once and checked; else why they do not make the cell."""
     rel = cell_dir_relpath(cell_id)
     parts = part_files(Path(results_dir) / rel)
     if not parts:
         return "no part files"
-    spec, size, done = None, None, {}
+    spec, size, done, tables = None, None, {}, []
     for path in parts:
         try:
-            meta = json.loads(read_part_metadata(path)[PART_KEY])
-            part_spec = CellSpec.model_validate(meta["cell"])
+            meta, part_spec, n_rows, table = _read_part(path)
         except (OSError, pa.ArrowException, KeyError, ValueError, TypeError) as e:
             return f"{path.name}: no description of its cell ({type(e).__name__}; written by an older kdeval?)"
         if part_spec.id != cell_id:
@@ -85,8 +98,8 @@ def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
         if spec is not None and (part_spec != spec or meta["shard_size"] != size):
             return f"{path.name}: another shard plan than the other parts"
         spec, size = part_spec, meta["shard_size"]
-        with pq.ParquetFile(path) as pf:
-            done[meta["shard"]] = (meta, pf.metadata.num_rows)
+        done[meta["shard"]] = (meta, n_rows)
+        tables.append((path, table))
     ranges = shard_ranges(spec.task.samples, size)
     if sorted(done) != list(range(len(ranges))) or any(ranges[i] != (m["start"], m["stop"])
                                                       for i, (m, _) in done.items()):
@@ -95,10 +108,10 @@ def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
         i: ShardDone(samples=m["stop"] - m["start"], n_rows=n, duration_s=m["duration_s"],
                      peak_memory_bytes=m["peak_memory_bytes"], worker=m["worker"], node=m["node"],
                      provenance=m["provenance"]) for i, (m, n) in done.items()})
-    problem = verify_cell_file(results_dir, rel, cell_id, held.n_rows())
+    problem = verify_read_parts(tables, cell_id)
     if problem is not None:
         return problem
-    return Recovered(spec, held, read_cell_table(results_dir, rel).to_pylist())
+    return Recovered(spec, held, concat_parts([t for _, t in tables]).to_pylist())
 
 
 def _finish(index: RunIndex, run_id: str, results_dir: str, got: Recovered, workload: Workload) -> bool:
@@ -183,10 +196,13 @@ def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[
         done = 0
         for c in cells:
             got = recovered.get(c.id)
-            if got is not None and index.get_cell(c.id).state != CellState.DONE.value:
+            is_done = index.get_cell(c.id).state == CellState.DONE.value
+            if got is not None and not is_done:
                 made = made or [workload()]
-                _finish(index, run_id, results_dir, got, made[0])
-            done += index.get_cell(c.id).state == CellState.DONE.value
+                # finished here, or (not held by this run) by whoever holds it
+                is_done = (_finish(index, run_id, results_dir, got, made[0])
+                           or index.get_cell(c.id).state == CellState.DONE.value)
+            done += is_done
         out.cells_done += done
         missing = len(cells) - done
         grid = "" if m["grid_yaml"] else "; its grid is unknown (no manifest)"

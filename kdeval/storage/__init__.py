@@ -36,13 +36,13 @@ from kdeval.storage.db import (
     DB_ENV, DEFAULT_DB_PATH, IndexAccessError, IndexStorageError, db_text, db_url, make_engine, sqlite_path,
 )
 from kdeval.storage.index import RunIndex, age_seconds
-from kdeval.storage.integrity import CELL_ID_COLUMN, verify_cell, verify_cell_file
+from kdeval.storage.integrity import CELL_ID_COLUMN, unreadable, verify_cell, verify_cell_file, verify_read_parts
 from kdeval.storage.leases import ShardView
 from kdeval.storage.models import TERMINAL_RUN_STATES, AttemptState, CellState, RunState
 from kdeval.storage.parquet import (
-    RUNS_DIR, cell_dir_relpath, cell_dirs, clean_temp_files, list_result_files, list_temp_files, part_files, part_relpath,
-    read_cell_rows, read_cell_table, read_part_metadata, read_run_manifests, remove_parts, remove_single_file,
-    temp_file_cell, write_cell_rows, write_part, write_run_manifest,
+    RUNS_DIR, cell_dir_relpath, cell_dirs, clean_temp_files, concat_parts, list_result_files, list_temp_files,
+    part_files, part_relpath, read_cell_rows, read_cell_table, read_part_metadata, read_run_manifests, remove_parts,
+    remove_single_file, schema_metadata, temp_file_cell, write_cell_rows, write_part, write_run_manifest,
 )
 from kdeval.storage.rows import IDENTITY_SCHEMA, conform_identity, rows_to_table, with_identity
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
@@ -56,5 +56,6 @@ __all__ = [
     "CellRecord", "CellView", "RunView", "to_jsonable", "CELL_ID_COLUMN", "verify_cell", "verify_cell_file",
     "IDENTITY_SCHEMA", "conform_identity", "with_identity", "ShardView", "cell_dir_relpath", "part_files",
     "part_relpath", "remove_parts", "remove_single_file", "temp_file_cell", "write_part", "cell_dirs",
-    "read_part_metadata", "read_run_manifests", "write_run_manifest", "RUNS_DIR",
+    "read_part_metadata", "read_run_manifests", "write_run_manifest", "RUNS_DIR", "concat_parts", "schema_metadata",
+    "unreadable", "verify_read_parts",
 ]

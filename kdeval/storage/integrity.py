@@ -19,6 +19,7 @@ from kdeval.storage.parquet import part_files
 
 #: The column every stored row carries with the id of the cell that produced it.
 CELL_ID_COLUMN = "cell_id"
+_NO_COLUMN = f"no {CELL_ID_COLUMN} column (written before rows named their cell)"
 
 
 def verify_cell_file(results_dir: str | Path, result_path: str, cell_id: str, n_rows: int) -> str | None:
@@ -42,7 +43,7 @@ def verify_cell_file(results_dir: str | Path, result_path: str, cell_id: str, n_
     for file in files:
         counted = _file_rows(file, cell_id)
         if isinstance(counted, str):
-            return counted if len(files) == 1 else f"{file.name}: {counted}"
+            return _named(counted, file, files)
         rows += counted
     if rows != n_rows:
         return f"{rows} rows, index says {n_rows}"
@@ -55,16 +56,48 @@ def _file_rows(path: Path, cell_id: str) -> int | str:
         with pq.ParquetFile(path) as pf:
             rows = pf.metadata.num_rows
             if CELL_ID_COLUMN not in pf.schema_arrow.names:
-                return f"no {CELL_ID_COLUMN} column (written before rows named their cell)"
+                return _NO_COLUMN
             ids = pf.read(columns=[CELL_ID_COLUMN]).column(0)
     except (OSError, pa.ArrowException) as exc:
-        return f"unreadable parquet: {_one_line(exc)}"
+        return unreadable(exc)
+    return _ids_problem(ids, cell_id) or rows
+
+
+def _ids_problem(ids: pa.ChunkedArray, cell_id: str) -> str | None:
+    """Why a file's ``cell_id`` column is not all ``cell_id``, else None."""
     foreign = [v for v in ids.unique().to_pylist() if v is not None and v != cell_id]
     if foreign:
         return f"holds cell {foreign[0]}"
     if ids.null_count:
         return f"holds rows of no cell ({ids.null_count} null {CELL_ID_COLUMN})"
-    return rows
+    return None
+
+
+def _named(why: str, file: Path, files: list[Path]) -> str:
+    """``why`` of one of ``files``, prefixed with its name when there are several (parts)."""
+    return why if len(files) == 1 else f"{file.name}: {why}"
+
+
+def unreadable(exc: BaseException) -> str:
+    """What a check says of a file that cannot be read."""
+    return f"unreadable parquet: {_one_line(exc)}"
+
+
+def verify_read_parts(parts: list[tuple[Path, pa.Table | str]], cell_id: str) -> str | None:
+    """:func:`verify_cell_file`'s check of parts already read whole (path, and its table or why it could not be
+    read): None when every part holds only ``cell_id``'s rows, else why not, in the same words. (The row count
+    is the tables' own.)"""
+    files = [path for path, _ in parts]
+    for path, table in parts:
+        if isinstance(table, str):
+            why: str | None = table
+        elif CELL_ID_COLUMN not in table.column_names:
+            why = _NO_COLUMN
+        else:
+            why = _ids_problem(table.column(CELL_ID_COLUMN), cell_id)
+        if why is not None:
+            return _named(why, path, files)
+    return None
 
 
 def verify_cell(view: Any, results_dir: str | Path | None = None) -> str | None:

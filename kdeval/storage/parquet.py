@@ -91,7 +91,12 @@ def write_part(results_dir: str | Path, cell_id: str, shard: int, rows: list[dic
 
 def read_part_metadata(path: str | Path) -> dict[str, str]:
     """The key-value metadata of a Parquet file (its footer only); OSError or ArrowException if unreadable."""
-    raw = pq.read_schema(path).metadata or {}
+    return schema_metadata(pq.read_schema(path))
+
+
+def schema_metadata(schema: pa.Schema) -> dict[str, str]:
+    """The key-value metadata of a Parquet file's Arrow schema, less Arrow's own keys."""
+    raw = schema.metadata or {}
     return {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW:")}
 
 
@@ -186,7 +191,11 @@ def read_cell_table(results_dir: str | Path, result_path: str) -> pa.Table:
     parts = part_files(path)
     if not parts:
         raise FileNotFoundError(f"no part files in {path}")
-    tables = [pq.read_table(p) for p in parts]
+    return concat_parts([pq.read_table(p) for p in parts])
+
+
+def concat_parts(tables: list[pa.Table]) -> pa.Table:
+    """A cell's rows from its parts' tables in shard order (column types unified across parts)."""
     return conform_identity(pa.concat_tables(tables, promote_options="permissive"))
 
 

@@ -97,3 +97,21 @@ nightly:
     grid.write_text(bad)
     wrong = run(app, ["nightly", "history", str(grid), "--out", str(tmp_path / "y")])
     assert wrong.exit_code == 2 and "nightly.reuse" in wrong.output and not (tmp_path / "y").exists()
+
+
+def test_history_and_attribution_name_the_same_night_changes():
+    from kdeval.jobs.nightly_attribution import differences
+
+    base = {"env": {"torch": "2.4.0", "device": "cpu"}, "grid_hash": "a" * 20, "data": {"math500": "d" * 16}}
+    night = {"env": {"torch": "2.5.1", "device": "cpu"}, "grid_hash": "b" * 20, "data": {"math500": "e" * 16, "x": "f"}}
+    assert changes(base, night) == ["torch: 2.4.0 → 2.5.1", f"grid {'a' * 12} → {'b' * 12}",
+                                    f"data math500: {'d' * 12} → {'e' * 12}", "data x: None → f"]
+    assert differences(base, night, [], []) == [
+        {"what": "night torch", "baseline": "2.4.0", "tonight": "2.5.1"},
+        {"what": "grid hash", "baseline": "a" * 20, "tonight": "b" * 20},
+        {"what": "data math500", "baseline": "d" * 16, "tonight": "e" * 16},
+        {"what": "data x", "baseline": "None", "tonight": "f"}]
+    # a baseline that recorded no environment: the history still lists the facts, the attribution does not
+    assert changes({}, {"env": {"torch": "2.5.1"}}) == ["torch: None → 2.5.1"]
+    assert differences({}, {"env": {"torch": "2.5.1"}}, [], []) == []
+    assert changes(None, night) == ["first night"] and differences(None, night, [], []) == []

@@ -16,8 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from kdeval.cli import export_cmds
-from kdeval.jobs.export_kvpress import export_kvpress
-from kdeval.jobs.export_lmeval import export_lmeval
+from kdeval.jobs import export as export_job
+from kdeval.jobs.export import DIR_FORMATS
+from kdeval.jobs.export_dir import FILES, export_dir
 from kdeval.storage import RunIndex
 from tests.reports.helpers import FakeCell, rows, store_run
 from tests.service.helpers import cli_app
@@ -65,7 +66,7 @@ def kvpress_ruler_metric(df: pd.DataFrame) -> dict:
 
 def test_kvpress_directories_files_and_fields(run):
     idx, tmp = run
-    done, out, names = export_kvpress(idx, "r1", tmp / "kv")
+    done, out, names = export_dir(idx, "r1", "kvpress", tmp / "kv")
     assert names == ["needle_in_haystack__m__keydiff__0.75__query_aware", "ruler__4096__m__keydiff__0.75__query_aware",
                      "ruler__4096__m__no_press__0.00", "ruler__4096__m__no_press__0.00__kdeval_chunk64",
                      "ruler__4096__m__snapkv__0.75__kdeval_chunk64"]
@@ -96,7 +97,7 @@ def test_kvpress_directories_files_and_fields(run):
 def test_lmeval_results_and_samples(run):
     idx, tmp = run
     date = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
-    _, out, folders = export_lmeval(idx, "r1", tmp / "lm", date=date)
+    _, out, folders = export_dir(idx, "r1", "lm-eval", tmp / "lm", date=date)
     name = "m,kv=keydiff,N=25%,B=whole,query-aware"
     assert folders == ["m,kv=full,B=64", "m,kv=full,B=whole", name, "m,kv=snapkv,N=1000,B=64,query-agnostic"]
     files = sorted(p.name for p in (out / name).iterdir())
@@ -156,3 +157,18 @@ def test_cli_writes_the_kvpress_tree(run, cli):
                             str(tmp / "index.sqlite")], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
     assert r.output.strip() == f"run r1: 5 cells -> {tmp / 'kv'} (5 kvpress result directories)"
+
+
+def test_one_driver_reads_each_cell_once_for_every_directory_format(run, monkeypatch):
+    idx, tmp = run
+    assert tuple(FILES) == DIR_FORMATS
+    reads = []
+    real = export_job.read_cell_table
+    monkeypatch.setattr(export_job, "read_cell_table", lambda *a: reads.append(a) or real(*a))
+    for fmt in DIR_FORMATS:
+        reads.clear()
+        done, _, _ = export_dir(idx, "r1", fmt, tmp / fmt)
+        assert len(done.cells) == 5 and len(reads) == 5 and len(set(reads)) == 5
+    with pytest.raises(ValueError, match=r"^--format: expected one of kvpress, lm-eval, got 'csv'$"):
+        export_dir(idx, "r1", "csv", tmp / "x")
+    assert not (tmp / "x").exists()

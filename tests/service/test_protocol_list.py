@@ -78,3 +78,23 @@ def test_a_wrapped_policy_reads_as_a_call_in_labels():
     assert policy_label("chunkkv", {"inner": {"name": "keydiff"}, "group_size": 5}) == \
         "chunkkv(group_size=5,inner=keydiff)"
     assert policy_label("snapkv", {"window": 32}) == "snapkv(window=32)" and policy_label("full", {}) == "full"
+
+
+def test_status_at_80_columns_folds_a_protocol_label_between_words(paths):
+    """A user's 80-column terminal: ``keydiff [query-agnostic]`` may take two lines, but the tag stays whole."""
+    import os
+    import subprocess
+    import sys
+
+    from .helpers import new_run
+
+    idx, run_id, _ = new_run(paths["db"], paths["results"], GRID.format(protocol=f"[{AWARE}, {AGNOSTIC}]"))
+    idx.close()
+    env = dict(os.environ, COLUMNS="80")
+    r = subprocess.run([sys.executable, "-m", "kdeval.cli.app", "status", run_id, "--db", str(paths["db"])],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    assert sum("[query-agnostic]" in ln for ln in lines) == 4, r.stdout
+    assert not any("[query-agno" in ln and "[query-agnostic]" not in ln for ln in lines), r.stdout

@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -117,3 +118,36 @@ def test_parts_that_do_not_make_their_cell_are_named_and_left_to_compute(ran, ap
     # without its manifest the run is made of the cells its rows name; its grid is unknown
     assert (run.name, run.state, run.counts) == ("rebuilt", "done", {"done": 3})
     assert "its grid is unknown" in run.message
+
+
+def test_recovery_reads_each_part_once_and_checks_the_rows_it_read(ran, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from kdeval.jobs.recover import Recovered, recover_cell
+    from kdeval.storage import read_part_metadata
+
+    paths, _, _ = ran
+    res = paths["results"]
+    cells = sorted((res / "cells").glob("*/*"))
+    opened: list[str] = []
+    for name in ("ParquetFile", "read_table", "read_schema", "read_metadata"):
+        real = getattr(pq, name)
+        monkeypatch.setattr(pq, name, lambda *a, _real=real, _name=name, **k: opened.append(_name) or _real(*a, **k))
+    got = recover_cell(res, cells[0].name)
+    assert isinstance(got, Recovered) and opened == ["ParquetFile", "ParquetFile"]  # two parts, one open each
+    monkeypatch.undo()
+    assert got.rows == read_cell_rows(res, str(cells[0].relative_to(res)))
+    assert got.held.n_rows() == 3 and len(got.held.done) == 2
+    # a part whose description is its cell's but whose rows are another cell's, or no cell's
+    part = part_files(cells[1])[1]
+    table = pq.read_table(part)
+    ids = table.column_names.index("cell_id")
+    for value, why in ((cells[2].name, f"holds cell {cells[2].name}"),
+                       (None, "holds rows of no cell (1 null cell_id)")):
+        forged = table.set_column(ids, "cell_id", pa.array([value] * table.num_rows, pa.string()))
+        pq.write_table(forged.replace_schema_metadata(read_part_metadata(part)), part)
+        assert recover_cell(res, cells[1].name) == f"part-0001.parquet: {why}"
+    # rows that cannot be read under a readable description: named as the integrity check names them
+    pq.write_table(table.drop(["cell_id"]).replace_schema_metadata(read_part_metadata(part)), part)
+    assert recover_cell(res, cells[1].name) == \
+        "part-0001.parquet: no cell_id column (written before rows named their cell)"

@@ -14,16 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-
 from kdeval.jobs.reports.comparisons import cost_of_chunking, query_dependence
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.units import stored
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
-from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, pair_samples
-from kdeval.jobs.reports.stats import paired_bootstrap, stratified_mean
+from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, paired_delta
+from kdeval.jobs.reports.stats import stratified_mean
 from kdeval.storage import RunIndex
 
 
@@ -149,19 +147,15 @@ class _Comparer:
         if self.is_reference(config):
             return MetricRow(**base, ref_state=State.REFERENCE, note="reference")
         rsel, ref_value = _selected(ref, d)
-        paired = pair_samples(sel, rsel)
-        # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
-        dropped = paired.dropped if len(sel) and len(rsel) else 0
+        delta = paired_delta(sel, rsel, d.stratified, resamples=self.opt.resamples, seed=self.opt.seed,
+                          confidence=self.opt.confidence)
         row = dict(base, ref_state=ref_state, ref_value=stored(ref_value),
-                   n_paired=paired.n, n_dropped=dropped)
-        if paired.n == 0:
+                   n_paired=delta.paired.n, n_dropped=delta.dropped)
+        if delta.ci is None:
             why = "no reference cell" if ref_state == State.MISSING else "no paired samples"
             return MetricRow(**row, note=why if (len(sel) or len(rsel)) else "")
-        ci = paired_bootstrap(paired.diffs * 100, paired.strata if d.stratified else None,
-                              resamples=self.opt.resamples, seed=self.opt.seed, confidence=self.opt.confidence)
-        note = f"{dropped} unpaired sample(s) left out" if dropped else ""
-        return MetricRow(**row, delta=stored(ci.estimate), ci_low=stored(ci.low),
-                         ci_high=stored(ci.high), note=note)
+        return MetricRow(**row, delta=stored(delta.ci.estimate), ci_low=stored(delta.ci.low),
+                         ci_high=stored(delta.ci.high), note=delta.note)
 
     # ---------------------------------------------------------------- perf and cell states
     def perf_row(self, slot: Slot) -> PerfRow:

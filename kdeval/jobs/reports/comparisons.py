@@ -21,8 +21,7 @@ from kdeval.evals.chunking import chunk_text, is_whole
 from kdeval.jobs.cells import policy_label
 from kdeval.jobs.grid import COMPRESS_NAMES
 from kdeval.jobs.reports.model import ContrastRow, State
-from kdeval.jobs.reports.samples import LoadedCell, Samples, pair_samples
-from kdeval.jobs.reports.stats import paired_bootstrap
+from kdeval.jobs.reports.samples import LoadedCell, Samples, paired_delta
 from kdeval.jobs.reports.units import stored
 
 
@@ -63,17 +62,14 @@ def contrast_row(key: dict[str, Any], a: list[LoadedCell], b: list[LoadedCell], 
     """One row: ``a − b`` paired by sample (``key``: model, policy, budget, task, setting, a_label, b_label)."""
     sa, kva, ta = _side(a)
     sb, kvb, tb = _side(b)
-    paired = pair_samples(sa, sb)
-    dropped = paired.dropped if len(sa) and len(sb) else 0
-    row = dict(key, state=_state(a, b), n_paired=paired.n, n_dropped=dropped, a_kv_bytes=kva, b_kv_bytes=kvb,
+    d = paired_delta(sa, sb, False, resamples=resamples, seed=seed, confidence=confidence)
+    row = dict(key, state=_state(a, b), n_paired=d.paired.n, n_dropped=d.dropped, a_kv_bytes=kva, b_kv_bytes=kvb,
                a_ttft_s=stored(ta), b_ttft_s=stored(tb))
-    if paired.n == 0:
+    if d.ci is None:
         return ContrastRow(**row, note="no paired samples")
-    ci = paired_bootstrap(paired.diffs * 100, resamples=resamples, seed=seed, confidence=confidence)
-    note = f"{dropped} unpaired sample(s) left out" if dropped else ""
-    return ContrastRow(**row, a_value=stored(float(sa.score[paired.own].mean() * 100)),
-                       b_value=stored(float(sb.score[paired.ref].mean() * 100)), delta=stored(ci.estimate),
-                       ci_low=stored(ci.low), ci_high=stored(ci.high), note=note)
+    return ContrastRow(**row, a_value=stored(float(sa.score[d.paired.own].mean() * 100)),
+                       b_value=stored(float(sb.score[d.paired.ref].mean() * 100)), delta=stored(d.ci.estimate),
+                       ci_low=stored(d.ci.low), ci_high=stored(d.ci.high), note=d.note)
 
 
 def _groups(cells: Iterable[LoadedCell], key_of) -> dict[tuple, dict[Any, list[LoadedCell]]]:

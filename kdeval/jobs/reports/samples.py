@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from kdeval.evals.budget import Budget, budget_order
 from kdeval.jobs.cells import policy_label, protocol_tag
+from kdeval.jobs.reports.stats import Interval, paired_bootstrap
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 
 
@@ -131,6 +132,31 @@ def pair_samples(own: Samples, ref: Samples) -> Paired:
     diffs = own.score[oi] - ref.score[ri] if common else np.array([], dtype=float)
     return Paired(len(common), dropped, diffs, own.task[oi] if common else np.array([], dtype=object), oi, ri)
 
+
+
+@dataclass(frozen=True)
+class PairedDelta:
+    """``own − ref`` paired by sample: the pairs, the unpaired samples left out, the delta's interval in points
+    (None without pairs) and the note on what was left out."""
+
+    paired: Paired
+    dropped: int
+    ci: Interval | None
+    note: str
+
+
+def paired_delta(own: Samples, ref: Samples, stratified: bool, *, resamples: int, seed: int,
+                 confidence: float) -> PairedDelta:
+    """:func:`pair_samples`, then the paired bootstrap of the differences in points (by task when
+    ``stratified``)."""
+    paired = pair_samples(own, ref)
+    # Unpaired samples are only "dropped" when both sides have some (a failed side pairs nothing).
+    dropped = paired.dropped if len(own) and len(ref) else 0
+    if paired.n == 0:
+        return PairedDelta(paired, dropped, None, "")
+    ci = paired_bootstrap(paired.diffs * 100, paired.strata if stratified else None, resamples=resamples, seed=seed,
+                          confidence=confidence)
+    return PairedDelta(paired, dropped, ci, f"{dropped} unpaired sample(s) left out" if dropped else "")
 
 @dataclass
 class LoadedCell:

@@ -1,0 +1,69 @@
+"""``kdeval export RUN --format kvpress|lm-eval --out DIR``: a run's done cells as a new directory of another
+tool's files (:mod:`kdeval.jobs.export_kvpress`, :mod:`kdeval.jobs.export_lmeval`), written whole or not at all."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from kdeval.jobs.export import DoneCells, done_cells
+from kdeval.jobs.export_kvpress import kvpress_files
+from kdeval.jobs.export_lmeval import lmeval_files
+from kdeval.storage import RunIndex
+
+#: Each directory format's (``kdeval.jobs.export.DIR_FORMATS``) files (relative path -> text) from the run's id,
+#: its cells' (view, rows) and a date.
+FILES: dict[str, Callable[[str, list[tuple[Any, list[dict[str, Any]]]], datetime | None], dict[str, str]]] = {
+    "kvpress": lambda run_id, cells, date: kvpress_files(run_id, cells),
+    "lm-eval": lmeval_files,
+}
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """``out`` as an absolute directory path that does not exist yet or is empty, in a writable parent;
+    ValueError naming ``--out`` otherwise."""
+    out = Path(out).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out: {out} exists and is not an empty directory; expected a new directory")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out: directory {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out: directory {out.parent} is not writable")
+    return out
+
+
+def write_tree(out: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (relative path -> text) under ``out`` all at once: into a temp directory beside it, then
+    renamed into place, so a failure leaves nothing behind."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for rel, text in files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        if out.exists():
+            out.rmdir()  # empty (checked)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_dir(index: RunIndex, run_ref: str, fmt: str, out: str | Path, results_dir: str | Path | None = None,
+               date: datetime | None = None) -> tuple[DoneCells, Path, list[str]]:
+    """Check ``out``, gather the run's done cells (each read once) and write ``fmt``'s files under ``out``
+    (``date``: lm-eval's, default now); returns (the cells, ``out``, the top-level directory names). Bad
+    arguments raise ValueError naming ``--format``, ``--out`` or ``RUN`` before anything is written."""
+    if fmt not in FILES:
+        raise ValueError(f"--format: expected one of {', '.join(FILES)}, got {fmt!r}")
+    out = check_out_dir(out)
+    done = done_cells(index, run_ref, results_dir)
+    files = FILES[fmt](done.run_id, done.rows(), date)
+    try:
+        write_tree(out, files)
+    except OSError as exc:
+        raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
+    return done, out, sorted({rel.split("/")[0] for rel in files})
