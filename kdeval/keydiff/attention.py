@@ -8,6 +8,12 @@ their sum over those queries per layer.
 
 Both interfaces must be registered: without ``AttentionMaskInterface`` the mask would silently be ``None``.
 
+``kdeval_sdpa`` is transformers' SDPA attention under an additive mask: the chunk's mask (all cached tokens,
+causal within the chunk) is built once per forward as transformers builds it and turned into ``0``/``-inf`` of
+the model's dtype there, instead of SDPA turning the boolean mask into that same float mask again in every
+layer's call. The output is identical; on a CPU the conversion cost as much as the attention itself
+(bench/RESULTS.md, "Attention mask"). ``kdeval_capture`` takes the same mask.
+
 ``kdeval_static`` serves the static slot layout (the CUDA-graph step). While the head fills, the engine passes
 its own boolean mask (:func:`static_mask`: empty slots hidden, causal within the chunk's tail slots, rows
 repeated per query head of a KV head) and attention runs per KV head with those query heads folded into the
@@ -34,6 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.keydiff.cache import static_visible
 
+SDPA_IMPL = "kdeval_sdpa"
 CAPTURE_IMPL = "kdeval_capture"
 STATIC_IMPL = "kdeval_static"
 RAGGED_IMPL = "kdeval_ragged"
@@ -206,13 +213,25 @@ def ragged_attention_forward(module, query, key, value, attention_mask, dropout=
     return out.transpose(1, 2).contiguous(), None
 
 
+def additive_mask(*args, dtype: torch.dtype = torch.float32, **kwargs) -> torch.Tensor | None:
+    """transformers' SDPA mask (boolean ``[b, 1, t, m]``, True: visible; ``None`` where SDPA's causal path needs
+    none) as the additive mask SDPA would make of it: ``0`` where visible, ``-inf`` elsewhere, in ``dtype`` (the
+    model's, which transformers passes to every mask function)."""
+    mask = sdpa_mask(*args, **kwargs)
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
 def _no_mask(*args, **kwargs) -> None:
     """The static layout's mask function: the engine passes the mask itself when one is needed."""
     return None
 
 
+AttentionInterface.register(SDPA_IMPL, sdpa_attention_forward)
+AttentionMaskInterface.register(SDPA_IMPL, additive_mask)
 AttentionInterface.register(CAPTURE_IMPL, capture_attention_forward)
-AttentionMaskInterface.register(CAPTURE_IMPL, sdpa_mask)
+AttentionMaskInterface.register(CAPTURE_IMPL, additive_mask)
 AttentionInterface.register(STATIC_IMPL, static_attention_forward)
 AttentionMaskInterface.register(STATIC_IMPL, _no_mask)
 AttentionInterface.register(RAGGED_IMPL, ragged_attention_forward)
@@ -236,7 +255,7 @@ def attention_implementation(model: torch.nn.Module, impl: str | None) -> Iterat
         return
     config = model.config
     before = config._attn_implementation
-    if before not in ("sdpa", CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL):
+    if before not in ("sdpa", SDPA_IMPL, CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL):
         raise ValueError(
             f"attn_implementation: the engine's own attention functions run on SDPA; the model uses {before!r}"
         )

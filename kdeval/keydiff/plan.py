@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, RAGGED_IMPL, STATIC_IMPL
+from kdeval.keydiff.attention import CAPTURE_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.headpool import POOL_IMPL, HeadPoolCache
 from kdeval.keydiff.policy import Policy, PolicyNeeds
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from kdeval.keydiff.state import PrefillState
 
 #: the model attention implementations the engine's own attention functions (all SDPA-based) may replace
-SDPA_FAMILY = ("sdpa", CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL, POOL_IMPL)
+SDPA_FAMILY = ("sdpa", SDPA_IMPL, CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL, POOL_IMPL)
 
 
 def own_attention_reason(needs: PolicyNeeds, per_layer_budgets: bool) -> str | None:
@@ -130,7 +130,8 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
         raise ValueError(f"attn_implementation: policy '{policy.name}' {why}; the model uses {model_attention!r} "
                          f"(load it with attn_implementation='sdpa')")
     step_attention = (POOL_IMPL if needs.shares_heads else STATIC_IMPL if not uniform
-                      else CAPTURE_IMPL if needs.attention is not None else None)
+                      else CAPTURE_IMPL if needs.attention is not None
+                      else SDPA_IMPL if model_attention in SDPA_FAMILY else None)
     wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
     off = _graphs_off(needs, evicting, uniform, model_attention) if wanted else None
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
