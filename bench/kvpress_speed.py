@@ -203,10 +203,11 @@ def table(rate: dict, tokens: dict, q_lens: list[int], rounds: int, per_round: i
     names = list(rate)
     ref = rate[names[0]]
     lines = [
-        f"`python bench/kvpress_speed.py` ({time.strftime('%Y-%m-%d')}): SmolLM2-135M-Instruct (offline), "
-        f"float32, CPU ({os.cpu_count()} cores, shared with other work), {THREADS} threads on both sides; "
-        f"{SAMPLES} samples of {L} context tokens (chat template head + essays) and a question of "
-        f"{min(q_lens)}–{max(q_lens)} tokens (with the template's tail), N={N} (kvpress: `KeyDiffPress(compression_ratio={RATIO:.3f})`), {NEW} greedy tokens, "
+        f"`python bench/kvpress_speed.py --rounds {rounds} --per-round {per_round}` ({time.strftime('%Y-%m-%d')}): "
+        f"SmolLM2-135M-Instruct (offline), float32, CPU ({os.cpu_count()} cores, shared with other work), "
+        f"{THREADS} threads on both sides; {SAMPLES} samples of {L} context tokens (chat template head + essays) "
+        f"and a question of {min(q_lens)}–{max(q_lens)} tokens (with the template's tail), N={N} (kvpress: "
+        f"`KeyDiffPress(compression_ratio={RATIO:.3f})`), {NEW} greedy tokens, "
         f"no eviction while decoding; kvpress {versions['kvpress']} with transformers {versions['transformers']} "
         f"in its own virtualenv, kdeval with transformers {__import__('transformers').__version__}, torch "
         f"{torch.__version__}. {rounds} rounds, the sides interleaved (order reversed every other round); per "
