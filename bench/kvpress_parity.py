@@ -299,12 +299,18 @@ def run(print_only: bool, reuse: str | None) -> None:
     table = "\n".join(lines)
     print(table)
     if not print_only:
-        text = RESULTS.read_text()
-        if BEGIN in text and END in text:
-            text = text[: text.index(BEGIN)] + f"{BEGIN}\n{table}\n{END}" + text[text.index(END) + len(END):]
-        else:
-            text = text.rstrip("\n") + f"\n\n## kvpress parity (CPU)\n\n{BEGIN}\n{table}\n{END}\n"
-        RESULTS.write_text(text)
+        write_section(table, BEGIN, END, "kvpress parity (CPU)")
+
+
+def write_section(table: str, begin: str, end: str, title: str) -> None:
+    """Put ``table`` between the markers ``begin`` and ``end`` of bench/RESULTS.md, or at its end under a new
+    ``## title`` when the markers are not there yet."""
+    text = RESULTS.read_text()
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + f"{begin}\n{table}\n{end}" + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + f"\n\n## {title}\n\n{begin}\n{table}\n{end}\n"
+    RESULTS.write_text(text)
 
 
 def main() -> None:
