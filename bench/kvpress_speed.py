@@ -2,8 +2,9 @@
 
 kvpress' protocol: a context of ``L = 2000`` tokens (the chat template's head and Paul Graham's essays from
 ``$KDEVAL_DATA_DIR``, a different stretch per sample) is compressed once to ``N = 512`` tokens, then a short
-question (with the template's tail) is fed without compression and ``16`` tokens are decoded greedily (eos
-stops) with no eviction. SmolLM2-135M-Instruct (offline), float32, CPU, 2 threads on both sides.
+question (with the template's tail) is fed without compression and ``16`` tokens are decoded greedily with no
+eviction, all 16 on both sides (eos does not stop a sample: otherwise a side whose kept set leads to an earlier
+eos decodes fewer tokens and looks faster). SmolLM2-135M-Instruct (offline), float32, CPU, 2 threads on both sides.
 
 - kvpress: its own ``kv-press-text-generation`` pipeline with ``KeyDiffPress(compression_ratio=r)``,
   ``int(L * (1 - r)) == N``, from text (``max_context_length=L`` cuts the context to ``L`` tokens); it runs in
@@ -61,6 +62,7 @@ def kvpress_side(model_dir: str) -> None:
 
     logging.getLogger("kvpress").setLevel(logging.ERROR)  # "Context length has been truncated" is the point
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model.generation_config.eos_token_id = []  # the pipeline's stop ids: none, all NEW tokens are decoded
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
     generated: list[list[int]] = []
@@ -124,7 +126,7 @@ def texts(seed_text: str) -> list[list[str]]:
     return [[seed_text[i * stride : i * stride + 6 * L], QUESTIONS[i % len(QUESTIONS)]] for i in range(SAMPLES)]
 
 
-def kdeval_sides(lm, samples: list[tuple[torch.Tensor, int]], eos: int):
+def kdeval_sides(lm, samples: list[tuple[torch.Tensor, int]], eos: int | None):
     """Per side, a function of sample indices → (seconds, generated ids per sample)."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
@@ -173,7 +175,7 @@ def run(rounds: int, per_round: int) -> str:
     prepared = server.ask({"texts": texts(essays)})
     samples = [(torch.tensor([c + q]), len(q)) for c, q in prepared["ids"]]
     assert all(ids.shape[1] - q == L for ids, q in samples), "a context is not L tokens"
-    eos = lm.model.generation_config.eos_token_id
+    eos = None  # every side decodes all NEW tokens (the kvpress side too)
 
     def kvpress_run(picks: list[int]) -> tuple[list[float], list[list[int]]]:
         reply = server.ask({"run": picks})
@@ -212,7 +214,7 @@ def table(rate: dict, tokens: dict, q_lens: list[int], rounds: int, per_round: i
     ref = rate[names[0]]
     lines = [
         f"`python bench/kvpress_speed.py --rounds {rounds} --per-round {per_round}` ({time.strftime('%Y-%m-%d')}): "
-        f"SmolLM2-135M-Instruct (offline), float32, CPU ({os.cpu_count()} cores, shared with other work), "
+        f"SmolLM2-135M-Instruct (offline), float32, CPU ({os.cpu_count()} cores), "
         f"{THREADS} threads on both sides; {SAMPLES} samples of {L} context tokens (chat template head + essays) "
         f"and a question of {min(q_lens)}–{max(q_lens)} tokens (with the template's tail), N={N} (kvpress: "
         f"`KeyDiffPress(compression_ratio={RATIO:.3f})`), {NEW} greedy tokens, "
