@@ -84,7 +84,8 @@ def _capacity(runner: "Step", rows: list[_Row], lengths: list[int], decode_evict
     width: list[int] = []  # per forward: its widest row
     for row, n in zip(rows, lengths):
         held = row.state.n_protected
-        steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.steps] + [(1, decode_evict, False)] * max(row.max_new - 1, 0)
+        steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.steps]
+        steps += [(1, decode_evict, False)] * max(row.max_new - 1, 0)
         for j, (t, ev, pr) in enumerate(steps):
             if j == len(base):
                 base.append(0)
@@ -283,7 +284,8 @@ class _Batch:
         eng = self.runner
         capture = None
         if eng.plan.needs.attention is not None:
-            capture = AttentionCapture(eng.plan.needs.attention, float32_logits=eng.plan.config.score_precision == "float32")
+            capture = AttentionCapture(eng.plan.needs.attention,
+                                       float32_logits=eng.plan.config.score_precision == "float32")
         kwargs = {"kdeval_capture": capture} if capture is not None else {}
         step = layer_steps[0]
         masks = {id(s): s.mask() for s in layer_steps}
@@ -311,7 +313,8 @@ class _Batch:
                               peak_kv_tokens=row.state.peak_kv_tokens,
                               kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
                               kv_cache_bytes=self.share, peak_kv_bytes=row.state.peak_kv_bytes)
-            self.results[row.index] = GenerationResult([list(row.out)], stats, _row_state(self.runner, self.cache, r, row))
+            state = _row_state(self.runner, self.cache, r, row)
+            self.results[row.index] = GenerationResult([list(row.out)], stats, state)
         stay = [r for r in range(len(rows)) if r not in finished]
         if stay:
             self.cache.keep_rows(stay)

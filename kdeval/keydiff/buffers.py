@@ -24,7 +24,8 @@ class SlotBuffers:
     [rows, heads, capacity]`` (long) and the ``extra`` buffers ``[rows, heads, capacity]`` (name → (dtype, fill)).
     Before :meth:`allocate` only ``capacity`` is kept (and may be raised)."""
 
-    def __init__(self, capacity: int, position_fill: int, extra: dict[str, tuple[torch.dtype, int | float]] | None = None):
+    def __init__(self, capacity: int, position_fill: int,
+                 extra: dict[str, tuple[torch.dtype, int | float]] | None = None):
         self.capacity = capacity
         self.extra = dict(extra or {})
         self.fills: dict[str, int | float] = {"keys": 0, "values": 0, "positions": position_fill,
@@ -59,7 +60,8 @@ class SlotBuffers:
 
     def copy_of(self, other: "SlotBuffers", keep: int) -> None:
         """Hold copies of ``other``'s first ``keep`` slots in buffers of this ``capacity`` (the rest empty)."""
-        self.tensors = {name: resized(buf, self.capacity, keep, self.fills[name]) for name, buf in other.tensors.items()}
+        self.tensors = {name: resized(buf, self.capacity, keep, self.fills[name])
+                        for name, buf in other.tensors.items()}
 
     def grow(self, need: int, keep: int, exact: bool = False) -> None:
         """At least ``need`` slots (``exact``: exactly ``need``; otherwise at least double), keeping the first

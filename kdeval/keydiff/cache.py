@@ -10,8 +10,9 @@ hold different counts and the engine runs attention without a mask, lower-right 
 (kdeval/keydiff/plan.py chooses it).
 
 - :class:`SlotLayer`: one slot buffer (:class:`~kdeval.keydiff.buffers.SlotBuffers`) of ``budget + chunk``
-  slots allocated once and written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into the ``k`` freed slots among
-  the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order is not position order.
+  slots allocated once and written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into
+  the ``k`` freed slots among the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order
+  is not position order.
 - Its *static* layout (``static_base=N``, used by the captured CUDA-graph step): every chunk of
   ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction always see all
   ``N + t`` slots, so every full chunk has the same shapes from the first chunk on. While fewer than ``N``

@@ -66,13 +66,15 @@ class Request:
         return self.done_chunks == len(self.steps) - 1
 
     def feed(self, decode_evict: bool) -> Feed:
+        """Its next step's input: a prompt chunk, else its pending token."""
         return self.steps[self.done_chunks] if self.prefilling else (self.pending, decode_evict, False)
 
     def stats(self, decode_s: float, memory: PeakMemory, *, peak_kv_tokens: int, kept_tokens: int,
               kv_cache_bytes: int, peak_kv_bytes: int, decode_tokens: int | None = None) -> RunStats:
         """Its figures, the cache's counts given by the caller (``decode_tokens``: its own tokens by default)."""
+        decoded = len(self.out) if decode_tokens is None else decode_tokens
         return RunStats.of_run(prompt_tokens=self.prompt_tokens, ttft_s=self.ttft, decode_s=decode_s,
-                               decode_tokens=len(self.out) if decode_tokens is None else decode_tokens, peak_kv_tokens=peak_kv_tokens, kept_tokens=kept_tokens,
+                               decode_tokens=decoded, peak_kv_tokens=peak_kv_tokens, kept_tokens=kept_tokens,
                                peak_memory_bytes=memory.peak_bytes, kv_cache_bytes=kv_cache_bytes,
                                peak_kv_bytes=peak_kv_bytes, memory_kind=memory.kind)
 

@@ -3,10 +3,10 @@ its KV heads by score (AdaKV, Feng et al. 2024, arXiv 2407.11550).
 
 Per layer and step: each head's filled slots are gathered in position order into a padded ``[b, H, L]`` layout
 (:class:`HeadTokens`; padding: zero keys, the empty position, no attention) and scored there by the policy as
-any per-head score; :func:`~kdeval.keydiff.selection.raise_kept` raises the policy's protected tokens (sink, recent window,
-protected ranges) to +inf, as every layout does, and :func:`select_across_heads` raises each head's ``safeguard``
-best tokens too and keeps the ``keep`` best tokens of the
-row across all heads, equal scores evicted oldest position first (then lower head first), padding never kept.
+any per-head score; :func:`~kdeval.keydiff.selection.raise_kept` raises the policy's protected tokens (sink,
+recent window, protected ranges) to +inf, as every layout does, and :func:`select_across_heads` raises each
+head's ``safeguard`` best tokens too and keeps the ``keep`` best tokens of the row across all heads, equal
+scores evicted oldest position first (then lower head first), padding never kept.
 """
 from __future__ import annotations
 
