@@ -225,10 +225,10 @@ def timing(spec: dict, device: str, emit, deadline: float) -> None:
                 done = []
                 t, m = measure(lambda: done.append(eng.prefill(ids)), device)
                 warm = {}
-                if eng.use_graphs:  # a second request on the released cache: its graphs are already captured
+                if eng.plan.use_graphs:  # a second request on the released cache: its graphs are already captured
                     eng.release(done.pop())
                     warm["warm_s"], _ = measure(lambda: eng.prefill(ids), device)
-                emit({**row, "time_s": t, "peak_gib": m, "graphs": eng.use_graphs, **warm})
+                emit({**row, "time_s": t, "peak_gib": m, "graphs": eng.plan.use_graphs, **warm})
             except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                 traceback.print_exc()
                 emit({**row, "error": repr(e)[:400]})

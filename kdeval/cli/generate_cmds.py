@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
                 result = engine.generate(ids, eos_token_id=lm.eos_token_ids)  # every eos id the model declares
             answer = lm.tokenizer.decode(result.tokens[0], skip_special_tokens=True)
         stats = result.stats.to_dict()
-        eviction = ("no eviction (full cache)" if not engine.evicting
+        eviction = ("no eviction (full cache)" if not engine.plan.evicting
                     else f"{policy} keeps N={budget} tokens per layer and KV head, chunks of B={chunk}")
         if as_json:
             print(json.dumps({"model": model, "policy": policy, "params": pol.params(), "budget": budget,

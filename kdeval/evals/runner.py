@@ -262,7 +262,7 @@ def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[B
                                decode_evict=decode_evict)
             gen = res.tokens[0]
             rows.append(result_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes, eng.config.budget if eng.evicting else None, eng.config.chunk_size,
+                             weight_bytes, eng.config.budget if eng.plan.evicting else None, eng.config.chunk_size,
                              context_only, strip, timing_batch=len(rows)))
             if not shared:
                 eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
@@ -306,7 +306,7 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
         for (i, _, shared, shared_s), r in zip(queue, res):
             gen = r.tokens[0]
             rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes, eng.config.budget if eng.evicting else None,
+                           shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
                            eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
         batches[0] += 1
         done = queue[-1][0]

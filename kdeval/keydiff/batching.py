@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from kdeval.keydiff.attention import RAGGED_IMPL, AttentionCapture, attention_implementation
-from kdeval.keydiff.decoding import Feed, GenerationLoop, Request, eos_ids, prompt_steps
+from kdeval.keydiff.decoding import Feed, GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids
 from kdeval.keydiff.queries import QueryWindow, capture_queries, record_step
@@ -170,9 +170,7 @@ def generate_batch(runner: "Step", prompts: Sequence, max_new_tokens, eos_token_
             ids[i] = check_ids(runner.plan, ids[i].unsqueeze(0), state, max_new[i])[0]
         except ValueError as e:
             raise ValueError(f"prompts[{i}]: {e}") from None
-        p = protect[i]
-        if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= ids[i].shape[0]:
-            raise ValueError(f"protect_last[{i}]: expected 0 .. {ids[i].shape[0]} prompt tokens, got {p!r}")
+        p = check_protect(protect[i], ids[i].shape[0], f"protect_last[{i}]")
         counters = PrefillState(None, state.seen, None, state.peak_kv_tokens, state.steps,
                                 protected=list(state.protected), peak_kv_bytes=state.peak_kv_bytes) if state else \
             PrefillState(None, 0, None)

@@ -31,6 +31,14 @@ def eos_ids(eos_token_id: int | list[int] | None) -> set[int]:
     return set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
 
 
+def check_protect(protect_last, length: int, name: str = "protect_last") -> int:
+    """``protect_last``, checked: an integer number of a ``length``-token prompt's last tokens (``ValueError``
+    naming ``name`` otherwise)."""
+    if not isinstance(protect_last, int) or isinstance(protect_last, bool) or not 0 <= protect_last <= length:
+        raise ValueError(f"{name}: expected 0 .. {length} prompt tokens, got {protect_last!r}")
+    return protect_last
+
+
 def prompt_steps(ids: torch.Tensor, chunk: int, protect_last: int) -> list[Feed]:
     """The prompt steps of ``ids [L]``: chunks of the unprotected part (evicting), then of the last
     ``protect_last`` tokens (not evicting, protected)."""
@@ -95,6 +103,8 @@ class GenerationLoop:
         self.rows, self.eos, self.decode_evict = list(requests), eos, decode_evict
         self.memory, self.rows_leave = memory, rows_leave
         self.t0 = time.perf_counter()
+        #: the last step's greedy token of every row ``[rows]``, on the logits' device
+        self.choice: torch.Tensor | None = None
 
     def run(self, forward: Callable[[list[Request], list[Feed]], torch.Tensor],
             leave: Callable[[list[int]], None]) -> None:
@@ -112,7 +122,8 @@ class GenerationLoop:
 
     def _choose(self, logits: torch.Tensor) -> list[int]:
         """The greedy token of each row past its prompt (``logits [rows, vocab]``) → the rows that finished now."""
-        tokens = logits.argmax(dim=-1).tolist()  # the host needs them (eos); on CUDA this also waits for the device
+        self.choice = logits.argmax(dim=-1)
+        tokens = self.choice.tolist()  # the host needs them (eos); on CUDA this also waits for the device
         now = time.perf_counter()
         finished: list[int] = []
         for r, row in enumerate(self.rows):

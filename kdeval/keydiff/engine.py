@@ -38,7 +38,7 @@ import torch
 
 from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.decoding import GenerationLoop, Request, eos_ids, prompt_steps
+from kdeval.keydiff.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids, make_plan
@@ -67,12 +67,6 @@ class Engine:
         #: everything decided once (budgets, layout, attention function, graphs)
         self.plan = make_plan(model, policy, config, graph_runner_given=graph_runner is not None)
         self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep)
-        plan = self.plan
-        self.device, self.num_layers = plan.device, plan.num_layers
-        self.evicting, self.uniform, self.use_graphs = plan.evicting, plan.uniform, plan.use_graphs
-        self.budgets = list(plan.budgets) if plan.budgets is not None else None
-        self.query_need = plan.needs.queries
-        self.rerotate, self.shares_heads = plan.rerotate, plan.shares_heads
 
     # ------------------------------------------------------------------ public API
 
@@ -91,7 +85,7 @@ class Engine:
         ``evict=False``: no eviction after these chunks, and their tokens are protected (never evicted by
         later steps, held on top of the budget): kvpress's question."""
         input_ids = check_ids(self.plan, input_ids, state)
-        memory = PeakMemory(self.device)
+        memory = PeakMemory(self.plan.device)
         state = state or self.new_state(input_ids.shape[0], input_ids.shape[1])
         if not evict:
             self.step.make_room(state, input_ids.shape[1])
@@ -117,12 +111,11 @@ class Engine:
         """
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         input_ids = check_ids(self.plan, input_ids, state, max_new)
-        if not isinstance(protect_last, int) or not 0 <= protect_last <= input_ids.shape[1]:
-            raise ValueError(f"protect_last: expected 0 .. {input_ids.shape[1]} prompt tokens, got {protect_last!r}")
+        check_protect(protect_last, input_ids.shape[1])
         batch, length = input_ids.shape
         requests = [Request(r, prompt_steps(input_ids[r], self.config.chunk_size, protect_last), max_new)
                     for r in range(batch)]
-        memory = PeakMemory(self.device)
+        memory = PeakMemory(self.plan.device)
         loop = GenerationLoop(requests, eos_ids(eos_token_id), decode_evict, memory, rows_leave=False)
         # a decode step holds one more token than the cache keeps; without eviction each one stays
         decode_room = 0 if max_new < 2 else (1 if decode_evict else max_new - 1)
@@ -135,7 +128,7 @@ class Engine:
             nonlocal question_ahead
             ids, evict, protect = feeds[0]
             if isinstance(ids, int):
-                ids = torch.tensor([[row.pending] for row in rows], device=self.device)
+                ids = loop.choice.view(-1, 1)  # the rows' greedy tokens, on the device (no row leaves this batch)
             else:
                 ids = torch.stack([f[0] for f in feeds])
             if protect and question_ahead:  # the question is held whole, unevicted: room for it at once
@@ -178,7 +171,7 @@ class Engine:
         kept, and finished rows leave the batch (kdeval/keydiff/batching.py). Runs eagerly, also on an
         engine that uses CUDA graphs.
         """
-        if self.shares_heads:
+        if self.plan.shares_heads:
             return one_at_a_time(self.generate, self.config.max_new_tokens, prompts, max_new_tokens, eos_token_id,
                                  states, protect_last, decode_evict)
         return generate_batch(self.step, prompts, max_new_tokens, eos_token_id, states, protect_last, decode_evict,

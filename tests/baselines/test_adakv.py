@@ -137,7 +137,7 @@ def test_every_step_keeps_the_layer_total_and_the_protected_question_in_every_he
 
 
 def test_graphs_are_refused():
-    assert not engine(get_policy("ada-keydiff"), 40, 16, cuda_graphs=True, **EMULATED).use_graphs
+    assert not engine(get_policy("ada-keydiff"), 40, 16, cuda_graphs=True, **EMULATED).plan.use_graphs
 
 
 def test_a_ragged_batch_keeps_what_each_request_keeps_alone():

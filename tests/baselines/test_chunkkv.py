@@ -86,7 +86,7 @@ def test_the_inner_policys_queries_and_rerotation_are_the_engines():
     pol = get_policy("chunkkv", inner="expected-attention", group_size=4)
     assert pol.needs().queries == get_policy("expected-attention").needs().queries and not pol.needs().rerotates
     pol = get_policy("chunkkv", inner="sink-rerotate", group_size=4)
-    assert pol.needs().queries is None and pol.needs().rerotates and Engine(tiny().model, pol, EngineConfig(budget=40)).rerotate
+    assert pol.needs().queries is None and pol.needs().rerotates and Engine(tiny().model, pol, EngineConfig(budget=40)).plan.rerotate
 
 
 VARIANTS = [dict(heads="each", group_size=7), dict(inner="h2o", group_size=4), dict(inner="snapkv", group_size=3),
@@ -128,4 +128,4 @@ def test_an_inner_policys_per_layer_budgets_are_kept():
     pol = get_policy("chunkkv", inner="pyramidkv", group_size=4)
     assert pol.layer_budgets(64, 4) == get_policy("pyramidkv").layer_budgets(64, 4) != [64] * 4
     eng = Engine(tiny().model, pol, EngineConfig(budget=64, chunk_size=16))
-    assert eng.budgets == get_policy("pyramidkv").layer_budgets(64, eng.num_layers) and not eng.uniform
+    assert list(eng.plan.budgets) == get_policy("pyramidkv").layer_budgets(64, eng.plan.num_layers) and not eng.plan.uniform

@@ -111,10 +111,10 @@ def test_graphs_are_refused_and_the_eager_run_is_the_same():
     ids = prompt(130, seed=11)
     graphs = dict(cuda_graphs=True, **EMULATED)
     eng = engine(get_policy("pyramidkv", window=8), 40, 16, **graphs)
-    assert not eng.use_graphs
+    assert not eng.plan.use_graphs
     assert_same_run(eng.generate(ids, max_new_tokens=6),
                     engine(get_policy("pyramidkv", window=8), 40, 16).generate(ids, max_new_tokens=6), atol=1e-9)
-    assert engine(get_policy("pyramidkv", window=8, beta=1), 40, 16, **graphs).use_graphs
+    assert engine(get_policy("pyramidkv", window=8, beta=1), 40, 16, **graphs).plan.use_graphs
 
 
 def test_a_ragged_batch_keeps_what_each_request_keeps_alone():

@@ -106,7 +106,7 @@ def test_runs_eagerly_and_a_ragged_batch_equals_each_request_alone():
     lm = tiny("random:llama-tiny", 2, "float64")
     eng = Engine(lm.model, get_policy("sink-rerotate"), EngineConfig(budget=24, chunk_size=16, cuda_graphs=True),
                  **EMULATED)
-    assert not eng.use_graphs and eng.rerotate
+    assert not eng.plan.use_graphs and eng.plan.rerotate
     assert_ragged_batch_matches_alone(get_policy("sink-rerotate"))
 
 

@@ -100,14 +100,14 @@ def test_graphs_refused_without_cuda():
 def test_random_policy_never_captured():
     lm = tiny()
     eng = make_engine(lm.model, get_policy("random"), budget=40, chunk_size=16, cuda_graphs=True, **EMULATED)
-    assert not eng.use_graphs
+    assert not eng.plan.use_graphs
     res = eng.generate(prompt(100), max_new_tokens=4)
     assert res.state.cache.graphs == {}
 
 
 def test_graphs_default_off_without_cuda():
     eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=40, chunk_size=16))
-    assert eng.config.cuda_graphs is None and not eng.use_graphs
+    assert eng.config.cuda_graphs is None and not eng.plan.use_graphs
     assert eng.generate(prompt(100), max_new_tokens=4).state.cache.static_base is None
 
 
@@ -118,7 +118,7 @@ def test_query_policies_run_eagerly():
     graphs = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16, cuda_graphs=True),
                     **EMULATED)
     eager = Engine(lm.model, get_policy("expected-attention"), EngineConfig(budget=40, chunk_size=16))
-    assert not graphs.use_graphs and graphs.query_need is not None
+    assert not graphs.plan.use_graphs and graphs.plan.needs.queries is not None
     ids = prompt(90, seed=9)
     got = graphs.generate(ids, max_new_tokens=6)
     assert not got.state.cache.graphs and got.state.cache.static_base is None
