@@ -32,7 +32,7 @@ from kdeval.evals.chunking import chunk_text
 from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.cluster.raysetup import is_job_server
 from kdeval.jobs import service
-from kdeval.jobs.cells import protocol_tag
+from kdeval.jobs.cells import policy_label, protocol_tag
 from kdeval.jobs.drivers import describe_driver
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.progress import RunProgress
@@ -46,6 +46,10 @@ from kdeval.storage import (
 # given as Text).
 out = Console(markup=False)
 err = Console(stderr=True, markup=False)
+
+
+#: the widest a status table's policy column insists on (a longer label without spaces folds)
+LABEL_WIDTH = 16  # "[query-agnostic]" stays whole
 
 
 def _run_or_exit(index: RunIndex, ref: str):
@@ -160,9 +164,11 @@ def _status_table(index: RunIndex, run_id: str) -> Group:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state"] + (
         ["worker@node"] if wide else []) + ["s"]
-    labels = {c.id: c.policy + protocol_tag(c.spec) for c in cells}
-    # a label folds between its words ("keydiff [query-agnostic]"), never inside one
-    longest = max((len(w) for label in labels.values() for w in label.split()), default=0)
+    # the label reports and progress print: two settings of one policy must not read the same
+    labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + protocol_tag(c.spec)
+              for c in cells}
+    # a label folds between its words ("keydiff [query-agnostic]"); a long parameter list folds where it must
+    longest = min(max((len(w) for label in labels.values() for w in label.split()), default=0), LABEL_WIDTH)
     for col in cols:
         t.add_column(col, overflow="fold", justify="right" if col == "s" else "left",
                      min_width=longest if col == "policy" else None)

@@ -70,6 +70,29 @@ def test_status_and_progress_labels_tell_the_protocols_apart(paths):
     idx.close()
 
 
+def test_status_tells_two_settings_of_one_policy_apart(paths):
+    """``snapkv`` and ``snapkv(pooling=avg)``, ``ada`` around two inner policies: status prints each cell's own
+    label (the one reports and progress print), not the bare policy name."""
+    import io
+
+    from rich.console import Console
+
+    from kdeval.cli.service_cmds import _status_table
+
+    from .helpers import new_run
+
+    text = GRID.format(protocol=AWARE).replace(
+        "policies: [full, keydiff]", "policies: [snapkv, {name: snapkv, params: {pooling: avg}}, "
+        "{name: ada, params: {inner: keydiff}}, {name: ada, params: {inner: {name: snapkv}}}]")
+    idx, run_id, plan = new_run(paths["db"], paths["results"], text)
+    buf = io.StringIO()
+    Console(file=buf, width=200, markup=False).print(_status_table(idx, run_id))
+    rows = [ln.split()[1:3] for ln in buf.getvalue().splitlines() if " snapkv" in ln or " ada" in ln]
+    assert len(rows) == len(plan.cells) == 16 and len({tuple(r) for r in rows}) == 16, rows
+    assert sum(r[0] == "snapkv(pooling=avg)" for r in rows) == 4 and sum(r[0] == "ada(inner=keydiff)" for r in rows) == 4
+    idx.close()
+
+
 def test_a_wrapped_policy_reads_as_a_call_in_labels():
     from kdeval.jobs.cells import policy_label
 
