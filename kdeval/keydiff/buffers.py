@@ -63,12 +63,14 @@ class SlotBuffers:
         self.tensors = {name: resized(buf, self.capacity, keep, self.fills[name])
                         for name, buf in other.tensors.items()}
 
-    def grow(self, need: int, keep: int, exact: bool = False) -> None:
-        """At least ``need`` slots (``exact``: exactly ``need``; otherwise at least double), keeping the first
-        ``keep`` slots, the new ones empty; a no-op when there are ``need`` slots already."""
+    def grow(self, need: int, keep: int, exact: bool = False, limit: int | None = None) -> None:
+        """At least ``need`` slots (``exact``: exactly ``need``; otherwise at least double, but not past ``limit``
+        when given), keeping the first ``keep`` slots, the new ones empty; a no-op when there are ``need`` slots
+        already."""
         if need <= self.capacity:
             return
-        cap = need if exact else max(need, 2 * self.capacity)
+        double = 2 * self.capacity if limit is None else min(2 * self.capacity, limit)
+        cap = need if exact else max(need, double)
         if self.allocated:
             self.tensors = {name: resized(buf, cap, keep, self.fills[name]) for name, buf in self.tensors.items()}
         self.capacity = cap

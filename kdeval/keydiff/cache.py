@@ -61,13 +61,16 @@ class BudgetLayerMixin:
 class SlotLayer(BudgetLayerMixin, BufferedLayer):
     """A buffer of ``capacity`` slots written in place, grown only for the full cache and steps without eviction.
 
-    ``static_base`` N selects the static layout (module docstring): chunks land in ``[N, N + t)``.
+    ``static_base`` N selects the static layout (module docstring): chunks land in ``[N, N + t)``. ``limit``: the
+    most slots an evicting layer ever needs (its budget plus a chunk): a layer allocated smaller for a short call
+    grows up to it, not past it, when a later call continues its state.
     """
 
-    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None):
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None,
+                 limit: int | None = None):
         fill = EMPTY_POSITION if static_base is not None else 0
         BufferedLayer.__init__(self, SlotBuffers(capacity, fill, state_buffers(state_names)), state_names)
-        self.static_base = static_base
+        self.static_base, self.limit = static_base, limit
         self._init_budget()
 
     def reserve(self, capacity: int) -> None:
@@ -83,7 +86,7 @@ class SlotLayer(BudgetLayerMixin, BufferedLayer):
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[2]
         start = self.length if self.static_base is None else self.static_base
-        self.slot_buffers.grow(start + t, self.length)
+        self.slot_buffers.grow(start + t, self.length, limit=self.limit)
         end = self.slot_buffers.write(start, key_states, value_states, self.next_positions)
         self.pending = t
         return self.keys[:, :, :end], self.values[:, :, :end]

@@ -58,7 +58,7 @@ class Engine:
         ``on_batch_step(view)`` after every step of :meth:`generate_batch`.
 
         The hooks tests plug their references into (not user options; no grid or config reaches them):
-        ``cache_layer(capacity, state_names, static_base, shares_heads)`` makes each layer of every cache
+        ``cache_layer(capacity, state_names, static_base, shares_heads, limit)`` makes each layer of every cache
         (default :func:`~kdeval.keydiff.step.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
         runner of one captured step (default :class:`~kdeval.keydiff.graphs.CapturedStep`, CUDA graphs, which
         need CUDA); given one, the graph path runs on any device."""
@@ -71,7 +71,8 @@ class Engine:
     # ------------------------------------------------------------------ public API
 
     def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
-        """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed).
+        """An empty cache sized for the ``tokens`` the call will feed, when given (while evicting, at most a layer's
+        budget plus a chunk); it still grows if needed.
 
         On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
         with the graphs captured on it."""

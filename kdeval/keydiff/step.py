@@ -26,17 +26,18 @@ from kdeval.keydiff.queries import capture_queries, record_step
 from kdeval.keydiff.state import PrefillState
 
 
-def slot_layer(capacity: int, state_names: tuple[str, ...], static_base: int | None, shares_heads: bool
-               ) -> DynamicLayer:
+def slot_layer(capacity: int, state_names: tuple[str, ...], static_base: int | None, shares_heads: bool,
+               limit: int | None) -> DynamicLayer:
     """One layer of the engine's cache: ``capacity`` slots per KV head, the per-token ``state_names``, the static
-    layout's N (``None``: dynamic), a pool shared by the KV heads (``shares_heads``, no per-token state)."""
+    layout's N (``None``: dynamic), a pool shared by the KV heads (``shares_heads``, no per-token state), the
+    most slots it needs while evicting (``limit``: budget + chunk; ``None``: it does not evict)."""
     if shares_heads:
         return HeadPoolLayer(capacity)
-    return SlotLayer(capacity, state_names, static_base)
+    return SlotLayer(capacity, state_names, static_base, limit)
 
 
 #: makes one cache layer from the arguments :func:`slot_layer` takes
-LayerFactory = Callable[[int, tuple, int | None, bool], DynamicLayer]
+LayerFactory = Callable[[int, tuple, int | None, bool, int | None], DynamicLayer]
 #: makes the runner of one captured step from the arguments :class:`CapturedStep` takes
 GraphRunner = Callable[..., CapturedStep]
 
@@ -53,7 +54,8 @@ class Step:
         self._spare: dict[int, BudgetCache] = {}  # released static caches (with their graphs), by batch size
 
     def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
-        """An empty cache; without eviction it is sized for ``tokens`` up front (it still grows if needed).
+        """An empty cache sized for the ``tokens`` the call will feed, when given (while evicting, at most a layer's
+        budget plus a chunk); it still grows if needed.
 
         On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
         with the graphs captured on it."""
@@ -63,8 +65,12 @@ class Step:
             return PrefillState(spare, 0, torch.empty(0))
         plan = self.plan
         B = plan.config.chunk_size
-        # without eviction: what the call will hold, when it says (a chunk size past the prompt allocates nothing)
-        cap = [b + B for b in plan.budgets] if plan.evicting else [tokens or B] * plan.num_layers
+        if plan.use_graphs:  # the static layout: N + B slots, whatever the call
+            cap = [b + B for b in plan.budgets]
+        elif plan.evicting:  # a budget plus a chunk, or less when the call feeds fewer tokens (B past the prompt)
+            cap = [min(b + B, tokens) if tokens else b + B for b in plan.budgets]
+        else:  # what the call will hold, when it says (a chunk size past the prompt allocates nothing)
+            cap = [tokens or B] * plan.num_layers
         cache = self.new_cache(cap, plan.config.budget if plan.use_graphs else None)
         return PrefillState(cache, 0, torch.empty(0))
 
@@ -74,7 +80,9 @@ class Step:
         plan = self.plan
         pooled = plan.shares_heads
         names = () if pooled else plan.needs.token_state
-        layers = [self.cache_layer(cap, names, static_base, pooled) for cap in capacities]
+        B = plan.config.chunk_size
+        limits = [b + B for b in plan.budgets] if plan.evicting else [None] * len(capacities)
+        layers = [self.cache_layer(cap, names, static_base, pooled, lim) for cap, lim in zip(capacities, limits)]
         cache = (HeadPoolCache if pooled else BudgetCache)(layers, names, static_base)
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = plan.rerotate

@@ -95,8 +95,10 @@ class GatherPoolLayer(HeadPoolLayer):
         self.length = k // self.heads
 
 
-def gather_layer(capacity: int, state_names: tuple[str, ...], static_base: int | None, shares_heads: bool):
-    """The gather store's layer (``Engine(cache_layer=...)``); it has no static layout (graph path)."""
+def gather_layer(capacity: int, state_names: tuple[str, ...], static_base: int | None, shares_heads: bool,
+                 limit: int | None = None):
+    """The gather store's layer (``Engine(cache_layer=...)``); it has no static layout (graph path), and grows
+    to what each step holds (``limit`` does not apply)."""
     if static_base is not None:
         raise ValueError("cache_layer: the gather store has no static layout (run it without graphs)")
     return GatherPoolLayer(capacity) if shares_heads else GatherLayer(capacity, state_names)

@@ -33,3 +33,27 @@ def test_batch_of_one_shot_requests_allocates_no_more_than_small_chunks():
     whole = make_engine(model, get_policy("full"), budget=64, chunk_size=L).generate_batch(rows, NEW)
     assert [r.tokens for r in whole] == [r.tokens for r in small]
     assert [r.stats.peak_kv_bytes for r in whole] == [r.stats.peak_kv_bytes for r in small]
+
+
+@pytest.mark.parametrize("policy", ["keydiff", "ada-keydiff"])
+def test_one_shot_eviction_allocates_no_more_than_the_full_cache(policy):
+    """B past the prompt (one-shot compression): a layer holds at most the call's tokens, so an evicting cache
+    allocates no more K/V bytes than the full cache on the same call (it allocated N + B, N more than it held)."""
+    model = tiny().model
+    ids = prompt(L)
+    full = make_engine(model, get_policy("full"), budget=64, chunk_size=L).generate(ids, NEW)
+    evicting = make_engine(model, get_policy(policy), budget=64, chunk_size=L).generate(ids, NEW)
+    assert evicting.stats.peak_kv_tokens == L
+    assert evicting.stats.peak_kv_bytes <= full.stats.peak_kv_bytes
+
+
+def test_a_short_state_continued_grows_to_budget_plus_chunk_not_past_it():
+    """A prefill shorter than N + B allocates what it holds; continuing it grows the buffers up to N + B (the
+    bound), never past it (doubling 50 slots would give 100 > 96)."""
+    model = tiny().model
+    eng = make_engine(model, get_policy("keydiff"), budget=64, chunk_size=32)
+    state = eng.prefill(prompt(50))
+    small = state.cache.nbytes()
+    state = eng.prefill(prompt(200, seed=1), state=state)
+    layer = state.cache.layers[0]
+    assert small < state.cache.nbytes() and layer.capacity == 64 + 32
