@@ -41,6 +41,25 @@ def test_score_vs_budget_has_ci_bars_and_distinct_styles(store):
     assert [p.kind for p in score_vs_budget(rep)] == ["score_vs_budget"]
 
 
+def test_needle_heatmap_titles_fit_their_panels():
+    """Seven panels with long policy labels: every title line is at most the panel's share of characters (a
+    28-character line ran into the neighbouring panels)."""
+    grid = {(1024, 25.0): (100.0, 4)}
+    names = ["full"] + [f"ada(inner=snapkv(pooling=avg{i})) N=64" for i in range(6)]
+    fig = needle_figure("needle", [(n, grid) for n in names])
+    widest = max(len(line) for ax in fig.axes if ax.images for line in ax.get_title().splitlines())
+    assert widest <= int((13.0 - 1.0) / 7 * 11) < 28
+
+
+def test_memory_markers_stop_growing_past_a_few_policies():
+    from kdeval.jobs.reports.plots import NESTED, memory_figure
+
+    lines = {f"p{i:02d} · needle": [(100.0, 1.0)] for i in range(13)}
+    [ax] = memory_figure("t", lines).axes
+    sizes = [ln.get_markersize() for ln in ax.get_lines()]
+    assert max(sizes) == 4 + 2.5 * (NESTED - 1) and min(sizes) == 4 and len(set(sizes)) == NESTED
+
+
 def test_needle_heatmap_prints_value_and_n_on_cividis():
     grid = {(1024, 25.0): (100.0, 4), (1024, 75.0): (50.0, 4), (2048, 25.0): (0.0, 3)}
     fig = needle_figure("needle", [("full", grid), ("keydiff N=64", grid)])

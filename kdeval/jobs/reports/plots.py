@@ -37,6 +37,10 @@ class Plot:
     png: bytes
 
 
+#: how many marker sizes the memory figure nests (more policies than that: the first ones share the largest)
+NESTED = 5
+
+
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -129,7 +133,11 @@ NeedleGrid = dict[tuple[int, float], tuple[float, int]]
 
 def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
     """One heatmap per (panel title, grid): accuracy by depth × length, each cell printing its value and n."""
-    fig = Figure(figsize=(min(2.6 * len(panels) + 1.0, 13.0), 3.0), layout="constrained")
+    width = min(2.6 * len(panels) + 1.0, 13.0)
+    fig = Figure(figsize=(width, 3.0), layout="constrained")
+    # a title line fits its panel (about 11 characters per inch at size 9): a long policy label would otherwise
+    # run into its neighbours; a label without spaces breaks inside
+    title_chars = max(10, int((width - 1.0) / len(panels) * 11))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     image = None
     for ax, (name, grid) in zip(axes, panels):
@@ -145,7 +153,7 @@ def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
                             color="white" if value < 55 else "black")  # cividis: dark below ~55
         ax.set_xticks(range(len(lengths)), [str(l) for l in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=8)
-        ax.set_title(textwrap.fill(name, 28), fontsize=9)  # a long policy label would run into its neighbours
+        ax.set_title(textwrap.fill(name, title_chars, break_on_hyphens=False), fontsize=9)
         ax.set_xlabel("length (tokens)", fontsize=8)
     axes[0].set_ylabel("depth (%)", fontsize=8)
     if image is not None:
@@ -190,7 +198,8 @@ def kv_memory_series(report: Report) -> dict[tuple[str, int], dict[str, list[tup
 def memory_figure(title: str, lines: dict[str, list[tuple[float, float]]]) -> Figure:
     """One figure of :func:`kv_memory_series` lines (label -> (prompt tokens, KV MiB)), both axes from 0:
     a colour and dash per policy, a marker per task."""
-    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+    longest = max((len(label) for label in lines), default=0)  # the legend sits right of the plot: widen for it
+    fig = Figure(figsize=(6.4 + 0.07 * max(0, longest - 30), 3.6), layout="constrained")
     ax = fig.add_subplot()
     policies = sorted({label.split(" · ")[0] for label in lines})
     tasks = sorted({label.split(" · ")[-1] for label in lines})
@@ -199,8 +208,10 @@ def memory_figure(title: str, lines: dict[str, list[tuple[float, float]]]) -> Fi
         i = policies.index(policy)
         style = _style(i)
         style["marker"] = MARKERS[tasks.index(task) % len(MARKERS)]
-        # Policies with the same KV bytes share points: hollow markers, larger for earlier policies, nest.
-        ax.plot([x for x, _ in pts], [m for _, m in pts], linewidth=1.4, markersize=4 + 2.5 * (len(policies) - 1 - i),
+        # Policies with the same KV bytes share points: hollow markers, larger for earlier policies, nest (up to
+        # NESTED sizes: past that a marker would hide the plot and the legend)
+        size = 4 + 2.5 * min(len(policies) - 1 - i, NESTED - 1)
+        ax.plot([x for x, _ in pts], [m for _, m in pts], linewidth=1.4, markersize=size,
                 markerfacecolor="none", markeredgewidth=1.5, label=label, **style)
     ax.set_ylim(bottom=0, top=max((m for pts in lines.values() for _, m in pts), default=1.0) * 1.1)
     ax.set_xlim(left=0, right=max((x for pts in lines.values() for x, _ in pts), default=1.0) * 1.1)
