@@ -326,6 +326,31 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
     return rows  # type: ignore[return-value]
 
 
+@dataclasses.dataclass
+class MemberResult:
+    """One member cell's part of :func:`run_group`: its rows (as :func:`run_task` gives them) and the seconds
+    spent on its own runs."""
+
+    rows: list[dict[str, Any]]
+    seconds: float
+
+
+def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
+              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]], *, share: bool = True,
+              time_first: bool = True) -> list[MemberResult]:
+    """Run several cells of one task on the same samples: ``members[i]`` are :func:`run_task`'s keyword arguments
+    of cell ``i`` (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens,
+    thinking, batch_size). Returns one :class:`MemberResult` per member, in order.
+
+    (This first version runs each member alone; sharing follows.)"""
+    out = []
+    for kwargs in members:
+        t0 = time.perf_counter()
+        rows = run_task(lm, task, prompts=prompts, **kwargs)
+        out.append(MemberResult(rows, time.perf_counter() - t0))
+    return out
+
+
 def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The task's headline numbers from its rows, plus mean latency, the process/GPU peak
     (``max_peak_memory_bytes``, weights included), the KV cache's peak (``max_peak_kv_bytes``) and the
