@@ -17,6 +17,10 @@ itself. Results do not change (every question still gets the same compressed con
 computing it again), only the rows' ``context_shared`` / ``shared_prefill_s`` and the time spent
 (``tests/service/test_real_shards.py``). The cell's summary is computed by the driver from all its stored
 rows (:meth:`EvalWorkload.aggregate`).
+
+Groups: :meth:`EvalWorkload.run_group` runs one shard of several cells that can share (the same task instance
+and samples on the same model) through ``runner.run_group``, which computes what the cells compute alike
+once; each cell's rows are those it gets alone, timings aside (``tests/jobs/test_real_groups.py``).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
-from kdeval.cluster.workload import CellResult, CellTask
+from kdeval.cluster.workload import CellResult, CellTask, check_group, shared_rows
 
 #: Task constructor parameters a cell sets from the grid's own fields (named here for messages), never
 #: from ``tasks[i].params``; see :func:`task_arguments`.
@@ -126,6 +130,27 @@ def default_batch_size(lm: Any, task: CellTask) -> int:
     return CPU_BATCH_SIZE if device.type == "cpu" and task.attn_implementation == "sdpa" else 1
 
 
+def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
+    """``runner.run_task``'s keyword arguments for a cell (also a member of ``runner.run_group``), but the task
+    and its prompts. ``grouped``: the cell runs in a group; sharing work between cells needs the batch-1 path,
+    so a cell whose grid left ``batch_size`` unset runs at batch 1 there, not at :func:`default_batch_size`
+    (a cell whose grid sets a batch size keeps it)."""
+    if task.batch_size is not None:
+        batch = task.batch_size
+    else:
+        batch = 1 if grouped else default_batch_size(lm, task)
+    return dict(policy=task.policy, policy_params=task.policy_params, budget=task.budget,
+                chunk_size=task.chunk_size, engine=task.engine, max_new_tokens=task.max_new_tokens,
+                compress=task.compress, decode=task.decode, thinking=task.thinking, batch_size=batch)
+
+
+def _shard_result(rows: list[dict[str, Any]], seconds: float | None = None) -> CellResult:
+    """A shard's rows only (the driver aggregates the whole cell once every shard is in:
+    :meth:`EvalWorkload.aggregate`), with their largest peak memory."""
+    peaks = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
+    return CellResult(rows=rows, summary={}, peak_memory_bytes=max(peaks) if peaks else None, seconds=seconds)
+
+
 @dataclass(frozen=True)
 class EvalWorkload:
     """Runs cells for real. ``device`` None = CUDA when available, else CPU."""
@@ -150,20 +175,39 @@ class EvalWorkload:
         prompts = shard_prompts(prompts, task)
         if not prompts[0]:  # a shard past the task's last sample (it has fewer than the grid asked for)
             return CellResult(rows=[], summary={}, peak_memory_bytes=None)
-        rows = runner.run_task(handle, evals_task, policy=task.policy, policy_params=task.policy_params,
-                               budget=task.budget, chunk_size=task.chunk_size, limit=None,
-                               engine=task.engine, prompts=prompts, max_new_tokens=task.max_new_tokens,
-                               compress=task.compress, decode=task.decode, thinking=task.thinking,
-                               batch_size=task.batch_size or default_batch_size(handle, task))
-        # a shard's rows only: the driver aggregates the whole cell (:meth:`aggregate`) once every shard is in
-        peaks = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
-        return CellResult(rows=rows, summary={}, peak_memory_bytes=max(peaks) if peaks else None)
+        rows = runner.run_task(handle, evals_task, limit=None, prompts=prompts,
+                               **run_arguments(handle, task, grouped=False))
+        return _shard_result(rows)
+
+    def run_group(self, handle: Any, tasks: list[CellTask]) -> list[CellResult]:
+        """The same shard of several cells that can share (:func:`kdeval.cluster.workload.check_group`) through
+        ``runner.run_group``: one result per task, in order, each with the seconds of that cell's own runs.
+        The shard holding the cells' first samples times its first context group of each cell alone
+        (``time_first``). An error raised by the group fails all of its cells (the driver then runs them
+        alone)."""
+        if tasks and tasks[0].model_id.startswith(STUB_PREFIX):
+            return StubWorkload().run_group(handle, tasks)
+        check_group(tasks)
+        import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
+        from kdeval.evals import runner
+
+        first = tasks[0]
+        evals_task, prompts = task_and_prompts(handle, first)
+        prompts = shard_prompts(prompts, first)
+        if not prompts[0]:
+            return [CellResult(rows=[], summary={}, peak_memory_bytes=None, seconds=0.0) for _ in tasks]
+        members = [run_arguments(handle, t, grouped=True) for t in tasks]
+        done = runner.run_group(handle, evals_task, members, prompts, share=True,
+                                time_first=first.sample_start == 0)
+        return [_shard_result(m.rows, m.seconds) for m in done]
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """The cell's summary from all its rows: ``runner.aggregate`` with the cell's evals task (built here,
-        on the driver; the stub's own for ``stub:`` models)."""
+        on the driver; the stub's own for ``stub:`` models), and how many rows were computed in a group
+        (:func:`kdeval.cluster.workload.shared_rows`)."""
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().aggregate(task, rows)
         from kdeval.evals import runner
 
-        return runner.aggregate(_recent(_TASKS, prompt_key(task), lambda: build_task(task), _TASKS_KEPT), rows)
+        evals_task = _recent(_TASKS, prompt_key(task), lambda: build_task(task), _TASKS_KEPT)
+        return {**runner.aggregate(evals_task, rows), **shared_rows(rows)}

@@ -3,7 +3,8 @@
 Grids reach it through model ids ``stub:<seconds per cell>``; tests construct it directly to inject
 faults (a policy whose cells raise, or raise an out-of-memory error) or to give a cost per sample (a
 large cell split in shards). Its rows depend only on the cell and the sample, never on the shard that
-computed them, so a cell's rows are the same whatever its shard size.
+computed them, so a cell's rows are the same whatever its shard size; only their ``execution`` column says
+whether the cell ran in a group (``run_group`` of several: ``shared``) or alone (``alone``), as real rows do.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from kdeval.cluster.workload import CellResult, CellTask
+from kdeval.cluster.workload import CellResult, CellTask, check_group, shared_rows
 from kdeval.evals.budget import resolve_budget
 
 STUB_PREFIX = "stub:"
@@ -78,6 +79,21 @@ class StubWorkload:
             open(marker, "w").close()
         os._exit(1)
 
+    def run_group(self, handle: StubModel, tasks: list[CellTask]) -> list[CellResult]:
+        """Each task through :meth:`run` in turn (the stub has nothing to share), each result with its own
+        seconds and, in a group of several, its rows' ``execution`` set to ``shared``; a task that raises (or
+        crashes) fails the whole group, as a real group's error does."""
+        check_group(tasks)
+        out = []
+        for task in tasks:
+            t0 = time.perf_counter()
+            res = self.run(handle, task)
+            res.seconds = time.perf_counter() - t0
+            if len(tasks) > 1:
+                res.rows = [{**r, "execution": "shared"} for r in res.rows]
+            out.append(res)
+        return out
+
     def run(self, handle: StubModel, task: CellTask) -> CellResult:
         assert handle.key == task.model_key, "worker handed a cell of another model"
         if task.policy in self.fail_policies:
@@ -98,11 +114,11 @@ class StubWorkload:
                 "truncated": False, "prediction": f"answer-{h % 7}", "references": [f"answer-{i % 7}"],
                 "score": float(h % 7 == i % 7), "ttft_s": 0.0, "decode_s": 0.0,
                 "peak_memory_bytes": self.peak_memory_bytes, "peak_kv_tokens": n or 0,
-                "kept_tokens": n or 0, "resolved_budget": n,
+                "kept_tokens": n or 0, "resolved_budget": n, "execution": "alone",
             })
         return CellResult(rows=rows, summary=self.aggregate(task, rows), peak_memory_bytes=self.peak_memory_bytes)
 
     def aggregate(self, task: CellTask, rows: list[dict]) -> dict:
-        """Mean score (percent) and row count."""
+        """Mean score (percent), row count and the rows computed in a group (``shared_rows``)."""
         score = 100.0 * sum(float(r["score"]) for r in rows) / max(len(rows), 1)
-        return {"score": round(score, 2), "n": len(rows)}
+        return {"score": round(score, 2), "n": len(rows), **shared_rows(rows)}

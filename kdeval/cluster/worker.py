@@ -1,4 +1,5 @@
-"""The worker actor: holds one loaded model and runs cells (or sample shards of them) with it, one at a time.
+"""The worker actor: holds one loaded model and runs cells (or sample shards of them) with it, one at a time,
+or one shard of a group of cells that share work (``run_group``).
 
 A worker never touches the index: it returns a :class:`CellOutcome` (rows and, for a done cell, the
 result's provenance included) to the driver.
@@ -7,6 +8,7 @@ traceback; only the death of the process or node surfaces as a Ray error.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import time
@@ -16,7 +18,7 @@ from typing import Any
 import ray
 
 from kdeval.cluster.provenance import collect_provenance
-from kdeval.cluster.workload import CellOutcome, CellTask, WorkerInfo, Workload
+from kdeval.cluster.workload import CellOutcome, CellResult, CellTask, WorkerInfo, Workload, check_group
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -74,19 +76,45 @@ class CellWorker:
             self._ensure_model(task)
             result = self.workload.run(self.handle, task)
         except Exception as exc:  # noqa: BLE001 - every cell error is reported, not raised
-            oom = _is_oom(exc)
-            if oom:
-                _free_accelerator_memory()
-            return CellOutcome(
-                cell_id=task.cell_id, ok=False, worker=self.name, node=self.node_id,
-                duration_s=time.perf_counter() - t0, model_loads=self.model_loads,
-                error="".join(traceback.format_exception(exc, limit=8)).strip(), out_of_memory=oom,
-            )
+            return self._failed(task, exc, time.perf_counter() - t0)
+        return self._done(task, result, time.perf_counter() - t0)
+
+    def run_group(self, tasks: list[CellTask]) -> list[CellOutcome]:
+        """Run the same shard of several cells that can share (``Workload.run_group``), the model loaded once;
+        one outcome per task, in order. Each done cell's ``duration_s`` is the seconds of its own runs in the
+        group (the model's load is in none of them). An error raised by the group (the workload computes the
+        cells together, so one cell's error is the group's) fails every cell of it with that error and
+        ``group_error`` set; never raises for the cells' own errors."""
+        t0 = time.perf_counter()
+        try:
+            check_group(tasks)
+            self._ensure_model(tasks[0])
+            results = self.workload.run_group(self.handle, tasks)
+            if len(results) != len(tasks):
+                raise RuntimeError(f"run_group: {len(results)} results for {len(tasks)} cells")
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            took = time.perf_counter() - t0
+            return [dataclasses.replace(self._failed(t, exc, took / max(len(tasks), 1)), group_error=True)
+                    for t in tasks]
+        took = time.perf_counter() - t0
+        return [self._done(t, r, r.seconds if r.seconds is not None else took / len(tasks))
+                for t, r in zip(tasks, results)]
+
+    def _failed(self, task: CellTask, exc: BaseException, seconds: float) -> CellOutcome:
+        oom = _is_oom(exc)
+        if oom:
+            _free_accelerator_memory()
         return CellOutcome(
-            cell_id=task.cell_id, ok=True, worker=self.name, node=self.node_id,
-            duration_s=time.perf_counter() - t0, model_loads=self.model_loads, rows=result.rows,
-            summary=result.summary, peak_memory_bytes=result.peak_memory_bytes,
-            provenance=collect_provenance(task, self.handle),
+            cell_id=task.cell_id, ok=False, worker=self.name, node=self.node_id, duration_s=seconds,
+            model_loads=self.model_loads, error="".join(traceback.format_exception(exc, limit=8)).strip(),
+            out_of_memory=oom,
+        )
+
+    def _done(self, task: CellTask, result: CellResult, seconds: float) -> CellOutcome:
+        return CellOutcome(
+            cell_id=task.cell_id, ok=True, worker=self.name, node=self.node_id, duration_s=seconds,
+            model_loads=self.model_loads, rows=result.rows, summary=result.summary,
+            peak_memory_bytes=result.peak_memory_bytes, provenance=collect_provenance(task, self.handle),
         )
 
 

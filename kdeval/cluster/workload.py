@@ -1,8 +1,11 @@
 """The contract between the scheduler and a worker: what a cell asks for and what it returns.
 
-A *workload* is a picklable object with three methods, ``load(task) -> handle`` (load the model a cell
+A *workload* is a picklable object with four methods, ``load(task) -> handle`` (load the model a cell
 needs), ``run(handle, task) -> CellResult`` (run the task's shard of the cell: samples
-``[sample_start, sample_stop)`` of its first ``samples``) and ``aggregate(task, rows) -> summary`` (the
+``[sample_start, sample_stop)`` of its first ``samples``), ``run_group(handle, tasks) -> [CellResult]`` (the
+same shard of several cells that can share: same model, task instance, samples and generation length, any
+policy, budget, chunk size, engine options and protocol; one result per task, in order, each with the seconds
+spent on that cell's own runs; raising fails the whole group) and ``aggregate(task, rows) -> summary`` (the
 cell's headline numbers from all its stored rows; the driver calls it once every shard is done). The worker
 actor calls ``load`` only when the model changes, so a model is loaded once per (worker, model).
 :class:`kdeval.cluster.execute.EvalWorkload` runs real evaluations; :class:`kdeval.cluster.stub.StubWorkload`
@@ -10,6 +13,7 @@ costs a known time.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +71,32 @@ class CellTask:
         return model_key(self.model_id, self.revision, self.dtype, self.attn_implementation)
 
 
+def group_key(task: CellTask) -> str:
+    """What the tasks of one group (``Workload.run_group``) have alike: the loaded model, the task instance
+    (name, length, seed, samples, parameters), the generation length and the shard's samples. Policy, budget,
+    chunk size, engine options, protocol, thinking and batch size may differ."""
+    return json.dumps([task.model_key, task.task, task.length, task.seed, task.samples, task.task_params,
+                       task.max_new_tokens, task.sample_start, task.shard_slice.stop], sort_keys=True, default=repr)
+
+
+def check_group(tasks: list[CellTask]) -> None:
+    """Raise ``ValueError`` unless ``tasks`` is a non-empty list of tasks with one :func:`group_key`."""
+    if not tasks:
+        raise ValueError("run_group: expected at least one task")
+    odd = [t.cell_id for t in tasks if group_key(t) != group_key(tasks[0])]
+    if odd:
+        raise ValueError(f"run_group: cell {odd[0]} cannot share with cell {tasks[0].cell_id} (another model, "
+                         f"task instance, generation length or sample range)")
+
+
+def shared_rows(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """``{"shared_rows": k}``: how many of a cell's rows were computed in a group of cells (their ``execution``
+    column says ``shared``), for the cell's summary; ``{}`` when no row has that column (rows of older runs)."""
+    if not any("execution" in r for r in rows):
+        return {}
+    return {"shared_rows": sum(1 for r in rows if r.get("execution") == "shared")}
+
+
 @dataclass
 class CellResult:
     """What a workload's ``run`` returns: flat per-sample rows and the cell's headline numbers."""
@@ -74,6 +104,8 @@ class CellResult:
     rows: list[dict[str, Any]]
     summary: dict[str, Any]
     peak_memory_bytes: int | None = None
+    #: the seconds spent on this cell's own runs within a group (``run_group``); None: the whole call's time
+    seconds: float | None = None
 
 
 @dataclass
@@ -91,6 +123,8 @@ class CellOutcome:
     peak_memory_bytes: int | None = None
     error: str | None = None
     out_of_memory: bool = False
+    #: the error was raised by a group of cells (``run_group``), so it is every member's, not this cell's own
+    group_error: bool = False
     #: how a done cell's result was computed (``kdeval.cluster.provenance.collect_provenance``); {} if failed
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -109,5 +143,7 @@ class Workload(Protocol):
     def load(self, task: CellTask) -> Any: ...
 
     def run(self, handle: Any, task: CellTask) -> CellResult: ...
+
+    def run_group(self, handle: Any, tasks: list[CellTask]) -> list[CellResult]: ...
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]: ...
