@@ -35,6 +35,7 @@ from kdeval.jobs import service
 from kdeval.jobs.cells import policy_label, protocol_tag
 from kdeval.jobs.drivers import describe_driver
 from kdeval.jobs.errors import GridError
+from kdeval.jobs.groups import execution_label
 from kdeval.jobs.progress import RunProgress
 from kdeval.jobs.validate import load_grid
 from kdeval.storage import (
@@ -140,7 +141,7 @@ def _headline(summary: dict | None) -> str:
     """The cell's headline numbers: scalar metrics, not counts, latencies or nested tables."""
     if not summary:
         return ""
-    skip = ("n", "grid")
+    skip = ("n", "grid", "shared_rows")
     vals = [f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
             if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
             and not k.endswith("_bytes")]
@@ -177,6 +178,7 @@ def _status_table(index: RunIndex, run_id: str) -> Group:
         detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
+        state = " ".join(filter(None, [state, execution_label(c.summary, c.n_rows)]))  # "done shared": in a group
         nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
         row = [c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb, c.task, state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]

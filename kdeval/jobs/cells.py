@@ -34,7 +34,8 @@ from kdeval.evals.identity import task_data
 from kdeval.evals.registry import get_spec
 from kdeval.jobs.errors import GridError, GridIssue
 from kdeval.jobs.grid import (
-    BUDGET_FREE_POLICIES, COMPRESS_NAMES, EngineSpec, GenerationSpec, GridSpec, ModelSpec, ProtocolSpec,
+    BUDGET_FREE_POLICIES, COMPRESS_NAMES, EngineSpec, ExecutionSpec, GenerationSpec, GridSpec, ModelSpec,
+    ProtocolSpec,
 )
 from kdeval.jobs.grid_checks import share_budget_notes
 from kdeval.storage import CellRecord
@@ -291,5 +292,6 @@ def expand(grid: GridSpec, version: str | None = None) -> list[CellSpec]:
 
 
 def grid_hash(grid: GridSpec) -> str:
-    """Hash of the validated grid (all fields), to recognise resubmissions."""
-    return _content_hash(grid)
+    """Hash of the validated grid (all fields; ``execution`` only when not at its default, so that grids written
+    before it existed keep their hash), to recognise resubmissions."""
+    return _content_hash(grid, exclude={"execution"} if grid.execution == ExecutionSpec() else None)

@@ -20,8 +20,9 @@ Example (see ``examples/*.yaml``)::
     engine: {cuda_graphs: null, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
+    execution: {share: true}                   # false: every cell alone (how results are computed, not what)
 
-Only identity-free settings (resources, retries, name) may change without changing cell ids.
+Only identity-free settings (resources, retries, execution, name) may change without changing cell ids.
 Validation errors are :class:`kdeval.jobs.errors.GridError`; see :func:`kdeval.jobs.validate.load_grid`.
 """
 from __future__ import annotations
@@ -29,7 +30,9 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationInfo, field_validator,
+)
 
 from kdeval.evals.budget import parse_budget
 from kdeval.evals.chunking import parse_chunk
@@ -213,6 +216,16 @@ class RetrySpec(_Strict):
                                          "most 30 days); null: no limit.")
 
 
+class ExecutionSpec(_Strict):
+    """How cells are computed, never what they compute (not part of a cell's id): ``share`` runs the cells that
+    can share (same model, task instance, samples and generation length) as groups that compute what they
+    have alike once (``kdeval.jobs.groups``); ``false`` runs every cell alone (debugging, equality checks)."""
+
+    share: StrictBool = Field(True, description="Run the cells that can share (same model, task, samples and "
+                              "generation length) as groups computing what they have alike once; `false`: every "
+                              "cell alone. Changes no result.")
+
+
 class GridSpec(_Strict):
     """A whole grid file."""
 
@@ -233,6 +246,8 @@ class GridSpec(_Strict):
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine options that change results.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Workers and what each holds.")
     retries: RetrySpec = Field(default_factory=RetrySpec, description="Attempt caps and time limits.")
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec, description="How cells are computed "
+                                     "(shared or alone); not part of a cell's id.")
 
     @field_validator("models", "policies", "tasks", mode="before")
     @classmethod

@@ -2,7 +2,9 @@
 
 :class:`ShardOutcomes` holds the scheduler's methods for it (:class:`kdeval.jobs.scheduler.Scheduler` is one):
 it uses the scheduler's ``index``, ``run_id``, ``results_dir``, ``workload``, ``cfg``, ``queue``, ``held``,
-``progress``, ``session_attempts`` and ``_requeue``.
+``alone``, ``progress``, ``session_attempts`` and ``_requeue``. A group's shards (one call for several cells,
+:mod:`kdeval.jobs.groups`) each have their own outcome; a group lost, timed out or failed as a whole has its
+shards run alone next.
 
 A shard's rows get the cell's identity columns and are written as its part (temp + rename) *before* the shard
 is recorded, and only while this run holds the cell. When every shard of a cell is stored, the parts are read
@@ -28,7 +30,8 @@ from kdeval.storage import (
 
 @dataclass
 class Flight:
-    """A shard in flight on a worker (``slot``), with its attempt."""
+    """A shard in flight on a worker (``slot``), with its attempt (a group's shards are one flight each, of one
+    call)."""
 
     slot: Any
     shard: Shard
@@ -47,6 +50,30 @@ class ShardOutcomes:
         if cp is not None:
             cp.shards_running -= 1
         return held
+
+    def _flight_lost(self, flights: list[Flight], helds: list[HeldCell], state: AttemptState, error: str) -> None:
+        """A flight's worker is gone (or replaced after a timeout): each shard's attempt ends ``state`` and the
+        shard is requeued within its attempts, to run alone when it was in a group."""
+        if len(flights) > 1:
+            self.alone.update((f.shard.cell.id, f.shard.index) for f in flights)
+            error = f"{error} (in a group of {len(flights)} cells; each runs alone next)"
+        for f, held in zip(flights, helds):
+            self._retry_or_fail(f, held, state, error)
+
+    def _settle(self, f: Flight, held: HeldCell, out: CellOutcome, group: int) -> None:
+        """One shard's outcome: stored, failed, discarded, or (a group that failed as a whole) run alone next."""
+        if not out.ok and out.group_error and group > 1 and not held.failed:
+            self.alone.add((f.shard.cell.id, f.shard.index))
+            error = f"the group of {group} cells it ran in failed; it runs alone next: {out.error or 'unknown'}"
+            self._fail_attempt(f, held, AttemptState.FAILED, error, final=False, out=out)
+            return
+        if not out.ok:
+            self._fail_attempt(f, held, AttemptState.FAILED, out.error or "unknown error", final=True, out=out)
+            return
+        if held.failed or not self.index.holds(held.cell.id, self.run_id):
+            self._discard(f, held, out)
+            return
+        self._store(f, held, out)
 
     def _forget_if_idle(self, held: HeldCell) -> None:
         if held.failed and not held.in_flight:

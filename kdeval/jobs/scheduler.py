@@ -15,6 +15,15 @@ Rules:
   is done when all its shards are: its parts are read back and checked, and the workload's ``aggregate``
   of all its rows becomes the cell's summary (:mod:`kdeval.jobs.outcomes`). Shards stored by an earlier
   driver are kept.
+* **Groups** (:mod:`kdeval.jobs.groups`, unless ``share`` is off: ``execution: {share: false}``) — the shard an
+  idle worker picks goes out with every queued shard of the same sample range of the cells that can share with
+  it (same model, task instance and generation length), cells not yet taken being taken for it: one call
+  (``run_group``) computes what they compute alike once. Each shard keeps its own attempt, part and outcome; a
+  group of one runs as ``run_cell``. A group whose worker is lost, that times out (its limit is
+  ``cell_timeout_s`` per shard in it) or that fails as a whole (the workload raised for the group) has its
+  shards requeued to run alone: a lost or timed-out group counts an attempt at each of them, a failed group
+  does not (each cell's own error shows alone). A grid of fewer groups' shards than workers leaves workers
+  idle: a smaller ``shard_size`` spreads a group's samples over them.
 * **Model affinity** — an idle worker gets work of the model it already holds; otherwise a model held by
   the fewest workers (ties: most work left), but only when that model has more cells or shards queued than
   workers holding it — so each model is loaded at most once per worker, usually less.
@@ -46,10 +55,11 @@ from kdeval.cluster.worker import worker_actor_class
 from kdeval.cluster.workload import CellOutcome, WorkerInfo, Workload
 from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.cells import CellSpec, policy_label, protocol_tag
+from kdeval.jobs.groups import take_group, units_of_work
 from kdeval.jobs.holds import Holds
 from kdeval.jobs.outcomes import Flight, ShardOutcomes
 from kdeval.jobs.progress import CellProgress, RunProgress
-from kdeval.jobs.shards import HeldCell, Shard, plan_cell, shard_ranges
+from kdeval.jobs.shards import HeldCell, Shard, plan_cell
 from kdeval.storage import (
     AttemptState, CellState, CellView, IndexStorageError, RunIndex, RunState, remove_parts, verify_cell,
 )
@@ -77,6 +87,7 @@ class SchedulerConfig:
     max_replacements: int | None = None  # default: 2 x workers + 2
     shard_size: int = 32  # samples per unit of work (a cell's plan keeps the size it was started with)
     wait_for_held: bool = True  # cells another live driver holds: wait for them (False: leave them)
+    share: bool = True  # run the cells that can share as groups (kdeval.jobs.groups); False: every cell alone
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:
@@ -130,8 +141,9 @@ class Scheduler(ShardOutcomes):
         self.progress = RunProgress(total=len(cells), samples_total=sum(c.task.samples for c in cells))
         self.slots: list[_Slot] = []
         self.starting: dict[Any, _Slot] = {}  # info() ref -> slot not yet ready
-        self.flights: dict[Any, Flight] = {}
+        self.flights: dict[Any, list[Flight]] = {}  # one call's ref -> its shards (several: a group)
         self.held: dict[str, HeldCell] = {}  # cells this driver holds and has not finished
+        self.alone: set[tuple[str, int]] = set()  # (cell id, shard) to run by itself: its group was lost or failed
         self.holds = Holds(index, run_id, wait=config.wait_for_held, recheck_s=config.heartbeat_s)
         self.session_attempts: Counter[tuple[str, int]] = Counter()  # (cell id, shard) -> attempts here
         self.replacements = 0
@@ -246,42 +258,48 @@ class Scheduler(ShardOutcomes):
                 work = self._take(work) or self._pick(slot)
             if work is None:
                 continue
-            self._start(slot, work)
+            group = [work]
+            if self.cfg.share:
+                group = take_group(work, self.queue[work.model_key], self._take, self._requeue, self.alone)
+            self._start(slot, group)
 
-    def _start(self, slot: _Slot, shard: Shard) -> None:
-        key = (shard.cell.id, shard.index)
-        self.session_attempts[key] += 1
-        att = self.index.start_attempt(self.run_id, shard.cell.id, slot.name, slot.info.node_id, shard=shard.index)
-        ref = slot.actor.run_cell.remote(shard.to_task())
-        slot.busy, slot.loaded_key = True, shard.model_key
-        self.flights[ref] = Flight(slot, shard, att, time.monotonic())
-        self.held[shard.cell.id].in_flight += 1
-        self.progress.cells[shard.cell.id].shards_running += 1
+    def _start(self, slot: _Slot, shards: list[Shard]) -> None:
+        """One call on ``slot`` for ``shards`` (``run_cell`` for one, ``run_group`` for several), an attempt each."""
+        flights = []
+        for shard in shards:
+            self.session_attempts[(shard.cell.id, shard.index)] += 1
+            att = self.index.start_attempt(self.run_id, shard.cell.id, slot.name, slot.info.node_id,
+                                           shard=shard.index)
+            flights.append(Flight(slot, shard, att, time.monotonic()))
+            self.held[shard.cell.id].in_flight += 1
+            self.progress.cells[shard.cell.id].shards_running += 1
+        tasks = [sh.to_task() for sh in shards]
+        ref = slot.actor.run_cell.remote(tasks[0]) if len(tasks) == 1 else slot.actor.run_group.remote(tasks)
+        slot.busy, slot.loaded_key = True, shards[0].model_key
+        self.flights[ref] = flights
         if self.progress.computing_since is None:
             self.progress.computing_since = time.monotonic()
 
     # ------------------------------------------------------------------ outcomes
     def _finish(self, ref: Any) -> None:
-        f = self.flights.pop(ref)
-        f.slot.busy = False
-        held = self._land(f)
+        flights = self.flights.pop(ref)
+        slot = flights[0].slot
+        slot.busy = False
+        helds = [self._land(f) for f in flights]
         try:
-            out: CellOutcome = ray.get(ref, timeout=60)
+            got = ray.get(ref, timeout=60)
         except WORKER_LOST_ERRORS as e:
-            self._retry_or_fail(f, held, AttemptState.LOST, f"worker {f.slot.name} lost: {type(e).__name__}")
-            self._lose(f.slot, type(e).__name__)
+            self._flight_lost(flights, helds, AttemptState.LOST, f"worker {slot.name} lost: {type(e).__name__}")
+            self._lose(slot, type(e).__name__)
             return
         except rex.RayError as e:  # unexpected Ray-side failure of the call itself
-            self._fail_attempt(f, held, AttemptState.FAILED, str(e), final=True)
+            for f, held in zip(flights, helds):
+                self._fail_attempt(f, held, AttemptState.FAILED, str(e), final=True)
             return
-        f.slot.loads = out.model_loads
-        if not out.ok:
-            self._fail_attempt(f, held, AttemptState.FAILED, out.error or "unknown error", final=True, out=out)
-            return
-        if held.failed or not self.index.holds(held.cell.id, self.run_id):
-            self._discard(f, held, out)
-            return
-        self._store(f, held, out)
+        outs: list[CellOutcome] = got if isinstance(got, list) else [got]
+        slot.loads = outs[0].model_loads
+        for f, held, out in zip(flights, helds, outs):
+            self._settle(f, held, out, group=len(flights))
 
     def _started(self, ref: Any) -> None:
         slot = self.starting.pop(ref)
@@ -295,16 +313,16 @@ class Scheduler(ShardOutcomes):
         if limit is None:
             return
         now = time.monotonic()
-        for ref, f in list(self.flights.items()):
-            if now - f.started > limit:
+        for ref, flights in list(self.flights.items()):
+            if now - flights[0].started > limit * len(flights):  # a group: the limit per shard in it
                 self.flights.pop(ref)
-                held = self._land(f)
-                self._retry_or_fail(f, held, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}")
-                self._lose(f.slot, "cell timeout")
+                helds = [self._land(f) for f in flights]
+                self._flight_lost(flights, helds, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}")
+                self._lose(flights[0].slot, "cell timeout")
 
     def _stop_flights(self, error: str) -> None:
         """In-flight attempts become lost (cancel, or the driver stopping); their cells are given back."""
-        for f in self.flights.values():
+        for f in (f for flights in self.flights.values() for f in flights):
             self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.LOST, error=error, final=False)
         self.flights.clear()
 
@@ -315,8 +333,8 @@ class Scheduler(ShardOutcomes):
     # ------------------------------------------------------------------ loop
     def run(self) -> RunOutcome:
         """Run until every cell is done or failed, the run is cancelled, or no worker can start."""
-        size = self.cfg.shard_size
-        work = sum(len(shard_ranges(c.task.samples, size)) for q in self.queue.values() for c in q)
+        cells = [c for q in self.queue.values() for c in q]
+        work = units_of_work(cells, self.cfg.shard_size, self.cfg.share)
         for _ in range(min(self.cfg.workers, max(work, 1))):
             self._spawn()
         cancelled, message = False, None

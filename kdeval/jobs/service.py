@@ -115,13 +115,13 @@ def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str
 
 
 def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
-    """Scheduler settings from the grid's resources and retries sections."""
+    """Scheduler settings from the grid's resources, retries and execution sections."""
     from kdeval.cluster.raysetup import WorkerResources
     from kdeval.jobs.scheduler import SchedulerConfig
 
     r = grid.resources
     cfg = dict(workers=r.workers, max_attempts=grid.retries.max_attempts,
-               cell_timeout_s=grid.retries.cell_timeout_s, shard_size=r.shard_size,
+               cell_timeout_s=grid.retries.cell_timeout_s, shard_size=r.shard_size, share=grid.execution.share,
                resources=WorkerResources(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
                                          accelerator_type=r.accelerator_type))
     cfg.update(overrides)

@@ -35,8 +35,9 @@ def test_run_completes_and_resubmit_runs_zero_cells(local_ray, paths):
 
 def test_raising_cell_fails_with_message_others_done(local_ray, paths):
     idx, run_id, _ = new_run(paths["db"], paths["results"], stub_grid())
-    out = service.execute_run(idx, run_id, workload=StubWorkload(fail_policies=("keydiff-mean",),
-                                                                 oom_policies=("keydiff",)))
+    # each cell alone: a cell's own error in a group is tests/jobs/test_groups.py's
+    out = service.execute_run(idx, run_id, share=False, workload=StubWorkload(fail_policies=("keydiff-mean",),
+                                                                              oom_policies=("keydiff",)))
     assert (out.done, out.failed, out.left) == (1, 4, 0)
     run = idx.get_run(run_id)
     assert run.state == "failed" and run.counts == {"done": 1, "failed": 4}
@@ -150,8 +151,9 @@ def test_cells_finished_by_another_run_meanwhile_are_not_rerun(local_ray, paths)
 
 def test_worker_process_crash_requeues_then_caps(local_ray, paths):
     idx, run_id, _ = new_run(paths["db"], paths["results"], stub_grid())
-    # keydiff cells crash their worker process once, then succeed on a replacement worker
-    out = service.execute_run(idx, run_id, max_attempts=2, workload=StubWorkload(
+    # keydiff cells crash their worker process once, then succeed on a replacement worker (each cell alone: a
+    # worker lost mid-group is tests/jobs/test_groups.py's)
+    out = service.execute_run(idx, run_id, max_attempts=2, share=False, workload=StubWorkload(
         crash_policies=("keydiff",), crash_marker_dir=str(paths["tmp"])))
     assert (out.done, out.failed) == (5, 0) and out.workers_lost == 2
     assert attempt_states(idx, run_id) == {"done": 5, "lost": 2}

@@ -1,0 +1,88 @@
+"""Groups: which queued work the scheduler hands a worker as one unit, so that cells compute what they share once.
+
+Cells *can share* when they have one :func:`share_key`: the same loaded model (id, revision, dtype, attention
+implementation) and the same task instance (name, length, seed, parameters, the samples it runs and the data
+they come from) with the same generation length; policy, parameters, budget, chunk size, engine options,
+protocol, thinking and batch size may differ. A *group* is the same sample shard ``[start, stop)`` of several
+such cells: the worker runs it in one call (``CellWorker.run_group``), and each cell's rows are the rows it gets
+alone, timings aside. Sharing is how a result is computed, not what it is: no cell id depends on it, and
+``execution: {share: false}`` in a grid runs every cell alone.
+
+:func:`take_group` is the rule: the shard a worker picked, plus every other queued shard of the same share key
+and sample range, plus the shard of that range of every queued cell of the same share key (the cell is taken
+first: claimed and planned). Shards marked to run alone (a retry after their group was lost or failed as a
+whole) are left out.
+
+Spreading: a group is as many units of work as its cells have shards, so a grid of fewer groups' shards than
+workers leaves workers idle (the scheduler starts no more than :func:`units_of_work`). Shards do not change
+results: a smaller ``resources.shard_size`` splits a group's samples over more workers. (Planning fresh cells
+in smaller shards by itself, when the grid has fewer groups than workers, is not done yet.)
+"""
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Callable, Collection
+
+from kdeval.jobs.cells import CellSpec
+from kdeval.jobs.shards import Shard, shard_ranges
+
+
+def share_key(cell: CellSpec) -> str:
+    """What the cells of one group have alike (see the module docstring); equal keys can share."""
+    t = cell.task
+    return json.dumps([cell.model_key, t.name, t.length, t.seed, t.samples, t.params, t.sample_ids_digest,
+                       t.data_digest, t.data_source, cell.to_task().max_new_tokens], sort_keys=True, default=repr)
+
+
+def can_share(a: Shard, b: Shard) -> bool:
+    """Whether two shards may run in one group: cells of one share key, the same samples."""
+    return (a.start, a.stop) == (b.start, b.stop) and share_key(a.cell) == share_key(b.cell)
+
+
+def _unit(shard: Shard) -> tuple[str, int]:
+    return shard.cell.id, shard.index
+
+
+def take_group(first: Shard, queue: deque, take: Callable[[CellSpec], Shard | None],
+               requeue: Callable[[Shard], None], alone: Collection[tuple[str, int]] = ()) -> list[Shard]:
+    """``first`` and the queued work that runs with it, removed from ``queue`` (one model's queue of cells not
+    taken and shards of taken cells): every shard that :func:`can_share` with ``first``, and every cell of its
+    share key, taken with ``take`` (the scheduler's: claim the cell, plan its shards, queue all but the first,
+    return the first or None); a taken cell whose first shard is of another range gets it back through
+    ``requeue``. ``alone``: (cell id, shard) of shards that run by themselves; ``first`` among them: no group."""
+    if _unit(first) in alone:
+        return [first]
+    key = share_key(first.cell)
+    mine = [x for x in queue if share_key(x if isinstance(x, CellSpec) else x.cell) == key
+            and (isinstance(x, CellSpec) or (can_share(first, x) and _unit(x) not in alone))]
+    for x in mine:
+        queue.remove(x)
+    group = [first]
+    for x in mine:
+        shard = take(x) if isinstance(x, CellSpec) else x
+        if shard is None:
+            continue
+        if can_share(first, shard) and _unit(shard) not in alone:
+            group.append(shard)
+        else:
+            requeue(shard)
+    return group
+
+
+def units_of_work(cells: list[CellSpec], shard_size: int, share: bool) -> int:
+    """How many units of work (shards alone, or groups' shards) ``cells`` are at most, when fresh: the
+    scheduler starts no more workers than that."""
+    if not share:
+        return sum(len(shard_ranges(c.task.samples, shard_size)) for c in cells)
+    groups = {share_key(c): c.task.samples for c in cells}
+    return sum(len(shard_ranges(n, shard_size)) for n in groups.values())
+
+
+def execution_label(summary: dict | None, n_rows: int | None) -> str:
+    """``shared`` when every row of a cell (``n_rows``) was computed in a group, ``shared k/n`` when some
+    were, else "" (what ``kdeval status`` adds to a done cell; from its summary's ``shared_rows``)."""
+    k = (summary or {}).get("shared_rows")
+    if not k:
+        return ""
+    return "shared" if n_rows is None or k >= n_rows else f"shared {k}/{n_rows}"
