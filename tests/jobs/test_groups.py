@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from typer.testing import CliRunner
+
 from kdeval.cluster.stub import StubWorkload
 from kdeval.jobs import service
 from kdeval.jobs.groups import execution_label
@@ -25,7 +27,7 @@ def _rows(idx, cell_id: str) -> list[dict]:
     return idx.read_cell_table(cell_id).drop_columns(["run_id"]).to_pylist()
 
 
-def test_cells_of_one_task_run_as_one_group_call_per_shard(local_ray, paths):
+def test_cells_of_one_task_run_as_one_group_call_per_shard(local_ray, paths, app):
     log = paths["tmp"] / "groups.jsonl"
     idx, run_id, plan = new_run(paths["db"], paths["results"], _grid(shard_size=2))
     out = service.execute_run(idx, run_id, workload=RecordingStub(log=str(log)))
@@ -43,6 +45,9 @@ def test_cells_of_one_task_run_as_one_group_call_per_shard(local_ray, paths):
         assert [r["cell_id"] for r in rows] == [cell.id] * 3 and [r["execution"] for r in rows] == ["shared"] * 3
         assert cell.summary["shared_rows"] == 3 and execution_label(cell.summary, cell.n_rows) == "shared"
         assert cell.duration_s is not None and cell.duration_s < 5  # its own seconds, not the group's sum
+    st = CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])], env={"COLUMNS": "200"})
+    assert st.exit_code == 0 and st.output.count("done shared") == 5, st.output
+    assert "shared_rows" not in st.output  # a count, not a headline score
 
 
 def test_share_false_runs_each_cell_alone_with_the_same_rows(local_ray, paths):
@@ -62,7 +67,7 @@ def test_share_false_runs_each_cell_alone_with_the_same_rows(local_ray, paths):
         assert cell.summary["shared_rows"] == 0 and execution_label(cell.summary, cell.n_rows) == ""
 
 
-def test_a_worker_killed_mid_group_requeues_every_shard_and_each_cell_is_done_once(local_ray, paths):
+def test_a_worker_killed_mid_group_requeues_every_shard_and_each_cell_is_done_once(local_ray, paths, app):
     idx, run_id, _ = new_run(paths["db"], paths["results"], _grid(workers=2))
     # keydiff cells kill their worker on their first attempt: the group dies with the first of them
     out = service.execute_run(idx, run_id, workload=StubWorkload(crash_policies=("keydiff",),
@@ -77,6 +82,7 @@ def test_a_worker_killed_mid_group_requeues_every_shard_and_each_cell_is_done_on
     assert attempts == {"full": 2, "keydiff-mean": 4, "keydiff": 5}  # 2 each; one keydiff cell 3
     for cell in idx.run_cells(run_id):
         assert execution_label(cell.summary, cell.n_rows) == ""  # rerun alone
+    assert "done shared" not in CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])]).output
 
 
 def test_a_group_that_fails_as_a_whole_reruns_its_cells_alone(local_ray, paths):

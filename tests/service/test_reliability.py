@@ -68,7 +68,8 @@ def test_worker_node_killed_mid_run(cluster, paths):
     idx, run_id, plan = new_run(paths["db"], paths["results"], GPU_GRID.format(cost=0.5))
     assert len(plan.cells) == 7
     result: dict = {}
-    t = threading.Thread(target=lambda: result.update(out=service.execute_run(idx, run_id)))
+    # each cell alone, two workers in parallel (a group of the 7 cells is one unit of work: tests/jobs/test_groups.py)
+    t = threading.Thread(target=lambda: result.update(out=service.execute_run(idx, run_id, share=False)))
     t.start()
     reader = RunIndex.open(paths["db"])
     wait_until(lambda: reader.get_run(run_id).counts.get("done", 0) >= 2, 60, "2 cells done")
