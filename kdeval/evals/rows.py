@@ -26,12 +26,14 @@ class EvalRow(TypedDict):
     removed_tokens: int        # tokens removed by the truncation
     chat_template: bool        # the chat template was applied
     context_shared: bool       # the context prefill was shared with other questions
-    shared_prefill_s: float    # seconds of the shared context prefill (0.0 when not shared)
+    shared_prefill_s: float | None  # seconds of the shared context prefill (0.0 when not shared; None as ttft_s)
+    execution: str             # "alone", or "shared": prompt steps recorded for or replayed from other cells
+    replayed_steps: int        # prompt steps replayed from other cells' identical steps (kdeval/keydiff/shared.py)
     prediction: str            # decoded generation (special tokens skipped)
     generated_tokens: int      # number of generated tokens (eos excluded)
     references: list[str]      # acceptable answers
     score: float               # the task's per-sample score in [0, 1]
-    ttft_s: float              # time to first token of this generate call
+    ttft_s: float | None       # time to first token of this generate call (None: computed with shared steps)
     timing_batch: int          # rows timed by one generate call share it (and ttft_s): one timing, not several
     decode_s: float            # decoding time
     peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
@@ -67,6 +69,8 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "chat_template": prompt.used_chat_template,
         "context_shared": shared,
         "shared_prefill_s": float(shared_s),
+        "execution": "alone",
+        "replayed_steps": int(stats.get("replayed_steps", 0)),
         "prediction": text,
         "generated_tokens": int(n_gen),
         "references": list(sample.references),

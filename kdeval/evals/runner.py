@@ -148,7 +148,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
              decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1,
-             thinking: str = "keep") -> list[dict[str, Any]]:
+             thinking: str = "keep", shared: Any = None) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one row per sample
     (:class:`kdeval.evals.rows.EvalRow`).
 
@@ -183,6 +183,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         thinking: ``"keep"`` (score the whole generation) or ``"strip"`` (score what follows the thinking block,
             markers from ``lm.tokenizer``; :mod:`kdeval.evals.thinking`): rows keep the raw ``prediction`` and
             add the scored ``answer``.
+        shared: a :class:`kdeval.keydiff.shared.SharedSteps` of prompt steps shared with other cells
+            (:func:`run_group`); the rows are the same without it (timings aside). Batch 1 only.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
@@ -216,8 +218,11 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     weight_bytes = model_weight_bytes(lm.model)
     rows: list[dict[str, Any]] = [{}] * len(samples)
     timed = 0  # timings (generate calls) of the (N, B) groups before
+    if shared is not None and batch_size > 1:
+        raise EvalError("shared: steps are shared at batch_size 1 only")
     for key, members in groups.items():
         eng = Engine(lm.model, pol, configs[key])
+        eng.shared = shared
         part = [samples[i] for i in members], [built[i] for i in members]
         if batch_size > 1:
             done = _run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
@@ -328,27 +333,93 @@ def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequenc
 
 @dataclasses.dataclass
 class MemberResult:
-    """One member cell's part of :func:`run_group`: its rows (as :func:`run_task` gives them) and the seconds
-    spent on its own runs."""
+    """One member cell's part of :func:`run_group`: its rows (as :func:`run_task` gives them, plus how each sample
+    was computed) and the seconds spent on its own runs."""
 
     rows: list[dict[str, Any]]
     seconds: float
 
 
+#: row columns that time a run: a sample computed with steps shared among cells has none of its own
+TIMING_COLUMNS = ("ttft_s", "shared_prefill_s")
+
+
 def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
               prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]], *, share: bool = True,
               time_first: bool = True) -> list[MemberResult]:
-    """Run several cells of one task on the same samples: ``members[i]`` are :func:`run_task`'s keyword arguments
-    of cell ``i`` (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens,
-    thinking, batch_size). Returns one :class:`MemberResult` per member, in order.
+    """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
+    (:mod:`kdeval.keydiff.shared`): ``members[i]`` are :func:`run_task`'s keyword arguments of cell ``i``
+    (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size).
+    Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
 
-    (This first version runs each member alone; sharing follows.)"""
-    out = []
-    for kwargs in members:
-        t0 = time.perf_counter()
-        rows = run_task(lm, task, prompts=prompts, **kwargs)
-        out.append(MemberResult(rows, time.perf_counter() - t0))
+    Samples run one context group at a time (consecutive samples on one context: :func:`_groups`), every member
+    on it before the next, so the shared steps held are those of one prompt, at most the members' largest
+    budget plus a chunk. ``time_first``: the first group runs every member alone, so each cell has samples timed
+    on their own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed
+    step costs the cell nothing). ``share=False``, and members with ``batch_size > 1`` (batches do not share
+    steps), run alone on all samples. Rows of a member that replayed or recorded nothing say ``"alone"``."""
+    from kdeval.keydiff.shared import SharedSteps
+
+    samples, built = list(prompts[0]), list(prompts[1])
+    out = [MemberResult([], 0.0) for _ in members]
+    groups = list(_groups(built))
+    sharing = [share and m.get("batch_size", 1) == 1 for m in members]
+    for i, kwargs in enumerate(members):
+        if not sharing[i]:
+            _run_member(out[i], lm, task, kwargs, prompts, None)
+    shared_ix = [i for i, yes in enumerate(sharing) if yes]
+    if not shared_ix:
+        return out
+    policies = {i: _resolve_policy(members[i].get("policy", "keydiff"), members[i].get("policy_params"))
+                for i in shared_ix}
+    for g, group in enumerate(groups):
+        ids = [samples[j].id for j in group]
+        alone = time_first and g == 0
+        store = None if alone else SharedSteps(
+            policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
+        for i in shared_ix:
+            _run_member(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
+                        prompts, store, ids)
+    for r in out:
+        r.rows.sort(key=lambda row, at={s.id: k for k, s in enumerate(samples)}: at[row["id"]])
     return out
+
+
+def _run_member(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, Any], prompts: Any,
+                store: Any, sample_ids: Sequence[str] | None = None) -> None:
+    """Run one member on ``sample_ids`` (all: ``None``) with ``store`` (``None``: alone); add its rows to
+    ``result``, each saying how it was computed."""
+    before = (store.recorded, store.replayed) if store is not None else None
+    t0 = time.perf_counter()
+    rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, shared=store, **kwargs)
+    result.seconds += time.perf_counter() - t0
+    took_part = store is not None and (store.recorded, store.replayed) != before
+    numbered = 1 + max((r["timing_batch"] for r in result.rows), default=-1)
+    for row in rows:
+        row.update(execution="shared" if took_part else "alone", timing_batch=row["timing_batch"] + numbered)
+        if took_part:
+            row.update({c: None for c in TIMING_COLUMNS})
+    result.rows.extend(rows)
+
+
+def _most_held(members: Sequence[Mapping[str, Any]], policies: Mapping[int, Any], which: Sequence[int],
+               samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> int | None:
+    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.shared.SharedSteps`'s bound): the
+    largest budget + chunk any evicting member resolves for these samples (``None``: no member evicts, so no
+    member forks and nothing is worth recording)."""
+    most = None
+    for i in which:
+        m = members[i]
+        if not policies[i].evicts or m.get("budget") is None:
+            continue
+        context_only = m.get("compress", "prompt") == "context"
+        part = [samples[j] for j in group], [built[j] for j in group]
+        for n, idx in budget_groups(m["budget"], policies[i], *part, context_only).items():
+            for j in idx:
+                p = part[1][j]
+                b = resolve_chunk(m.get("chunk_size", 128), len(p.prefix_ids) if context_only else p.n_tokens)
+                most = max(most or 0, n + b)
+    return most if most is not None else 0
 
 
 def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

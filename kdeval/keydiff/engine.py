@@ -43,6 +43,7 @@ from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.shared import SharedSteps
 from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import GraphRunner, LayerFactory, Step, slot_layer
 
@@ -67,6 +68,9 @@ class Engine:
         #: everything decided once (budgets, layout, attention function, graphs)
         self.plan = make_plan(model, policy, config, graph_runner_given=graph_runner is not None)
         self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep)
+        #: prompt steps shared with other cells of a group (kdeval/keydiff/shared.py); ``None``: every step is
+        #: computed here. Results are the same either way; only the work done differs.
+        self.shared: SharedSteps | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -92,7 +96,8 @@ class Engine:
             self.step.make_room(state, input_ids.shape[1])
         B = self.config.chunk_size
         for s in range(0, input_ids.shape[1], B):
-            logits = self._step(state, input_ids[:, s : s + B], collect_logits, evict=evict, protect=not evict)
+            logits = self._step(state, input_ids[:, s : s + B], collect_logits, evict=evict, protect=not evict,
+                                prompt=True)
             memory.sample()
             if collect_logits:
                 state.chunk_logits.append(logits.float().cpu())
@@ -128,14 +133,15 @@ class Engine:
         def forward(rows: list[Request], feeds) -> torch.Tensor:
             nonlocal question_ahead
             ids, evict, protect = feeds[0]
-            if isinstance(ids, int):
+            prompt = not isinstance(ids, int)
+            if not prompt:
                 ids = loop.choice.view(-1, 1)  # the rows' greedy tokens, on the device (no row leaves this batch)
             else:
                 ids = torch.stack([f[0] for f in feeds])
             if protect and question_ahead:  # the question is held whole, unevicted: room for it at once
                 self.step.make_room(state, protect_last + decode_room)
                 question_ahead = False
-            logits = self._step(state, ids, False, evict=evict, protect=protect)[:, -1, :]
+            logits = self._step(state, ids, False, evict=evict, protect=protect, prompt=prompt)[:, -1, :]
             if rows[0].ending_prompt:
                 state.last_logits = logits
                 for row in rows:
@@ -150,6 +156,7 @@ class Engine:
                                       kept_tokens=state.cache.length, kv_cache_bytes=state.cache.nbytes(),
                                       peak_kv_bytes=state.peak_kv_bytes,
                                       decode_tokens=max(len(row.out) for row in requests))
+            stats.replayed_steps = state.replayed
             results.append(GenerationResult([row.out for row in requests], stats, state))
 
         loop.run(forward, leave)
@@ -188,9 +195,9 @@ class Engine:
         self.step.release(state)
 
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
-              protect: bool = False) -> torch.Tensor:
-        """:meth:`Step.run`, then ``on_step``."""
-        logits = self.step.run(state, ids, all_logits, evict, protect)
+              protect: bool = False, prompt: bool = False) -> torch.Tensor:
+        """:meth:`Step.run` (a prompt step with :attr:`shared`, when set), then ``on_step``."""
+        logits = self.step.run(state, ids, all_logits, evict, protect, self.shared if prompt else None)
         if self.on_step is not None:
             self.on_step(state)
         return logits

@@ -42,6 +42,8 @@ class RunStats:
     kv_cache_bytes: int = 0
     peak_kv_bytes: int = 0
     memory_kind: str = ""
+    #: prompt steps replayed from steps other cells computed alike (kdeval/keydiff/shared.py), not computed here
+    replayed_steps: int = 0
 
     @classmethod
     def of_run(cls, *, prompt_tokens: int, ttft_s: float, decode_s: float, decode_tokens: int, peak_kv_tokens: int,
@@ -76,6 +78,10 @@ class PrefillState:
     released: bool = False  # handed back to its engine's pool (Engine.release): not to be used again
     protected: list[tuple[int, int]] = field(default_factory=list)
     peak_kv_bytes: int = 0  # RunStats.peak_kv_bytes over this state's steps
+    #: what the cache holds, as a hash of every step fed so far (kdeval/keydiff/shared.py); ``None``: unknown
+    #: (a step that could not be shared ran, or a token was decoded)
+    history: str | None = ""
+    replayed: int = 0  # prompt steps replayed from a shared store instead of computed (RunStats.replayed_steps)
 
     @property
     def n_protected(self) -> int:
@@ -103,6 +109,7 @@ class PrefillState:
             into.cache.copy_from(self.cache)
             into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
             into.protected, into.peak_kv_bytes = list(self.protected), self.peak_kv_bytes
+            into.history, into.replayed = self.history, self.replayed
             into.last_logits = self.last_logits.clone()
             into.chunk_logits = []
             return into
@@ -112,7 +119,8 @@ class PrefillState:
         finally:
             self.cache.graphs = graphs
         return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps,
-                            protected=list(self.protected), peak_kv_bytes=self.peak_kv_bytes)
+                            protected=list(self.protected), peak_kv_bytes=self.peak_kv_bytes, history=self.history,
+                            replayed=self.replayed)
 
     @property
     def logits(self) -> torch.Tensor:

@@ -15,7 +15,9 @@ from typing import Callable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.attention import STATIC_IMPL, AttentionCapture, attention_implementation, static_mask
+from kdeval.keydiff.attention import (
+    CAPTURE_IMPL, SDPA_IMPL, STATIC_IMPL, AttentionCapture, attention_implementation, static_mask,
+)
 from kdeval.keydiff.cache import BudgetCache, EmptySlots, SlotLayer
 from kdeval.keydiff.eviction import Evictor
 from kdeval.keydiff.graphs import CapturedStep
@@ -23,6 +25,7 @@ from kdeval.keydiff.headpool import HeadPoolCache, HeadPoolLayer
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.queries import capture_queries, record_step
+from kdeval.keydiff.shared import SharedSteps, StepRecord, capture_key, member_capture
 from kdeval.keydiff.state import PrefillState
 
 
@@ -112,22 +115,35 @@ class Step:
             cache.reserve_more(tokens)
 
     def run(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
-            protect: bool = False) -> torch.Tensor:
+            protect: bool = False, shared: SharedSteps | None = None) -> torch.Tensor:
         """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget
         plus the protected tokens (``evict=False``: none; ``protect``: these tokens become protected); returns
-        the logits ``[batch, t or 1, vocab]``."""
+        the logits ``[batch, t or 1, vocab]``.
+
+        ``shared``: a store of prompt steps other cells computed alike (kdeval/keydiff/shared.py): a step found
+        there is replayed into this cache instead of computed, one that is not is computed and recorded there."""
         t = ids.shape[1]
         if not evict and state.cache.static_base is not None:
             self.make_room(state, t)
+        key = shared.step_key(self.plan, state, ids) if shared is not None and not all_logits else None
         state.cache.rerotated = self.plan.rerotate  # check_ids let it through: the schemes agree so far
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits) if evict else None
+        record = shared.find(key, self.plan) if shared is not None else None
         if graph is not None:
             logits = graph.run(self, state.cache, ids, state.seen)
+        elif record is not None:
+            positions = torch.arange(state.seen, state.seen + t, device=self.plan.device)
+            logits = self.replay_step(state.cache, record, positions, state.seen + t, state.steps, evict,
+                                      tuple(state.protected))
+            shared.replayed += 1
+            state.replayed += 1
         else:
             positions = torch.arange(state.seen, state.seen + t, device=self.plan.device)
+            recording = (shared, key) if shared is not None and shared.wants(key, state, t) else None
             logits = self.device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits,
-                                      evict=evict, protected=tuple(state.protected))
+                                      evict=evict, protected=tuple(state.protected), recording=recording)
+        state.history = key
         state.peak_kv_bytes = max(state.peak_kv_bytes, state.cache.held_nbytes())
         if protect:
             state.protect(state.seen, state.seen + t)
@@ -137,22 +153,29 @@ class Step:
 
     def device_step(self, cache: BudgetCache, ids: torch.Tensor, positions: torch.Tensor,
                     seen_after: int | torch.Tensor, steps: int, all_logits: bool, evict: bool = True,
-                    protected: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
+                    protected: tuple[tuple[int, int], ...] = (),
+                    recording: tuple[SharedSteps, str] | None = None) -> torch.Tensor:
         """Forward + eviction with no host synchronisation: capturable as one CUDA graph (static layout).
 
         ``positions [t]`` and ``seen_after`` (an int, or a 0-d device tensor under graphs) are the only inputs
         that change from chunk to chunk. ``evict=False`` and ``protected`` (position ranges never evicted, on
-        top of the budget) take the eager path only: a dynamic-layout cache.
+        top of the budget) take the eager path only: a dynamic-layout cache. ``recording``: (store, step key) to
+        record this step in, with the attention rows and queries every member of the store reads (eager only).
         """
         plan = self.plan
         t = ids.shape[1]
         cache.begin_chunk(positions)
         need = plan.needs.attention
-        capture = None
-        if need is not None:
-            capture = AttentionCapture(need, float32_logits=plan.config.score_precision == "float32")
-        kwargs = {"kdeval_capture": capture} if capture is not None else {}
+        capture = passed = None
         impl = plan.step_attention
+        if recording is not None:
+            passed, captures = recording[0].recording_capture(plan)
+            capture = captures.get(capture_key(need, plan)) if need is not None else None
+            if passed is not None and impl == SDPA_IMPL:
+                impl = CAPTURE_IMPL  # SDPA's same output, with the rows beside it
+        elif need is not None:
+            capture = passed = AttentionCapture(need, float32_logits=plan.config.score_precision == "float32")
+        kwargs = {"kdeval_capture": passed} if passed is not None else {}
         if isinstance(cache, HeadPoolCache):
             kwargs["kdeval_pool"] = cache  # its attention function builds one mask per layer from the slots' tags
         empty = None
@@ -166,7 +189,8 @@ class Step:
             if phase != "full":
                 kwargs["attention_mask"] = static_mask(n, t, cached, ids.device, plan.group)
         query_need = plan.needs.queries
-        queries = capture_queries(self.model) if query_need is not None else contextlib.nullcontext()
+        want_queries = query_need is not None or (recording is not None and recording[0].queries)
+        queries = capture_queries(self.model) if want_queries else contextlib.nullcontext()
         with attention_implementation(self.model, impl), queries as captured:
             out = self.model(
                 input_ids=ids,
@@ -176,11 +200,30 @@ class Step:
                 logits_to_keep=0 if all_logits else 1,
                 **kwargs,
             )
+        if recording is not None:
+            recording[0].store(recording[1], cache, out.logits, captures, captured if want_queries else None)
         recent = None
         if query_need is not None:
             recent = record_step(self.model, query_need, cache, captured, positions.unsqueeze(0), seen_after)
         self.evictor.evict(cache, t, seen_after, steps, capture, empty, evict, protected, recent)
         return out.logits
+
+    def replay_step(self, cache: BudgetCache, record: StepRecord, positions: torch.Tensor, seen_after: int,
+                    steps: int, evict: bool, protected: tuple[tuple[int, int], ...]) -> torch.Tensor:
+        """A recorded step instead of its forward (kdeval/keydiff/shared.py): its keys and values written into
+        ``cache`` as the model writes them, the policy's rows and queries from the record, then this plan's own
+        eviction; returns the recorded logits."""
+        plan = self.plan
+        cache.begin_chunk(positions)
+        for idx, (keys, values) in enumerate(zip(record.keys, record.values)):
+            cache.update(keys, values, idx)
+        recent = None
+        if plan.needs.queries is not None:
+            recent = record_step(self.model, plan.needs.queries, cache, record.queries, positions.unsqueeze(0),
+                                 seen_after)
+        self.evictor.evict(cache, positions.shape[0], seen_after, steps, member_capture(record, plan), None, evict,
+                           protected, recent)
+        return record.logits.clone()
 
     def _rope_positions(self, cache: BudgetCache, positions: torch.Tensor) -> torch.Tensor:
         """The RoPE positions ``[t]`` of a chunk at absolute ``positions [t]``: the same, or, for a policy that

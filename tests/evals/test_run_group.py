@@ -1,0 +1,74 @@
+"""run_group: several cells of one task on the same samples, with the prompt steps they compute alike computed
+once, give every cell the rows it gets alone (timings aside), say which samples were timed alone, and leave
+batched members and ``share=False`` alone."""
+from __future__ import annotations
+
+import pytest
+
+from kdeval.evals.registry import get_task
+from kdeval.evals.runner import TIMING_COLUMNS, model_prompts, run_group, run_task
+
+#: what may differ between a cell run in a group and alone: its timings and how it was computed
+NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "execution",
+               "replayed_steps"}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from kdeval.keydiff.models import load_model
+
+    return load_model("random:llama-tiny")
+
+
+def results(rows):
+    return [{k: v for k, v in r.items() if k not in NOT_RESULTS} for r in rows]
+
+
+def members():
+    """A grid's worth of cells: policies of every kind (SDPA, captured rows, queries, per-layer budgets, a head
+    pool; every registered policy is checked in tests/baselines/test_shared_steps.py), N tokens and a share,
+    chunked and one-shot, both protocols."""
+    out = []
+    for policy in ("full", "keydiff", "snapkv", "expected-attention", "pyramidkv", "ada"):
+        for budget, chunk, compress in ((64, 32, "prompt"), ("25%", "whole", "context"), ("30%", 32, "context")):
+            out.append(dict(policy=policy, budget=None if policy == "full" else budget, chunk_size=chunk,
+                            compress=compress, max_new_tokens=4))
+    return out
+
+
+@pytest.mark.parametrize("task_args", [
+    ("needle", dict(lengths=[600], depths=[20, 80], haystack="noise")),
+    ("phonebook", dict(lengths=[500], num_books=2, questions_per_book=2, max_new_tokens=4)),  # shared contexts
+])
+def test_rows_equal_each_cell_run_alone(tiny, task_args):
+    task = get_task(task_args[0], **task_args[1])
+    prompts = model_prompts(tiny, task, max_new_tokens=4)
+    cells = members()
+    grouped = run_group(tiny, task, cells, prompts)
+    for cell, got in zip(cells, grouped):
+        alone = run_task(tiny, task, prompts=prompts, **cell)
+        assert results(got.rows) == results(alone), cell
+        assert got.seconds > 0
+    rows = {c["policy"]: g.rows for c, g in zip(cells, grouped)}
+    assert rows["keydiff"][0]["execution"] == "alone" and rows["keydiff"][0]["ttft_s"] is not None  # timed alone
+    later = [r for g in grouped for r in g.rows[1:] if r["execution"] == "shared"]
+    assert later and all(r[c] is None for r in later for c in TIMING_COLUMNS)
+    assert any(r["replayed_steps"] > 0 for r in later)
+    assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for r in rows["ada"])  # a head pool never shares
+
+
+def test_batched_members_and_share_false_run_alone(tiny):
+    task = get_task("needle", lengths=[600], depths=[20, 50, 80], haystack="noise")
+    prompts = model_prompts(tiny, task, max_new_tokens=4)
+    cells = [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=3),
+             dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4),
+             dict(policy="tova", budget=64, chunk_size=32, max_new_tokens=4)]
+    grouped = run_group(tiny, task, cells, prompts, time_first=False)
+    assert [r["execution"] for r in grouped[0].rows] == ["alone"] * 3
+    assert grouped[0].rows[0]["timing_batch"] == grouped[0].rows[2]["timing_batch"]  # one batch of three
+    assert [r["execution"] for r in grouped[2].rows] == ["shared"] * 3  # tova replays what snapkv recorded
+    assert all(r["replayed_steps"] == 3 for r in grouped[2].rows)  # chunks of 32 up to the first over N=64
+    off = run_group(tiny, task, cells, prompts, share=False)
+    assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for g in off for r in g.rows)
+    for a, b in zip(grouped, off):
+        assert results(a.rows) == results(b.rows)
