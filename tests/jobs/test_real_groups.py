@@ -31,7 +31,7 @@ execution: {{share: {share}}}
 #: How a row was computed, not what: timings, the process's memory, the batch it was timed in, which
 #: execution computed it, the run that stored it.
 TIMING = {"ttft_s", "decode_s", "decode_tokens_per_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s",
-          "execution", "run_id"}
+          "execution", "replayed_steps", "run_id"}
 
 
 def _rows(idx, cell_id: str) -> list[dict]:
@@ -49,6 +49,9 @@ def test_real_cells_in_groups_equal_the_cells_run_alone(local_ray, paths):
     assert [c.id for c in plan1.cells] == [c.id for c in plan.cells]
     assert service.execute_run(idx1, run1).done == 12
 
+    executions = {r["execution"] for c in idx.run_cells(run_id) for r in idx.read_cell_table(c.id).to_pylist()}
+    assert executions == {"alone", "shared"}  # the first samples timed alone, the others shared
+    assert {r["execution"] for c in idx1.run_cells(run1) for r in idx1.read_cell_table(c.id).to_pylist()} == {"alone"}
     for cell in idx.run_cells(run_id):
         shared, one = _rows(idx, cell.id), _rows(idx1, cell.id)
         differ = sorted({k for a, b in zip(shared, one) for k in a.keys() | b.keys() if a.get(k) != b.get(k)})
