@@ -95,6 +95,7 @@ class PerfRow:
     decode_ratio_low: float | None = None
     decode_ratio_high: float | None = None
     speed_note: str = ""                # "too noisy to rank ..." when a speed ratio's CI spans 1.0
+    timed_note: str = ""                # which samples TTFT comes from, when some were computed with shared steps
     kv_bytes_ratio: float | None = None  # peak KV-cache bytes / the reference's: the report's "mem ×"
     kv_ratio: float | None = None       # peak KV tokens / the reference's
 

@@ -150,9 +150,20 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
         ttft_ratio_high=stored(tt and tt.high),
         decode_ratio=stored(dr and dr.estimate),
         decode_ratio_low=stored(dr and dr.low), decode_ratio_high=stored(dr and dr.high),
-        speed_note=speed_note(n_paired, speed, n_ttft),
+        speed_note=speed_note(n_paired, speed, n_ttft), timed_note=timed_note(cell),
         kv_bytes_ratio=ratio("kv_bytes"), kv_ratio=ratio("kv"),
     )
+
+
+def timed_note(cell: LoadedCell) -> str:
+    """Which samples the cell's TTFT comes from when some have none: a cell run in a group times its first
+    samples alone and computes the others with prompt steps shared among cells (their rows carry no TTFT)."""
+    if cell.samples is None or cell.perf is None:
+        return ""
+    n, timed = len(cell.samples), int((~np.isnan(cell.perf["ttft_s"])).sum())
+    if timed == 0 or timed == n:
+        return ""
+    return f"TTFT of {timed}/{n} samples, timed alone (the others ran with shared steps)"
 
 
 def noisy_timing_warning(rows: list[PerfRow], confidence: float) -> str | None:

@@ -214,7 +214,7 @@ def speed_view(report: Report) -> TableView:
     body = []
     for p in rows:
         note = _join("" if p.state == State.OK else p.state, "reference" if _is_reference(report, p) else "",
-                     p.speed_note)
+                     p.speed_note, p.timed_note)
         body.append(shared.cells(p) + [p.task, str(p.n), text(p.ttft_median_s, "ttft_median_s"),
                                        _ratio(p.ttft_ratio, p.ttft_ratio_low, p.ttft_ratio_high, p.n_paired),
                                        text(p.decode_tok_s, "decode_tok_s"),

@@ -1,0 +1,196 @@
+"""What a grid costs: ``kdeval submit`` with shared execution vs ``execution: {share: false}``, and kvpress running
+each press x ratio as its own pipeline over the same samples, side by side in one run.
+
+Samples: ``--samples`` needle prompts of about ``--length`` tokens over Paul Graham's essays (``$KDEVAL_DATA_DIR``),
+SmolLM2-135M-Instruct (offline), float32, CPU, ``--new`` greedy tokens.
+
+- ``leaderboard``: kvpress's leaderboard shape: ``full`` and keydiff, snapkv, tova, knorm, sink,
+  expected-attention at three shares of each prompt, one-shot (``chunk_sizes: [whole]``), query-agnostic
+  (``compress: context``) and query-aware (``compress: prompt``).
+- ``paper``: the KeyDiff paper's shape: the same policies at N = 256/512/1,024, B = 128 (``compress: prompt``).
+- ``mixed``: both chunk sizes (whole and 128) at the leaderboard's shares, query-agnostic.
+
+kdeval: each grid submitted twice with fresh indexes, shared first and alone second (then the order reversed in
+the next round), wall time of the whole ``kdeval submit`` command. For the leaderboard grid (kvpress has no
+chunked prefill), kvpress 0.5.5 (its own virtualenv, the one
+bench/kvpress_parity.py makes): its ``kv-press-text-generation`` pipeline with each press and
+``compression_ratio = 1 - share`` over every sample's context and question (query-aware: the question inside the
+compressed context), the same samples' texts; its time is summed over press x ratio x protocol x samples, as
+kvpress's evaluation/leaderboard.sh launches them one after another (its model load counted once).
+
+    python bench/shared_grid.py                 # every grid, writes its section of bench/RESULTS.md
+    python bench/shared_grid.py --grids paper --print
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvpress_parity import KVPRESS, QUIET, kvpress_python, write_section
+
+BEGIN, END = "<!-- shared-grid:begin -->", "<!-- shared-grid:end -->"
+POLICIES = ["keydiff", "snapkv", "tova", "knorm", "sink", "expected-attention"]
+PRESSES = {"keydiff": "KeyDiffPress", "snapkv": "SnapKVPress", "tova": "TOVAPress", "knorm": "KnormPress",
+           "sink": "StreamingLLMPress", "expected-attention": "ExpectedAttentionPress"}
+SHARES = ["25%", "50%", "75%"]
+THREADS = 2
+
+
+def depths(samples: int) -> list[int]:
+    """One needle depth per sample, spread over the context."""
+    return [round(5 + 90 * i / max(samples - 1, 1)) for i in range(samples)]
+
+
+def grid(name: str, length: int, samples: int, new: int, share: bool) -> dict:
+    """The grid ``name`` as kdeval reads it."""
+    base = {"name": f"bench-{name}", "models": [{"id": "smollm2-135m", "dtype": "float32"}],
+            "policies": ["full", *POLICIES],
+            "tasks": [{"name": "needle", "lengths": [length], "samples": samples, "params": {"depths": depths(samples)}}],
+            "generation": {"max_new_tokens": new}, "resources": {"workers": 1, "cpus_per_worker": THREADS},
+            "execution": {"share": share}}
+    if name == "leaderboard":
+        base.update(budgets=SHARES, chunk_sizes=["whole"],
+                    protocol=[{"compress": "context", "decode": "keep"}, {"compress": "prompt", "decode": "keep"}])
+    elif name == "paper":
+        base.update(budgets=[256, 512, 1024], chunk_sizes=[128], protocol={"compress": "prompt"})
+    else:
+        base.update(budgets=SHARES, chunk_sizes=["whole", 128], protocol={"compress": "context", "decode": "keep"})
+    return base
+
+
+def submit(spec: dict, tmp: Path) -> tuple[float, int, str]:
+    """Wall seconds of ``kdeval submit`` on a fresh index, the cells it ran, and its last output line."""
+    import yaml
+
+    tag = f"{spec['name']}-{'shared' if spec['execution']['share'] else 'alone'}-{time.monotonic_ns()}"
+    path = tmp / f"{tag}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    kdeval = Path(sys.executable).with_name("kdeval")
+    t0 = time.perf_counter()
+    out = subprocess.run([str(kdeval), "submit", str(path), "--db", str(tmp / f"{tag}.sqlite"),
+                          "--results-dir", str(tmp / tag)], capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"kdeval submit failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    last = [line for line in out.stdout.splitlines() if line.strip()][-1]
+    cells = int(out.stdout.split(" cells,")[0].rsplit(" ", 1)[-1])
+    return seconds, cells, last
+
+
+# ---------------------------------------------------------------- kvpress side (its own virtualenv)
+
+
+def kvpress_side(model_dir: str, request_file: str) -> None:
+    """Run every (press, ratio, protocol) pipeline of the request over its samples; print one JSON line: the
+    seconds of each, summed over its samples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    import kvpress
+
+    torch.set_num_threads(THREADS)
+    request = json.loads(Path(request_file).read_text())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model.generation_config.eos_token_id = []  # every sample decodes all its tokens, as kdeval's do
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
+    out = []
+    for name, ratio, aware in request["runs"]:
+        press = getattr(kvpress, name)(compression_ratio=ratio) if name else None
+        t0 = time.perf_counter()
+        for context, question in request["texts"]:
+            if aware:  # query-aware: the question is part of what is compressed
+                pipe(context + question, question="", press=press, max_new_tokens=request["new"])
+            else:
+                pipe(context, question=question, press=press, max_new_tokens=request["new"])
+        out.append(time.perf_counter() - t0)
+    print(json.dumps({"seconds": out}))
+
+
+def kvpress_runs(name: str = "leaderboard") -> list[tuple[str | None, float, bool]]:
+    """(press, ratio, query-aware) of each pipeline kvpress runs for grid ``name``: one per cell."""
+    protocols = [False, True]
+    ratios = [1 - float(s.rstrip("%")) / 100 for s in SHARES]
+    runs = [(None, 0.0, aware) for aware in protocols]
+    runs += [(PRESSES[p], r, aware) for aware in protocols for p in POLICIES for r in ratios]
+    return runs
+
+
+def kvpress_seconds(texts: list[list[str]], runs: list, new: int, tmp: Path) -> float:
+    from kdeval.keydiff.models import smollm2_safetensors_dir
+
+    request = tmp / "kvpress-request.json"
+    request.write_text(json.dumps({"texts": texts, "runs": runs, "new": new}))
+    out = subprocess.run([str(kvpress_python()), __file__, "--kvpress-side", str(smollm2_safetensors_dir()),
+                          str(request)], capture_output=True, text=True, env={**os.environ, **QUIET, "PYTHONPATH": ""})
+    if out.returncode != 0:
+        raise SystemExit(f"the kvpress side failed:\n{out.stderr[-3000:]}")
+    return sum(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
+    """The needle samples' contexts and questions as text (what kdeval's grid runs), for kvpress."""
+    from kdeval.evals.prompting import PromptBuilder
+    from kdeval.evals.registry import get_task
+    from kdeval.keydiff import load_model
+
+    lm = load_model("smollm2-135m", device="cpu", dtype="float32")
+    task = get_task("needle", lengths=[length], depths=depths(samples), max_new_tokens=new)
+    return [[s.prefix, s.suffix] for s in task.samples(PromptBuilder(lm.tokenizer, lm.max_context))[:samples]]
+
+
+def run(grids: list[str], length: int, samples: int, new: int, rounds: int, with_kvpress: bool) -> str:
+    lines = [f"`python bench/shared_grid.py --grids {','.join(grids)} --length {length} --samples {samples} "
+             f"--new {new} --rounds {rounds}` (SmolLM2-135M float32, CPU, {THREADS} threads, 1 worker; wall time of "
+             "the whole command, model load and Ray start included; median of the rounds):", "",
+             "| grid | cells | cell-samples | shared s | alone s | alone / shared | kvpress s | kvpress / shared |",
+             "|---|---|---|---|---|---|---|---|"]
+    texts = sample_texts(length, samples, new) if with_kvpress else []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for name in grids:
+            times: dict[bool, list[float]] = {True: [], False: []}
+            cells = 0
+            for r in range(rounds):
+                for share in ((True, False) if r % 2 == 0 else (False, True)):
+                    s, cells, last = submit(grid(name, length, samples, new, share), tmp)
+                    times[share].append(s)
+                    print(f"{name} {'shared' if share else 'alone'}: {s:.1f} s ({last})", flush=True)
+            shared, alone = (sorted(times[k])[len(times[k]) // 2] for k in (True, False))
+            kv = kvpress_seconds(texts, kvpress_runs(name), new, tmp) if with_kvpress and name == "leaderboard" else None
+            if kv is not None:
+                print(f"{name} kvpress: {kv:.1f} s", flush=True)
+            kv_text = f"{kv:.0f} | {kv / shared:.2f}x" if kv is not None else "- | -"
+            lines.append(f"| {name} | {cells} | {cells * samples} | {shared:.0f} | {alone:.0f} | {alone / shared:.2f}x "
+                         f"| {kv_text} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grids", default="leaderboard,paper,mixed")
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--no-kvpress", action="store_true", help="kdeval's sides only")
+    ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
+    ap.add_argument("--kvpress-side", nargs=2, metavar=("MODEL_DIR", "REQUEST"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.kvpress_side:
+        kvpress_side(*args.kvpress_side)
+        return
+    text = run(args.grids.split(","), args.length, args.samples, args.new, args.rounds, not args.no_kvpress)
+    print(text)
+    if not args.print:
+        write_section(text, BEGIN, END, "A grid's cost: shared execution vs alone vs kvpress (CPU)")
+
+
+if __name__ == "__main__":
+    main()
