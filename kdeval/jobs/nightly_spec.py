@@ -133,6 +133,12 @@ def parse_nightly(text: str, source: str = "nightly.yaml") -> NightlyFile:
         lines = [f"{join_path(['nightly', *err['loc']])}: {err['msg']}" for err in e.errors()]
         raise ValueError(f"{source}: " + "; ".join(lines)) from None
     grid = validate_mapping(raw, source)
+    timed = [i for i, t in enumerate(spec.tracked) if t.max_ttft_ratio is not None]
+    if timed and grid.execution.share:
+        # shared execution times only each cell's first samples alone: a TTFT gate would rest on one timing and
+        # never fire (decode speed and KV bytes are every sample's own, so those gates work either way)
+        raise ValueError(f"{source}: nightly.tracked[{timed[0]}].max_ttft_ratio: a TTFT gate needs every sample "
+                         "timed alone; set execution: {share: false} in the grid")
     return NightlyFile(grid=grid, grid_text=yaml.safe_dump(raw, sort_keys=False), spec=spec)
 
 

@@ -103,3 +103,13 @@ def test_on_fail_command_outcomes(tmp_path):
     assert not slow["ok"] and slow["error"] == "timed out after 0.5s"
     shell = run_on_fail("echo $HOME; touch " + str(tmp_path / "pwned"), gate, 30)
     assert shell["ok"] and "$HOME;" in shell["output"] and not (tmp_path / "pwned").exists()  # no shell
+
+
+def test_a_ttft_gate_with_shared_execution_is_refused():
+    """Shared execution times each cell's first samples only: a TTFT gate would rest on one timing and never fire."""
+    from tests.reports.test_nightly import NIGHTLY
+
+    text = NIGHTLY.replace("max_drop: 5.0}", "max_drop: 5.0, max_ttft_ratio: 1.25}")
+    with pytest.raises(ValueError, match=r"nightly\.tracked\[0\]\.max_ttft_ratio: a TTFT gate needs every sample"):
+        nj.parse_nightly(text)
+    assert nj.parse_nightly(text + "\nexecution: {share: false}\n").spec.tracked[0].max_ttft_ratio == 1.25
