@@ -228,6 +228,15 @@ class RunIndex(ShardLeases):
                 driver_host=host, driver_pid=pid, finished_at=None, message=None)).rowcount
         return bool(n)
 
+    def record_launch(self, run_id: str, host: str, pid: int) -> bool:
+        """Record the process started to drive a run that is still pending (``submit --detach``), so that
+        ``status`` can tell a driver that died before it took the run; False when the run is no longer pending
+        (the driver took it, or gave up, already)."""
+        with self._write() as s:
+            n = s.execute(update(Run).where(Run.id == run_id, Run.state == RunState.PENDING.value).values(
+                driver_host=host, driver_pid=pid)).rowcount
+        return bool(n)
+
     def heartbeat(self, run_id: str) -> str:
         """Record that the driver is alive; returns the run's current state (to notice a cancel)."""
         with self._write() as s:

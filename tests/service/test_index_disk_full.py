@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from kdeval.cli import service_cmds
 from kdeval.cli.app import app as kdeval_app
 from kdeval.storage import IndexAccessError, RunIndex
+from tests.user_env import user_env
 
 from .helpers import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 GRID = """
@@ -67,8 +67,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled",
-                COLUMNS="300")
+    return user_env(COLUMNS="300")
 
 
 def _fill(folder: Path) -> Path:

@@ -2,25 +2,23 @@
 from a dead one, and two submits of one grid started together (two driver processes on one Ray cluster)."""
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from kdeval.cluster.stub import StubWorkload
 from kdeval.jobs import service
 from kdeval.storage import AttemptState, CellRecord, RunIndex, list_temp_files, verify_cell
+from tests.user_env import sandbox_ray, user_env
 
 from .conftest import stub_grid
 from .helpers import assert_results_consistent, attempt_states, new_run, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _records(n: int) -> list[CellRecord]:
@@ -184,6 +182,7 @@ def cluster4():
 
     if ray.is_initialized():
         ray.shutdown()
+    sandbox_ray()
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=4, include_dashboard=False))
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
@@ -198,7 +197,7 @@ def test_two_submits_of_one_grid_started_together_compute_each_shard_once(cluste
     grid.write_text(GRID_FILE)
     db, results = paths["db"], paths["results"]
     RunIndex.open(db).close()  # the index exists before both start
-    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
+    env = user_env()
     cmd = [sys.executable, "-m", "kdeval.cli.service_cmds", "submit", str(grid), "--db", str(db),
            "--results-dir", str(results), "--address", cluster4.address]
     logs = [open(paths["tmp"] / f"driver{i}.log", "wb") for i in range(2)]
