@@ -27,7 +27,7 @@ from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, o
 from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.cli.status_view import runs_table, status_json, status_table
 from kdeval.cluster.raysetup import AddressError, is_job_server
-from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
+from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
 from kdeval.jobs import service
 from kdeval.jobs.drivers import describe_driver
 from kdeval.jobs.errors import GridError
@@ -45,6 +45,16 @@ err = Console(stderr=True, markup=False)
 CONNECT_HELP = ("Seconds the driver may take to join the cluster at --address; past them (or at once, when nothing "
                 "listens there or it refuses this driver's token) it exits 1 with one line naming the address and "
                 "the cause, and the run is marked failed.")
+
+
+def _check_address(address: Optional[str]) -> None:
+    """A malformed --address exits 2 before anything is written."""
+    try:
+        if address:
+            check_address(address)
+    except AddressError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _run_or_exit(index: RunIndex, ref: str):
@@ -163,6 +173,7 @@ def submit(
                   "here give the cluster's address (host:port, auto or ray://head:10001)",
                   markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
+    _check_address(address)
     results_dir = results_dir or service.DEFAULT_RESULTS_DIR
     check_results_dir(results_dir)  # a bad --results-dir or --db exits 2 before anything is written
     index = open_index(db, must_exist=False)
@@ -195,6 +206,7 @@ def resume(
     connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout", min=0.1, help=CONNECT_HELP),
 ) -> None:
     """Finish a run: retry failed and lost cells, never recompute done ones."""
+    _check_address(address)
     index = open_index(db)
     r = _run_or_exit(index, run)
     raise typer.Exit(_execute(index, r.id, address, wait, connect_timeout))  # --no-wait and a live driver: RunBusyError, exit 2

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.cluster.reach import (
-    DEFAULT_CONNECT_TIMEOUT_S, ClusterUnreachable, check_reachable, init_within, resolve_target,
+    DEFAULT_CONNECT_TIMEOUT_S, AddressError, ClusterUnreachable, check_reachable, init_within, resolve_target,
 )
 
+__all__ = ["AddressError", "ClusterUnreachable", "NAMESPACE", "WorkerResources", "connect", "is_job_server",
+           "missing_resources"]
+
 NAMESPACE = "kdeval"
-
-
-class AddressError(ValueError):
-    """``--address`` names something a driver does not join (a job server URL): bad input."""
 
 
 @dataclass(frozen=True)

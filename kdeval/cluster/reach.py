@@ -37,6 +37,10 @@ AUTH_HINT = ("set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN 
              "RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) in the shell that runs kdeval")
 
 
+class AddressError(ValueError):
+    """``--address`` is not an address a driver joins (malformed, or a job server URL): bad input."""
+
+
 class ClusterUnreachable(ConnectionError):
     """A driver could not join the cluster at its address; ``str()`` is one line naming the address and the
     cause."""
@@ -75,13 +79,19 @@ def _split(addr: str, given: str, default_port: int | None) -> tuple[str, int]:
     if not port and default_port is not None:
         port = str(default_port)
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ClusterUnreachable(f"--address {given}: expected host:port, auto or ray://host:port")
+        raise AddressError(f"--address {given}: expected host:port, auto or ray://host:port")
     return host.strip("[]"), int(port)
 
 
+def check_address(address: str) -> None:
+    """:class:`AddressError` when ``address`` is not of a form a driver joins (``auto`` is not looked up)."""
+    if address != "auto":
+        resolve_target(address)
+
+
 def resolve_target(address: str) -> Target:
-    """The host and port ``address`` names (``auto`` resolved as Ray resolves it); :class:`ClusterUnreachable`
-    when it names none."""
+    """The host and port ``address`` names (``auto`` resolved as Ray resolves it); :class:`AddressError` when
+    it is malformed, :class:`ClusterUnreachable` when ``auto`` finds no cluster."""
     if address.startswith("ray://"):
         host, port = _split(address[len("ray://"):].split("/", 1)[0], address, 10001)
         return Target(address, host, port, client=True)
