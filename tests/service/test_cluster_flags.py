@@ -86,15 +86,18 @@ def test_detached_run_joins_the_given_cluster(two_nodes, app, paths, monkeypatch
         stop_background(pid)
 
 
-def test_a_job_server_without_detach_is_refused_before_anything_is_written(app, paths):
+@pytest.mark.parametrize("address, said", [
+    ("http://head:8265", "error: --address: http://head:8265 is a Ray job server, which only --detach submits to; to "
+                         "run here give the cluster's address (host:port, auto or ray://head:10001)"),
+    ("head:port", "error: --address head:port: expected host:port, auto or ray://host:port"),
+])
+def test_an_address_no_driver_joins_is_refused_before_anything_is_written(app, paths, address, said):
     grid = paths["tmp"] / "g.yaml"
     grid.write_text(stub_grid())
-    res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]), "--address", "http://head:8265"],
+    res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]), "--address", address],
                              env={"COLUMNS": "300"})
     assert res.exit_code == 2, res.output
-    assert res.output.strip() == ("error: --address: http://head:8265 is a Ray job server, which only --detach "
-                                  "submits to; to run here give the cluster's address (host:port, auto or "
-                                  "ray://head:10001)")
+    assert res.output.strip() == said
     assert not paths["db"].exists()
 
 

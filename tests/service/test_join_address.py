@@ -192,12 +192,3 @@ def test_each_form_of_address_names_the_host_a_driver_dials(monkeypatch):
     with pytest.raises(AddressError, match=r"^--address head: expected host:port, auto or ray://host:port$"):
         resolve_target("head")
 
-
-def test_a_malformed_address_is_bad_input_and_writes_nothing(app, paths):
-    grid = paths["tmp"] / "g.yaml"
-    grid.write_text(stub_grid())
-    res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]), "--address", "head:port"],
-                             env={"COLUMNS": "300"})
-    assert res.exit_code == 2, res.output
-    assert res.output.strip() == "error: --address head:port: expected host:port, auto or ray://host:port"
-    assert not paths["db"].exists()
