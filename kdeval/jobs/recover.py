@@ -67,11 +67,19 @@ class Recovered:
     rows: list[dict[str, Any]]
 
 
+class _Unreadable(Exception):
+    """A part file that Parquet cannot open (truncated, corrupt): not a part of an older kdeval."""
+
+
 def _read_part(path: Path) -> tuple[dict[str, Any], CellSpec, int, pa.Table | str]:
     """One part, opened once: its description (:data:`PART_KEY`), the cell spec in it, its row count and its
-    rows (or why they cannot be read). An unreadable footer or description raises (OSError, ArrowException,
-    KeyError, ValueError, TypeError)."""
-    with pq.ParquetFile(path) as pf:
+    rows (or why they cannot be read). A file that is not readable Parquet (truncated, corrupt) raises
+    :class:`_Unreadable`; a readable one without a description raises (KeyError, ValueError, TypeError)."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise _Unreadable((str(e).strip().splitlines() or [type(e).__name__])[0]) from e
+    with pf:
         meta = json.loads(schema_metadata(pf.schema_arrow)[PART_KEY])
         spec = CellSpec.model_validate(meta["cell"])
         try:
@@ -91,6 +99,8 @@ def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
     for path in parts:
         try:
             meta, part_spec, n_rows, table = _read_part(path)
+        except _Unreadable as e:
+            return f"{path.name}: truncated or corrupt (not a readable Parquet file: {e})"
         except (OSError, pa.ArrowException, KeyError, ValueError, TypeError) as e:
             return f"{path.name}: no description of its cell ({type(e).__name__}; written by an older kdeval?)"
         if part_spec.id != cell_id:
