@@ -22,7 +22,7 @@ from kdeval.cli.app import app as kdeval_app
 from kdeval.storage import IndexAccessError, RunIndex
 from tests.user_env import user_env
 
-from .helpers import wait_until
+from .helpers import tmpfs, wait_until
 
 runner = CliRunner()
 
@@ -42,17 +42,8 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs mounted for the test (unmounted at the end, whatever happens)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True, timeout=30)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(mnt, "1m"):
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
 
 @pytest.fixture
