@@ -34,6 +34,9 @@ PART_KEY = "kdeval.part"
 IMPORTED_KEY = "kdeval.imported"
 #: What a rebuilt run says it lacks.
 NOT_RECOVERED = "attempt history not recovered"
+#: How the message of a run being rebuilt starts, until its rebuild ends (a rebuild killed midway leaves it:
+#: the next rebuild carries on with that run instead of leaving it pending).
+REBUILDING = "rebuilding from"
 
 
 def part_metadata(shard: Shard, shard_size: int, out: CellOutcome) -> dict[str, str]:
@@ -225,7 +228,7 @@ def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[
     """Rebuild runs, cells and their summaries in ``index`` from ``results_dir``: one run per manifest (or,
     without one, per run id the rows name), its cells done where their parts are recovered, the others
     pending; each rebuilt run says what it lacks (:data:`NOT_RECOVERED`). Runs the index has are left as
-    they are."""
+    they are, but for one an earlier rebuild was killed in the middle of (:data:`REBUILDING`): it is finished."""
     results_dir = str(Path(results_dir).expanduser().resolve())
     out = Rebuilt()
     recovered: dict[str, Recovered] = {}
@@ -255,13 +258,17 @@ def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[
             runs[run_id]["cells"].append(vars(got.spec.record()))
     made = []
     for run_id, m in sorted(runs.items()):
-        if index.get_run(run_id) is not None:
-            out.skipped_runs.append(run_id)
+        there = index.get_run(run_id)
+        if there is not None and not (there.state == RunState.PENDING.value
+                                      and (there.message or "").startswith(REBUILDING)):
+            out.skipped_runs.append(run_id)  # a run of the index's own, or rebuilt to its end
             continue
         cells = [CellRecord(**c) for c in m["cells"]]
-        created = datetime.fromisoformat(m["created_at"]) if m.get("created_at") else None
-        index.create_run(run_id, name=m["name"], grid_yaml=m["grid_yaml"], grid_hash=m["grid_hash"],
-                         results_dir=results_dir, kdeval_version=m["kdeval_version"], cells=cells, created_at=created)
+        if there is None:  # else a rebuild that was killed midway: carried on
+            created = datetime.fromisoformat(m["created_at"]) if m.get("created_at") else None
+            index.create_run(run_id, name=m["name"], grid_yaml=m["grid_yaml"], grid_hash=m["grid_hash"],
+                             results_dir=results_dir, kdeval_version=m["kdeval_version"], cells=cells,
+                             created_at=created, message=f"{REBUILDING} {results_dir} (not finished)")
         done = 0
         for c in cells:
             got = recovered.get(c.id)

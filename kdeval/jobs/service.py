@@ -249,6 +249,10 @@ def execute_run(
         raise StaleRunError(f"run {run_id}: its grid is no longer valid for this kdeval; fix the grid and "
                             "submit it again") from None
     nothing = RunOutcome(done=0, failed=0, left=0, attempts=0, model_loads=0, workers_lost=0, cancelled=False)
+    # cells never started whose checked files are in the results directory (a rebuild killed midway, a copy)
+    # are adopted, not recomputed
+    never = [_stored_spec(v, run_id) for v in index.run_cells(run_id, states=[CellState.PENDING]) if not v.n_attempts]
+    recover.adopt_cells(index, run_id, run.results_dir, never, default_workload)
     # read the result files once: cells another driver finishes meanwhile are skipped when the scheduler takes them
     todo = _todo(index, run_id)
     if not todo:  # nothing to run: no Ray

@@ -154,3 +154,48 @@ def test_recovery_reads_each_part_once_and_checks_the_rows_it_read(ran, monkeypa
     pq.write_table(table.drop(["cell_id"]).replace_schema_metadata(read_part_metadata(part)), part)
     assert recover_cell(res, cells[1].name) == \
         "part-0001.parquet: no cell_id column (written before rows named their cell)"
+
+
+class _Killed(BaseException):
+    """A rebuild stopped between two cells, as a SIGKILL stops it (each cell is its own transaction)."""
+
+
+def _killed_rebuild(paths, monkeypatch, after: int) -> None:
+    from kdeval.jobs import recover, service
+    from kdeval.jobs.recover import rebuild_index
+
+    real, calls = recover._finish, []
+
+    def dying(*args, **kwargs):
+        if len(calls) == after:
+            raise _Killed
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    _drop_index(paths["db"])
+    monkeypatch.setattr(recover, "_finish", dying)
+    with pytest.raises(_Killed):
+        rebuild_index(RunIndex.open(paths["db"]), paths["results"], service.default_workload)
+    monkeypatch.setattr(recover, "_finish", real)
+
+
+def test_a_rebuild_killed_midway_is_finished_by_the_next_and_resume_adopts_its_files(ran, app, monkeypatch):
+    paths, run_id, before = ran
+    files = _files(paths["results"])
+    _killed_rebuild(paths, monkeypatch, after=2)
+    run = RunIndex.open(paths["db"]).get_run(run_id)
+    assert (run.state, run.counts) == ("pending", {"done": 2, "pending": 3})
+    r = runner.invoke(kdeval_app, ["index", "rebuild", "--results-dir", str(paths["results"]),
+                                   "--db", str(paths["db"])])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("rebuilt 1 run(s) with 5 done cell(s)"), r.output
+    run = RunIndex.open(paths["db"]).get_run(run_id)
+    assert (run.state, run.counts) == ("done", {"done": 5}) and "attempt history not recovered" in run.message
+    assert _report(paths["db"]) == before
+    # killed again, then resumed: the cells whose files check out are adopted, none recomputed
+    _killed_rebuild(paths, monkeypatch, after=1)
+    r = runner.invoke(app, ["resume", run_id, "--db", str(paths["db"])])
+    assert r.exit_code == 0, r.output
+    run = RunIndex.open(paths["db"]).get_run(run_id)
+    assert (run.state, run.counts) == ("done", {"done": 5})
+    assert _files(paths["results"]) == files  # nothing rewritten
