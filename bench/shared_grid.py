@@ -145,6 +145,41 @@ def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
     return [[s.prefix, s.suffix] for s in task.samples(PromptBuilder(lm.tokenizer, lm.max_context))[:samples]]
 
 
+def members(spec: dict) -> list[dict]:
+    """The grid's cells as ``evals.runner.run_group`` members (``--in-process``)."""
+    protocols = spec["protocol"] if isinstance(spec["protocol"], list) else [spec["protocol"]]
+    out = []
+    for proto in protocols:
+        for policy in spec["policies"]:
+            for budget in ([None] if policy == "full" else spec["budgets"]):
+                for chunk in spec["chunk_sizes"]:
+                    out.append(dict(policy=policy, budget=budget, chunk_size=chunk, compress=proto["compress"],
+                                    decode=proto.get("decode", "evict"), max_new_tokens=spec["generation"]["max_new_tokens"]))
+    return out
+
+
+def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, float, int]:
+    """Seconds of ``run_group`` shared (members at batch 1) and of every member alone as ``kdeval submit`` runs it
+    on a CPU (batch 8), in this process, no Ray; and the number of cells."""
+    import torch
+
+    from kdeval.evals import runner
+    from kdeval.evals.registry import get_task
+    from kdeval.keydiff import load_model
+
+    torch.set_num_threads(THREADS)
+    lm = load_model("smollm2-135m", device="cpu", dtype="float32")
+    task = get_task("needle", lengths=[length], depths=depths(samples), max_new_tokens=new)
+    prompts = runner.model_prompts(lm, task, limit=samples, max_new_tokens=new)
+    cells = members(grid(name, length, samples, new, True))
+    t0 = time.perf_counter()
+    runner.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
+    shared = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    runner.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
+    return shared, time.perf_counter() - t0, len(cells)
+
+
 def run(grids: list[str], length: int, samples: int, new: int, rounds: int, with_kvpress: bool) -> str:
     lines = [f"`python bench/shared_grid.py --grids {','.join(grids)} --length {length} --samples {samples} "
              f"--new {new} --rounds {rounds}` (SmolLM2-135M float32, CPU, {THREADS} threads, 1 worker; wall time of "
@@ -181,10 +216,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-kvpress", action="store_true", help="kdeval's sides only")
     ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
+    ap.add_argument("--in-process", action="store_true",
+                    help="kdeval only, through evals.runner.run_group in this process (no Ray, no model load timed)")
     ap.add_argument("--kvpress-side", nargs=2, metavar=("MODEL_DIR", "REQUEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kvpress_side:
         kvpress_side(*args.kvpress_side)
+        return
+    if args.in_process:
+        for name in args.grids.split(","):
+            shared, alone, n = in_process(name, args.length, args.samples, args.new)
+            print(f"| {name} (in process) | {n} | {n * args.samples} | {shared:.0f} | {alone:.0f} | {alone / shared:.2f}x |",
+                  flush=True)
         return
     text = run(args.grids.split(","), args.length, args.samples, args.new, args.rounds, not args.no_kvpress)
     print(text)

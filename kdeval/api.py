@@ -115,7 +115,8 @@ def run_grid(
 
     Raises:
         GridError (a ValueError): the grid is invalid or names data that is missing; nothing is written.
-        ConnectionError: Ray cannot be started or reached.
+        ConnectionError: Ray cannot be started, or the cluster at ``address`` not joined within 30 s (one line
+            naming the address and the cause; the run is marked failed).
     """
     from kdeval.jobs import service
     from kdeval.storage import RunIndex

@@ -1,4 +1,8 @@
-"""Shared fixtures: the offline data directory and Ray's sandbox settings."""
+"""Shared fixtures: the offline data directory.
+
+No Ray variable is set here: the product sets what it needs itself, kdeval subprocesses run without any
+(``tests/user_env.py``), and the fixtures that build a Ray cluster in this process set its sandbox settings
+(``sandbox_ray``)."""
 from __future__ import annotations
 
 import os
@@ -8,10 +12,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The Ray clusters that tests build themselves (ray.init, cluster_utils): loopback only, no auth service.
-# The product's own local Ray sets this by itself: tests/service/test_loopback.py runs it without these.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -1,7 +1,9 @@
 """`kdeval import kvpress DIR`: a kvpress evaluation result as an external run of the index.
 
-Exit codes: 0 imported; 2 bad input (a DIR that holds no kvpress result or an unreadable one, results imported
-already, a bad --db or --results-dir; nothing is written).
+Exit codes: 0 imported; 1 nothing imported because the results directory or the index failed midway (a full
+disk: what was written is removed, and the import can be run again); 2 bad input (a DIR that holds no kvpress
+result or an unreadable one, a file in it that resolves outside it, results imported already, a bad --db or
+--results-dir; nothing is written).
 """
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from kdeval.cli.errors import EXIT_OK, bad_input
+from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, open_index
+from kdeval.storage import IndexStorageError
 
 out = Console()
+err = Console(stderr=True, markup=False, highlight=False)
 imports = typer.Typer(help="Import another tool's results (kvpress) as an external run that reports compare.",
                       no_args_is_help=True)
 
@@ -40,7 +44,15 @@ def kvpress(
         results_dir = results_dir or service.DEFAULT_RESULTS_DIR
         check_results_dir(results_dir)
         index = open_index(db, must_exist=False)
-        run_id, cells = import_kvpress(index, directory, results_dir, model=model, seed=seed, cells=cells)
+        try:
+            run_id, cells = import_kvpress(index, directory, results_dir, model=model, seed=seed, cells=cells)
+        except OSError as e:  # the results directory filled up: what was written is removed, the index untouched
+            err.print(f"error: nothing imported: --results-dir {results_dir}: {e.strerror or e}; the import can "
+                      "be run again", soft_wrap=True)
+            raise typer.Exit(EXIT_FAILED)
+        except IndexStorageError as e:
+            err.print(f"error: the import is not recorded: {e}; the import can be run again", soft_wrap=True)
+            raise typer.Exit(EXIT_FAILED)
     n = sum(len(c.rows) for c in cells)
     out.print(f"run {run_id}: {len(cells)} cells, {n} predictions imported from kvpress (external)",
               highlight=False, soft_wrap=True)

@@ -1,7 +1,8 @@
 """Connecting to Ray and describing worker resources.
 
 ``connect()`` starts a local Ray by default (every port on 127.0.0.1, no dashboard, no token auth) or
-joins ``address`` (``auto`` or ``ray://host:10001``). Workers ask for ``num_cpus``, ``num_gpus`` and,
+joins ``address`` (``host:port``, ``auto`` or ``ray://host:10001``) within a bounded time
+(:mod:`kdeval.cluster.reach`). Workers ask for ``num_cpus``, ``num_gpus`` and,
 when the grid names one, an ``accelerator_type`` (Ray's ``accelerator_type:A100`` node resource), so an
 A100 grid never lands on an H100 node. CPU-only workers are used when no GPU is asked for.
 """
@@ -10,6 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from kdeval.cluster.reach import (
+    DEFAULT_CONNECT_TIMEOUT_S, AddressError, ClusterUnreachable, check_reachable, init_within, resolve_target,
+)
+
+__all__ = ["AddressError", "ClusterUnreachable", "NAMESPACE", "WorkerResources", "connect", "is_job_server",
+           "missing_resources"]
 
 NAMESPACE = "kdeval"
 
@@ -38,35 +46,46 @@ def is_job_server(address: str | None) -> bool:
     return bool(address) and address.startswith(("http://", "https://"))
 
 
-def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: bool = True) -> None:
+def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: bool = True,
+            timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
     """Start or join Ray once per process (a no-op when already connected).
 
     ``address``: a cluster (``host:port`` of its GCS, ``auto``, ``ray://head:10001``), or None for a local
-    Ray. A job server URL (``http(s)://head:8265``) is not a cluster to join: ``ConnectionError`` says so."""
+    Ray of this process's own (never one found on the machine). Joining takes at most ``timeout_s`` seconds, or
+    :class:`~kdeval.cluster.reach.ClusterUnreachable` says in one line why not (:mod:`kdeval.cluster.reach`).
+    A loopback address keeps every process this one starts on loopback, as a local Ray does. A job server URL
+    (``http(s)://head:8265``) is not a cluster to join: :class:`AddressError` says so."""
     import ray  # here, not at import: the CLI names addresses without loading Ray
 
     if is_job_server(address):
-        raise ConnectionError(f"--address {address} is a Ray job server, which only `submit --detach` uses; "
-                              "to run here give the cluster's address: host:port, auto or ray://head:10001")
+        raise AddressError(f"--address {address} is a Ray job server, which only `submit --detach` uses; "
+                           "to run here give the cluster's address: host:port, auto or ray://head:10001")
     if ray.is_initialized():
         return
-    if not address:  # a local Ray: loopback only, so no token auth (and no warning about it); a cluster's
-        _bind_loopback()  # binding and auth stay as the cluster configures them
-        os.environ["RAY_AUTH_MODE"] = "disabled"
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": not quiet,
                               "configure_logging": True, "logging_level": "WARNING"}
-    try:
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
-    except ConnectionError:
-        raise
-    except Exception as e:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
-        where = f"at {address}" if address else "locally"
-        raise ConnectionError(f"cannot start or reach Ray {where}: {e}") from e
-    if not address:
-        _check_loopback(ray)
+    if address:
+        _join(ray, address, timeout_s, kwargs)
+        return
+    _bind_loopback()  # a local Ray: loopback only, so no token auth (and no warning about it)
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:  # "local": a Ray of its own, not a cluster RAY_ADDRESS or an earlier `ray start` names
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    except Exception as e:  # noqa: BLE001 - Ray raises several types
+        raise ConnectionError(f"cannot start Ray locally: {e}") from e
+    _check_loopback(ray)
+
+
+def _join(ray: Any, address: str, timeout_s: float, kwargs: dict[str, Any]) -> None:
+    """Join the cluster at ``address`` within ``timeout_s`` (a loopback one from loopback); its auth stays as
+    the shell sets it (``RAY_AUTH_MODE``), never turned off here."""
+    target = resolve_target(address)
+    if target.loopback:
+        _bind_loopback()  # else Ray dials the host's other interface for 127.0.0.1, and its processes bind there
+    deadline = check_reachable(target, timeout_s)
+    init_within(target, lambda: ray.init(address=address, **kwargs), deadline, timeout_s)
+    if target.loopback and not target.client:
+        _check_loopback(ray, joined=address)
 
 
 def _bind_loopback() -> None:
@@ -83,12 +102,16 @@ def _bind_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def _check_loopback(ray: Any) -> None:
+def _check_loopback(ray: Any, joined: str | None = None) -> None:
     """Refuse to go on with a local Ray whose node address is not loopback (a Ray that no longer honours
-    the switch above): its ports would be open to the network without auth."""
+    the switch above): its ports would be open to the network without auth. ``joined``: the loopback address
+    of a cluster this process joined, whose driver must stay on loopback too."""
     ip = ray.util.get_node_ip_address()
     if not ip.startswith("127."):
         ray.shutdown()
+        if joined:
+            raise ClusterUnreachable(f"joining the Ray cluster at {joined}, this driver took node address {ip}, "
+                                     "not loopback: refusing to run it there (give the head's own address)")
         raise ConnectionError(f"the local Ray took node address {ip}, not 127.0.0.1: refusing to run it "
                               "unauthenticated on a network interface (start a cluster and pass --address)")
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from kdeval.evals.budget import budget_share, budget_tokens
 from kdeval.evals.chunking import chunk_code
 from kdeval.jobs.cells import CellSpec
+from kdeval.jobs.csv_safe import safe_cell
 from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell, with_identity
 
 #: Export formats and the file suffix each implies.
@@ -149,12 +150,17 @@ def _json_value(value: Any) -> Any:
 
 
 def _flat_for_csv(table: pa.Table) -> pa.Table:
-    """Nested columns (lists such as ``references``, structs, maps) as JSON text: CSV cells are flat."""
+    """Nested columns (lists such as ``references``, structs, maps) as JSON text: CSV cells are flat; text
+    that a spreadsheet would run as a formula gets a leading ``'`` (:func:`kdeval.jobs.csv_safe.safe_cell`)."""
     for i, f in enumerate(table.schema):
         if pa.types.is_nested(f.type):
             text = [None if v is None else json.dumps(_json_value(v), ensure_ascii=False, default=str)
                     for v in table.column(i).to_pylist()]
-            table = table.set_column(i, pa.field(f.name, pa.string()), pa.array(text, pa.string()))
+        elif pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            text = [None if v is None else safe_cell(v) for v in table.column(i).to_pylist()]
+        else:
+            continue
+        table = table.set_column(i, pa.field(f.name, pa.string()), pa.array(text, pa.string()))
     return table
 
 

@@ -30,25 +30,39 @@ def check_out_dir(out: str | Path) -> Path:
         raise ValueError(f"--out: {out} exists and is not an empty directory; expected a new directory")
     if not out.parent.is_dir():
         raise ValueError(f"--out: directory {out.parent} does not exist")
-    if not os.access(out.parent, os.W_OK | os.X_OK):
+    if out.is_dir():  # empty: written into (it may be a mount point, which cannot be replaced)
+        if os.statvfs(out).f_flag & os.ST_RDONLY:
+            raise ValueError(f"--out: {out} is on a read-only file system")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise ValueError(f"--out: directory {out} is not writable")
+    elif not os.access(out.parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out: directory {out.parent} is not writable")
     return out
 
 
 def write_tree(out: Path, files: dict[str, str]) -> None:
-    """Write ``files`` (relative path -> text) under ``out`` all at once: into a temp directory beside it, then
-    renamed into place, so a failure leaves nothing behind."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    """Write ``files`` (relative path -> text) under ``out`` all at once, so a failure leaves nothing behind:
+    into a temp directory beside it, then renamed into place; an existing empty ``out`` (a mount point, say,
+    which cannot be replaced) gets the temp directory inside it, whose entries are then renamed up."""
+    inside = out.is_dir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out if inside else out.parent))
+    moved: list[Path] = []
     try:
         for rel, text in files.items():
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        if out.exists():
-            out.rmdir()  # empty (checked)
-        os.replace(tmp, out)
+        if not inside:
+            os.replace(tmp, out)
+            return
+        for entry in sorted(tmp.iterdir()):
+            os.replace(entry, out / entry.name)
+            moved.append(out / entry.name)
+        tmp.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for path in moved:
+            shutil.rmtree(path, ignore_errors=True)
         raise
 
 

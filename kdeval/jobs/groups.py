@@ -80,9 +80,7 @@ def units_of_work(cells: list[CellSpec], shard_size: int, share: bool) -> int:
 
 
 def execution_label(summary: dict | None, n_rows: int | None) -> str:
-    """``shared`` when every row of a cell (``n_rows``) was computed in a group, ``shared k/n`` when some
-    were, else "" (what ``kdeval status`` adds to a done cell; from its summary's ``shared_rows``)."""
-    k = (summary or {}).get("shared_rows")
-    if not k:
-        return ""
-    return "shared" if n_rows is None or k >= n_rows else f"shared {k}/{n_rows}"
+    """``shared`` when some rows of a cell were computed in a group (its summary's ``shared_rows``; the others,
+    timed alone, are usually its first sample), else "": what ``kdeval status`` adds to a done cell. ``n_rows``
+    is not shown: at 80 columns the count folded the state over three lines."""
+    return "shared" if (summary or {}).get("shared_rows") else ""

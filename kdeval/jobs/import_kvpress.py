@@ -24,7 +24,9 @@ import ast
 import hashlib
 import json
 import re
+import shutil
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,10 @@ from kdeval.evals.chunking import WHOLE, chunk_code
 from kdeval.evals.ruler.kvpress_set import sample_id
 from kdeval.jobs import kvpress_format as kv
 from kdeval.jobs.cells import TaskRef
-from kdeval.storage import CellRecord, RunIndex, RunState, with_identity, write_cell_rows
+from kdeval.jobs.recover import imported_metadata, remove_manifest, write_manifest
+from kdeval.storage import (
+    CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, part_relpath, with_identity, write_part,
+)
 
 COMPUTED_BY = "kvpress evaluation/evaluate.py"
 _QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
@@ -69,7 +74,19 @@ def result_dirs(root: str | Path) -> list[Path]:
     if not dirs:
         raise ValueError(f"DIR: {root} holds no kvpress result: expected predictions.csv, metrics.json and "
                          f"config.yaml in it or in its subdirectories")
+    for d in dirs:
+        for f in kv.FILES:
+            _inside(root, d / f)
     return dirs
+
+
+def _inside(root: Path, path: Path) -> None:
+    """ValueError when ``path`` (a symlink, or in a symlinked directory) resolves outside ``root``: an import
+    reads what DIR holds, not what a link in it points at."""
+    real, top = path.resolve(), root.resolve()
+    if real != top and top not in real.parents:
+        raise ValueError(f"DIR: {path} resolves to {real}, outside {root}: refusing to import a file from "
+                         "outside DIR (copy it in instead of linking it)")
 
 
 def parse_answer(value: Any) -> list[str]:
@@ -91,6 +108,9 @@ def parse_answer(value: Any) -> list[str]:
 def _config(d: Path) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"DIR: {d / 'config.yaml'} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start}); expected kvpress's YAML config") from None
     except (OSError, yaml.YAMLError) as e:
         raise ValueError(f"DIR: {d / 'config.yaml'} is not readable YAML ({type(e).__name__})") from None
     if not isinstance(cfg, dict) or not all(k in cfg for k in ("dataset", "model", "press_name")):
@@ -183,33 +203,67 @@ def import_kvpress(index: RunIndex, root: str | Path, results_dir: str | Path, m
                    seed: int = 0, cells: list[ImportedCell] | None = None) -> tuple[str, list[ImportedCell]]:
     """Read every kvpress result under ``root`` (all checked before anything is written; ``cells``: already
     read by :func:`read_import`), then record them as one done external run; returns (run id, its cells).
+
+    All or nothing: every cell's Parquet part (which describes the cell, as a computed cell's does) and the
+    run's manifest ``runs/<run>.json`` are written first, so ``index rebuild`` makes the run again from the
+    results directory; a write that fails (a full disk) removes what this import wrote and raises OSError with
+    the index untouched. Only then is the run recorded; a run an earlier import left unfinished is finished.
     ValueError naming ``DIR`` for a bad directory, or when the same results were imported already."""
     dirs = result_dirs(root)
     cells = read_import(root, model, seed) if cells is None else cells
     digest = hashlib.sha256("".join(sorted(c.id for c in cells)).encode()).hexdigest()[:12]
     run_id = f"kvpress-{digest}"
-    if index.get_run(run_id) is not None:
+    before = index.get_run(run_id)
+    if before is not None and before.state == RunState.DONE.value:
         raise ValueError(f"DIR: {Path(root).absolute()} is already imported as run {run_id}")
-    grid = yaml.safe_dump({"name": f"kvpress import of {Path(root).name}",
-                           "external": {"computed_by": COMPUTED_BY, "source": str(Path(root).absolute()),
-                                        "results": [str(d) for d in dirs]}}, sort_keys=False)
+    name = f"kvpress import of {Path(root).name}"
+    grid = yaml.safe_dump({"name": name, "external": {"computed_by": COMPUTED_BY, "source": str(Path(root).absolute()),
+                                                      "results": [str(d) for d in dirs]}}, sort_keys=False)
     records = [CellRecord(id=c.id, spec=c.spec, model=c.spec["model"]["id"], policy=c.spec["policy"],
                           budget=budget_tokens(c.spec["budget"]), budget_share=budget_share(c.spec["budget"]),
                           chunk_size=chunk_code(WHOLE), task=TaskRef(**c.spec["task"]).label) for c in cells]
-    index.create_run(run_id, name=f"kvpress import of {Path(root).name}", grid_yaml=grid, grid_hash=digest,
-                     results_dir=str(results_dir), kdeval_version=f"external:{COMPUTED_BY}", cells=records)
-    for c, rec in zip(cells, records):
-        identity = {"run_id": run_id, "cell_id": c.id, "model": rec.model, "policy": rec.policy, "params": "{}",
-                    "budget": rec.budget, "budget_share": rec.budget_share, "chunk_size": rec.chunk_size,
-                    "task": c.spec["task"]["name"], "length": c.spec["task"]["length"], "seed": seed,
-                    "dtype": c.spec["model"]["dtype"],
-                    "protocol": f"{c.spec['protocol']['compress']}/{c.spec['protocol']['decode']}"}
-        rel = write_cell_rows(results_dir, c.id, with_identity(c.rows, identity))
+    where = str(Path(results_dir).expanduser().resolve())
+    provenance = {"computed_by": COMPUTED_BY, "external": True, "source": str(root)}
+    summaries = [{"kvpress_metrics": c.metrics, "score": sum(r["score"] for r in c.rows) / len(c.rows)}
+                 for c in cells]
+    _write_files(where, run_id, name, grid, digest, cells, records, summaries, provenance, seed)
+    if before is None:
+        index.create_run(run_id, name=name, grid_yaml=grid, grid_hash=digest, results_dir=where,
+                         kdeval_version=f"external:{COMPUTED_BY}", cells=records)
+    done = index.get_cells([c.id for c in cells], states=[CellState.DONE])
+    for c, summary in zip(cells, summaries):
+        if c.id in done:
+            continue
         att = index.start_attempt(run_id, c.id, "import", None)
-        index.finish_attempt_done(att, results_dir=str(results_dir), result_path=rel, n_rows=len(c.rows),
-                                  summary={"kvpress_metrics": c.metrics,
-                                           "score": sum(r["score"] for r in c.rows) / len(c.rows)},
-                                  duration_s=0.0, peak_memory_bytes=None, worker="import", node=None,
-                                  provenance={"computed_by": COMPUTED_BY, "external": True, "source": str(root)})
+        index.finish_attempt_done(att, results_dir=where, result_path=cell_dir_relpath(c.id), n_rows=len(c.rows),
+                                  summary=summary, duration_s=0.0, peak_memory_bytes=None, worker="import",
+                                  node=None, provenance=provenance)
     index.set_run_state(run_id, RunState.DONE)
     return run_id, cells
+
+
+def _write_files(where: str, run_id: str, name: str, grid: str, digest: str, cells: list[ImportedCell],
+                 records: list[CellRecord], summaries: list[dict[str, Any]], provenance: dict[str, Any],
+                 seed: int) -> None:
+    """Every cell's one part and the run's manifest into ``where``; on any failure what was written is removed
+    (parts this import made, not those it found) and the error raised."""
+    made: list[Path] = []
+    try:
+        for c, rec, summary in zip(cells, records, summaries):
+            identity = {"run_id": run_id, "cell_id": c.id, "model": rec.model, "policy": rec.policy, "params": "{}",
+                        "budget": rec.budget, "budget_share": rec.budget_share, "chunk_size": rec.chunk_size,
+                        "task": c.spec["task"]["name"], "length": c.spec["task"]["length"], "seed": seed,
+                        "dtype": c.spec["model"]["dtype"],
+                        "protocol": f"{c.spec['protocol']['compress']}/{c.spec['protocol']['decode']}"}
+            cell_dir = Path(where) / cell_dir_relpath(c.id)
+            new_dir = not cell_dir.exists()
+            write_part(where, c.id, 0, with_identity(c.rows, identity),
+                       metadata=imported_metadata(c.spec, summary, provenance))
+            made.append(cell_dir if new_dir else Path(where) / part_relpath(c.id, 0))
+        write_manifest(where, run_id, name=name, grid_yaml=grid, grid_hash=digest,
+                       kdeval_version=f"external:{COMPUTED_BY}", created_at=datetime.now(timezone.utc), cells=records)
+    except BaseException:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        remove_manifest(where, run_id)
+        raise

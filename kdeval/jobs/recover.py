@@ -30,8 +30,13 @@ from kdeval.storage import (
 
 #: The key of a part's metadata that describes it (JSON; see :func:`part_metadata`).
 PART_KEY = "kdeval.part"
+#: The key of an imported cell's part that describes it instead (JSON; see :func:`imported_metadata`).
+IMPORTED_KEY = "kdeval.imported"
 #: What a rebuilt run says it lacks.
 NOT_RECOVERED = "attempt history not recovered"
+#: How the message of a run being rebuilt starts, until its rebuild ends (a rebuild killed midway leaves it:
+#: the next rebuild carries on with that run instead of leaving it pending).
+REBUILDING = "rebuilding from"
 
 
 def part_metadata(shard: Shard, shard_size: int, out: CellOutcome) -> dict[str, str]:
@@ -41,6 +46,31 @@ def part_metadata(shard: Shard, shard_size: int, out: CellOutcome) -> dict[str, 
         "shard_size": shard_size, "duration_s": out.duration_s, "peak_memory_bytes": out.peak_memory_bytes,
         "worker": out.worker, "node": out.node, "provenance": out.provenance or None,
     }, sort_keys=True)}
+
+
+def imported_metadata(spec: dict[str, Any], summary: dict[str, Any], provenance: dict[str, Any]) -> dict[str, str]:
+    """What the one part of a cell imported from another tool says of itself (its spec, which is not a kdeval
+    ``CellSpec``, and what the index records of it), so that ``index rebuild`` makes it done again."""
+    return {IMPORTED_KEY: json.dumps({"cell": spec, "summary": summary, "provenance": provenance},
+                                     sort_keys=True)}
+
+
+@dataclass
+class Imported:
+    """An imported cell whose part checks out: what the index records of it."""
+
+    summary: dict[str, Any]
+    provenance: dict[str, Any]
+    n_rows: int
+
+
+def _imported(path: Path, meta: dict[str, str], n_rows: int, table: pa.Table | str, cell_id: str) -> Imported | str:
+    """An imported cell's one part, read: what to record, or why it does not make the cell."""
+    desc = json.loads(meta[IMPORTED_KEY])
+    problem = verify_read_parts([(path, table)], cell_id)
+    if problem is not None:
+        return problem
+    return Imported(summary=desc["summary"], provenance=desc["provenance"], n_rows=n_rows)
 
 
 def write_manifest(results_dir: str | Path, run_id: str, *, name: str, grid_yaml: str, grid_hash: str,
@@ -67,22 +97,46 @@ class Recovered:
     rows: list[dict[str, Any]]
 
 
+class _ImportedPart(Exception):
+    """The part read is an imported cell's (:data:`IMPORTED_KEY`): its metadata, row count and rows."""
+
+    def __init__(self, meta: dict[str, str], n_rows: int, table: pa.Table | str) -> None:
+        super().__init__("imported")
+        self.meta, self.n_rows, self.table = meta, n_rows, table
+
+
+class _Unreadable(Exception):
+    """A part file that Parquet cannot open (truncated, corrupt): not a part of an older kdeval."""
+
+
 def _read_part(path: Path) -> tuple[dict[str, Any], CellSpec, int, pa.Table | str]:
     """One part, opened once: its description (:data:`PART_KEY`), the cell spec in it, its row count and its
-    rows (or why they cannot be read). An unreadable footer or description raises (OSError, ArrowException,
-    KeyError, ValueError, TypeError)."""
-    with pq.ParquetFile(path) as pf:
-        meta = json.loads(schema_metadata(pf.schema_arrow)[PART_KEY])
+    rows (or why they cannot be read). A file that is not readable Parquet (truncated, corrupt) raises
+    :class:`_Unreadable`; a readable one without a description raises (KeyError, ValueError, TypeError)."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise _Unreadable((str(e).strip().splitlines() or [type(e).__name__])[0]) from e
+    with pf:
+        kv = schema_metadata(pf.schema_arrow)
+        if IMPORTED_KEY in kv:
+            raise _ImportedPart(kv, pf.metadata.num_rows, _read_all(pf))
+        meta = json.loads(kv[PART_KEY])
         spec = CellSpec.model_validate(meta["cell"])
-        try:
-            table: pa.Table | str = pf.read()
-        except (OSError, pa.ArrowException) as exc:
-            table = unreadable(exc)
-        return meta, spec, pf.metadata.num_rows, table
+        return meta, spec, pf.metadata.num_rows, _read_all(pf)
 
 
-def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
-    """The cell's parts under ``results_dir``, each read once and checked; else why they do not make the cell."""
+def _read_all(pf: pq.ParquetFile) -> pa.Table | str:
+    """A part's rows, or why they cannot be read."""
+    try:
+        return pf.read()
+    except (OSError, pa.ArrowException) as exc:
+        return unreadable(exc)
+
+
+def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | Imported | str:
+    """The cell's parts under ``results_dir``, each read once and checked (an imported cell: its one part);
+    else why they do not make the cell."""
     rel = cell_dir_relpath(cell_id)
     parts = part_files(Path(results_dir) / rel)
     if not parts:
@@ -91,6 +145,12 @@ def recover_cell(results_dir: str | Path, cell_id: str) -> Recovered | str:
     for path in parts:
         try:
             meta, part_spec, n_rows, table = _read_part(path)
+        except _ImportedPart as got:
+            if len(parts) != 1:
+                return f"{path.name}: an imported cell's part beside {len(parts) - 1} other(s)"
+            return _imported(path, got.meta, got.n_rows, got.table, cell_id)
+        except _Unreadable as e:
+            return f"{path.name}: truncated or corrupt (not a readable Parquet file: {e})"
         except (OSError, pa.ArrowException, KeyError, ValueError, TypeError) as e:
             return f"{path.name}: no description of its cell ({type(e).__name__}; written by an older kdeval?)"
         if part_spec.id != cell_id:
@@ -127,6 +187,15 @@ def _finish(index: RunIndex, run_id: str, results_dir: str, got: Recovered, work
         peak_memory_bytes=got.held.peak_memory_bytes(), worker=worker, node=node, provenance=got.held.provenance())
 
 
+def _finish_imported(index: RunIndex, run_id: str, results_dir: str, cell_id: str, got: Imported) -> bool:
+    """Mark an imported cell done for ``run_id`` from its part's description."""
+    if index.claim_cell(cell_id, run_id) is not None:
+        return False
+    return index.finish_cell(cell_id, run_id, results_dir=results_dir, result_path=cell_dir_relpath(cell_id),
+                             n_rows=got.n_rows, summary=got.summary, duration_s=0.0, peak_memory_bytes=None,
+                             worker="import", node=None, provenance=got.provenance)
+
+
 def adopt_cells(index: RunIndex, run_id: str, results_dir: str, cells: list[CellSpec],
                 workload: Callable[[], Workload]) -> set[str]:
     """Mark done the ``cells`` of run ``run_id`` that the index has pending (never started, nobody holds
@@ -159,14 +228,17 @@ def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[
     """Rebuild runs, cells and their summaries in ``index`` from ``results_dir``: one run per manifest (or,
     without one, per run id the rows name), its cells done where their parts are recovered, the others
     pending; each rebuilt run says what it lacks (:data:`NOT_RECOVERED`). Runs the index has are left as
-    they are."""
+    they are, but for one an earlier rebuild was killed in the middle of (:data:`REBUILDING`): it is finished."""
     results_dir = str(Path(results_dir).expanduser().resolve())
     out = Rebuilt()
     recovered: dict[str, Recovered] = {}
+    imported: dict[str, Imported] = {}
     for d in cell_dirs(results_dir):
         got = recover_cell(results_dir, d.name)
         if isinstance(got, Recovered):
             recovered[d.name] = got
+        elif isinstance(got, Imported):
+            imported[d.name] = got
         else:
             out.lost[d.name] = got
     runs: dict[str, dict[str, Any]] = {}
@@ -186,18 +258,24 @@ def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[
             runs[run_id]["cells"].append(vars(got.spec.record()))
     made = []
     for run_id, m in sorted(runs.items()):
-        if index.get_run(run_id) is not None:
-            out.skipped_runs.append(run_id)
+        there = index.get_run(run_id)
+        if there is not None and not (there.state == RunState.PENDING.value
+                                      and (there.message or "").startswith(REBUILDING)):
+            out.skipped_runs.append(run_id)  # a run of the index's own, or rebuilt to its end
             continue
         cells = [CellRecord(**c) for c in m["cells"]]
-        created = datetime.fromisoformat(m["created_at"]) if m.get("created_at") else None
-        index.create_run(run_id, name=m["name"], grid_yaml=m["grid_yaml"], grid_hash=m["grid_hash"],
-                         results_dir=results_dir, kdeval_version=m["kdeval_version"], cells=cells, created_at=created)
+        if there is None:  # else a rebuild that was killed midway: carried on
+            created = datetime.fromisoformat(m["created_at"]) if m.get("created_at") else None
+            index.create_run(run_id, name=m["name"], grid_yaml=m["grid_yaml"], grid_hash=m["grid_hash"],
+                             results_dir=results_dir, kdeval_version=m["kdeval_version"], cells=cells,
+                             created_at=created, message=f"{REBUILDING} {results_dir} (not finished)")
         done = 0
         for c in cells:
             got = recovered.get(c.id)
             is_done = index.get_cell(c.id).state == CellState.DONE.value
-            if got is not None and not is_done:
+            if c.id in imported and not is_done:
+                is_done = _finish_imported(index, run_id, results_dir, c.id, imported[c.id])
+            elif got is not None and not is_done:
                 made = made or [workload()]
                 # finished here, or (not held by this run) by whoever holds it
                 is_done = (_finish(index, run_id, results_dir, got, made[0])
@@ -210,4 +288,7 @@ def rebuild_index(index: RunIndex, results_dir: str | Path, workload: Callable[[
                             f"rebuilt from {results_dir}: {NOT_RECOVERED}"
                             + (f"; {missing} cell(s) not in the results" if missing else "") + grid)
         out.runs.append(run_id)
+    listed = {c["id"] for m in runs.values() for c in m["cells"]}
+    for cid in sorted(set(imported) - listed):
+        out.lost[cid] = "an imported cell that no run manifest (runs/<run>.json) lists"
     return out

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
 from kdeval.cluster.workload import Workload
 from kdeval.jobs import recover
 from kdeval.jobs.cells import CellSpec, expand_grid, grid_hash, kdeval_version
@@ -209,16 +210,27 @@ def _todo(index: RunIndex, run_id: str) -> list[CellSpec]:
     return todo
 
 
+def _not_started(index: RunIndex, run_id: str, why: str) -> None:
+    """Mark a run this process could not start failed, saying why (unless another driver took it meanwhile):
+    a run whose driver never reached its cluster must not read ``pending`` for good."""
+    run = index.get_run(run_id)
+    if run is not None and not driver_alive(run):
+        index.set_run_state(run_id, RunState.FAILED, f"not started: {why}; `kdeval resume {run_id}` runs it")
+
+
 def execute_run(
     index: RunIndex, run_id: str, *, address: str | None = None, workload: Workload | None = None,
     on_progress: Callable[[RunProgress], None] | None = None, num_cpus: int | None = None,
-    wait: bool = True, on_wait: Callable[[str], None] | None = None, **config_overrides,
+    wait: bool = True, on_wait: Callable[[str], None] | None = None, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    **config_overrides,
 ) -> RunOutcome:
     """Run (or resume) every cell of ``run_id`` not yet done; returns what happened.
 
     ``wait``: when the run's driver is alive elsewhere, wait for it to finish and then run what is left
     (``on_wait`` gets the message saying so), and wait for cells other live drivers hold; ``False``: raise
     :class:`RunBusyError` instead, and leave such cells (the outcome's message names the runs holding them).
+    ``connect_timeout_s``: how long joining the cluster at ``address`` may take; a driver that cannot join it
+    marks the run failed with the reason (one line) and raises ``ConnectionError``.
     """
     from kdeval.cluster.raysetup import connect
     from kdeval.jobs.scheduler import RunOutcome, Scheduler
@@ -237,6 +249,10 @@ def execute_run(
         raise StaleRunError(f"run {run_id}: its grid is no longer valid for this kdeval; fix the grid and "
                             "submit it again") from None
     nothing = RunOutcome(done=0, failed=0, left=0, attempts=0, model_loads=0, workers_lost=0, cancelled=False)
+    # cells never started whose checked files are in the results directory (a rebuild killed midway, a copy)
+    # are adopted, not recomputed
+    never = [_stored_spec(v, run_id) for v in index.run_cells(run_id, states=[CellState.PENDING]) if not v.n_attempts]
+    recover.adopt_cells(index, run_id, run.results_dir, never, default_workload)
     # read the result files once: cells another driver finishes meanwhile are skipped when the scheduler takes them
     todo = _todo(index, run_id)
     if not todo:  # nothing to run: no Ray
@@ -244,7 +260,11 @@ def execute_run(
             _take_run(index, run, wait=wait, on_wait=on_wait)
             index.set_run_state(run_id, RunState.DONE)
         return nothing
-    connect(address, num_cpus=num_cpus)  # before the run is marked running: a bad address changes nothing
+    try:  # before the run is marked running: a bad address changes no cell
+        connect(address, num_cpus=num_cpus, timeout_s=connect_timeout_s)
+    except ConnectionError as e:
+        _not_started(index, run_id, str(e))
+        raise
     run = _take_run(index, run, wait=wait, on_wait=on_wait)
     # this process is the run's driver now: what its previous (dead) driver left running is lost
     index.recover_orphans(run_id)

@@ -185,13 +185,15 @@ class RunIndex(ShardLeases):
     def create_run(
         self, run_id: str, *, name: str, grid_yaml: str, grid_hash: str, results_dir: str,
         kdeval_version: str, cells: Sequence[CellRecord], created_at: datetime | None = None,
+        message: str | None = None,
     ) -> None:
         """Create a run and link its cells, inserting the cells not yet known (others are reused).
-        ``created_at``: when the run was created, if not now (an index rebuilt from the results)."""
+        ``created_at``: when the run was created, if not now (an index rebuilt from the results); ``message``:
+        the run's message from the start (in the same transaction)."""
         with self._write() as s:
             s.add(Run(id=run_id, name=name, grid_yaml=grid_yaml, grid_hash=grid_hash,
                       results_dir=results_dir, kdeval_version=kdeval_version, n_cells=len(cells),
-                      state=RunState.PENDING.value, created_at=created_at or utcnow()))
+                      state=RunState.PENDING.value, created_at=created_at or utcnow(), message=message))
             known = set(self._cell_states(s, [c.id for c in cells]))
             for pos, c in enumerate(cells):
                 if c.id not in known:
@@ -226,6 +228,15 @@ class RunIndex(ShardLeases):
             n = s.execute(update(Run).where(*where).values(
                 state=RunState.RUNNING.value, started_at=now, heartbeat_at=now,
                 driver_host=host, driver_pid=pid, finished_at=None, message=None)).rowcount
+        return bool(n)
+
+    def record_launch(self, run_id: str, host: str, pid: int) -> bool:
+        """Record the process started to drive a run that is still pending (``submit --detach``), so that
+        ``status`` can tell a driver that died before it took the run; False when the run is no longer pending
+        (the driver took it, or gave up, already)."""
+        with self._write() as s:
+            n = s.execute(update(Run).where(Run.id == run_id, Run.state == RunState.PENDING.value).values(
+                driver_host=host, driver_pid=pid)).rowcount
         return bool(n)
 
     def heartbeat(self, run_id: str) -> str:

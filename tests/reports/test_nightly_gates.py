@@ -100,7 +100,7 @@ def test_on_fail_command_outcomes(tmp_path):
     missing = run_on_fail("no-such-program-here --x", gate, 30)
     assert not missing["ok"] and "could not run 'no-such-program-here'" in missing["error"]
     slow = run_on_fail(f"{sys.executable} -c 'import time; time.sleep(5)'", gate, 0.5)
-    assert not slow["ok"] and slow["error"] == "timed out after 0.5s"
+    assert not slow["ok"] and slow["error"] == "timed out after 0.5s (its process group was killed)"
     shell = run_on_fail("echo $HOME; touch " + str(tmp_path / "pwned"), gate, 30)
     assert shell["ok"] and "$HOME;" in shell["output"] and not (tmp_path / "pwned").exists()  # no shell
 

@@ -1,13 +1,11 @@
 """Fixtures of the service tests: temp index + results dirs, a local Ray, stub grids, the CLI app."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from tests.user_env import sandbox_ray
 
 STUB_GRID = """
 name: stub-grid
@@ -39,7 +37,8 @@ def local_ray():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="kdeval-tests",
+    sandbox_ray()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="kdeval-tests",
              logging_level="WARNING")
     yield ray
     ray.shutdown()

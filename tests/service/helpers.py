@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow.parquet as pq
 
@@ -82,3 +84,22 @@ def cli_app(register):
     register(app)
     app.command("noop")(lambda: None)
     return app
+
+
+@contextmanager
+def tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``1m``, ``64k``) mounted on the empty directory ``mnt`` while the block runs
+    (unmounted at the end, whatever happens); the test is skipped where it cannot be mounted."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
+                          text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)

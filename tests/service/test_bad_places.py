@@ -24,10 +24,10 @@ from kdeval.cli.app import app as cli
 from kdeval.storage import RunIndex
 from kdeval.storage import db as storage_db
 from tests.reports.helpers import FakeCell, rows, store_run
+from tests.user_env import user_env
 
 from .conftest import stub_grid
 
-REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 ENV = {"COLUMNS": "300"}
 
@@ -208,7 +208,7 @@ def _nobody_can_run_kdeval(cwd: Path) -> str | None:
     try:
         probe = subprocess.run([sys.executable, "-c", "import kdeval.cli.service_cmds"], user="nobody", cwd=cwd,
                                capture_output=True, text=True, timeout=120,
-                               env=dict(os.environ, PYTHONPATH=str(REPO)))
+                               env=user_env())
     except OSError as e:
         return f"'nobody' cannot run this Python ({e})"
     if probe.returncode != 0:
@@ -232,7 +232,7 @@ def test_read_only_index_for_real_as_another_user(grid):
         (base / "out").mkdir(mode=0o777)
         (base / "out").chmod(0o777)
         before = _snapshot(folder)
-        env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="300", HOME=str(base / "out"))
+        env = user_env(COLUMNS="300", HOME=str(base / "out"))
 
         def as_nobody(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "kdeval.cli.service_cmds", *args], user="nobody",

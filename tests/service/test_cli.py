@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.cli import service_cmds
+from kdeval.cli import detach
 from kdeval.storage import RunIndex
 
 from .conftest import stub_grid
@@ -132,14 +132,14 @@ def test_read_commands_never_create_an_index(app, paths):
 def test_ray_job_spec_ships_the_grid_and_runs_submit_on_the_head(paths):
     grid = paths["tmp"] / "my grid.yaml"
     grid.write_text(stub_grid())
-    entry, env = service_cmds.ray_job_spec(grid, None, None)
+    entry, env = detach.ray_job_spec(grid, None, None)
     assert entry == "kdeval submit grid.yaml --db '~/.kdeval/index.sqlite' --results-dir '~/.kdeval/results' --address auto"
     staged = Path(env["working_dir"]) / "grid.yaml"
     assert staged.read_text() == grid.read_text()
     import shutil
     shutil.rmtree(env["working_dir"])
     url = "postgresql+psycopg://kd:Pa55word@db/kdeval"
-    entry, env = service_cmds.ray_job_spec(grid, url, Path("/data/res"))
+    entry, env = detach.ray_job_spec(grid, url, Path("/data/res"))
     assert "--db @index-url --results-dir /data/res" in entry and "Pa55word" not in entry
     url_file = Path(env["working_dir"]) / "index-url"
     assert url_file.read_text() == url + "\n" and url_file.stat().st_mode & 0o777 == 0o600

@@ -8,8 +8,9 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.cli import service_cmds
+from kdeval.cli import detach, service_cmds
 from kdeval.storage import RunIndex
+from tests.user_env import sandbox_ray
 
 from .conftest import stub_grid
 from .helpers import stop_background, wait_until
@@ -23,22 +24,22 @@ def test_which_addresses_are_job_servers():
 
 def test_the_detached_driver_resumes_on_the_same_index_and_cluster(tmp_path):
     db = tmp_path / "i.sqlite"
-    cmd, env = service_cmds.detached_driver_command("r1", str(db), "10.0.0.5:6379")
-    assert cmd[:3] == [sys.executable, "-m", "kdeval.cli.service_cmds"]
-    assert cmd[3:] == ["resume", "r1", "--address", "10.0.0.5:6379"]
+    cmd, env = detach.detached_driver_command("r1", str(db), "10.0.0.5:6379")
+    assert cmd[:3] == [sys.executable, "-m", "kdeval.cli.app"]
+    assert cmd[3:] == ["resume", "r1", "--address", "10.0.0.5:6379", "--connect-timeout", "30"]
     assert env == {"KDEVAL_DB": f"sqlite:///{db}"}  # the index travels in the environment, not in `ps`
-    assert "--address" not in service_cmds.detached_driver_command("r1", str(db), None)[0]
+    assert "--address" not in detach.detached_driver_command("r1", str(db), None)[0]
 
 
 def test_detach_to_a_job_server_submits_a_ray_job(app, paths, monkeypatch):
     calls = []
-    monkeypatch.setattr(service_cmds, "_detach_ray_job", lambda *a: calls.append(a))
+    monkeypatch.setattr(service_cmds, "detach_ray_job", lambda *a: calls.append(a))
     grid = paths["tmp"] / "g.yaml"
     grid.write_text(stub_grid())
     res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]), "--detach",
                                    "--address", "http://head:8265"])
     assert res.exit_code == 0, res.output
-    assert len(calls) == 1 and calls[0][-1] == "http://head:8265"
+    assert len(calls) == 1 and calls[0][3] == "http://head:8265"
     assert not paths["db"].exists()  # the run is recorded on the cluster, not here
 
 
@@ -50,6 +51,7 @@ def two_nodes():
 
     if ray.is_initialized():
         ray.shutdown()
+    sandbox_ray()
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
     worker = c.add_node(num_cpus=1)
     try:
@@ -84,20 +86,23 @@ def test_detached_run_joins_the_given_cluster(two_nodes, app, paths, monkeypatch
         stop_background(pid)
 
 
-def test_a_job_server_without_detach_is_refused_before_anything_is_written(app, paths):
+@pytest.mark.parametrize("address, said", [
+    ("http://head:8265", "error: --address: http://head:8265 is a Ray job server, which only --detach submits to; to "
+                         "run here give the cluster's address (host:port, auto or ray://head:10001)"),
+    ("head:port", "error: --address head:port: expected host:port, auto or ray://host:port"),
+])
+def test_an_address_no_driver_joins_is_refused_before_anything_is_written(app, paths, address, said):
     grid = paths["tmp"] / "g.yaml"
     grid.write_text(stub_grid())
-    res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]), "--address", "http://head:8265"],
+    res = CliRunner().invoke(app, ["submit", str(grid), "--db", str(paths["db"]), "--address", address],
                              env={"COLUMNS": "300"})
     assert res.exit_code == 2, res.output
-    assert res.output.strip() == ("error: --address: http://head:8265 is a Ray job server, which only --detach "
-                                  "submits to; to run here give the cluster's address (host:port, auto or "
-                                  "ray://head:10001)")
+    assert res.output.strip() == said
     assert not paths["db"].exists()
 
 
 def test_connect_refuses_a_job_server_url():
-    from kdeval.cluster.raysetup import connect
+    from kdeval.cluster.raysetup import AddressError, connect
 
-    with pytest.raises(ConnectionError, match=r"^--address https://h:8265 is a Ray job server"):
+    with pytest.raises(AddressError, match=r"^--address https://h:8265 is a Ray job server"):
         connect("https://h:8265")

@@ -31,3 +31,33 @@ def test_detached_submit_finishes_in_background(app, paths, monkeypatch):
     finally:
         stop_background(pid)
     assert time.monotonic() - t0 < 120
+
+
+def test_a_background_driver_that_died_before_taking_its_run_reads_failed_with_its_last_log_line(app, paths):
+    """Not ``pending`` for good: ``status`` and ``ls`` say the driver is gone, and what its log said last."""
+    import socket
+    import subprocess
+    import sys
+
+    from .helpers import new_run
+
+    idx, run_id, _ = new_run(paths["db"], paths["results"], stub_grid())
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert idx.record_launch(run_id, socket.gethostname(), alive.pid)
+        st = CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])], env={"COLUMNS": "300"})
+        assert f"run {run_id} (stub-grid, stub:0.02): pending" in st.output, st.output  # still starting
+    finally:
+        alive.kill()
+        alive.wait()
+    (paths["results"] / f"driver-{run_id}.log").write_text("Traceback (most recent call last):\n"
+                                                           "MemoryError: out of memory\n\n")
+    st = CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])], env={"COLUMNS": "300"})
+    assert st.exit_code == 0, st.output
+    assert f"run {run_id} (stub-grid, stub:0.02): failed (driver gone)" in st.output, st.output
+    assert (f"the background driver (pid {alive.pid} on {socket.gethostname()}) exited before it ran the run; its "
+            f"log's last line: MemoryError: out of memory; `kdeval resume {run_id}` runs it") in st.output, st.output
+    ls = CliRunner().invoke(app, ["ls", "--db", str(paths["db"])], env={"COLUMNS": "300"})
+    assert re.search(rf"{run_id}\s+stub-grid\s+failed \(driver gone\)", ls.output), ls.output
+    assert idx.get_run(run_id).state == "pending"  # status only reads the index
+    idx.close()

@@ -151,6 +151,26 @@ def test_bad_export_exits_2_writing_nothing(run, cli, fmt, out_name, message):
     assert sorted(str(p) for p in tmp.rglob("*")) == before
 
 
+@pytest.mark.parametrize("writable", [False, True])
+def test_an_empty_mount_point_as_out(run, cli, writable):
+    """An empty mount point: read-only, one line saying so (not "Device or resource busy"), exit 2; writable,
+    the tree is written into it."""
+    from .helpers import tmpfs
+
+    _, tmp = run
+    mnt = tmp / "mnt"
+    mnt.mkdir()
+    with tmpfs(mnt, "1m" if writable else "64k,ro"):
+        r = runner.invoke(cli, ["export", "r1", "--format", "kvpress", "--out", str(mnt), "--db",
+                                str(tmp / "index.sqlite")], env={"COLUMNS": "300"})
+        if writable:
+            assert r.exit_code == 0, r.output
+            assert len([d for d in mnt.iterdir() if d.is_dir()]) == 5 and not list(mnt.glob(".*"))
+        else:
+            assert r.exit_code == 2 and r.output.strip() == f"error: --out: {mnt} is on a read-only file system"
+            assert list(mnt.iterdir()) == []
+
+
 def test_cli_writes_the_kvpress_tree(run, cli):
     _, tmp = run
     r = runner.invoke(cli, ["export", "r1", "--format", "kvpress", "--out", str(tmp / "kv"), "--db",

@@ -112,3 +112,30 @@ def test_submit_final_table_prints_hostile_name_and_error_as_text(local_ray, pat
     assert r.exit_code == 1, r.output  # the keydiff cell failed
     _assert_literal(r.output)
     assert f"{HOSTILE} is not a valid model id [/" in r.output and f"({HOSTILE}, stub:0.01)" in r.output
+
+
+FORMULAS = ["=HYPERLINK(\"http://x\",\"y\")", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+
+
+def test_csv_exports_do_not_hand_spreadsheets_formulas(tmp_path):
+    """A prediction or model id that opens as a formula is written with a leading ``'`` (OWASP's advice), in
+    ``export --format csv`` and ``report --format csv``; numbers written as text (``-3``) are left alone."""
+    import csv
+    import io
+
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    texts = FORMULAS + ["-3", "plain"]
+    pred = lambda i: {"prediction": texts[i]}  # noqa: E731
+    store_run(idx, tmp_path / "results", "r1", [
+        FakeCell("full", None, model="=cmd|' /C calc'!A0", rows=rows([1] * len(texts), extra=pred))])
+    db = str(idx.engine.url)
+    idx.close()
+    out = tmp_path / "all.csv"
+    r = runner.invoke(kdeval_app, ["export", "r1", "--format", "csv", "--out", str(out), "--db", db])
+    assert r.exit_code == 0, r.output
+    with open(out, newline="", encoding="utf-8") as fh:
+        got = list(csv.DictReader(fh))
+    assert [row["prediction"] for row in got] == ["'" + t for t in FORMULAS] + ["-3", "plain"]
+    rep = runner.invoke(kdeval_app, ["report", "r1", "--db", db, "--resamples", "20", "--format", "csv"])
+    cells = [c for row in csv.reader(io.StringIO(rep.stdout)) for c in row]
+    assert "'=cmd|' /C calc'!A0" in cells and "=cmd|' /C calc'!A0" not in cells, rep.stdout

@@ -107,20 +107,86 @@ def cli():
     return cli_app(import_cmds.register)
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "bad-config"])
+@pytest.mark.parametrize("case", ["missing", "empty", "bad-config", "latin-1-config", "linked-out"])
 def test_bad_import_dir_exits_2_writing_nothing(tmp_path, cli, case):
     target = tmp_path / "kv"
     if case != "missing":
         target.mkdir()
-    if case == "bad-config":
+    named = "error: DIR: "
+    if case in ("bad-config", "latin-1-config", "linked-out"):
         d = kvpress_dir(tmp_path / "kv")
-        (d / "config.yaml").write_text("just: text\n")
+        (d / "config.yaml").write_text("just: text\n") if case == "bad-config" else None
+    if case == "latin-1-config":  # a config saved in Latin-1: the error names the file
+        (d / "config.yaml").write_bytes((d / "config.yaml").read_bytes() + "# Écrit par Hélène\n".encode("latin-1"))
+        named = f"error: DIR: {d / 'config.yaml'} is not UTF-8 text (byte 0xc9 at offset "
+    if case == "linked-out":  # predictions.csv a link to a file outside DIR: refused, not read
+        outside = tmp_path / "elsewhere.csv"
+        (d / "predictions.csv").rename(outside)
+        (d / "predictions.csv").symlink_to(outside)
+        named = (f"error: DIR: {d / 'predictions.csv'} resolves to {outside}, outside {target}: refusing to import "
+                 "a file from outside DIR")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     r = runner.invoke(cli, ["import", "kvpress", str(target), "--db", str(tmp_path / "index.sqlite"),
                             "--results-dir", str(tmp_path / "results")], env={"COLUMNS": "300"})
     assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("error: DIR: ")
+    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(named), r.output
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def _many_rows(d: Path, n: int) -> None:
+    """Make the result directory ``d`` hold ``n`` predictions (one task)."""
+    df = pd.read_csv(d / "predictions.csv", keep_default_na=False)
+    big = pd.concat([df[df.task == "vt"]] * (n // 4 + 1)).head(n)
+    big.assign(predicted_answer=[f"answer {i} " + "x" * 40 for i in range(n)]).to_csv(d / "predictions.csv",
+                                                                                      index=False)
+
+
+def test_an_import_onto_a_full_results_dir_writes_nothing_and_can_be_run_again(tmp_path, cli):
+    """A 64 KiB results directory and 3,000 rows: one line, exit 1, no run in the index and no file left; the
+    same import with room succeeds (not "already imported")."""
+    from .helpers import tmpfs
+
+    _many_rows(kvpress_dir(tmp_path / "kv"), 3000)
+    small = tmp_path / "small"
+    small.mkdir()
+    db = tmp_path / "index.sqlite"
+    with tmpfs(small, "64k"):
+        r = runner.invoke(cli, ["import", "kvpress", str(tmp_path / "kv"), "--db", str(db), "--results-dir",
+                                str(small)], env={"COLUMNS": "300"})
+        assert r.exit_code == 1, r.output
+        assert r.output.strip() == (f"error: nothing imported: --results-dir {small}: No space left on device; the "
+                                    "import can be run again"), r.output
+        assert [p for p in small.rglob("*") if p.is_file()] == []
+    assert RunIndex.open(db).list_runs() == []
+    r = runner.invoke(cli, ["import", "kvpress", str(tmp_path / "kv"), "--db", str(db), "--results-dir",
+                            str(tmp_path / "results")], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    [run] = RunIndex.open(db).list_runs()
+    assert run.state == "done" and run.counts == {"done": 1}
+
+
+def test_an_imported_run_is_rebuilt_from_the_results_directory(tmp_path, cli):
+    from kdeval.cli.app import app as kdeval_app
+
+    kvpress_dir(tmp_path / "kv")
+    db, results = tmp_path / "index.sqlite", tmp_path / "results"
+    r = runner.invoke(cli, ["import", "kvpress", str(tmp_path / "kv"), "--db", str(db), "--results-dir",
+                            str(results)])
+    assert r.exit_code == 0, r.output
+    idx = RunIndex.open(db)
+    [before] = idx.list_runs()
+    cells = {c.id: (c.state, c.n_rows, c.summary, c.provenance) for c in idx.run_cells(before.id)}
+    idx.close()
+    for p in db.parent.glob(db.name + "*"):
+        p.unlink()
+    r = runner.invoke(kdeval_app, ["index", "rebuild", "--results-dir", str(results), "--db", str(db)],
+                      env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("rebuilt 1 run(s) with 2 done cell(s)"), r.output
+    idx = RunIndex.open(db)
+    run = idx.get_run(before.id)
+    assert (run.name, run.state, run.counts) == (before.name, "done", {"done": 2})
+    assert {c.id: (c.state, c.n_rows, c.summary, c.provenance) for c in idx.run_cells(run.id)} == cells
 
 
 def test_cli_imports(tmp_path, cli):

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from kdeval.cli import service_cmds
 from kdeval.cli.app import app as kdeval_app
 from kdeval.storage import IndexAccessError, RunIndex
+from tests.user_env import user_env
 
-from .helpers import wait_until
+from .helpers import tmpfs, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 GRID = """
@@ -42,17 +42,8 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs mounted for the test (unmounted at the end, whatever happens)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True, timeout=30)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(mnt, "1m"):
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
 
 @pytest.fixture
@@ -67,8 +58,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled",
-                COLUMNS="300")
+    return user_env(COLUMNS="300")
 
 
 def _fill(folder: Path) -> Path:

@@ -2,25 +2,23 @@
 from a dead one, and two submits of one grid started together (two driver processes on one Ray cluster)."""
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from kdeval.cluster.stub import StubWorkload
 from kdeval.jobs import service
 from kdeval.storage import AttemptState, CellRecord, RunIndex, list_temp_files, verify_cell
+from tests.user_env import sandbox_ray, user_env
 
 from .conftest import stub_grid
 from .helpers import assert_results_consistent, attempt_states, new_run, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _records(n: int) -> list[CellRecord]:
@@ -184,6 +182,7 @@ def cluster4():
 
     if ray.is_initialized():
         ray.shutdown()
+    sandbox_ray()
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=4, include_dashboard=False))
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
@@ -198,7 +197,7 @@ def test_two_submits_of_one_grid_started_together_compute_each_shard_once(cluste
     grid.write_text(GRID_FILE)
     db, results = paths["db"], paths["results"]
     RunIndex.open(db).close()  # the index exists before both start
-    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
+    env = user_env()
     cmd = [sys.executable, "-m", "kdeval.cli.service_cmds", "submit", str(grid), "--db", str(db),
            "--results-dir", str(results), "--address", cluster4.address]
     logs = [open(paths["tmp"] / f"driver{i}.log", "wb") for i in range(2)]
@@ -293,3 +292,41 @@ def test_a_driver_whose_cell_is_taken_over_stores_nothing_more_of_it(local_ray, 
     view = idx.get_cell(cell.id)
     assert (view.state, view.held_by) == ("running", "other-run")  # left to its new holder
     assert idx.get_run(run_id).state == "failed"
+
+
+def test_a_second_driver_takes_over_the_cells_a_sigkilled_driver_held(local_ray, paths):
+    """A real driver (``kdeval submit``, its own local Ray) is SIGKILLed holding a running cell; a second run of
+    the same grid takes that cell over at once (the holder's pid is gone), reuses what it finished and computes
+    the rest: each cell done once, the killed driver's attempt lost, nothing held, no temp file."""
+    import os
+    import signal
+
+    grid = paths["tmp"] / "grid.yaml"
+    grid.write_text(stub_grid(cost=1.0, workers=1))
+    log = open(paths["tmp"] / "driver.log", "wb")
+    first = subprocess.Popen([sys.executable, "-m", "kdeval.cli.app", "submit", str(grid), "--db", str(paths["db"]),
+                              "--results-dir", str(paths["results"])], env=user_env(), stdout=log,
+                             stderr=subprocess.STDOUT, cwd=paths["tmp"], start_new_session=True)
+    try:
+        wait_until(lambda: paths["db"].exists() and RunIndex.open(paths["db"]).list_runs(), 120, "the run")
+        idx = RunIndex.open(paths["db"])
+        run1 = idx.list_runs()[0].id
+        wait_until(lambda: idx.run_cells(run1, states=["done"]) and idx.run_cells(run1, states=["running"]), 120,
+                   "a cell done and one running")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        first.wait(timeout=30)
+        log.close()
+    held = {c.id for c in idx.run_cells(run1) if c.held_by == run1}
+    finished = {c.id for c in idx.run_cells(run1, states=["done"])}
+    assert held and not held & finished, (held, finished)
+
+    _, run2, _ = new_run(paths["db"], paths["results"], grid.read_text())  # the same cells
+    out = service.execute_run(idx, run2, workload=StubWorkload(), wait=False)  # no waiting: the holder is dead
+    assert (out.done, out.failed, out.left) == (5 - len(finished), 0, 0), out  # the rest is reused
+    assert (idx.get_run(run2).state, idx.get_run(run2).counts) == ("done", {"done": 5})
+    assert {a.state for a in idx.run_attempts(run1) if a.cell_id in held} == {"lost"}
+    assert not {a.cell_id for a in idx.run_attempts(run2)} & finished  # what the dead driver finished is reused
+    assert {c.held_by for c in idx.run_cells(run2)} == {None}
+    assert_results_consistent(idx, run2, paths["results"], samples=3)
+    idx.close()

@@ -5,17 +5,16 @@ for its simulated clusters, so what is tested is what a user's ``kdeval submit``
 from __future__ import annotations
 
 import ipaddress
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
+from tests.user_env import user_env
+
 from .conftest import stub_grid
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _listening(root: psutil.Process) -> dict[tuple[str, int], str]:
@@ -45,8 +44,7 @@ def _is_loopback(ip: str) -> bool:
 def test_local_run_listens_only_on_loopback(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text(stub_grid(cost=1.0, workers=1))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = str(REPO)
+    env = user_env()
     cmd = [sys.executable, "-m", "kdeval.cli.app", "submit", str(grid), "--db", str(tmp_path / "index.sqlite"),
            "--results-dir", str(tmp_path / "results")]
     driver = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

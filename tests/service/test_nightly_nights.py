@@ -203,3 +203,34 @@ def test_salt_gives_a_new_storage_id_and_keeps_the_result_identity(tmp_path):
     assert not {c.id for c in salted} & {c.id for c in plain}
     again = CellSpec.model_validate(salted[0].record().spec)  # what a resume reads back from the index
     assert again.id == salted[0].id and again.salt == "night n1"
+
+
+def test_on_fail_past_its_timeout_is_killed_with_everything_it_started(tmp_path):
+    """A hook that backgrounds a child and hangs: the gate returns at its timeout, and the child is dead too
+    (it held the hook's output pipes: waiting for them kept the gate until the child ended)."""
+    import os
+    import time
+
+    from kdeval.jobs.nightly_notify import run_on_fail
+
+    pidfile = tmp_path / "child.pid"
+    command = f"sh -c 'sleep 41 & echo $! > {pidfile}; exec sleep 1000'"
+    t0 = time.monotonic()
+    got = run_on_fail(command, tmp_path / "gate.json", timeout_s=2.0)
+    took = time.monotonic() - t0
+    assert not got["ok"] and got["error"].startswith("timed out after 2s"), got
+    assert took < 8, took
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+            with open(f"/proc/{child}/stat") as fh:  # killed but not reaped by init: a zombie is gone
+                if fh.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        raise AssertionError(f"on_fail's background child {child} outlived the gate")

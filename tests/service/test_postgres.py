@@ -22,6 +22,7 @@ from sqlalchemy import create_engine, text
 
 from kdeval.jobs.service import DRIVER_STALE_S
 from kdeval.storage import RunIndex, age_seconds
+from tests.user_env import user_env
 
 from . import pg_server
 from .conftest import stub_grid
@@ -106,8 +107,7 @@ def _status(url: str, run_id: str) -> dict:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled",
-                COLUMNS="200")
+    return user_env(COLUMNS="200")
 
 
 def test_smoke_grid_driver_killed_then_resumed_on_postgres(pg_url, tmp_path):

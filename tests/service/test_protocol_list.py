@@ -7,6 +7,7 @@ import pytest
 from kdeval.jobs.cells import expand
 from kdeval.jobs.errors import GridError
 from kdeval.jobs.validate import parse_grid
+from tests.user_env import user_env
 
 GRID = """
 models: [random:llama-tiny]
@@ -52,7 +53,7 @@ def test_status_and_progress_labels_tell_the_protocols_apart(paths):
 
     from rich.console import Console
 
-    from kdeval.cli.service_cmds import _status_table
+    from kdeval.cli.status_view import status_table
     from kdeval.jobs.scheduler import _cell_label
 
     from .helpers import new_run
@@ -60,7 +61,7 @@ def test_status_and_progress_labels_tell_the_protocols_apart(paths):
     text = GRID.format(protocol=f"[{AWARE}, {AGNOSTIC}]")
     idx, run_id, plan = new_run(paths["db"], paths["results"], text)
     buf = io.StringIO()
-    Console(file=buf, width=160, markup=False).print(_status_table(idx, run_id))  # as the CLI prints; no fold
+    Console(file=buf, width=160, markup=False).print(status_table(idx, run_id, 160))  # as the CLI prints; no fold
     keydiff = [ln.split()[1:4] for ln in buf.getvalue().splitlines() if " keydiff" in ln]
     assert len(keydiff) == 8 and len({tuple(k) for k in keydiff}) == 8, keydiff
     assert sum("[query-agnostic]" in " ".join(k) for k in keydiff) == 4
@@ -77,7 +78,7 @@ def test_status_tells_two_settings_of_one_policy_apart(paths):
 
     from rich.console import Console
 
-    from kdeval.cli.service_cmds import _status_table
+    from kdeval.cli.status_view import status_table
 
     from .helpers import new_run
 
@@ -86,7 +87,7 @@ def test_status_tells_two_settings_of_one_policy_apart(paths):
         "{name: ada, params: {inner: keydiff}}, {name: ada, params: {inner: {name: snapkv}}}]")
     idx, run_id, plan = new_run(paths["db"], paths["results"], text)
     buf = io.StringIO()
-    Console(file=buf, width=200, markup=False).print(_status_table(idx, run_id))
+    Console(file=buf, width=200, markup=False).print(status_table(idx, run_id, 200))
     rows = [ln.split()[1:3] for ln in buf.getvalue().splitlines() if " snapkv" in ln or " ada" in ln]
     assert len(rows) == len(plan.cells) == 16 and len({tuple(r) for r in rows}) == 16, rows
     assert sum(r[0] == "snapkv(pooling=avg)" for r in rows) == 4 and sum(r[0] == "ada(inner=keydiff)" for r in rows) == 4
@@ -113,7 +114,7 @@ def test_status_at_80_columns_folds_a_protocol_label_between_words(paths):
 
     idx, run_id, _ = new_run(paths["db"], paths["results"], GRID.format(protocol=f"[{AWARE}, {AGNOSTIC}]"))
     idx.close()
-    env = dict(os.environ, COLUMNS="80")
+    env = user_env(COLUMNS="80")
     r = subprocess.run([sys.executable, "-m", "kdeval.cli.app", "status", run_id, "--db", str(paths["db"])],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -105,14 +105,17 @@ def test_a_resubmit_with_a_fresh_index_adopts_every_cell_and_rewrites_nothing(ra
 def test_parts_that_do_not_make_their_cell_are_named_and_left_to_compute(ran, app):
     paths, run_id, _ = ran
     cells = sorted((paths["results"] / "cells").glob("*/*"))
-    part_files(cells[0])[1].write_bytes(b"PAR1 truncated")   # an unreadable part
+    cut = part_files(cells[0])[1]
+    cut.write_bytes(cut.read_bytes()[:300])                  # a part cut short (a copy interrupted)
     part_files(cells[1])[0].unlink()                         # a lost part
     (paths["results"] / "runs" / f"{run_id}.json").unlink()  # and the run's manifest
     _drop_index(paths["db"])
     r = runner.invoke(kdeval_app, ["index", "rebuild", "--results-dir", str(paths["results"]),
                                    "--db", str(paths["db"])])
     assert r.exit_code == 1, r.output
-    assert f"not recovered: {cells[0].name}: part-0001.parquet: no description of its cell" in r.output
+    assert (f"not recovered: {cells[0].name}: part-0001.parquet: truncated or corrupt (not a readable Parquet "
+            "file: ") in r.output, r.output
+    assert "older kdeval" not in r.output
     assert f"not recovered: {cells[1].name}: parts of shards [1] are not the 2 shards of 3 samples" in r.output
     run = RunIndex.open(paths["db"]).get_run(run_id)
     # without its manifest the run is made of the cells its rows name; its grid is unknown
@@ -151,3 +154,48 @@ def test_recovery_reads_each_part_once_and_checks_the_rows_it_read(ran, monkeypa
     pq.write_table(table.drop(["cell_id"]).replace_schema_metadata(read_part_metadata(part)), part)
     assert recover_cell(res, cells[1].name) == \
         "part-0001.parquet: no cell_id column (written before rows named their cell)"
+
+
+class _Killed(BaseException):
+    """A rebuild stopped between two cells, as a SIGKILL stops it (each cell is its own transaction)."""
+
+
+def _killed_rebuild(paths, monkeypatch, after: int) -> None:
+    from kdeval.jobs import recover, service
+    from kdeval.jobs.recover import rebuild_index
+
+    real, calls = recover._finish, []
+
+    def dying(*args, **kwargs):
+        if len(calls) == after:
+            raise _Killed
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    _drop_index(paths["db"])
+    monkeypatch.setattr(recover, "_finish", dying)
+    with pytest.raises(_Killed):
+        rebuild_index(RunIndex.open(paths["db"]), paths["results"], service.default_workload)
+    monkeypatch.setattr(recover, "_finish", real)
+
+
+def test_a_rebuild_killed_midway_is_finished_by_the_next_and_resume_adopts_its_files(ran, app, monkeypatch):
+    paths, run_id, before = ran
+    files = _files(paths["results"])
+    _killed_rebuild(paths, monkeypatch, after=2)
+    run = RunIndex.open(paths["db"]).get_run(run_id)
+    assert (run.state, run.counts) == ("pending", {"done": 2, "pending": 3})
+    r = runner.invoke(kdeval_app, ["index", "rebuild", "--results-dir", str(paths["results"]),
+                                   "--db", str(paths["db"])])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("rebuilt 1 run(s) with 5 done cell(s)"), r.output
+    run = RunIndex.open(paths["db"]).get_run(run_id)
+    assert (run.state, run.counts) == ("done", {"done": 5}) and "attempt history not recovered" in run.message
+    assert _report(paths["db"]) == before
+    # killed again, then resumed: the cells whose files check out are adopted, none recomputed
+    _killed_rebuild(paths, monkeypatch, after=1)
+    r = runner.invoke(app, ["resume", run_id, "--db", str(paths["db"])])
+    assert r.exit_code == 0, r.output
+    run = RunIndex.open(paths["db"]).get_run(run_id)
+    assert (run.state, run.counts) == ("done", {"done": 5})
+    assert _files(paths["results"]) == files  # nothing rewritten

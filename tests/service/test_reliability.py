@@ -7,22 +7,20 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from kdeval.jobs import service
 from kdeval.storage import RunIndex
+from tests.user_env import sandbox_ray, user_env
 
 from .helpers import assert_results_consistent, attempt_states, new_run, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                "health_check_initial_delay_ms": 0}
 
@@ -46,6 +44,7 @@ def cluster():
 
     if ray.is_initialized():
         ray.shutdown()
+    sandbox_ray()
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False,
                                                           _system_config=FAST_HEALTH))
     nodes = [c.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:A100": 1}) for _ in range(2)]
@@ -94,8 +93,7 @@ def test_driver_sigkill_then_resume(cluster, app, paths):
     grid = paths["tmp"] / "grid.yaml"
     grid.write_text(GPU_GRID.format(cost=0.6))
     db, results = paths["db"], paths["results"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               RAY_AUTH_MODE="disabled")
+    env = user_env()
     log = open(paths["tmp"] / "driver.log", "wb")
     driver = subprocess.Popen(
         [sys.executable, "-m", "kdeval.cli.service_cmds", "submit", str(grid), "--db", str(db),

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kdeval.jobs.csv_safe import safe_cell
 from kdeval.jobs.reports import views
 from kdeval.jobs.reports.layout import Column, TableView
 from kdeval.jobs.reports.model import TABLES, Report, ReportMeta, format_value, row_from_dict
@@ -157,5 +158,5 @@ def csv_text(report: Report, name: str) -> str:
     w = csv.writer(buf)
     w.writerow(_fields(name))
     for r in _rows(report, name):
-        w.writerow([format_value(v) for v in dataclasses.asdict(r).values()])
+        w.writerow([safe_cell(format_value(v)) for v in dataclasses.asdict(r).values()])
     return buf.getvalue()

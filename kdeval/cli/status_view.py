@@ -1,0 +1,124 @@
+"""What `kdeval status` and `kdeval ls` print: the runs table, one run's cell table, their JSON.
+
+A run that is not finished but has no driver left reads as such, never as ``pending`` or ``running`` for good:
+``running (driver gone)`` when its driver stopped heartbeating, ``failed (driver gone)`` when the background
+driver ``submit --detach`` started exited before it took the run; the caption says what the driver's log
+said last and how to continue (:mod:`kdeval.jobs.drivers`).
+"""
+from __future__ import annotations
+
+import json
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from kdeval.evals.chunking import chunk_text
+from kdeval.jobs.cells import policy_label, protocol_tag
+from kdeval.jobs.drivers import driver_alive, driver_gone, last_log_line, launch_gone
+from kdeval.jobs.groups import execution_label
+from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, to_jsonable
+
+#: the widest a status table's policy column insists on (a longer label without spaces folds)
+LABEL_WIDTH = 16  # "[query-agnostic]" stays whole
+
+
+def shown_state(run: RunView) -> str:
+    """A run's state as status and ls print it (``running (driver gone)``, ``failed (driver gone)``)."""
+    if launch_gone(run):
+        return "failed (driver gone)"
+    if run.state == RunState.RUNNING.value and not driver_alive(run):
+        return "running (driver gone)"
+    return run.state
+
+
+def driver_caption(run: RunView) -> str | None:
+    """Why a run without a driver is stuck and what to do (None when it has one, or is finished)."""
+    if not driver_gone(run):
+        return None
+    last = last_log_line(run)
+    said = f"; its log's last line: {last}" if last else ""
+    if launch_gone(run):
+        return (f"the background driver (pid {run.driver_pid} on {run.driver_host}) exited before it ran the run"
+                f"{said}; `kdeval resume {run.id}` runs it")
+    return (f"driver pid {run.driver_pid} on {run.driver_host} not seen for "
+            f"{age_seconds(run.heartbeat_at) or 0:.0f}s{said}: `kdeval resume {run.id}` continues the run")
+
+
+def counts_line(counts: dict[str, int]) -> str:
+    order = [s.value for s in CellState]
+    return "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+
+
+def runs_table(index: RunIndex) -> Table:
+    t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD)
+    for col in ("run", "name", "state", "done", "failed", "left", "created"):
+        t.add_column(col, overflow="fold", min_width=len(col),
+                     justify="right" if col in ("done", "failed", "left") else "left")
+    for r in index.list_runs():
+        c = r.counts
+        left = c.get("pending", 0) + c.get("running", 0)
+        t.add_row(r.id, r.name, shown_state(r), str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
+                  r.created_at.strftime("%m-%d %H:%M"))
+    return t
+
+
+def _headline(summary: dict | None) -> str:
+    """The cell's headline numbers: scalar metrics, not counts, latencies or nested tables."""
+    if not summary:
+        return ""
+    skip = ("n", "grid", "shared_rows")
+    vals = [f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+            if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
+            and not k.endswith("_bytes")]
+    return " ".join(vals[:3])
+
+
+def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
+    """One run: a heading with per-state counts, one row per cell (worker@node when ``width`` allows, time,
+    score or error), the driver's message. Columns fold instead of cutting what a user types next (ids,
+    policies, tasks) or must read (errors)."""
+    run = index.get_run(run_id)
+    cells = index.run_cells(run.id)
+    caption = driver_caption(run) or run.message
+    models = sorted({c.model for c in cells})
+    one_model = len(models) == 1
+    title = (f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)} — "
+             f"{counts_line(run.counts)}")
+    wide = width >= 110
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state"] + (
+        ["worker@node"] if wide else []) + ["s"]
+    # the label reports and progress print: two settings of one policy must not read the same
+    labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + protocol_tag(c.spec)
+              for c in cells}
+    # a label folds between its words ("keydiff [query-agnostic]"); a long parameter list folds where it must
+    longest = min(max((len(w) for label in labels.values() for w in label.split()), default=0), LABEL_WIDTH)
+    for col in cols:
+        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left",
+                     min_width=longest if col == "policy" else None)
+    t.add_column("score / error", overflow="fold", ratio=1)
+    for c in cells:
+        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
+        where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
+        state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
+        state = " ".join(filter(None, [state, execution_label(c.summary, c.n_rows)]))  # "done shared": in a group
+        nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
+        row = [c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb, c.task, state] + (
+            [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
+        t.add_row(*row)
+    parts = [Text(title, style="bold"), t] + ([Text(caption)] if caption else [])
+    return Group(*parts)
+
+
+def status_json(index: RunIndex, run_id: str | None) -> str:
+    if run_id is None:
+        return json.dumps({"runs": [dict(to_jsonable(r, drop=("grid_yaml",)), shown_state=shown_state(r))
+                                    for r in index.list_runs()]}, indent=2)
+    run = index.get_run(run_id)
+    cells = [dict(to_jsonable(c, drop=("spec",)), error_line=c.error_line) for c in index.run_cells(run.id)]
+    run_json = dict(to_jsonable(run, drop=("grid_yaml",)), driver_alive=driver_alive(run),
+                    driver_gone=driver_gone(run), shown_state=shown_state(run), driver_note=driver_caption(run),
+                    heartbeat_age_s=age_seconds(run.heartbeat_at))
+    return json.dumps({"run": run_json, "cells": cells}, indent=2)
