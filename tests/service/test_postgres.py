@@ -112,7 +112,9 @@ def _env() -> dict[str, str]:
 
 def test_smoke_grid_driver_killed_then_resumed_on_postgres(pg_url, tmp_path):
     grid = tmp_path / "grid.yaml"
-    grid.write_text(stub_grid(cost=1.5, workers=1))  # 5 cells, one at a time
+    # 5 cells, one at a time (alone: a group of the 5 would finish them all at once, leaving no moment with one
+    # done and one running to kill the driver in)
+    grid.write_text(stub_grid(cost=1.5, workers=1) + "execution: {share: false}\n")
     results = tmp_path / "results"
     log = open(tmp_path / "driver.log", "wb")
     driver = subprocess.Popen(_cli("submit", str(grid), "--db", pg_url, "--results-dir", str(results)),
