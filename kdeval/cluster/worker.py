@@ -42,11 +42,12 @@ class CellWorker:
         self.loaded_key: str | None = None
         self.handle: Any = None
         self.model_loads = 0
-        try:
-            ctx = ray.get_runtime_context()
-            self.node_id = ctx.get_node_id() or "local"
-        except Exception:  # noqa: BLE001 - outside Ray
-            self.node_id = "local"
+        self.node_id = "local"
+        if ray.is_initialized():  # asking outside Ray would start one (cluster mode, token auth) by itself
+            try:
+                self.node_id = ray.get_runtime_context().get_node_id() or "local"
+            except Exception:  # noqa: BLE001 - a driver, not an actor
+                pass
 
     def info(self) -> WorkerInfo:
         """Identity (also the 'ready' probe the scheduler waits on)."""

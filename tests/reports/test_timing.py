@@ -120,7 +120,11 @@ def test_a_fresh_model_is_warmed_up_once_before_its_first_cell():
 
 
 def test_stub_models_need_no_warm_up():
+    import ray
+
+    was = ray.is_initialized()
     worker = CellWorker(StubWorkload(), "w0")
+    assert ray.is_initialized() == was  # a worker made outside Ray starts none (it auto-started one before)
     out = worker.run_cell(CellTask(cell_id="c", model_id="stub:0", dtype="float32", attn_implementation="sdpa",
                                    revision=None, policy="full", policy_params={}, budget=None, chunk_size=32,
                                    task="needle", length=256, samples=1, seed=0))

@@ -127,7 +127,7 @@ def test_a_port_nobody_listens_on_fails_at_once_with_one_line(app, paths):
     [run] = idx.list_runs()
     assert run.state == "failed" and "connection refused" in run.message and run.counts == {"pending": 5}
     ls = CliRunner().invoke(app, ["ls", "--db", str(paths["db"])], env={"COLUMNS": "300"})
-    assert re.search(rf"{run.id}\s+stub-grid\s+failed\b", ls.output), ls.output
+    assert re.search(r"stub-grid\s+failed\s+0\s+0\s+5\s", ls.output), ls.output  # the id may fold
     idx.close()
 
 
