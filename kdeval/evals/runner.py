@@ -403,11 +403,11 @@ def _run_member(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, 
 
 
 def _most_held(members: Sequence[Mapping[str, Any]], policies: Mapping[int, Any], which: Sequence[int],
-               samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> int | None:
+               samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> int:
     """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.shared.SharedSteps`'s bound): the
-    largest budget + chunk any evicting member resolves for these samples (``None``: no member evicts, so no
-    member forks and nothing is worth recording)."""
-    most = None
+    largest budget + chunk any evicting member resolves for these samples (0 when no member evicts: no member
+    forks, so nothing is worth recording)."""
+    most = 0
     for i in which:
         m = members[i]
         if not policies[i].evicts or m.get("budget") is None:
@@ -418,8 +418,8 @@ def _most_held(members: Sequence[Mapping[str, Any]], policies: Mapping[int, Any]
             for j in idx:
                 p = part[1][j]
                 b = resolve_chunk(m.get("chunk_size", 128), len(p.prefix_ids) if context_only else p.n_tokens)
-                most = max(most or 0, n + b)
-    return most if most is not None else 0
+                most = max(most, n + b)
+    return most
 
 
 def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

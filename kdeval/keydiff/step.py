@@ -130,16 +130,15 @@ class Step:
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
         graph = self._graph_for(state, ids, all_logits) if evict else None
         record = shared.find(key, self.plan) if shared is not None else None
+        positions = torch.arange(state.seen, state.seen + t, device=self.plan.device) if graph is None else None
         if graph is not None:
             logits = graph.run(self, state.cache, ids, state.seen)
         elif record is not None:
-            positions = torch.arange(state.seen, state.seen + t, device=self.plan.device)
             logits = self.replay_step(state.cache, record, positions, state.seen + t, state.steps, evict,
                                       tuple(state.protected))
             shared.replayed += 1
             state.replayed += 1
         else:
-            positions = torch.arange(state.seen, state.seen + t, device=self.plan.device)
             recording = (shared, key) if shared is not None and shared.wants(key, state, t) else None
             logits = self.device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits,
                                       evict=evict, protected=tuple(state.protected), recording=recording)
