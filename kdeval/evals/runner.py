@@ -340,8 +340,9 @@ class MemberResult:
     seconds: float
 
 
-#: row columns that time a run: a sample computed with steps shared among cells has none of its own
-TIMING_COLUMNS = ("ttft_s", "shared_prefill_s")
+#: row columns that measure a run: a sample computed with steps shared among cells has none of its own (its
+#: process peak includes the group's recorded steps, its first token waited on the record)
+OWN_FIGURES = ("ttft_s", "shared_prefill_s", "peak_memory_bytes")
 
 
 def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
@@ -398,7 +399,7 @@ def _run_member(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, 
     for row in rows:
         row.update(execution="shared" if took_part else "alone", timing_batch=row["timing_batch"] + numbered)
         if took_part:
-            row.update({c: None for c in TIMING_COLUMNS})
+            row.update({c: None for c in OWN_FIGURES})
     result.rows.extend(rows)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kdeval.evals.registry import get_task
-from kdeval.evals.runner import TIMING_COLUMNS, model_prompts, run_group, run_task
+from kdeval.evals.runner import OWN_FIGURES, model_prompts, run_group, run_task
 
 #: what may differ between a cell run in a group and alone: its timings and how it was computed
 NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "execution",
@@ -52,7 +52,7 @@ def test_rows_equal_each_cell_run_alone(tiny, task_args):
     rows = {c["policy"]: g.rows for c, g in zip(cells, grouped)}
     assert rows["keydiff"][0]["execution"] == "alone" and rows["keydiff"][0]["ttft_s"] is not None  # timed alone
     later = [r for g in grouped for r in g.rows[1:] if r["execution"] == "shared"]
-    assert later and all(r[c] is None for r in later for c in TIMING_COLUMNS)
+    assert later and all(r[c] is None for r in later for c in OWN_FIGURES)
     assert any(r["replayed_steps"] > 0 for r in later)
     assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for r in rows["ada"])  # a head pool never shares
 

@@ -139,3 +139,17 @@ def test_no_memory_plot_without_kv_bytes(store, policy):
     idx, res = store
     store_run(idx, res, "r1", [FakeCell(policy, None if policy == "full" else 64, rows=_old_rows([1.0]))])
     assert memory_vs_length(build_report(idx, ["r1"], ReportOptions(resamples=0))) == []
+
+
+def test_a_grouped_cell_never_shows_its_groups_process_peak(store):
+    """Rows computed with shared steps carry no process peak; the cell's index record is then its group's peak
+    (1000 B here), which the report must not show as the cell's; a cell run alone still falls back to it."""
+    idx, res = store
+    shared = [{**r, "peak_memory_bytes": None, "execution": "shared"} for r in rows([1.0] * 3)]
+    alone = [{**r, "peak_memory_bytes": None} for r in rows([1.0] * 3)]
+    store_run(idx, res, "r1", [FakeCell("full", None, rows=rows([1.0] * 3)),
+                               FakeCell("keydiff", 256, rows=shared, summary={"score": 1.0, "shared_rows": 3}),
+                               FakeCell("sink", 256, rows=alone)])
+    perf = {p.policy: p for p in build_report(idx, ["r1"], ReportOptions(resamples=0)).perf}
+    assert perf["keydiff"].peak_memory_bytes is None
+    assert perf["sink"].peak_memory_bytes == 1000

@@ -56,7 +56,8 @@ def cell_perf(cell: LoadedCell | None) -> dict[str, float | None]:
         return {}
     p = cell.perf
     memory = _max(p["peak_memory_bytes"])
-    if memory is None and cell.view.peak_memory_bytes is not None:
+    # a grouped cell's own record is its group's peak, not its own
+    if memory is None and cell.view.peak_memory_bytes is not None and not _summary_number(cell, "shared_rows"):
         memory = float(cell.view.peak_memory_bytes)
     kv_bytes = _max(p["peak_kv_bytes"])
     if kv_bytes is None:
