@@ -197,7 +197,8 @@ class ResourceSpec(_Strict):
     workers: int = Field(default=1, ge=1, le=4096, description="Ray worker actors, each holding one loaded "
                          "model across cells.")
     shard_size: int = Field(default=32, ge=1, le=100_000, description="Samples per unit of work the scheduler "
-                            "hands out; a killed worker loses at most one shard. Changes no result.")
+                            "hands out (fewer when the grid's groups are fewer units of work than its workers, to "
+                            "spread them); a killed worker loses at most one shard. Changes no result.")
     cpus_per_worker: float = Field(default=1.0, gt=0, le=1024, description="CPUs each worker reserves (more "
                                    "than a node has and Ray would wait forever).")
     gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs each worker holds: 0 (CPU workers) or "

@@ -13,16 +13,18 @@ and sample range, plus the shard of that range of every queued cell of the same 
 first: claimed and planned). Shards marked to run alone (a retry after their group was lost or failed as a
 whole) are left out.
 
-Spreading: a group is as many units of work as its cells have shards, so a grid of fewer groups' shards than
-workers leaves workers idle (the scheduler starts no more than :func:`units_of_work`). Shards do not change
-results: a smaller ``resources.shard_size`` splits a group's samples over more workers. (Planning fresh cells
-in smaller shards by itself, when the grid has fewer groups than workers, is not done yet.)
+Spreading: a group is as many units of work as its cells have shards, and the scheduler starts no more workers
+than :func:`units_of_work`. When a run's groups are fewer units of work than its workers, :func:`spread_shard_sizes`
+gives each share key a smaller shard size, the same for every cell of the key (so its cells still group), so that
+the groups' shards spread over the workers: a one-task grid of 38 cells on 4 workers runs on all 4. The scheduler
+uses it for fresh cells only; a cell with shards already stored keeps its recorded plan. Shards do not change
+results (:mod:`kdeval.jobs.shards`).
 """
 from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Callable, Collection
+from typing import Callable, Collection, Mapping
 
 from kdeval.jobs.cells import CellSpec
 from kdeval.jobs.shards import Shard, shard_ranges
@@ -70,13 +72,40 @@ def take_group(first: Shard, queue: deque, take: Callable[[CellSpec], Shard | No
     return group
 
 
-def units_of_work(cells: list[CellSpec], shard_size: int, share: bool) -> int:
-    """How many units of work (shards alone, or groups' shards) ``cells`` are at most, when fresh: the
-    scheduler starts no more workers than that."""
+def spread_shard_sizes(samples: Mapping[str, int], shard_size: int, workers: int) -> dict[str, int]:
+    """The shard size of each group (``samples``: share key -> its cells' samples) that spreads the groups over
+    ``workers``: ``shard_size`` for all when their shards at that size are already at least ``workers`` units of
+    work; otherwise the spare workers are shared out one more shard at a time to the group with the most samples
+    per shard (never more shards than samples), and a group given more shards has its samples over its shards as
+    its size (at least 1, below ``shard_size``); the others keep ``shard_size``.
+
+    1 group of 8 samples on 4 workers: 2 (4 shards of 2); 2 groups of 8 on 4 workers: 4 each (2 shards each)."""
+    before = {k: len(shard_ranges(n, shard_size)) for k, n in samples.items()}
+    shards = dict(before)
+    for _ in range(workers - sum(shards.values())):
+        more = [k for k, n in samples.items() if shards[k] < n]
+        if not more:
+            break
+        k = max(more, key=lambda k: samples[k] / shards[k])
+        shards[k] += 1
+    return {k: shard_size if shards[k] == before[k] else min(shard_size, -(-n // shards[k]))
+            for k, n in samples.items()}
+
+
+def group_shard_sizes(cells: list[CellSpec], shard_size: int, workers: int) -> dict[str, int]:
+    """:func:`spread_shard_sizes` of the groups of ``cells`` (share key -> shard size for its fresh cells)."""
+    return spread_shard_sizes({share_key(c): c.task.samples for c in cells}, shard_size, workers)
+
+
+def units_of_work(cells: list[CellSpec], shard_size: int, share: bool, workers: int = 1) -> int:
+    """How many units of work (shards alone, or groups' shards) ``cells`` are at most, when fresh and run on
+    ``workers`` (groups in the shard sizes of :func:`group_shard_sizes`): the scheduler starts no more workers
+    than that."""
     if not share:
         return sum(len(shard_ranges(c.task.samples, shard_size)) for c in cells)
     groups = {share_key(c): c.task.samples for c in cells}
-    return sum(len(shard_ranges(n, shard_size)) for n in groups.values())
+    sizes = spread_shard_sizes(groups, shard_size, workers)
+    return sum(len(shard_ranges(n, sizes[k])) for k, n in groups.items())
 
 
 def execution_label(summary: dict | None, n_rows: int | None) -> str:

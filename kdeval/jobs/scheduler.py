@@ -22,8 +22,9 @@ Rules:
   group of one runs as ``run_cell``. A group whose worker is lost, that times out (its limit is
   ``cell_timeout_s`` per shard in it) or that fails as a whole (the workload raised for the group) has its
   shards requeued to run alone: a lost or timed-out group counts an attempt at each of them, a failed group
-  does not (each cell's own error shows alone). A grid of fewer groups' shards than workers leaves workers
-  idle: a smaller ``shard_size`` spreads a group's samples over them.
+  does not (each cell's own error shows alone). When the run's groups are fewer units of work than its
+  workers, a fresh cell is planned in the smaller shard size of its share key
+  (:func:`kdeval.jobs.groups.spread_shard_sizes`), so the groups' shards spread over the workers.
 * **Model affinity** — an idle worker gets work of the model it already holds; otherwise a model held by
   the fewest workers (ties: most work left), but only when that model has more cells or shards queued than
   workers holding it — so each model is loaded at most once per worker, usually less.
@@ -55,7 +56,7 @@ from kdeval.cluster.worker import worker_actor_class
 from kdeval.cluster.workload import CellOutcome, WorkerInfo, Workload
 from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.cells import CellSpec, policy_label, protocol_tag
-from kdeval.jobs.groups import take_group, units_of_work
+from kdeval.jobs.groups import group_shard_sizes, share_key, take_group, units_of_work
 from kdeval.jobs.holds import Holds
 from kdeval.jobs.outcomes import Flight, ShardOutcomes
 from kdeval.jobs.progress import CellProgress, RunProgress
@@ -138,6 +139,8 @@ class Scheduler(ShardOutcomes):
         self.queue: dict[str, deque[CellSpec | Shard]] = {}  # per model: cells not taken, shards of held cells
         for c in cells:
             self.queue.setdefault(c.model_key, deque()).append(c)
+        # share key -> shard size of its fresh cells: smaller than shard_size when the groups are fewer than workers
+        self.shard_sizes = group_shard_sizes(cells, config.shard_size, config.workers) if config.share else {}
         self.progress = RunProgress(total=len(cells), samples_total=sum(c.task.samples for c in cells))
         self.slots: list[_Slot] = []
         self.starting: dict[Any, _Slot] = {}  # info() ref -> slot not yet ready
@@ -225,7 +228,7 @@ class Scheduler(ShardOutcomes):
             self.index.release_cells(self.run_id, [cell.id])
             return None
         existing = self.index.cell_shards(cell.id)
-        held = plan_cell(cell, existing, self.cfg.shard_size, self.results_dir)
+        held = plan_cell(cell, existing, self.shard_sizes.get(share_key(cell), self.cfg.shard_size), self.results_dir)
         if len(held.done) != len(existing):
             self.index.drop_shards(cell.id, keep=list(held.done))
         remove_parts(self.results_dir, cell.id, keep=held.done)
@@ -334,7 +337,7 @@ class Scheduler(ShardOutcomes):
     def run(self) -> RunOutcome:
         """Run until every cell is done or failed, the run is cancelled, or no worker can start."""
         cells = [c for q in self.queue.values() for c in q]
-        work = units_of_work(cells, self.cfg.shard_size, self.cfg.share)
+        work = units_of_work(cells, self.cfg.shard_size, self.cfg.share, self.cfg.workers)
         for _ in range(min(self.cfg.workers, max(work, 1))):
             self._spawn()
         cancelled, message = False, None

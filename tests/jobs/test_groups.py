@@ -68,7 +68,8 @@ def test_share_false_runs_each_cell_alone_with_the_same_rows(local_ray, paths):
 
 
 def test_a_worker_killed_mid_group_requeues_every_shard_and_each_cell_is_done_once(local_ray, paths, app):
-    idx, run_id, _ = new_run(paths["db"], paths["results"], _grid(workers=2))
+    # one worker, replaced when killed: the group is all five cells (two workers would split it over them)
+    idx, run_id, _ = new_run(paths["db"], paths["results"], _grid(workers=1))
     # keydiff cells kill their worker on their first attempt: the group dies with the first of them
     out = service.execute_run(idx, run_id, workload=StubWorkload(crash_policies=("keydiff",),
                                                                  crash_marker_dir=str(paths["tmp"])))

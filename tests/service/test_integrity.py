@@ -72,7 +72,7 @@ def test_verify_cell_file_names_each_problem(paths):
 
 def test_damaged_results_are_recomputed_exactly_on_resubmit_and_resume(local_ray, paths):
     res = paths["results"]
-    idx, run1, _ = new_run(paths["db"], res, stub_grid())
+    idx, run1, _ = new_run(paths["db"], res, stub_grid(workers=1))  # one worker: each cell's 3 samples in one shard (two would split the group over them: test_spread.py)
     assert service.execute_run(idx, run1, workload=StubWorkload()).done == 5
     assert_results_consistent(idx, run1, res, samples=3)
     views = {c.id: c for c in idx.run_cells(run1)}

@@ -236,7 +236,7 @@ def test_an_index_and_results_from_before_shards_are_upgraded_and_reused(local_r
     from kdeval.storage import migrate, write_cell_rows
 
     res = paths["results"]
-    idx, run_id, plan = new_run(paths["db"], res, stub_grid())
+    idx, run_id, plan = new_run(paths["db"], res, stub_grid(workers=1))  # one worker: each cell's 3 samples in one shard (two would split the group over them: test_spread.py)
     assert service.execute_run(idx, run_id, workload=StubWorkload()).done == 5
     old, redo = [c.id for c in plan.cells[:2]], [c.id for c in plan.cells[2:]]
     with idx.engine.begin() as conn:  # what older kdeval left: one file per done cell, no shards, no leases

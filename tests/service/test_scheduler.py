@@ -12,11 +12,11 @@ from .helpers import assert_results_consistent, attempt_states, new_run, result_
 
 
 def test_run_completes_and_resubmit_runs_zero_cells(local_ray, paths):
-    idx, run_id, plan = new_run(paths["db"], paths["results"], stub_grid())
+    idx, run_id, plan = new_run(paths["db"], paths["results"], stub_grid(workers=1))  # one worker: each cell's 3 samples in one shard (two would split the group over them: test_spread.py)
     assert (len(plan.cells), len(plan.to_run)) == (5, 5)
     out = service.execute_run(idx, run_id, workload=StubWorkload())
     assert (out.done, out.failed, out.left, out.attempts) == (5, 0, 0, 5)
-    assert out.model_loads <= 2  # one model x two workers, never once per cell
+    assert out.model_loads == 1  # one model x one worker, never once per cell
     run = idx.get_run(run_id)
     assert run.state == "done" and run.counts == {"done": 5}
     assert run.message.startswith("5 done, 0 failed in 5 attempts; ")
@@ -137,8 +137,8 @@ def test_cells_finished_by_another_run_meanwhile_are_not_rerun(local_ray, paths)
     from kdeval.jobs.cells import CellSpec
     from kdeval.jobs.scheduler import Scheduler, SchedulerConfig
 
-    idx, run1, _ = new_run(paths["db"], paths["results"], stub_grid())
-    _, run2, plan2 = new_run(paths["db"], paths["results"], stub_grid())
+    idx, run1, _ = new_run(paths["db"], paths["results"], stub_grid(workers=1))  # one worker: each cell's 3 samples in one shard (two would split the group over them: test_spread.py)
+    _, run2, plan2 = new_run(paths["db"], paths["results"], stub_grid(workers=1))
     assert len(plan2.to_run) == 5  # both runs planned before either ran
     todo2 = [CellSpec.model_validate(c.spec) for c in idx.run_cells(run2)]
     service.execute_run(idx, run1, workload=StubWorkload())
@@ -162,7 +162,8 @@ def test_worker_process_crash_requeues_then_caps(local_ray, paths):
     assert_results_consistent(idx, run_id, paths["results"], samples=3)
 
     paths2 = paths["tmp"] / "again"
-    idx2, run2, _ = new_run(paths2 / "db.sqlite", paths2 / "res", stub_grid().replace("[64, 128]", "[65]"))
+    # one worker: each cell one shard, so a cell's cap is 2 attempts in all (test_spread.py splits over more)
+    idx2, run2, _ = new_run(paths2 / "db.sqlite", paths2 / "res", stub_grid(workers=1).replace("[64, 128]", "[65]"))
     out = service.execute_run(idx2, run2, max_attempts=2, workload=StubWorkload(crash_policies=("keydiff-mean",)))
     assert (out.done, out.failed) == (2, 1)
     bad = [c for c in idx2.run_cells(run2) if c.state == "failed"]
