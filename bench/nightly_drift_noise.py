@@ -1,4 +1,4 @@
-"""False alarms and power of the nightly change-point rule (kdeval.jobs.nightly_drift.window_test).
+"""False alarms and power of the nightly change-point rule (kdeval.jobs.nightly.drift.window_test).
 
 Noise-only histories: n samples with success rates drawn once per history (uniform 0.2..0.95); every night
 re-draws every sample's score (Bernoulli): the worst case, a fully nondeterministic stack. Slides: the same,
@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from kdeval.jobs.nightly_drift import window_test
+from kdeval.jobs.nightly.drift import window_test
 
 
 def flagged_share(histories: int, n: int, k: int, max_drop: float, slide: float, seed: int) -> float:

@@ -29,8 +29,8 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from kdeval.cluster.stub import StubWorkload  # noqa: E402
-from kdeval.jobs import service  # noqa: E402
-from kdeval.jobs.validate import parse_grid  # noqa: E402
+from kdeval.jobs.grid.load import parse_grid  # noqa: E402
+from kdeval.jobs.run import service  # noqa: E402
 from kdeval.storage import RunIndex  # noqa: E402
 
 GRID = """

@@ -19,7 +19,7 @@ Example (what README's "Python API" section shows; ``tests/test_api.py`` runs it
 
 :func:`run_grid` is ``kdeval submit`` without the terminal: the same validation, the same cells and cell ids,
 the same index (``db``) and results directory, run through the same service functions
-(:func:`kdeval.jobs.service.create_run`, :func:`kdeval.jobs.service.execute_run`) on a local Ray (or
+(:func:`kdeval.jobs.run.service.create_run`, :func:`kdeval.jobs.run.service.execute_run`) on a local Ray (or
 ``address``). Cells already done there — by the CLI or an earlier call — are reused, not recomputed.
 Each row is one sample of one cell: its identity columns (``run_id``, ``cell_id``, ``model``, ``policy``,
 ``params``, ``budget`` (N; None for ``full`` and for a share of the prompt), ``budget_share`` (0.25 for a
@@ -40,20 +40,21 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kdeval.jobs.grid import GridSpec
-    from kdeval.jobs.progress import RunProgress
+    from kdeval.jobs.grid.schema import GridSpec
+    from kdeval.jobs.run.progress import RunProgress
     from kdeval.storage import RunIndex
 
-__all__ = ["run_grid", "load_results"]
+__all__ = ["run_grid", "load_results", "read_grid"]
 
 
-def _grid(grid_or_path: "GridSpec | Mapping[str, Any] | str | os.PathLike") -> tuple["GridSpec", str]:
-    """The validated grid and the YAML text the run records. Raises GridError (a ValueError) naming the
-    field, as ``kdeval submit`` does."""
+def read_grid(grid_or_path: "GridSpec | Mapping[str, Any] | str | os.PathLike") -> tuple["GridSpec", str]:
+    """The validated grid and the YAML text a run records, from what :func:`run_grid` takes (a grid file's path,
+    YAML text, a mapping or a ``GridSpec``). Raises GridError (a ValueError) naming the field, as ``kdeval submit``
+    does."""
     import yaml
 
-    from kdeval.jobs.grid import GridSpec
-    from kdeval.jobs.validate import load_grid, parse_grid, validate_mapping
+    from kdeval.jobs.grid.schema import GridSpec
+    from kdeval.jobs.grid.load import load_grid, parse_grid, validate_mapping
 
     if isinstance(grid_or_path, GridSpec):
         text = yaml.safe_dump(grid_or_path.model_dump(mode="json"), sort_keys=False)
@@ -75,7 +76,7 @@ def _frame(index: "RunIndex", run_id: str, results_dir: str | Path | None = None
     import pandas as pd
     import pyarrow as pa
 
-    from kdeval.jobs.export import run_table
+    from kdeval.jobs.interop.export import run_table
 
     export = run_table(index, run_id, results_dir)
     # Nullable integers: `budget` stays 128 (and <NA> for full) instead of becoming 128.0 beside a NaN.
@@ -106,7 +107,7 @@ def run_grid(
         db: the index (a path or SQLAlchemy URL; default ``.kdeval/index.sqlite``, as the CLI).
         results_dir: where per-cell Parquet files go (default ``.kdeval/results``).
         address: a Ray cluster (``auto``, ``ray://host:10001``); default a local Ray started once per process.
-        on_progress: called with a :class:`~kdeval.jobs.progress.RunProgress` as cells finish.
+        on_progress: called with a :class:`~kdeval.jobs.run.progress.RunProgress` as cells finish.
 
     Returns:
         a pandas DataFrame of every sample of the run's done cells (columns: see the module docstring);
@@ -118,10 +119,10 @@ def run_grid(
         ConnectionError: Ray cannot be started, or the cluster at ``address`` not joined within 30 s (one line
             naming the address and the cause; the run is marked failed).
     """
-    from kdeval.jobs import service
+    from kdeval.jobs.run import service
     from kdeval.storage import RunIndex
 
-    grid, text = _grid(grid_or_path)
+    grid, text = read_grid(grid_or_path)
     index = RunIndex.open(None if db is None else str(db))
     try:
         run_id, plan = service.create_run(index, grid, text, results_dir or service.DEFAULT_RESULTS_DIR)

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 import kdeval.api as api
-from kdeval.jobs.errors import GridError
+from kdeval.jobs.grid.errors import GridError
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 SECTION = "## run_grid and load_results"
@@ -80,9 +80,9 @@ def test_a_second_call_and_the_cli_reuse_the_same_cells(example, tmp_path):
 def test_grid_file_and_yaml_text_give_the_same_cells(example, tmp_path):
     text = yaml.safe_dump(example["grid"])
     (tmp_path / "g.yaml").write_text(text)
-    from_file, from_text, from_map = api._grid(tmp_path / "g.yaml"), api._grid(text), api._grid(example["grid"])
+    from_file, from_text, from_map = api.read_grid(tmp_path / "g.yaml"), api.read_grid(text), api.read_grid(example["grid"])
     assert from_file[0] == from_text[0] == from_map[0]
-    assert api._grid(from_map[0])[0] == from_map[0]  # a GridSpec goes through as it is
+    assert api.read_grid(from_map[0])[0] == from_map[0]  # a GridSpec goes through as it is
 
 
 def test_bad_input_names_the_field_and_writes_nothing(tmp_path):

@@ -3,7 +3,7 @@ import shutil
 from pathlib import Path
 
 import kdeval
-from kdeval.jobs.cells import cell_code_version, kdeval_version
+from kdeval.jobs.grid.cells import cell_code_version, kdeval_version
 from kdeval.version import code_version, result_code_files, result_code_hash, source_hash, tree_hash
 
 

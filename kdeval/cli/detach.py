@@ -20,7 +20,7 @@ from typing import Optional
 from rich.console import Console
 
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
-from kdeval.jobs.drivers import driver_log
+from kdeval.jobs.run.drivers import driver_log
 from kdeval.storage import DB_ENV, RunIndex, db_text, db_url
 
 

@@ -19,7 +19,7 @@ def tasks_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
         return
     from rich.console import Console
 
-    from kdeval.jobs.reports.layout import Column, TableView, render
+    from kdeval.jobs.reports.render.layout import Column, TableView, render
 
     view = TableView("tasks", f"{len(specs)} tasks (`kdeval score TASK` and grids name them as printed)",
                      [Column("task", key=True), Column("benchmark"), Column("metric", fold=True), Column("data source", fold=True)],
@@ -46,7 +46,7 @@ def score_cmd(
         return
     from rich.console import Console
 
-    from kdeval.jobs.reports.layout import Column, TableView, render
+    from kdeval.jobs.reports.render.layout import Column, TableView, render
 
     subs = [k for k in rows[0] if k not in ("id", "score", "length", "depth", "level")]
     view = TableView("samples", f"{task}: per-sample scores (0-1)",

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
-from kdeval.jobs.export import DIR_FORMATS, FORMATS, export_run
+from kdeval.jobs.interop.export import DIR_FORMATS, FORMATS, export_run
 
 out = Console()
 err = Console(stderr=True)
@@ -53,7 +53,7 @@ def export(
 def _export_dir(run: str, fmt: str, out_dir: Path, db: Optional[str], results_dir: Optional[Path]) -> None:
     """The kvpress / lm-eval exports: one directory, written whole or not at all."""
     with bad_input():
-        from kdeval.jobs.export_dir import check_out_dir, export_dir
+        from kdeval.jobs.interop.export_dir import check_out_dir, export_dir
 
         check_out_dir(out_dir)  # before the index is opened
         index = open_index(db, write=False)

@@ -22,7 +22,7 @@ from kdeval.cli.errors import bad_input
 
 console = Console()
 
-#: How the stats of ``generate`` are printed: (label, kind of :mod:`kdeval.jobs.reports.units`).
+#: How the stats of ``generate`` are printed: (label, kind of :mod:`kdeval.jobs.reports.render.units`).
 STAT_LABELS: dict[str, tuple[str, str]] = {
     "prompt_tokens": ("prompt tokens", "prompt_tokens"), "ttft_s": ("TTFT s", "ttft_median_s"),
     "decode_s": ("decode s", "ttft_median_s"), "decode_tokens": ("decode tokens", "peak_kv_tokens"),
@@ -61,7 +61,7 @@ def stats_table(stats: dict[str, Any]) -> Table:
     """The run's stats with units: seconds and rates to 3 significant digits, token counts as integers,
     bytes in MiB or GiB (the unit in the label)."""
     from kdeval.jobs.reports.model import memory_label
-    from kdeval.jobs.reports.units import bytes_unit, text
+    from kdeval.jobs.reports.render.units import bytes_unit, text
 
     table = Table(show_header=False)
     for key, value in stats.items():
@@ -166,7 +166,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps([i.to_dict() for i in infos], indent=2))
             return
-        from kdeval.jobs.reports.layout import Column, TableView, render
+        from kdeval.jobs.reports.render.layout import Column, TableView, render
 
         rows = [[i.name, i.rule, ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-", i.cost]
                 for i in infos]

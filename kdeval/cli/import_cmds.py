@@ -36,8 +36,8 @@ def kvpress(
 ) -> None:
     """Record a kvpress evaluation (its predictions, kdeval's per-sample scores of them, its ratio and metrics) as
     a done run marked external; `kdeval report RUN --compare <this run>` sets kdeval's numbers beside it."""
-    from kdeval.jobs import service
-    from kdeval.jobs.import_kvpress import import_kvpress, read_import
+    from kdeval.jobs.run import service
+    from kdeval.jobs.interop.kvpress_import import import_kvpress, read_import
 
     with bad_input():
         cells = read_import(directory, model, seed)  # a bad DIR exits 2 before the index is opened

@@ -1,5 +1,5 @@
 """`kdeval index rebuild`: an index made again from a results directory (each part and each run's manifest
-says what it is; see :mod:`kdeval.jobs.recover`).
+says what it is; see :mod:`kdeval.jobs.run.recovery`).
 
 Exit codes: 0 every cell found in the results is done again; 1 some cells (or run manifests) could not be
 recovered (each named with why); 2 bad input (an unusable --db or --results-dir).
@@ -31,8 +31,8 @@ def rebuild(
 
     Runs the index already has are left as they are; cells are checked as integrity checks them before they
     count as done; attempt history (errors, retries, timings of attempts) is not recovered."""
-    from kdeval.jobs import service
-    from kdeval.jobs.recover import rebuild_index
+    from kdeval.jobs.run import service
+    from kdeval.jobs.run.recovery import rebuild_index
 
     if not (results_dir / "cells").is_dir() and not (results_dir / "runs").is_dir():
         err.print(f"error: --results-dir: {results_dir} holds no cells/ or runs/ directory (not a kdeval results "

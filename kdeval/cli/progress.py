@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kdeval.jobs.progress import RunProgress
+from kdeval.jobs.run.progress import RunProgress
 
 #: A plain progress line at least this often (seconds) ...
 PLAIN_EVERY_S = 30.0

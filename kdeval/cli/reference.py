@@ -137,10 +137,10 @@ def _sections(root: type[BaseModel], at: str, top_title: str) -> list[str]:
 
 def grid_page() -> str:
     """Every field of a grid file and of a nightly file's ``nightly:`` section."""
-    from kdeval.jobs.grid import GridSpec
-    from kdeval.jobs.nightly_spec import NightlySpec
+    from kdeval.jobs.grid.schema import GridSpec
+    from kdeval.jobs.nightly.spec import NightlySpec
 
-    parts = [HEADER.format(cmd=REGENERATE, source="`kdeval/jobs/grid.py` and `kdeval/jobs/nightly_spec.py`")
+    parts = [HEADER.format(cmd=REGENERATE, source="`kdeval/jobs/grid/schema.py` and `kdeval/jobs/nightly/spec.py`")
              + "# Grid fields\n\nA grid file is YAML; unknown keys are errors naming the field and the closest "
              "known one. Lists of models, policies and tasks take a bare string as the entry's `id` / `name`. "
              "How to write one: [grids](../grids.md).\n",

@@ -28,11 +28,11 @@ from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.cli.status_view import runs_table, status_json, status_table
 from kdeval.cluster.raysetup import AddressError, is_job_server
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
-from kdeval.jobs import service
-from kdeval.jobs.drivers import describe_driver
-from kdeval.jobs.errors import GridError
-from kdeval.jobs.progress import RunProgress
-from kdeval.jobs.validate import load_grid
+from kdeval.jobs.grid.errors import GridError
+from kdeval.jobs.grid.load import load_grid
+from kdeval.jobs.run import service
+from kdeval.jobs.run.drivers import describe_driver
+from kdeval.jobs.run.progress import RunProgress
 from kdeval.storage import TERMINAL_RUN_STATES, IndexStorageError, RunIndex, RunState
 
 # Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
@@ -127,7 +127,7 @@ def _stop_run(index: RunIndex, run_id: str, why: str) -> str:
     return f"run {run_id} is marked failed: {then}"
 
 
-def _print_plan(name: str, p: "service.Plan") -> None:
+def _print_plan(name: str, p: "service.RunPlan") -> None:
     """The dry run's table: per cell its state, generation length, data source and spec; then the notes."""
     t = Table(title=Text(f"{name}: {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run",
                          style="table.title"), box=box.SIMPLE_HEAD)
@@ -156,7 +156,7 @@ def submit(
         grid, text = load_grid(grid_file)
         if dry_run:  # a dry run never creates the index
             index = open_index(db, write=False) if missing_index(db) is None else None
-            p = service.plan(index, grid) if index else service.Plan(**vars(service.expand_grid(grid)), done=set())
+            p = service.plan(index, grid) if index else service.RunPlan(**vars(service.expand_grid(grid)), done=set())
         else:
             p = None
     except GridError as e:
@@ -261,7 +261,7 @@ def rescore(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Recompute every stored prediction's score with the current metric code."""
-    from kdeval.jobs.rescore import rescore_run
+    from kdeval.jobs.run.rescore import rescore_run
 
     index = open_index(db)
     r = _run_or_exit(index, run)

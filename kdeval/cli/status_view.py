@@ -3,7 +3,7 @@
 A run that is not finished but has no driver left reads as such, never as ``pending`` or ``running`` for good:
 ``running (driver gone)`` when its driver stopped heartbeating, ``failed (driver gone)`` when the background
 driver ``submit --detach`` started exited before it took the run; the caption says what the driver's log
-said last and how to continue (:mod:`kdeval.jobs.drivers`).
+said last and how to continue (:mod:`kdeval.jobs.run.drivers`).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kdeval.evals.chunking import chunk_text
-from kdeval.jobs.cells import policy_label, protocol_tag
-from kdeval.jobs.drivers import driver_alive, driver_gone, last_log_line, launch_gone
-from kdeval.jobs.groups import execution_label
+from kdeval.jobs.grid.cells import policy_label, protocol_tag
+from kdeval.jobs.run.drivers import driver_alive, driver_gone, last_log_line, launch_gone
+from kdeval.jobs.run.groups import execution_label
 from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, to_jsonable
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)

@@ -1,8 +1,12 @@
-"""Jobs: grid files, cells, the scheduler loop, run operations (submit/resume/cancel/rescore).
+"""Jobs: everything between a grid file and its results, one folder per job.
 
-- :mod:`~kdeval.jobs.grid` / :mod:`~kdeval.jobs.validate` — the grid schema and ``load_grid`` (GridError)
-- :mod:`~kdeval.jobs.cells` — expansion into cells with content-hash ids
-- :mod:`~kdeval.jobs.scheduler` — the ``ray.wait`` loop (affinity, retries, dead-worker replacement)
-- :mod:`~kdeval.jobs.service` — ``create_run`` / ``execute_run`` / ``cancel_run`` used by the CLI
-- :mod:`~kdeval.jobs.rescore` — recompute stored scores with the current metric code
+- :mod:`~kdeval.jobs.grid` — the grid schema, ``load_grid`` (errors that name the field), cells and their identity
+- :mod:`~kdeval.jobs.run` — ``create_run`` / ``execute_run`` / ``cancel_run``, the scheduler loop (shards, groups,
+  affinity, holds), what each outcome records, progress, index recovery, rescoring
+- :mod:`~kdeval.jobs.nightly` — ``kdeval nightly``: the run, the gate, the history
+- :mod:`~kdeval.jobs.interop` — ``kdeval export`` and ``kdeval import``: other tools' files
+- :mod:`~kdeval.jobs.reports` — what a report computes (deltas, CIs, headlines, speed, memory, contrasts), and in
+  :mod:`~kdeval.jobs.reports.render` how it is drawn
+
+``errors`` and ``validate`` here are the old paths of ``grid.errors`` and ``grid.load``, kept for the engine's tests.
 """

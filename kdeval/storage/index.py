@@ -165,11 +165,6 @@ class RunIndex(ShardLeases):
             out.update({cid: st for cid, st in s.execute(q).all()})
         return out
 
-    def cell_states(self, cell_ids: Sequence[str]) -> dict[str, str]:
-        """State of each known cell among ``cell_ids`` (unknown ids are absent)."""
-        with self.session() as s:
-            return self._cell_states(s, cell_ids)
-
     def read_cell_table(self, cell_id: str) -> pa.Table:
         """A done cell's per-sample rows as a pyarrow Table (raises ``LookupError`` if not done)."""
         cell = self.get_cell(cell_id)

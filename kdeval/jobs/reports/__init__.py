@@ -1,5 +1,5 @@
-"""Reports: aggregation of stored results into paired deltas with bootstrap CIs, output formats, plots,
-the HTML report and the nightly regression gate.
+"""Reports: what is computed from stored results (per-sample tables, paired deltas with bootstrap CIs, headlines,
+speed and memory, contrasts, provenance) into typed rows; how they are drawn is :mod:`kdeval.jobs.reports.render`.
 
     from kdeval.jobs.reports import ReportOptions, build_report
     report = build_report(index, [run_id], ReportOptions(compare="full"))

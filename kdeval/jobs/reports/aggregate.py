@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kdeval.jobs.reports.comparisons import cost_of_chunking, query_dependence
+from kdeval.jobs.reports.contrasts import cost_of_chunking, query_dependence
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
-from kdeval.jobs.reports.units import stored
-from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State
+from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, stored
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
 from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, paired_delta

@@ -10,17 +10,26 @@
   its integrity check, or is missing: shown, never dropped.
 * :class:`ProvenanceRow` — where and with what code each compared cell ran (versions, device, host).
 
-Rows hold numbers unrounded (:func:`~kdeval.jobs.reports.units.stored`): JSON and CSV keep every digit and parse
+Rows hold numbers unrounded (:func:`stored`): JSON and CSV keep every digit and parse
 back to equal rows (:func:`row_from_dict`); the terminal, Markdown and HTML round when they print
-(:func:`~kdeval.jobs.reports.units.text`).
+(:func:`~kdeval.jobs.reports.render.units.text`).
 """
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kdeval.evals.budget import Budget, parse_budget
+
+
+def stored(value: Any) -> float | int | None:
+    """``value`` as a report row holds it: None for None and NaN, an integer as ``int``, any other number as
+    ``float``, unrounded."""
+    if value is None or value != value:
+        return None
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 #: The full-cache policy: the default reference of a report.
 FULL = "full"

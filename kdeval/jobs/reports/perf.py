@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdeval.jobs.reports.units import stored
-from kdeval.jobs.reports.model import PerfRow
+from kdeval.jobs.reports.model import PerfRow, stored
 from kdeval.jobs.reports.samples import LoadedCell, Slot
 from kdeval.jobs.reports.stats import Interval, median_ratio_bootstrap, unpaired_median_ratio_bootstrap
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kdeval.evals.budget import Budget, budget_order
-from kdeval.jobs.cells import policy_label, protocol_tag
+from kdeval.jobs.grid.cells import policy_label, protocol_tag
 from kdeval.jobs.reports.stats import Interval, paired_bootstrap
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 

@@ -1,0 +1,45 @@
+"""The terminal view of a report: the tables of :mod:`kdeval.jobs.reports.render.views` laid out for the console's
+width by :func:`kdeval.jobs.reports.render.layout.render` (nothing cut), and the report's warnings (one line each).
+"""
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.markup import escape
+
+from kdeval.jobs.reports.model import Report
+from kdeval.jobs.reports.render.layout import render
+from kdeval.jobs.reports.render.views import cells_view, memory_view, scores_view, speed_view
+
+def scores_table(report: Report, width: int, detail: bool = False) -> RenderableType:
+    """Scores per policy × budget × metric with Δ and CI (``detail``: also per length / depth / level)."""
+    rows = [r for r in report.scores if detail or r.level != "detail"]
+    return render(scores_view(report, rows), width)
+
+
+def speed_table(report: Report, width: int) -> RenderableType:
+    """TTFT and decode tokens/s per cell with their ratios to the reference and the ratios' CIs."""
+    return render(speed_view(report), width)
+
+
+def memory_table(report: Report, width: int) -> RenderableType:
+    """Prompt length, peak KV tokens and bytes, mem × and the process/GPU peak per cell."""
+    return render(memory_view(report), width)
+
+
+def cells_table(report: Report, width: int) -> RenderableType | None:
+    """Cells that failed, have not run, whose result file is not intact, or are missing (None when none)."""
+    view = cells_view(report)
+    return None if view is None else render(view, width)
+
+
+def contrast_tables(report: Report, width: int) -> list[RenderableType]:
+    """The cost-of-chunking and query-dependence tables the runs hold both sides of (none, one or two)."""
+    from kdeval.jobs.reports.render.contrast_views import CONTRASTS, contrast_view
+
+    views = [contrast_view(report, name) for name in CONTRASTS]
+    return [render(v, width) for v in views if v is not None]
+
+
+def warning_lines(report: Report) -> list[str]:
+    """The report's warnings as rich markup, one line each (printed after the tables)."""
+    return [f"[bold yellow]warning:[/] {escape(w)}" for w in report.meta.warnings]

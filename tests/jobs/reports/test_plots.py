@@ -1,0 +1,69 @@
+"""Plots a reader can trust: score vs budget with CI bars and policies that stay visible when they overlap,
+needle heatmaps with the value and n in each cell on a colour-blind-safe map."""
+from __future__ import annotations
+
+from matplotlib.container import ErrorbarContainer
+
+from kdeval.jobs.reports import ReportOptions, build_report
+from kdeval.jobs.reports.render.plots import budget_figure, needle_figure, score_vs_budget
+from kdeval.jobs.reports.render.views import headline_rows
+from tests.jobs.reports.helpers import FakeCell, rows, store_run
+
+
+def _report(store):
+    idx, res = store
+    cells = [FakeCell("full", None, task="ruler.vt", length=1024, rows=rows([1.0] * 12, task="ruler.vt"))]
+    for policy in ("keydiff", "snapkv", "sink"):
+        for budget in (64, 128):
+            same = [1.0] * 6 + [0.0] * 6  # every policy scores the same: its points overlap exactly
+            cells.append(FakeCell(policy, budget, task="ruler.vt", length=1024, rows=rows(same, task="ruler.vt")))
+    store_run(idx, res, "r1", cells)
+    return build_report(idx, ["r1"], ReportOptions(resamples=200))
+
+
+def test_score_vs_budget_has_ci_bars_and_distinct_styles(store):
+    rep = _report(store)
+    rows_ = headline_rows(rep.scores)
+    assert {r.metric for r in rows_} == {"ruler.vt"}  # one RULER task: its own score, no ruler.avg
+    fig = budget_figure("t", rows_)
+    [ax] = fig.axes
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 3  # one per policy with a budget
+    lines = [c.lines[0] for c in bars]
+    assert len({ln.get_marker() for ln in lines}) == 3 and len({str(ln.get_linestyle()) for ln in lines}) == 3
+    assert len({ln.get_color() for ln in lines}) == 3
+    xs = [tuple(ln.get_xdata()) for ln in lines]
+    assert len(set(xs)) == 3  # dodged sideways: equal scores do not hide each other
+    kd = next(r for r in rows_ if r.policy == "keydiff" and r.budget == 64)
+    seg = bars[0].lines[2][0].get_segments()[0]  # the first policy's (keydiff) first bar
+    assert (seg[0][1], seg[1][1]) == (kd.value + kd.ci_low - kd.delta, kd.value + kd.ci_high - kd.delta)
+    assert any(ln.get_linestyle() == "--" and ln.get_label() == "full (reference)" for ln in ax.get_lines())
+    assert [p.kind for p in score_vs_budget(rep)] == ["score_vs_budget"]
+
+
+def test_needle_heatmap_titles_fit_their_panels():
+    """Seven panels with long policy labels: every title line is at most the panel's share of characters (a
+    28-character line ran into the neighbouring panels)."""
+    grid = {(1024, 25.0): (100.0, 4)}
+    names = ["full"] + [f"ada(inner=snapkv(pooling=avg{i})) N=64" for i in range(6)]
+    fig = needle_figure("needle", [(n, grid) for n in names])
+    widest = max(len(line) for ax in fig.axes if ax.images for line in ax.get_title().splitlines())
+    assert widest <= int((13.0 - 1.0) / 7 * 11) < 28
+
+
+def test_memory_markers_stop_growing_past_a_few_policies():
+    from kdeval.jobs.reports.render.plots import NESTED, memory_figure
+
+    lines = {f"p{i:02d} · needle": [(100.0, 1.0)] for i in range(13)}
+    [ax] = memory_figure("t", lines).axes
+    sizes = [ln.get_markersize() for ln in ax.get_lines()]
+    assert max(sizes) == 4 + 2.5 * (NESTED - 1) and min(sizes) == 4 and len(set(sizes)) == NESTED
+
+
+def test_needle_heatmap_prints_value_and_n_on_cividis():
+    grid = {(1024, 25.0): (100.0, 4), (1024, 75.0): (50.0, 4), (2048, 25.0): (0.0, 3)}
+    fig = needle_figure("needle", [("full", grid), ("keydiff N=64", grid)])
+    heat = [ax for ax in fig.axes if ax.images]
+    assert len(heat) == 2 and all(ax.images[0].get_cmap().name == "cividis" for ax in heat)
+    texts = sorted(t.get_text() for t in heat[0].texts)
+    assert texts == ["0\nn=3", "100\nn=4", "50\nn=4"]  # the empty cell (2048, 75) prints nothing
