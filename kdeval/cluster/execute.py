@@ -15,12 +15,12 @@ Shards and shared contexts: the runner compresses a context once for consecutive
 (``context_shared`` rows). A shard boundary may split such a group; each side then compresses the context
 itself. Results do not change (every question still gets the same compressed context: sharing only saves
 computing it again), only the rows' ``context_shared`` / ``shared_prefill_s`` and the time spent
-(``tests/service/test_real_shards.py``). The cell's summary is computed by the driver from all its stored
+(``tests/jobs/run/test_real_shards.py``). The cell's summary is computed by the driver from all its stored
 rows (:meth:`EvalWorkload.aggregate`).
 
 Groups: :meth:`EvalWorkload.run_group` runs one shard of several cells that can share (the same task instance
 and samples on the same model) through ``runner.run_group``, which computes what the cells compute alike
-once; each cell's rows are those it gets alone, timings aside (``tests/jobs/test_real_groups.py``).
+once; each cell's rows are those it gets alone, timings aside (``tests/jobs/run/test_real_groups.py``).
 """
 from __future__ import annotations
 

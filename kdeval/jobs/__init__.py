@@ -7,6 +7,4 @@
 - :mod:`~kdeval.jobs.interop` — ``kdeval export`` and ``kdeval import``: other tools' files
 - :mod:`~kdeval.jobs.reports` — what a report computes (deltas, CIs, headlines, speed, memory, contrasts), and in
   :mod:`~kdeval.jobs.reports.render` how it is drawn
-
-``errors`` and ``validate`` here are the old paths of ``grid.errors`` and ``grid.load``, kept for the engine's tests.
 """

@@ -1,7 +1,7 @@
 """The chunked engine's settings and the one set of rules they are checked by.
 
 :data:`RULES` is where every engine setting's allowed values are written: :class:`EngineConfig` checks itself by
-them, and the grid (``kdeval.jobs.validate``, through ``kdeval.cluster.catalog``) turns the same messages into
+them, and the grid (``kdeval.jobs.grid.load``, through ``kdeval.cluster.catalog``) turns the same messages into
 errors at its own field paths (``chunk_sizes[1]``, ``engine.score_precision``).
 """
 from __future__ import annotations

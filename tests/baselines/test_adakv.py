@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.jobs.errors import GridError
-from kdeval.jobs.validate import parse_grid
+from kdeval.jobs.grid.errors import GridError
+from kdeval.jobs.grid.load import parse_grid
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.headpool_eviction import select_across_heads
 from kdeval.keydiff.keydiff import keydiff_scores

@@ -8,8 +8,8 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.snapkv import SnapKV
-from kdeval.jobs.errors import GridError
-from kdeval.jobs.validate import parse_grid
+from kdeval.jobs.grid.errors import GridError
+from kdeval.jobs.grid.load import parse_grid
 from kdeval.keydiff import Engine, EngineConfig
 
 from ..keydiff.helpers import (

@@ -9,8 +9,8 @@ import functools
 import pytest
 
 from kdeval.baselines import get_policy, policy_names
-from kdeval.jobs.errors import GridError
-from kdeval.jobs.validate import parse_grid
+from kdeval.jobs.grid.errors import GridError
+from kdeval.jobs.grid.load import parse_grid
 from kdeval.keydiff import Engine, EngineConfig, load_model
 from kdeval.keydiff.plan import own_attention_reason
 

@@ -43,6 +43,17 @@ def new_run(db: Path, results: Path, text: str) -> tuple[RunIndex, str, service.
     return idx, run_id, plan
 
 
+#: Columns that say how a row was computed, not what: timings, the process's memory, the batch it was timed in,
+#: which execution computed it, the run that stored it.
+HOW_COMPUTED = frozenset({"ttft_s", "decode_s", "decode_tokens_per_s", "peak_memory_bytes", "timing_batch",
+                          "shared_prefill_s", "execution", "replayed_steps", "run_id"})
+
+
+def cell_rows(idx: RunIndex, cell_id: str, drop: frozenset[str] | set[str] = HOW_COMPUTED) -> list[dict]:
+    """A stored cell's rows, less the columns ``drop``."""
+    return [{k: v for k, v in r.items() if k not in drop} for r in idx.read_cell_table(cell_id).to_pylist()]
+
+
 def result_file(results: Path, view) -> Path:
     """The one Parquet file holding a one-shard cell's rows: its only part (or an older one-file result)."""
     path = Path(results) / view.result_path

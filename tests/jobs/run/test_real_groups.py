@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("kdeval.evals.runner")
 
 from kdeval.jobs.run import service  # noqa: E402
-from tests.support.helpers import new_run  # noqa: E402
+from tests.support.helpers import cell_rows, new_run  # noqa: E402
 
 GRID = """
 name: tiny-real-groups
@@ -28,14 +28,6 @@ generation: {{max_new_tokens: 3, batch_size: 1}}
 resources: {{workers: 1, shard_size: 2}}
 execution: {{share: {share}}}
 """
-#: How a row was computed, not what: timings, the process's memory, the batch it was timed in, which
-#: execution computed it, the run that stored it.
-TIMING = {"ttft_s", "decode_s", "decode_tokens_per_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s",
-          "execution", "replayed_steps", "run_id"}
-
-
-def _rows(idx, cell_id: str) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in idx.read_cell_table(cell_id).to_pylist()]
 
 
 def test_real_cells_in_groups_equal_the_cells_run_alone(local_ray, paths):
@@ -53,6 +45,6 @@ def test_real_cells_in_groups_equal_the_cells_run_alone(local_ray, paths):
     assert executions == {"alone", "shared"}  # the first samples timed alone, the others shared
     assert {r["execution"] for c in idx1.run_cells(run1) for r in idx1.read_cell_table(c.id).to_pylist()} == {"alone"}
     for cell in idx.run_cells(run_id):
-        shared, one = _rows(idx, cell.id), _rows(idx1, cell.id)
+        shared, one = cell_rows(idx, cell.id), cell_rows(idx1, cell.id)
         differ = sorted({k for a, b in zip(shared, one) for k in a.keys() | b.keys() if a.get(k) != b.get(k)})
         assert len(shared) == len(one) == 3 and not differ, (cell.policy, cell.chunk_size, cell.task, differ)

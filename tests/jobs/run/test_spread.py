@@ -14,7 +14,7 @@ from kdeval.jobs.grid.cells import expand
 from kdeval.jobs.grid.load import parse_grid
 from kdeval.jobs.run import service
 from kdeval.jobs.run.groups import group_shard_sizes, share_key, spread_shard_sizes, units_of_work
-from tests.support.helpers import new_run
+from tests.support.helpers import HOW_COMPUTED, cell_rows, new_run
 
 GRID = """
 name: spread
@@ -91,9 +91,8 @@ def test_a_one_task_grid_spreads_over_every_worker(local_ray, paths):
         assert len({a.worker for a in attempts if a.shard == shard}) == 1
 
 
-def _rows(idx, run_id: str, drop: set[str]) -> dict[str, list[dict]]:
-    return {c.id: [{k: v for k, v in r.items() if k not in drop} for r in idx.read_cell_table(c.id).to_pylist()]
-            for c in idx.run_cells(run_id)}
+def _rows(idx, run_id: str, drop: frozenset[str] | set[str]) -> dict[str, list[dict]]:
+    return {c.id: cell_rows(idx, c.id, drop) for c in idx.run_cells(run_id)}
 
 
 def test_stub_rows_on_1_and_3_workers_are_equal(local_ray, paths):
@@ -120,10 +119,6 @@ tasks:
 generation: {{max_new_tokens: 3, batch_size: 1}}
 resources: {{workers: {workers}, cpus_per_worker: 0.5}}
 """
-#: How a row was computed, not what (as in test_real_groups): timings, the process's memory, the batch it was
-#: timed in, which execution computed it, the run that stored it.
-HOW = {"ttft_s", "decode_s", "decode_tokens_per_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s",
-       "execution", "replayed_steps", "run_id"}
 
 
 def test_real_rows_on_1_and_3_workers_are_equal(local_ray, paths):
@@ -135,5 +130,5 @@ def test_real_rows_on_1_and_3_workers_are_equal(local_ray, paths):
         out = service.execute_run(idx, run_id)
         assert (out.done, out.failed) == (2, 0), [c.error_line for c in idx.run_cells(run_id)]
         assert out.attempts == (2 if workers == 1 else 6)  # 3 workers: shards of 1 sample
-        rows[workers] = _rows(idx, run_id, HOW)
+        rows[workers] = _rows(idx, run_id, HOW_COMPUTED)
     assert rows[1] == rows[3] and all(len(r) == 3 for r in rows[1].values())
