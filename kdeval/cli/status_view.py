@@ -22,6 +22,8 @@ from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, 
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
 LABEL_WIDTH = 16  # "[query-agnostic]" stays whole
+#: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
+SHORT_COLUMNS = ("cell", "N/B", "state", "s")
 
 
 def shown_state(run: RunView) -> str:
@@ -52,11 +54,14 @@ def counts_line(counts: dict[str, int]) -> str:
 
 
 def runs_table(index: RunIndex) -> Table:
-    t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD)
+    t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    runs = index.list_runs()
     for col in ("run", "name", "state", "done", "failed", "left", "created"):
-        t.add_column(col, overflow="fold", min_width=len(col),
+        # a run id is what a user types next: it never folds; the name folds instead
+        t.add_column(col, overflow="fold", no_wrap=col in ("run", "created"),
+                     min_width=max([len(col)] + [len(r.id) for r in runs]) if col == "run" else len(col),
                      justify="right" if col in ("done", "failed", "left") else "left")
-    for r in index.list_runs():
+    for r in runs:
         c = r.counts
         left = c.get("pending", 0) + c.get("running", 0)
         t.add_row(r.id, r.name, shown_state(r), str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
@@ -64,15 +69,16 @@ def runs_table(index: RunIndex) -> Table:
     return t
 
 
-def _headline(summary: dict | None) -> str:
-    """The cell's headline numbers: scalar metrics, not counts, latencies or nested tables."""
+def _headline(summary: dict | None, sep: str = " ") -> str:
+    """The cell's headline numbers (scalar metrics, not counts, latencies or nested tables), joined by ``sep``."""
     if not summary:
         return ""
     skip = ("n", "grid", "shared_rows")
-    vals = [f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+    eq = "=" if sep == " " else " "  # one a line: "rouge_l_recall 52.50" folds between name and value, never in a number
+    vals = [f"{k}{eq}{v:.2f}" if isinstance(v, float) else f"{k}{eq}{v}" for k, v in summary.items()
             if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
             and not k.endswith("_bytes")]
-    return " ".join(vals[:3])
+    return sep.join(vals[:3])
 
 
 def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
@@ -87,7 +93,9 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     title = (f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)} — "
              f"{counts_line(run.counts)}")
     wide = width >= 110
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    # narrow: columns 2 spaces apart and no edges, so that the score column keeps room for one metric a line
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False) if wide else Table(box=box.SIMPLE_HEAD, show_edge=False,
+                                                                      padding=(0, 1, 0, 0))
     cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state"] + (
         ["worker@node"] if wide else []) + ["s"]
     # the label reports and progress print: two settings of one policy must not read the same
@@ -95,12 +103,12 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
               for c in cells}
     # a label folds between its words ("keydiff [query-agnostic]"); a long parameter list folds where it must
     longest = min(max((len(w) for label in labels.values() for w in label.split()), default=0), LABEL_WIDTH)
-    for col in cols:
-        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left",
+    for col in cols:  # short fixed texts stay on one line, so that the score column keeps its width
+        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
                      min_width=longest if col == "policy" else None)
     t.add_column("score / error", overflow="fold", ratio=1)
     for c in cells:
-        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary)
+        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary, " " if wide else "\n")
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         state = " ".join(filter(None, [state, execution_label(c.summary, c.n_rows)]))  # "done shared": in a group

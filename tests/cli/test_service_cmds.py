@@ -145,3 +145,39 @@ def test_ray_job_spec_ships_the_grid_and_runs_submit_on_the_head(paths):
     assert url_file.read_text() == url + "\n" and url_file.stat().st_mode & 0o777 == 0o600
     assert "Pa55word" not in json.dumps(env)
     shutil.rmtree(env["working_dir"])
+
+
+def test_status_at_80_columns_keeps_run_ids_and_numbers_whole(store):
+    """A user's 80-column terminal: the runs table shows a run id on one line (it is what they type next), and a
+    cell's metrics stand one a line, a name folding away from its value but never a number cut in two."""
+    import subprocess
+    import sys
+
+    from tests.jobs.reports.helpers import FakeCell, rows, store_run
+    from tests.user_env import user_env
+
+    idx, res = store
+    run_id = "20261202-091030-dc4afc"
+    summary = {"score": 0.0, "contains": 0.0, "rouge_l_recall": 52.5, "shared_rows": 3}
+    store_run(idx, res, run_id, [FakeCell("full", None, rows=rows([1.0] * 3), summary=summary),
+                                 FakeCell("keydiff", "25%", rows=rows([1.0] * 3), summary=summary)],
+              name="my-shared-check")
+    db = str(res.parent / "index.sqlite")  # the store fixture's index
+    idx.close()
+
+    def status(*args: str) -> list[str]:
+        r = subprocess.run([sys.executable, "-m", "kdeval.cli.app", "status", *args, "--db", db],
+                           capture_output=True, text=True, env=user_env(COLUMNS="80"), timeout=120)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert max(len(ln) for ln in lines) <= 80, r.stdout
+        return lines
+
+    runs = status()
+    assert any(run_id in ln and "my-shared-check" in ln for ln in runs), "\n".join(runs)
+    cells = status(run_id)
+    text = "\n".join(cells)
+    assert sum("done shared" in ln for ln in cells) == 2, text
+    assert sum(ln.rstrip().endswith("score 0.00") for ln in cells) == 2, text
+    assert sum(ln.strip() == "contains 0.00" for ln in cells) == 2, text
+    assert sum(ln.strip() == "52.50" or ln.rstrip().endswith("rouge_l_recall 52.50") for ln in cells) == 2, text
