@@ -165,3 +165,25 @@ def test_rows_of_one_batch_count_as_one_ttft_timing(store):
     apart = perf[("sink", "phonebook")]
     assert apart.ttft_ratio == pytest.approx(0.215 / 0.45)
     assert apart.ttft_ratio_low < apart.ttft_ratio_high  # 4 vs 2 timings, each side resampled
+
+
+def _shared_after(timed: int):
+    """Rows of a cell run in a group: the first ``timed`` samples timed alone, the others without a TTFT."""
+    return lambda i: {"ttft_s": 0.5 if i < timed else None, "execution": "alone" if i < timed else "shared"}
+
+
+def test_which_samples_were_timed_is_said_per_cell_or_once_for_all(store):
+    from kdeval.jobs.reports.render.views import speed_view
+
+    idx, res = store
+    note = "TTFT of 1/4 samples, timed alone (the others ran with shared steps)"
+    store_run(idx, res, "same", [FakeCell("full", None, rows=rows([1.0] * 4, extra=_shared_after(1))),
+                                 FakeCell("keydiff", 256, rows=rows([1.0] * 4, extra=_shared_after(1)))])
+    view = speed_view(build_report(idx, ["same"], ReportOptions(resamples=0)))
+    assert view.title.endswith(f"; every cell: {note}") and not any(note in r[-1] for r in view.rows)
+
+    store_run(idx, res, "mixed", [FakeCell("full", None, rows=rows([1.0] * 4), model="m2"),
+                                  FakeCell("keydiff", 256, rows=rows([1.0] * 4, extra=_shared_after(1)), model="m2")])
+    view = speed_view(build_report(idx, ["mixed"], ReportOptions(resamples=0)))
+    notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
+    assert note not in view.title and note in notes["keydiff"] and note not in notes["full"]

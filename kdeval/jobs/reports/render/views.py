@@ -211,17 +211,21 @@ def speed_view(report: Report) -> TableView:
     cols = shared.columns() + [Column("task", key=True), Column("n", numeric=True), Column("TTFT s", numeric=True),
                                Column("TTFT ×", numeric=True), Column("decode tok/s", numeric=True),
                                Column("tok/s ×", numeric=True), Column("note", fold=True)]
+    # which samples were timed: said once in the title when every cell says the same
+    timed = {p.timed_note for p in rows}
+    common = timed.pop() if len(timed) == 1 else ""
     body = []
     for p in rows:
         note = _join("" if p.state == State.OK else p.state, "reference" if _is_reference(report, p) else "",
-                     p.speed_note, p.timed_note)
+                     p.speed_note, "" if common else p.timed_note)
         body.append(shared.cells(p) + [p.task, str(p.n), text(p.ttft_median_s, "ttft_median_s"),
                                        _ratio(p.ttft_ratio, p.ttft_ratio_low, p.ttft_ratio_high, p.n_paired),
                                        text(p.decode_tok_s, "decode_tok_s"),
                                        _ratio(p.decode_ratio, p.decode_ratio_low, p.decode_ratio_high, p.n_paired),
                                        note])
     title = (f"speed per cell vs {_reference(report)}{shared.suffix()} (medians over samples; × = this / "
-             f"reference over the paired samples, {int(report.meta.confidence * 100)}% bootstrap CI)")
+             f"reference over the paired samples, {int(report.meta.confidence * 100)}% bootstrap CI)"
+             + (f"; every cell: {common}" if common else ""))
     return TableView("speed", title, cols, body, [p.state for p in rows], list(rows), legend(body))
 
 
