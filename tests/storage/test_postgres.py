@@ -179,7 +179,8 @@ def test_a_detached_run_keeps_the_database_password_out_of_the_process_table(pg,
     url = pg.create_database(f"kdeval_{uuid.uuid4().hex[:10]}").replace(
         "postgresql://postgres@", f"postgresql+psycopg://postgres:{password}@")  # the server trusts loopback
     grid = tmp_path / "grid.yaml"
-    grid.write_text(stub_grid(cost=1.0, workers=1))  # 5 cells, one at a time
+    # 5 cells, one at a time (alone: a group would finish them all at once)
+    grid.write_text(stub_grid(cost=1.0, workers=1) + "execution: {share: false}\n")
     r = CliRunner().invoke(app, ["submit", str(grid), "--db", url, "--results-dir", str(tmp_path / "res"),
                                  "--detach"], env=_env())
     assert r.exit_code == 0, r.output

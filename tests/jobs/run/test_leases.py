@@ -304,7 +304,8 @@ def test_a_second_driver_takes_over_the_cells_a_sigkilled_driver_held(local_ray,
     import signal
 
     grid = paths["tmp"] / "grid.yaml"
-    grid.write_text(stub_grid(cost=1.0, workers=1))
+    # alone: a group of the 5 would finish them all at once, leaving no moment with one done and one running
+    grid.write_text(stub_grid(cost=1.0, workers=1) + "execution: {share: false}\n")
     log = open(paths["tmp"] / "driver.log", "wb")
     first = subprocess.Popen([sys.executable, "-m", "kdeval.cli.app", "submit", str(grid), "--db", str(paths["db"]),
                               "--results-dir", str(paths["results"])], env=user_env(), stdout=log,
