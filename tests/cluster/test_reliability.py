@@ -91,9 +91,10 @@ def test_worker_node_killed_mid_run(cluster, paths):
 def test_driver_sigkill_then_resume(cluster, app, paths):
     c, _, h100 = cluster
     grid = paths["tmp"] / "grid.yaml"
-    # one worker at a time: each cell's 4 samples in one shard (two would split the group over them:
-    # tests/jobs/run/test_spread.py), so a cell is done or not when the driver dies
-    grid.write_text(GPU_GRID.format(cost=0.6).replace("workers: 2,", "workers: 1,"))
+    # one worker, each cell alone with its 4 samples in one shard (a group of the 7 would finish them all at
+    # once, and two workers would split it by samples: tests/jobs/run/test_spread.py), so cells finish one by
+    # one and a cell is done or not when the driver dies
+    grid.write_text(GPU_GRID.format(cost=0.6).replace("workers: 2,", "workers: 1,") + "execution: {share: false}\n")
     db, results = paths["db"], paths["results"]
     env = user_env()
     log = open(paths["tmp"] / "driver.log", "wb")
