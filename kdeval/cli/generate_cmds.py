@@ -65,7 +65,7 @@ def stats_table(stats: dict[str, Any]) -> Table:
 
     table = Table(show_header=False)
     for key, value in stats.items():
-        if key == "memory_kind":
+        if key == "memory_kind" or (key == "replayed_steps" and not value):  # one call shares no steps
             continue
         label, field = STAT_LABELS.get(key, (key, ""))
         if key == "peak_memory_bytes":

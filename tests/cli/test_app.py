@@ -71,5 +71,6 @@ def test_generate_prints_kdeval_words_first_and_no_third_party_noise():
     assert lines[0] == "keydiff keeps N=64 tokens per layer and KV head, chunks of B=32"
     assert lines[1].startswith("answer:")
     assert any("TTFT s" in ln for ln in lines) and any("KV cache MiB" in ln for ln in lines)
+    assert [ln for ln in lines[2:] if "_" in ln] == []  # labels in words, no row keys (replayed_steps was one)
     full = subprocess.run(cmd[:-6] + ["--max-new-tokens", "1"], capture_output=True, text=True, timeout=300)
     assert full.returncode == 0 and full.stdout.splitlines()[0] == "no eviction (full cache)"
