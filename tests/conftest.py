@@ -1,5 +1,5 @@
 """Shared fixtures: the offline data directory; a temp index and results directory (``paths``, or ``store`` opened);
-a local Ray for a module; the service commands as a Typer app.
+a local Ray kept from test to test; the service commands as a Typer app.
 
 No Ray variable is set here: the product sets what it needs itself, kdeval subprocesses run without any
 (``tests/user_env.py``), and the fixtures that build a Ray cluster in this process set its sandbox settings
@@ -7,6 +7,7 @@ No Ray variable is set here: the product sets what it needs itself, kdeval subpr
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,18 +35,52 @@ def paths(tmp_path: Path) -> dict[str, Path]:
     return {"db": tmp_path / "index.sqlite", "results": tmp_path / "results", "tmp": tmp_path}
 
 
+_LOCAL_RAY: dict[str, str] = {}  # the GCS address of the Ray local_ray started, while it runs
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    """A local 2-CPU Ray for the module (shut down at the end)."""
+    """A local 2-CPU Ray, kept from one module that asks for it to the next (a Ray start costs seconds);
+    started again when a test in between shut it down or joined another cluster. It is shut down before a test
+    that does not ask for it (a CLI run in this process would join it) and at the session's end."""
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized() and not _ours(ray):
         ray.shutdown()
-    sandbox_ray()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="kdeval-tests",
-             logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+    if not ray.is_initialized():
+        sandbox_ray()
+        info = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                        namespace="kdeval-tests", logging_level="WARNING")
+        _LOCAL_RAY["address"] = info.address_info["gcs_address"]
+    return ray
+
+
+def _ours(ray) -> bool:
+    """Whether this process is connected to the Ray local_ray started."""
+    try:
+        return bool(_LOCAL_RAY) and ray.get_runtime_context().gcs_address == _LOCAL_RAY["address"]
+    except Exception:  # noqa: BLE001 - a half-shut Ray is not ours to keep
+        return False
+
+
+def _stop_local_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and _LOCAL_RAY and ray.is_initialized() and _ours(ray):
+        ray.shutdown()
+    _LOCAL_RAY.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_local_ray_unasked(request):
+    """A test that does not ask for local_ray runs without it."""
+    if _LOCAL_RAY and "local_ray" not in request.fixturenames:
+        _stop_local_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _local_ray_ends_with_the_session():
+    yield
+    _stop_local_ray()
 
 
 @pytest.fixture

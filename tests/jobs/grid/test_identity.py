@@ -38,35 +38,48 @@ def _ids(grid: str = GRID) -> dict[str, str]:
     return {c.policy + "|" + c.task.name: c.id for c in expand(parse_grid(grid))}
 
 
-def _ids_from_copy(pristine: Path, dest: Path, edits: tuple[str, ...], data_dir: str) -> dict[str, str]:
-    """Cell ids computed by a copy of ``pristine`` (a copy of the package) with ``edits`` (package-relative
-    paths) each given a comment at the end."""
-    shutil.copytree(pristine, dest / "kdeval")
-    for edit in edits:
-        target = dest / "kdeval" / edit
-        target.write_text(target.read_text() + "\n# an edit that changes nothing\n")
-    env = dict(os.environ, PYTHONPATH=str(dest), KDEVAL_DATA_DIR=data_dir)
-    out = subprocess.run([sys.executable, "-c", IDS_SCRIPT], input=GRID, capture_output=True, text=True,
-                         env=env, cwd=dest, timeout=300, check=True)  # not the checkout: "" leads sys.path
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _ids_from_copies(pristine: Path, root: Path, edits: dict[str, tuple[str, ...]],
+                     data_dir: str) -> dict[str, dict[str, str]]:
+    """Per name of ``edits``: the cell ids computed by a copy of ``pristine`` (a copy of the package) whose files
+    ``edits[name]`` (package-relative paths) were each given a comment at the end. The copies run at once."""
+    running = {}
+    for name, files in edits.items():
+        dest = root / name
+        shutil.copytree(pristine, dest / "kdeval")
+        for edit in files:
+            target = dest / "kdeval" / edit
+            target.write_text(target.read_text() + "\n# an edit that changes nothing\n")
+        env = dict(os.environ, PYTHONPATH=str(dest), KDEVAL_DATA_DIR=data_dir)
+        (dest / "grid.yaml").write_text(GRID)
+        with open(dest / "grid.yaml") as grid:
+            running[name] = subprocess.Popen([sys.executable, "-c", IDS_SCRIPT], stdin=grid, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, env=env,
+                                             cwd=dest)  # not the checkout: "" leads sys.path
+    out = {}
+    for name, proc in running.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name}: {stderr[-3000:]}"
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    return out
 
 
 def test_code_edits_change_exactly_the_cells_whose_code_changed(tmp_path, data_dir):
     pristine = tmp_path / "pristine"
     shutil.copytree(Path(kdeval.__file__).parent, pristine, ignore=shutil.ignore_patterns("__pycache__"))
-    ids = lambda name, *edits: _ids_from_copy(pristine, tmp_path / name, edits, str(data_dir))  # noqa: E731
-    base = ids("base")
+    ids = _ids_from_copies(pristine, tmp_path, {
+        "base": (),
+        # comments in the CLI, the scheduler, storage and reports
+        "service": ("cli/app.py", "jobs/run/scheduler.py", "storage/index.py", "jobs/reports/render/html.py"),
+        "snap": ("baselines/snapkv.py",),  # one policy's file
+        "engine": ("keydiff/engine.py",),  # the engine
+        "task": ("evals/needle.py",),  # a task module
+    }, str(data_dir))
+    base = ids["base"]
     assert len(base) == 6
-    # comments in the CLI, the scheduler, storage and reports: no cell changes
-    assert ids("service", "cli/app.py", "jobs/run/scheduler.py", "storage/index.py", "jobs/reports/render/html.py") == base
-    # one policy's file: that policy's cells change, no other
-    snap = ids("snap", "baselines/snapkv.py")
-    assert {k for k in base if snap[k] != base[k]} == {"snapkv|needle", "snapkv|math500"}
-    # the engine: every cell (full included); a task module: every cell
-    engine = ids("engine", "keydiff/engine.py")
-    assert all(engine[k] != base[k] for k in base)
-    task = ids("task", "evals/needle.py")
-    assert all(task[k] != base[k] for k in base)
+    assert ids["service"] == base  # no cell changes
+    assert {k for k in base if ids["snap"][k] != base[k]} == {"snapkv|needle", "snapkv|math500"}  # no other
+    assert all(ids["engine"][k] != base[k] for k in base)  # every cell, full included
+    assert all(ids["task"][k] != base[k] for k in base)  # every cell
 
 
 @pytest.fixture
