@@ -41,8 +41,8 @@ _LOCAL_RAY: dict[str, str] = {}  # the GCS address of the Ray local_ray started,
 @pytest.fixture(scope="module")
 def local_ray():
     """A local 2-CPU Ray, kept from one module that asks for it to the next (a Ray start costs seconds);
-    started again when a test in between shut it down or joined another cluster. It is shut down before a test
-    that does not ask for it (a CLI run in this process would join it) and at the session's end."""
+    started again when a test in between shut it down or joined another cluster. It is shut down before the
+    tests of a module that does not ask for it (a CLI run in this process would join it) and at the end."""
     import ray
 
     if ray.is_initialized() and not _ours(ray):
@@ -72,9 +72,21 @@ def _stop_local_ray() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_local_ray_unasked(request):
-    """A test that does not ask for local_ray runs without it."""
-    if _LOCAL_RAY and "local_ray" not in request.fixturenames:
+    """The tests of a module where none asks for local_ray run without it (within a module that asks, the one
+    Ray stays up from its first test to its last, as a module fixture does)."""
+    if _LOCAL_RAY and not _asks_for_local_ray(request):
         _stop_local_ray()
+
+
+def _asks_for_local_ray(request) -> bool:
+    path = request.node.path
+    if path not in _MODULES_ASKING:
+        _MODULES_ASKING[path] = any("local_ray" in getattr(item, "fixturenames", ())
+                                    for item in request.session.items if item.path == path)
+    return _MODULES_ASKING[path]
+
+
+_MODULES_ASKING: dict[Path, bool] = {}  # test file -> whether one of its tests asks for local_ray
 
 
 @pytest.fixture(scope="session", autouse=True)
