@@ -5,7 +5,7 @@ A layer keeps ``H * N`` tokens in all (``H`` KV heads, budget ``N``), shared amo
 best tokens are always kept (kvpress' ``AdaKVPress`` safeguard, so no head is starved), and the best ``H * N``
 of the layer's tokens are kept, whichever heads they belong to. The inner policy's protected tokens (sink,
 recent window) are kept in every head. The engine runs such a policy over one pool of slots per layer shared by
-its heads, with exactly the uniform cache's memory (kdeval/keydiff/headpool.py, headpool_eviction.py).
+its heads, with exactly the uniform cache's memory (kdeval/keydiff/headpool.py).
 
 Differences from kvpress: kvpress only masks the evicted keys of a full prefill; here they are freed, chunk by
 chunk, and the cache never holds more than ``H * (N + B)`` tokens per layer. Inner policies with per-token
@@ -34,7 +34,7 @@ def per_head_reason(policy: Policy) -> str | None:
                                    ("re-rotation", needs.rerotates)) if yes]
     if kept:
         return f"needs {', '.join(kept)}, which the pool does not keep"
-    if getattr(policy, "heads", None) == "all":  # TOVA, ChunkKV: one selection for every head
+    if needs.heads_alike:  # TOVA, ChunkKV: one selection for every head
         return "scores all heads alike (heads='all')"
     return None
 
@@ -63,6 +63,11 @@ class AdaKV(Policy):
             raise ValueError(f"inner: policy {inner.name!r} {why}; AdaKV wraps a policy that scores each head's "
                              f"own tokens")
         self._inner: Policy = inner
+
+    @property
+    def wrapped(self) -> Policy:
+        """The inner policy object (``inner`` built, when given by name)."""
+        return self._inner
 
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, over a pool shared by the layer's heads."""

@@ -84,9 +84,15 @@ class ChunkKV(Policy):
             raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
         self._inner: Policy = inner
 
+    @property
+    def wrapped(self) -> Policy:
+        """The inner policy object (``inner`` built, when given by name)."""
+        return self._inner
+
     def needs(self) -> PolicyNeeds:
-        """The inner policy's needs; a group's tokens share one score, so the edge group is cut by position."""
-        return replace(self._inner.needs(), exact_ties=True)
+        """The inner policy's needs; a group's tokens share one score, so the edge group is cut by position;
+        ``heads="all"`` gives every KV head the same groups."""
+        return replace(self._inner.needs(), exact_ties=True, heads_alike=self.heads == "all")
 
     def n_sink(self) -> int:
         return self._inner.n_sink()

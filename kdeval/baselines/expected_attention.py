@@ -20,7 +20,7 @@ The rule, per layer:
    ``epsilon``) is the score. Sinks are protected by the engine.
 
 The engine passes the window, RoPE's ``cos``/``sin`` ahead and the values through ``ScoreContext.queries`` and
-``ScoreContext.values`` because :meth:`ExpectedAttention.query_need` asks for them; such a policy runs on the
+``ScoreContext.values`` because :meth:`ExpectedAttention.needs` asks for them; a query window runs on the
 eager path. :meth:`ExpectedAttention.score_from` computes the same scores from queries given directly (one
 chunk; the tests check the engine against it); ``bench/kvpress_parity.py`` checks the policy against kvpress on
 the real model.
@@ -118,8 +118,8 @@ class ExpectedAttention(Policy):
 
     def needs(self) -> PolicyNeeds:
         """The layer's recent queries (its own window, chosen by ``ctx.layer_idx``), RoPE ahead and values."""
-        return PolicyNeeds(queries=QueryNeed(self.query_window, self.n_future_positions, self.n_sink_tokens,
-                                             self.use_vnorm), reads_layer=True)
+        return PolicyNeeds(queries=QueryNeed(self.query_window, self.n_future_positions, self.n_sink_tokens),
+                           values=self.use_vnorm)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, hk, n, d]`` → ``[b, hk, n]`` from ``ctx.queries`` (window, RoPE ahead) and ``ctx.values``;

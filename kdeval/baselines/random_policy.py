@@ -33,7 +33,7 @@ class Random(Policy):
     seed: int = 0
 
     def needs(self) -> PolicyNeeds:
-        return PolicyNeeds(reads_step=True, reads_layer=True)  # both salt the hash
+        return PolicyNeeds(reads_step=True)  # it salts the hash (the layer index too, which needs no declaring)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         heads = torch.arange(keys.shape[1], device=keys.device).view(1, -1, 1)

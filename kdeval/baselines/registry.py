@@ -15,6 +15,7 @@ from kdeval.baselines import (  # noqa: F401  (registration)
     tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
+from kdeval.keydiff.plan import eager_reasons
 from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.registry import registered
 from kdeval.names import suggest
@@ -69,17 +70,18 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
     if needs.token_state:
         n = len(needs.token_state)
         parts.append(f"per-token state: {n} float{'s' if n > 1 else ''}")
+    values = " and the values" if needs.values else ""
     if needs.queries is not None:
-        values = " and the values" if needs.queries.values else ""
         parts.append(f"the last {needs.queries.window} queries before RoPE per layer{values}")
+    elif needs.values:
+        parts.append("the cached values")
+    if needs.hidden_states:
+        parts.append("the step's hidden states per layer")
     if needs.rerotates:
         parts.append("the kept keys re-rotated after every eviction")
     if needs.shares_heads:
         parts.append("KV heads x the attention compute (one slot pool per layer, same memory)")
-    eager = [why for why, yes in (("scores read the step count", needs.reads_step),
-                                  ("a query window between steps", needs.queries is not None),
-                                  ("re-rotation", needs.rerotates), ("per-layer budgets", per_layer_budgets),
-                                  ("a head-shared pool", needs.shares_heads)) if yes]
+    eager = eager_reasons(needs, per_layer_budgets)
     if eager:
         parts.append(f"no CUDA graphs ({', '.join(eager)})")
     return "; ".join(parts) or "none"

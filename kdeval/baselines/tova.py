@@ -28,7 +28,7 @@ class TOVA(Policy):
             raise ValueError(f"heads: expected 'all' or 'group', got {self.heads!r}")
 
     def needs(self) -> PolicyNeeds:
-        return PolicyNeeds(attention=AttentionNeed("last"))
+        return PolicyNeeds(attention=AttentionNeed("last"), heads_alike=self.heads == "all")
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``ctx.attention [b, kv_heads, group, n]`` (one query) → ``[b, kv_heads, n]``."""

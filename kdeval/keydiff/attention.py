@@ -14,13 +14,8 @@ the model's dtype there, instead of SDPA turning the boolean mask into that same
 layer's call. The output is identical; on a CPU the conversion cost as much as the attention itself
 (bench/RESULTS.md, "Attention mask"). ``kdeval_capture`` takes the same mask.
 
-``kdeval_static`` serves the static slot layout (the CUDA-graph step). While the head fills, the engine passes
-its own boolean mask (:func:`static_mask`: empty slots hidden, causal within the chunk's tail slots, rows
-repeated per query head of a KV head) and attention runs per KV head with those query heads folded into the
-query axis, so SDPA takes the mask without the keys and values being repeated. Once the head is full no mask
-is passed (its mask function makes none): attention is plain lower-right causal. That is also the rule of a
-dynamic cache whose layers hold different numbers of tokens (per-layer budgets), where transformers' one mask,
-sized from layer 0, would be wrong: the engine runs such a cache under ``kdeval_static`` with no mask.
+``kdeval_static`` serves the static slot layout and per-layer budgets (kdeval/keydiff/static.py, where it is
+registered); ``kdeval_pool`` a head-shared pool (kdeval/keydiff/headpool.py).
 
 ``kdeval_ragged`` serves a batch of independent requests (kdeval/keydiff/ragged.py): the engine passes a
 boolean mask ``[batch, 1, t, m]`` per row (padding and empty slots hidden), which both SDPA and the captured
@@ -33,17 +28,16 @@ from dataclasses import dataclass
 from typing import Iterator, Literal
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from kdeval.keydiff.cache import static_visible
 
 SDPA_IMPL = "kdeval_sdpa"
 CAPTURE_IMPL = "kdeval_capture"
 STATIC_IMPL = "kdeval_static"
 RAGGED_IMPL = "kdeval_ragged"
+POOL_IMPL = "kdeval_pool"
 HALF = (torch.float16, torch.bfloat16)  # the dtypes whose captured logits are computed in their own precision
 
 
@@ -95,7 +89,7 @@ class AttentionCapture:
         the other way takes a product of the probabilities with the values."""
         return self.need.kind == "all" and query.shape[2] > 1 and not self.half_logits(query)
 
-    def _probs(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int,
+    def probabilities(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int,
                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Softmax rows of the last ``w`` queries over all ``m`` keys: ``[b, kv_heads, group, w, m]``, at least
         float32 (half-precision models are scored in float32). ``mask [1 or b, 1, t, m]`` (True: visible)
@@ -124,7 +118,7 @@ class AttentionCapture:
     def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
                mask: torch.Tensor | None = None) -> None:
         """``query [b, q_heads, t, d]``, ``key [b, kv_heads, m, d]``: the chunk is the last ``t`` of ``m`` keys."""
-        probs = self._probs(query, key, scaling, self.need.rows(query.shape[2]), mask)
+        probs = self.probabilities(query, key, scaling, self.need.rows(query.shape[2]), mask)
         self.by_layer[layer_idx] = probs.sum(dim=3)
 
     def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -132,7 +126,7 @@ class AttentionCapture:
         """For ``all`` rows: the chunk's attention output ``[b, t, q_heads, d]`` from the same probabilities the
         policy records, so the chunk's scores are not computed twice (once fused, once here)."""
         b, hq, t, d = query.shape
-        probs = self._probs(query, key, scaling, t, mask)  # [b, hk, g, t, m]
+        probs = self.probabilities(query, key, scaling, t, mask)  # [b, hk, g, t, m]
         self.by_layer[layer_idx] = probs.sum(dim=3)
         out = torch.matmul(probs, value.to(probs.dtype).unsqueeze(2))  # [b, hk, g, t, d_v]
         return out.reshape(b, hq, t, -1).transpose(1, 2).contiguous().to(query.dtype)
@@ -157,39 +151,6 @@ def capture_attention_forward(module, query, key, value, attention_mask, dropout
     if capture is not None:
         capture.record(module.layer_idx, query, key, scale)
     return out
-
-
-def static_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Attention for the static layout: ``query [b, hq, t, d]`` over ``key``/``value [b, hk, N + t, d]``;
-    returns ``[b, t, hq, d]``.
-
-    ``attention_mask``: :func:`static_mask` ``[1, 1, g * t, N + t]`` while the head fills, with the ``g = hq /
-    hk`` query heads of a KV head folded into the query axis (``[b, hk, g * t, d]``), so SDPA's masked kernels
-    run without repeating the keys and values; ``None`` once the head is full (plain lower-right causal, no
-    mask tensor).
-    """
-    capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    b, hq, t, d = query.shape
-    rows = None if attention_mask is None else attention_mask[:, :, :t]  # one query head's rows [1, 1, t, N + t]
-    if capture is not None and capture.fuses_output(query):
-        return capture.attend(module.layer_idx, query, key, value, scale, rows), None
-    if attention_mask is None:
-        # Every head slot is valid: the mask is "all of the head, causal within the tail", i.e. causal aligned
-        # to the lower right, which SDPA's flash kernel takes without a mask tensor (and with GQA).
-        bias = causal_lower_right(t, key.shape[2]) if t > 1 else None
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale,
-                                                               enable_gqa=True).transpose(1, 2).contiguous()
-        if capture is not None:
-            capture.record(module.layer_idx, query, key, scale)
-        return out, None
-    hk = key.shape[1]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, hk, hq // hk * t, d), key, value, attn_mask=attention_mask, scale=scale)
-    out = out.view(b, hq, t, -1).transpose(1, 2).contiguous()
-    if capture is not None:
-        capture.record(module.layer_idx, query, key, scale, rows)
-    return out, None
 
 
 def ragged_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -223,8 +184,9 @@ def additive_mask(*args, dtype: torch.dtype = torch.float32, **kwargs) -> torch.
     return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
-def _no_mask(*args, **kwargs) -> None:
-    """The static layout's mask function: the engine passes the mask itself when one is needed."""
+def no_mask(*args, **kwargs) -> None:
+    """The mask function of an attention implementation whose mask the engine passes itself (the static layout,
+    a ragged batch) or its attention function builds (a head-shared pool)."""
     return None
 
 
@@ -232,19 +194,8 @@ AttentionInterface.register(SDPA_IMPL, sdpa_attention_forward)
 AttentionMaskInterface.register(SDPA_IMPL, additive_mask)
 AttentionInterface.register(CAPTURE_IMPL, capture_attention_forward)
 AttentionMaskInterface.register(CAPTURE_IMPL, additive_mask)
-AttentionInterface.register(STATIC_IMPL, static_attention_forward)
-AttentionMaskInterface.register(STATIC_IMPL, _no_mask)
 AttentionInterface.register(RAGGED_IMPL, ragged_attention_forward)
-AttentionMaskInterface.register(RAGGED_IMPL, _no_mask)
-
-
-def static_mask(budget: int, t: int, cached: int | torch.Tensor, device: torch.device, group: int = 1) -> torch.Tensor:
-    """The static layout's mask ``[1, 1, group * t, budget + t]`` (True: visible): the ``cached`` valid head
-    slots ``[0, cached)`` for every query, and the chunk's tail slots ``[budget, budget + t)`` causally; the
-    ``t`` rows repeated ``group`` times (the query heads of a KV head, folded into the query axis)."""
-    slots = torch.arange(budget + t, device=device)
-    rows = torch.arange(t, device=device).repeat(group).unsqueeze(-1)
-    return static_visible(rows, slots, cached, budget).view(1, 1, group * t, budget + t)
+AttentionMaskInterface.register(RAGGED_IMPL, no_mask)
 
 
 @contextlib.contextmanager

@@ -13,12 +13,9 @@ hold different counts and the engine runs attention without a mask, lower-right 
   slots allocated once and written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into
   the ``k`` freed slots among the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order
   is not position order.
-- Its *static* layout (``static_base=N``, used by the captured CUDA-graph step): every chunk of
-  ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction always see all
-  ``N + t`` slots, so every full chunk has the same shapes from the first chunk on. While fewer than ``N``
-  tokens are cached, slots ``[length, N)`` are empty (zero keys, a sentinel position); the engine masks them out
-  of attention and evicts them first, lowest slot first, so the valid tokens stay in ``[0, length)`` with
-  ``length = min(tokens seen, N)``.
+- Its *static* layout (``static_base=N``, used by the captured CUDA-graph step; kdeval/keydiff/static.py):
+  every chunk of ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction
+  always see all ``N + t`` slots; empty head slots are masked and evicted first.
 
 The tests check this store against a reference written there (a growing layer whose eviction gathers the kept
 tokens in position order), plugged in through ``Engine(cache_layer=...)``.
@@ -34,7 +31,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers, state_buffers
-from kdeval.keydiff.slots import EMPTY_POSITION, EmptySlots, static_visible  # noqa: F401  (the last two: re-exported)
+from kdeval.keydiff.slots import EMPTY_POSITION
 
 
 class BudgetLayerMixin:
@@ -157,8 +154,8 @@ class BudgetCache(Cache):
         self.uniform = len(set(capacities)) == 1
         self.state_names = tuple(state_names)
         super().__init__(layers=layers)
-        self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (Engine.phase)
-        self.owner = None  # a weak reference to the engine that made this cache (its pool takes only its own)
+        self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (static.phase)
+        self.owner = None  # a weak reference to the CacheMaker that made it (its pool takes only its own)
         self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
         self.query_window = None  # the recent queries of a policy with a QueryNeed (kdeval/keydiff/queries.py)
         self.rerotated = False  # its keys sit at contiguous RoPE positions (kdeval/keydiff/rerotation.py)

@@ -36,7 +36,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from kdeval.keydiff.batching import BatchView, generate_batch, one_at_a_time
+from kdeval.keydiff.batch_requests import one_at_a_time
+from kdeval.keydiff.batching import BatchView, generate_batch
+from kdeval.keydiff.caches import LayerFactory, slot_layer
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.graphs import CapturedStep
@@ -45,7 +47,7 @@ from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.shared import SharedSteps
 from kdeval.keydiff.state import GenerationResult, PrefillState
-from kdeval.keydiff.step import GraphRunner, LayerFactory, Step, slot_layer
+from kdeval.keydiff.step import GraphRunner, Step
 
 
 class Engine:
@@ -60,7 +62,7 @@ class Engine:
 
         The hooks tests plug their references into (not user options; no grid or config reaches them):
         ``cache_layer(capacity, state_names, static_base, shares_heads, limit)`` makes each layer of every cache
-        (default :func:`~kdeval.keydiff.step.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
+        (default :func:`~kdeval.keydiff.caches.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
         runner of one captured step (default :class:`~kdeval.keydiff.graphs.CapturedStep`, CUDA graphs, which
         need CUDA); given one, the graph path runs on any device."""
         self.model, self.policy, self.config = model, policy, config
@@ -80,7 +82,7 @@ class Engine:
 
         On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
         with the graphs captured on it."""
-        return self.step.new_state(batch, tokens)
+        return self.step.caches.new_state(batch, tokens)
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None,
@@ -93,7 +95,7 @@ class Engine:
         memory = PeakMemory(self.plan.device)
         state = state or self.new_state(input_ids.shape[0], input_ids.shape[1])
         if not evict:
-            self.step.make_room(state, input_ids.shape[1])
+            self.step.caches.make_room(state, input_ids.shape[1])
         B = self.config.chunk_size
         for s in range(0, input_ids.shape[1], B):
             logits = self._step(state, input_ids[:, s : s + B], collect_logits, evict=evict, protect=not evict,
@@ -139,7 +141,7 @@ class Engine:
             else:
                 ids = torch.stack([f[0] for f in feeds])
             if protect and question_ahead:  # the question is held whole, unevicted: room for it at once
-                self.step.make_room(state, protect_last + decode_room)
+                self.step.caches.make_room(state, protect_last + decode_room)
                 question_ahead = False
             logits = self._step(state, ids, False, evict=evict, protect=protect, prompt=prompt)[:, -1, :]
             if rows[0].ending_prompt:
@@ -147,7 +149,7 @@ class Engine:
                 for row in rows:
                     row.prompt_tokens = state.seen
                 if not decode_evict and decode_room:
-                    self.step.make_room(state, decode_room)
+                    self.step.caches.make_room(state, decode_room)
             return logits
 
         def leave(finished: list[int]) -> None:
@@ -192,7 +194,7 @@ class Engine:
         the same batch size, so a stream of requests captures its graphs once instead of once per request
         (the engine then holds one idle ``budget + chunk`` cache per batch size). Other caches are dropped.
         """
-        self.step.release(state)
+        self.step.caches.release(state)
 
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
               protect: bool = False, prompt: bool = False) -> torch.Tensor:

@@ -14,9 +14,13 @@ exactly the uniform cache's bytes:
   its tag is that query head's KV head and its position is at or before the query's. The trade-off: every
   query head scores all ``M`` slots, ``H`` times the attention compute of the per-head layout, for the same
   memory (the per-head layout with room for adaptive budgets costs ``H`` times the memory instead).
-- Eviction (kdeval/keydiff/headpool_eviction.py) gathers each head's tokens in position order, scores them with
-  the policy and keeps the best ``H * N`` of the row; :meth:`HeadPoolLayer.commit` compacts them into
-  ``[0, H * N)``, moved in place (an O(evicted) move: slot order is then not position order).
+- Eviction (the pool adapter of kdeval/keydiff/layouts.py) gathers each head's filled slots in position order
+  into a padded ``[b, H, L]`` layout (:class:`HeadTokens`; padding: zero keys, the empty position, no
+  attention), scores them with the policy as any per-head score, raises the protected tokens as every layout
+  does, and :func:`select_across_heads` keeps the best ``H * N`` of the row across its heads (each head's
+  ``safeguard`` best always; equal scores evicted oldest position first, then lower head first; padding never
+  kept); :meth:`HeadPoolLayer.commit` compacts them into ``[0, H * N)``, moved in place (an O(evicted) move:
+  slot order is then not position order).
 
 ``length`` is the tokens per KV head on average (``slots / H``; the pool always holds a multiple of ``H``), the
 figure the engine's counters and bounds read for every cache.
@@ -27,12 +31,11 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kdeval.keydiff.attention import AttentionCapture
+from kdeval.keydiff.attention import POOL_IMPL, AttentionCapture, no_mask
 from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers
 from kdeval.keydiff.cache import BudgetCache, BudgetLayerMixin
-from kdeval.keydiff.slots import EMPTY_POSITION
-
-POOL_IMPL = "kdeval_pool"
+from kdeval.keydiff.selection import lowest_oldest_first
+from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
 
 
 class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):
@@ -130,7 +133,7 @@ class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):
 
 class HeadPoolCache(BudgetCache):
     """A :class:`BudgetCache` of :class:`HeadPoolLayer` (``capacity``: slots per KV head), which the engine
-    evicts by :func:`~kdeval.keydiff.headpool_eviction.evict_pool`."""
+    the engine evicts through its pool adapter (kdeval/keydiff/layouts.py)."""
 
 
 def pool_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -154,10 +157,68 @@ def pool_attention_forward(module, query, key, value, attention_mask, dropout=0.
     return out.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*args, **kwargs) -> None:
-    """The pool's mask is built per layer by its attention function, from the slots' tags."""
-    return None
-
-
 AttentionInterface.register(POOL_IMPL, pool_attention_forward)
-AttentionMaskInterface.register(POOL_IMPL, _no_mask)
+AttentionMaskInterface.register(POOL_IMPL, no_mask)  # the mask is built per layer from the slots' tags
+
+
+class HeadTokens:
+    """A layer's filled slots regrouped per KV head, in position order, padded to the fullest head:
+    ``slots [b, H, L]`` (pool slot of each entry), ``valid [b, H, L]``, ``keys [b, H, L, d]`` (zero where not
+    valid), ``positions [b, H, L]`` (:data:`EMPTY_POSITION` where not valid)."""
+
+    def __init__(self, layer: "HeadPoolLayer", seen: int):
+        """``seen``: tokens processed so far (every cached position is below it)."""
+        m, h = layer.filled(), layer.heads
+        tags, positions = layer.tags[:, 0, :m], layer.positions[:, 0, :m]
+        order = (tags * (seen + 1) + positions).argsort(dim=-1)  # head-major, then position
+        counts = layer.head_counts()  # [b, H]
+        starts = counts.cumsum(dim=-1) - counts
+        length = int(counts.max())
+        j = torch.arange(length, device=tags.device)
+        self.valid = j < counts.unsqueeze(-1)  # [b, H, L]
+        at = (starts.unsqueeze(-1) + j).clamp(max=m - 1).view(tags.shape[0], -1)
+        self.slots = order.gather(1, at).view(*self.valid.shape)
+        flat = self.slots.view(tags.shape[0], 1, -1)
+        keys = layer.keys[:, :, :m].gather(2, expand_index(flat, layer.keys)).view(*self.valid.shape, -1)
+        self.keys = keys.masked_fill(~self.valid.unsqueeze(-1), 0)
+        self.positions = positions.gather(1, flat[:, 0]).view(*self.valid.shape).masked_fill(~self.valid,
+                                                                                               EMPTY_POSITION)
+
+    def values(self, layer: "HeadPoolLayer") -> torch.Tensor:
+        """The layer's values regrouped like the keys: ``[b, H, L, d_v]``, zero where not valid."""
+        flat = self.slots.view(self.slots.shape[0], 1, -1)
+        m = layer.filled()
+        values = layer.values[:, :, :m].gather(2, expand_index(flat, layer.values)).view(*self.valid.shape, -1)
+        return values.masked_fill(~self.valid.unsqueeze(-1), 0)
+
+    def take(self, per_slot: torch.Tensor) -> torch.Tensor:
+        """``[b, H, group, M]`` per pool slot (captured attention) → ``[b, H, group, L]``, zero where not valid."""
+        index = self.slots.unsqueeze(2).expand(-1, -1, per_slot.shape[2], -1)
+        return per_slot.gather(-1, index).masked_fill(~self.valid.unsqueeze(2), 0)
+
+    def kept_slots(self, kept: torch.Tensor) -> torch.Tensor:
+        """``kept [b, H, L]`` (the same count per row) → their pool slots ``[b, K]`` in (head, position) order."""
+        return self.slots[kept].view(kept.shape[0], -1)
+
+
+def select_across_heads(scores: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, safeguard: int,
+                        keep: int) -> torch.Tensor:
+    """Which of the ``[b, H, L]`` entries to keep: ``keep`` per row (module docstring) → bool ``[b, H, L]``.
+
+    ``scores``: the policy's, the entries always kept (the protected tokens) raised to +inf
+    (:func:`kdeval.keydiff.selection.raise_kept`); ``safeguard``: each head's best tokens also always kept
+    (equal scores: oldest first). Entries not ``valid`` are freed first, whatever their score. Needs at most
+    ``keep`` raised valid entries and at least ``keep`` valid ones per row."""
+    scores = scores if scores.dtype == torch.float64 else scores.float()
+    if safeguard > 0:
+        best = lowest_oldest_first((-scores).masked_fill(~valid, float("inf")), positions, safeguard)
+        scores = scores.scatter(-1, best, float("inf"))
+    b, h, n = scores.shape
+    flat_scores, flat_valid = scores.reshape(b, -1), valid.reshape(b, -1)
+    head = torch.arange(h, device=scores.device).repeat_interleave(n)
+    order = (positions.masked_fill(~valid, 0).reshape(b, -1) * h + head).argsort(dim=-1)  # oldest, then head
+    order = order.gather(1, torch.sort(flat_scores.gather(1, order), dim=-1, stable=True).indices)  # lowest first
+    order = order.gather(1, torch.sort(flat_valid.gather(1, order).to(torch.uint8), dim=-1, stable=True).indices)
+    kept = torch.ones_like(flat_valid).scatter_(1, order[:, : h * n - keep], False)
+    return kept.view(b, h, n)
+

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
+from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.headpool import POOL_IMPL, HeadPoolCache
+from kdeval.keydiff.headpool import HeadPoolCache
 from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.queries import query_sources, rotary_embedding
+from kdeval.keydiff.reads import layer_projections
 
 if TYPE_CHECKING:
     from kdeval.keydiff.state import PrefillState
@@ -91,18 +92,24 @@ def checked_layer_budgets(policy: Policy, n: int, num_layers: int) -> list[int]:
     return budgets
 
 
-def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str) -> str | None:
-    """Why the graph path cannot run this policy (one captured step per chunk shape), or ``None``."""
-    reasons = [why for why, yes in (
-        ("nothing is evicted", not evicting),
-        ("per-layer budgets (the static layout gives every layer N slots)", not uniform),
-        ("scores read the step count (a graph would freeze it)", needs.reads_step),
+def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[str]:
+    """Why a policy with ``needs`` runs without CUDA graphs (one captured step serves every chunk of a fixed
+    static layout), in words; empty when graphs can run it. The one list of these reasons: the plan's
+    :attr:`Plan.graphs_off` and ``kdeval policies``' cost column both read it."""
+    return [why for why, yes in (
+        ("scores read the step count", needs.reads_step),  # a graph would freeze it
         ("a query window between steps", needs.queries is not None),
-        ("re-rotation of every kept key", needs.rerotates),
+        ("re-rotation", needs.rerotates),
+        ("per-layer budgets", per_layer_budgets),  # the static layout gives every layer N slots
         ("a head-shared pool", needs.shares_heads),
-        (f"the static layout's attention runs on SDPA; the model uses {model_attention!r}",
-         model_attention not in SDPA_FAMILY),
     ) if yes]
+
+
+def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str) -> str | None:
+    """Why the graph path cannot run this policy, or ``None``."""
+    reasons = (["nothing is evicted"] if not evicting else []) + eager_reasons(needs, not uniform)
+    if model_attention not in SDPA_FAMILY:
+        reasons.append(f"the static layout's attention runs on SDPA; the model uses {model_attention!r}")
     return "; ".join(reasons) or None
 
 
@@ -119,6 +126,8 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     needs = policy.needs() if evicting else PolicyNeeds()
     if needs.queries is not None:
         query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
+    if needs.projections or needs.hidden_states:
+        layer_projections(model)
     if needs.queries is not None or needs.rerotates:
         rotary_embedding(model)
     device = next(model.parameters()).device

@@ -4,7 +4,7 @@ After every chunk of prompt tokens and every generated token, the engine hands e
 policy's :meth:`Policy.score`; the engine then keeps, per (batch row, KV head), the layer's budget of
 highest-scoring tokens (``budget`` N, or the layer's own share under :meth:`Policy.layer_budgets`); a policy that
 ``shares_heads`` (AdaKV) keeps instead the best ``H * N`` tokens of a layer across its ``H`` KV heads
-(kdeval/keydiff/headpool_eviction.py). Tokens the policy protects (the first ``n_sink`` positions and the most
+(kdeval/keydiff/headpool.py). Tokens the policy protects (the first ``n_sink`` positions and the most
 recent ``n_recent(budget)`` positions) are always kept.
 
 Tensor shapes, everywhere in this package:
@@ -22,6 +22,7 @@ import torch
 
 from kdeval.keydiff.attention import AttentionNeed
 from kdeval.keydiff.queries import QueryNeed, RecentQueries
+from kdeval.keydiff.reads import LayerProjections
 
 
 @dataclass
@@ -43,8 +44,15 @@ class ScoreContext:
       ``PolicyNeeds.reads_step``, and runs without graphs).
     - ``queries``: for policies with a :class:`QueryNeed`, the layer's recent queries before RoPE and RoPE's
       ``cos``/``sin`` ahead (:class:`kdeval.keydiff.queries.RecentQueries`); ``None`` otherwise.
-    - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the cached values beside ``keys``, when the policy's
-      ``QueryNeed`` asks for them; ``None`` otherwise.
+    - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the cached values beside ``keys``
+      (``PolicyNeeds.values``); ``None`` otherwise.
+    - ``hidden_states``: ``[batch, n_new, hidden]``, the step's hidden states as the layer's attention takes them
+      (after its input norm, before the projections) (``PolicyNeeds.hidden_states``); ``None`` otherwise.
+    - ``projections``: the layer's ``q_proj``/``k_proj``/``v_proj``/``o_proj``
+      (:class:`~kdeval.keydiff.reads.LayerProjections`, ``PolicyNeeds.projections``); ``None`` otherwise.
+
+    What a policy reads is declared in :class:`PolicyNeeds` and filled in by the engine in every cache layout
+    (kdeval/keydiff/reads.py); a new read needs no edit outside the policy's file.
 
     In a batch of independent requests (``Engine.generate_batch``, kdeval/keydiff/ragged.py) every row has its
     own count: ``seen`` is then a ``[batch, 1, 1]`` tensor, ``step`` one too where the rows' counts differ,
@@ -62,6 +70,8 @@ class ScoreContext:
     step: int = 0
     queries: RecentQueries | None = None
     values: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+    projections: LayerProjections | None = None
     _order: torch.Tensor | None = field(default=None, repr=False)
 
     def position_order(self) -> torch.Tensor:
@@ -75,10 +85,10 @@ class ScoreContext:
 @dataclass(frozen=True)
 class PolicyNeeds:
     """What a policy's scores read besides the keys and their positions. The engine decides from it how to run
-    the policy: which attention rows to capture beside SDPA, which per-token state to keep, whether the step can
-    be one captured CUDA graph (not when scores read the step count, which a graph would freeze), whether all
-    layers can be scored as one batch (not when scores read the layer), and whether selection must break ties
-    by position."""
+    the policy: which attention rows to capture beside SDPA, which per-token state to keep, what else to hand
+    ``ScoreContext`` (queries, values, hidden states, the layer's projections), whether the step can be one
+    captured CUDA graph (:func:`kdeval.keydiff.plan.eager_reasons`), and whether selection must break ties by
+    position."""
 
     #: attention rows of the chunk's queries, captured beside SDPA (``ScoreContext.attention``); ``None``: none
     attention: AttentionNeed | None = None
@@ -86,15 +96,18 @@ class PolicyNeeds:
     token_state: tuple[str, ...] = ()
     #: scores read ``ScoreContext.step``, the host's count of eviction steps
     reads_step: bool = False
-    #: scores read ``ScoreContext.layer_idx``
-    reads_layer: bool = False
     #: scores often tie exactly (pooled, ranked, or shared by a group of tokens): equal scores are evicted
     #: oldest first, so the kept set does not depend on which slot holds a token
     exact_ties: bool = False
-    #: the layer's recent queries before RoPE, RoPE's rotation ahead and (if asked) the values
-    #: (``ScoreContext.queries``/``values``); the window is kept per request between steps, so the step runs
-    #: eagerly; ``None``: none
+    #: the layer's recent queries before RoPE and RoPE's rotation ahead (``ScoreContext.queries``); the window is
+    #: kept per request between steps, so the step runs eagerly; ``None``: none
     queries: QueryNeed | None = None
+    #: the cached values beside the keys (``ScoreContext.values``)
+    values: bool = False
+    #: the step's hidden states entering the layer's attention (``ScoreContext.hidden_states``)
+    hidden_states: bool = False
+    #: the layer's attention projections, ``W_q``, ``W_k``, ``W_v``, ``W_o`` (``ScoreContext.projections``)
+    projections: bool = False
     #: after every eviction the kept keys are re-rotated to contiguous RoPE positions ``0 .. n-1`` (in position
     #: order) and new tokens are fed from ``n`` (StreamingLLM's cache positions, kdeval/keydiff/rerotation.py);
     #: ``ScoreContext.positions`` stay absolute; the step runs eagerly
@@ -103,6 +116,9 @@ class PolicyNeeds:
     #: ``H * (N + B)`` slots per layer (kdeval/keydiff/headpool.py); the step runs eagerly, ragged batches one
     #: request at a time
     shares_heads: bool = False
+    #: every KV head of a layer gets the same scores (TOVA's and ChunkKV's ``heads="all"``): a head-shared pool
+    #: (AdaKV) cannot wrap it
+    heads_alike: bool = False
 
 
 @dataclass

@@ -26,12 +26,11 @@ import torch
 @dataclass(frozen=True)
 class QueryNeed:
     """``window``: recent queries kept per layer; ``ahead``: look-ahead positions whose RoPE is passed; ``skip``:
-    queries at positions ``< skip`` are left out; ``values``: the cached values are passed too."""
+    queries at positions ``< skip`` are left out."""
 
     window: int
     ahead: int
     skip: int = 0
-    values: bool = False
 
 
 @dataclass

@@ -21,6 +21,12 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def unregister(name: str) -> None:
+    """Remove policy ``name`` from the table (a test's own policy, once the test is done); unknown names are
+    ignored."""
+    _REGISTRY.pop(name, None)
+
+
 def registered() -> dict[str, type[Policy]]:
     """The policies registered so far, by name (a copy)."""
     return dict(_REGISTRY)

@@ -12,7 +12,7 @@ head pool).
    exactly (``PolicyNeeds.exact_ties``), else ``topk``'s choice.
 
 :class:`Selector` runs the four for one policy. A head-shared pool (AdaKV) takes steps 1 and 2 and then keeps
-the best tokens of a whole layer across its KV heads (kdeval/keydiff/headpool_eviction.py).
+the best tokens of a whole layer across its KV heads (:meth:`Selector.scores`, kdeval/keydiff/headpool.py).
 """
 from __future__ import annotations
 
@@ -125,8 +125,14 @@ class Selector:
         """The ``k`` slots to free per row and head of ``keys [rows, h, slots, d]`` in a layer that keeps
         ``budget`` → ``[rows, h, k]``. ``protected``/``per_row``: as :func:`raise_kept`; ``empty``: bool,
         broadcast to ``[rows, h, slots]``, the slots that hold no token (``None``: every slot holds one)."""
-        scores = self.policy.score(keys, ctx)
-        scores = raise_kept(scores, ctx.positions, ctx.seen, self.policy, budget, protected, per_row)
+        scores = self.scores(keys, ctx, budget, protected, per_row)
         if empty is not None:
             scores = rank_empty(scores, empty, self.ranks)
         return lowest(scores, ctx.positions, k, self.exact_ties, ctx.position_order, sorted)
+
+    def scores(self, keys: torch.Tensor, ctx: ScoreContext, budget: int, protected=(), per_row: bool = False
+               ) -> torch.Tensor:
+        """Steps 1 and 2: the policy's scores of ``keys [rows, h, slots, d]`` ``[rows, h, slots]``, the tokens
+        always kept raised (what a head-shared pool selects across heads from)."""
+        scores = self.policy.score(keys, ctx)
+        return raise_kept(scores, ctx.positions, ctx.seen, self.policy, budget, protected, per_row)

@@ -4,7 +4,7 @@ Until a cell first evicts, its cache holds exactly what the full cache holds: ev
 absolute position. The forward of its next prompt step therefore writes the same keys and values and gives the
 same logits as in any other cell fed the same tokens so far, under the same attention function — whatever the
 policy or the budget, which only decide what is kept *after* the forward. :class:`SharedSteps` records such a
-forward once (the chunk's keys and values per layer, the attention rows and queries every member policy reads,
+forward once (the chunk's keys and values per layer, the attention rows, queries and hidden states every member policy reads,
 the logits) and replays it into the next cell that reaches the same point: the record's keys and values are
 written into that cell's own cache as the model would write them, and the cell's own eviction runs on them
 (:meth:`kdeval.keydiff.step.Step.run`). Results are the cell's own, bit for bit: the same tokens, kept sets,
@@ -89,11 +89,14 @@ class StepRecord:
     logits: torch.Tensor  # [batch, t or 1, vocab]
     attention: dict[CaptureKey, dict[int, torch.Tensor]] = field(default_factory=dict)  # need -> layer -> rows
     queries: dict[int, torch.Tensor] | None = None  # layer -> [batch, q_heads, t, head_dim] before RoPE
+    hidden_states: dict[int, torch.Tensor] | None = None  # layer -> [batch, t, hidden], its attention's input
 
     def serves(self, plan: "Plan") -> bool:
         """Whether the record holds everything this plan's policy reads from a step."""
         need = plan.needs.attention
         if need is not None and capture_key(need, plan) not in self.attention:
+            return False
+        if plan.needs.hidden_states and self.hidden_states is None:
             return False
         return plan.needs.queries is None or self.queries is not None
 
@@ -109,6 +112,7 @@ class SharedSteps:
         needs = [p.needs() for p in policies if p.evicts]
         self.attention = list(dict.fromkeys(n.attention for n in needs if n.attention is not None))
         self.queries = any(n.queries is not None for n in needs)
+        self.hidden_states = any(n.hidden_states for n in needs)
         self.max_tokens = max_tokens
         self.records: dict[str, StepRecord] = {}
         #: steps replayed and recorded since the store was made
@@ -159,7 +163,7 @@ class SharedSteps:
         return MultiCapture(caps.values()), caps
 
     def store(self, key: str, cache: BudgetCache, logits: torch.Tensor, captures: dict,
-              queries: dict[int, torch.Tensor] | None) -> None:
+              queries: dict[int, torch.Tensor] | None, hidden_states: dict[int, torch.Tensor] | None = None) -> None:
         """Record the step just run on ``cache`` (its chunk still pending, before eviction)."""
         keys, values = [], []
         for layer in cache.layers:
@@ -167,8 +171,8 @@ class SharedSteps:
             keys.append(layer.keys[:, :, lo:hi].clone())
             values.append(layer.values[:, :, lo:hi].clone())
         rows = {k: {i: r.clone() for i, r in cap.by_layer.items()} for k, cap in captures.items()}
-        self.records[key] = StepRecord(keys, values, logits.clone(), rows,
-                                       {i: q.clone() for i, q in queries.items()} if queries is not None else None)
+        copies = lambda d: {i: x.clone() for i, x in d.items()} if d is not None else None  # noqa: E731
+        self.records[key] = StepRecord(keys, values, logits.clone(), rows, copies(queries), copies(hidden_states))
         self.recorded += 1
 
 

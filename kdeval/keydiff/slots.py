@@ -1,5 +1,4 @@
-"""Slot moves of the slot buffers (kdeval/keydiff/buffers.py) and the static layout's empty slots (see
-kdeval/keydiff/cache.py).
+"""Slot moves of the slot buffers (kdeval/keydiff/buffers.py) and the empty slot's position.
 
 Buffers are ``[rows, kv_heads, slots, ...]``; index tensors ``[rows, kv_heads, k]``.
 """
@@ -23,32 +22,6 @@ def resized(buf: torch.Tensor, capacity: int, keep: int, fill: int | float = 0) 
     out = buf.new_full((*buf.shape[:2], capacity, *buf.shape[3:]), fill)
     out[:, :, :keep] = buf[:, :, :keep]
     return out
-
-
-def static_visible(row, slot, cached, budget: int):
-    """The static layout's attention rule: query ``row`` of the chunk sees ``slot`` when it is one of the
-    ``cached`` valid head slots ``[0, cached)``, or a tail slot ``[budget, budget + t)`` at or before its own.
-    Broadcasts over tensors (the dense mask) and works on FlexAttention's scalar indices (its ``mask_mod``)."""
-    return (slot < cached) | ((slot >= budget) & (slot - budget <= row))
-
-
-class EmptySlots:
-    """Static layout: the empty head slots ``[cached, budget)`` of the ``budget + t`` slots a step scores. Eviction
-    ranks them below every real score, lowest slot lowest (:func:`kdeval.keydiff.selection.rank_empty`), so it
-    frees them first and in slot order (the chunk then moves into ``[cached, cached + t)`` in every layer and
-    head: the valid slots stay a prefix). Which slots are empty is the same for every layer: computed once per
-    step.
-
-    ``room``: the host knows that the empty slots hold the whole chunk (``cached + t <= budget``). Eviction
-    would then free exactly ``[cached, cached + t)``, so the engine skips scoring and moves the chunk there
-    (:func:`move_tail`); ``room_slots`` ``[t]`` are those slots.
-    """
-
-    def __init__(self, budget: int, t: int, cached: int | torch.Tensor, device: torch.device, room: bool = False):
-        slots = torch.arange(budget + t, device=device)
-        self.room_slots = slots[:t] + cached if room else None
-        #: ``[budget + t]``, True at the empty slots (``None`` with ``room``)
-        self.mask = None if room else (slots >= cached) & (slots < budget)
 
 
 def move_tail(buffers, slots: torch.Tensor, base: int) -> None:

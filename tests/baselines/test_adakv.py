@@ -7,7 +7,7 @@ from kdeval.baselines import get_policy
 from kdeval.jobs.grid.errors import GridError
 from kdeval.jobs.grid.load import parse_grid
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.headpool_eviction import select_across_heads
+from kdeval.keydiff.headpool import select_across_heads
 from kdeval.keydiff.keydiff import keydiff_scores
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine, prompt, tiny

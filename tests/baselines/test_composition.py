@@ -19,7 +19,7 @@ NESTED = {"name": "snapkv", "params": {"pooling": "avg", "window": 8}}
 @pytest.mark.parametrize("wrapper", ["ada", "chunkkv"])
 def test_a_nested_inner_policy_is_built_with_its_parameters(wrapper):
     policy = get_policy(wrapper, inner=NESTED)
-    assert isinstance(policy._inner, SnapKV) and (policy._inner.pooling, policy._inner.window) == ("avg", 8)
+    assert isinstance(policy.wrapped, SnapKV) and (policy.wrapped.pooling, policy.wrapped.window) == ("avg", 8)
     by_object = get_policy(wrapper, inner=SnapKV(pooling="avg", window=8))
     by_name = get_policy(wrapper, inner="snapkv")  # the defaults: max pooling, window 32
     lm = tiny("random:llama-tiny", 2, "float64")

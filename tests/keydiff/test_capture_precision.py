@@ -8,7 +8,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.attention import AttentionCapture, AttentionNeed, static_attention_forward, static_mask
+from kdeval.keydiff.attention import AttentionCapture, AttentionNeed
+from kdeval.keydiff.static import static_attention_forward, static_mask
 
 from .helpers import prompt, tiny
 from .oracles import EMULATED
@@ -28,9 +29,9 @@ def _inputs(seed: int):
 def test_half_precision_logits_are_as_precise_as_eager_attention(seed):
     q, k, v = _inputs(seed)
     scale = D ** -0.5
-    exact = AttentionCapture(AttentionNeed("all"))._probs(q.double(), k.double(), scale, T)  # of these inputs
-    half = AttentionCapture(AttentionNeed("all"))._probs(q, k, scale, T)
-    f32 = AttentionCapture(AttentionNeed("all"), float32_logits=True)._probs(q, k, scale, T)
+    exact = AttentionCapture(AttentionNeed("all")).probabilities(q.double(), k.double(), scale, T)  # of these inputs
+    half = AttentionCapture(AttentionNeed("all")).probabilities(q, k, scale, T)
+    f32 = AttentionCapture(AttentionNeed("all"), float32_logits=True).probabilities(q, k, scale, T)
     assert half.dtype == f32.dtype == torch.float32
     hidden = torch.arange(M).unsqueeze(0) > torch.arange(M - T, M).unsqueeze(-1)  # causal within the chunk
     mask = torch.zeros(1, 1, T, M, dtype=torch.bfloat16).masked_fill(hidden, float("-inf"))

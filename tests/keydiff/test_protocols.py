@@ -186,11 +186,11 @@ def test_thawed_static_cache_returns_to_the_pool_with_its_graphs():
                  EngineConfig(budget=40, chunk_size=16, cuda_graphs=True), **EMULATED)
     first = eng.generate(prompt(120, seed=1), max_new_tokens=4, protect_last=9)
     assert first.state.cache.static_base is None and first.state.cache.thawed_from == 40
-    pooled = eng.step._spare[1]
+    pooled = eng.step.caches.spare(1)
     graphs = dict(pooled.graphs)
     assert graphs  # the context's full chunks were captured
     eng.release(first.state)  # a thawed cache is not pooled in its place
-    assert eng.step._spare[1] is pooled
+    assert eng.step.caches.spare(1) is pooled
     second = eng.generate(prompt(120, seed=2), max_new_tokens=4, protect_last=9)
     assert pooled.graphs == graphs  # the same captured steps, none added
     # a thawed state continues on the engine that made it (eagerly)

@@ -1,0 +1,100 @@
+"""The caches one engine's steps run on: made for its plan, grown, thawed, and pooled for reuse.
+
+A :class:`CacheMaker` makes every cache of one plan (the uniform and per-layer slot caches, the static layout of
+the graph path, the head-shared pool) from one layer factory (:func:`slot_layer`, or a test's reference,
+``Engine(cache_layer=...)``). On the graph path a released static cache, and the CUDA graphs captured on its
+buffers, is kept per batch size (:meth:`CacheMaker.spare`) and serves the next request of that size.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from kdeval.keydiff.cache import BudgetCache, SlotLayer
+from kdeval.keydiff.headpool import HeadPoolCache, HeadPoolLayer
+from kdeval.keydiff.plan import Plan
+from kdeval.keydiff.state import PrefillState
+
+
+def slot_layer(capacity: int, state_names: tuple[str, ...], static_base: int | None, shares_heads: bool,
+               limit: int | None) -> DynamicLayer:
+    """One layer of the engine's cache: ``capacity`` slots per KV head, the per-token ``state_names``, the static
+    layout's N (``None``: dynamic), a pool shared by the KV heads (``shares_heads``, no per-token state), the
+    most slots it needs while evicting (``limit``: budget + chunk; ``None``: it does not evict)."""
+    if shares_heads:
+        return HeadPoolLayer(capacity)
+    return SlotLayer(capacity, state_names, static_base, limit)
+
+
+#: makes one cache layer from the arguments :func:`slot_layer` takes
+LayerFactory = Callable[[int, tuple, int | None, bool, int | None], DynamicLayer]
+
+
+class CacheMaker:
+    """Makes, grows and pools the caches of one plan (module docstring)."""
+
+    def __init__(self, plan: Plan, cache_layer: LayerFactory = slot_layer):
+        self.plan, self.cache_layer = plan, cache_layer
+        self._spare: dict[int, BudgetCache] = {}  # released static caches (with their graphs), by batch size
+
+    def spare(self, batch: int) -> BudgetCache | None:
+        """The released static cache kept for the next request of ``batch`` rows (``None``: none)."""
+        return self._spare.get(batch)
+
+    def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
+        """An empty cache sized for the ``tokens`` the call will feed, when given (while evicting, at most a layer's
+        budget plus a chunk); it still grows if needed. A spare cache of ``batch`` rows is reused, emptied."""
+        spare = self._spare.pop(batch, None)
+        if spare is not None:
+            spare.reset()
+            return PrefillState(spare, 0, torch.empty(0))
+        plan = self.plan
+        B = plan.config.chunk_size
+        if plan.use_graphs:  # the static layout: N + B slots, whatever the call
+            cap = [b + B for b in plan.budgets]
+        elif plan.evicting:  # a budget plus a chunk, or less when the call feeds fewer tokens (B past the prompt)
+            cap = [min(b + B, tokens) if tokens else b + B for b in plan.budgets]
+        else:  # what the call will hold, when it says (a chunk size past the prompt allocates nothing)
+            cap = [tokens or B] * plan.num_layers
+        cache = self.new_cache(cap, plan.config.budget if plan.use_graphs else None)
+        return PrefillState(cache, 0, torch.empty(0))
+
+    def new_cache(self, capacities: list[int], static_base: int | None = None) -> BudgetCache:
+        """An empty cache of this plan's kind with ``capacities[i]`` slots per KV head in layer ``i`` (the static
+        layout's N: ``static_base``), owned by this maker."""
+        plan = self.plan
+        pooled = plan.shares_heads
+        names = () if pooled else plan.needs.token_state
+        B = plan.config.chunk_size
+        limits = [b + B for b in plan.budgets] if plan.evicting else [None] * len(capacities)
+        layers = [self.cache_layer(cap, names, static_base, pooled, lim) for cap, lim in zip(capacities, limits)]
+        cache = (HeadPoolCache if pooled else BudgetCache)(layers, names, static_base)
+        cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
+        cache.rerotated = plan.rerotate
+        return cache
+
+    def release(self, state: PrefillState) -> None:
+        """Take back a state its caller is done with (see ``Engine.release``)."""
+        state.check_usable()
+        state.released = True
+        self._pool(state.cache)
+
+    def _pool(self, cache: BudgetCache) -> None:
+        """Keep ``cache`` for the next request of its batch size when it is one of this maker's static ones."""
+        mine = cache.owner is not None and cache.owner() is self
+        if mine and self.plan.use_graphs and cache.static_base is not None and cache.batch_size is not None:
+            self._spare[cache.batch_size] = cache
+
+    def make_room(self, state: PrefillState, tokens: int) -> None:
+        """Room for ``tokens`` more without eviction: a static-layout cache is thawed into a dynamic one (its
+        buffers and graphs go back to the pool), a slot cache grows its buffers once."""
+        cache = state.cache
+        if cache.static_base is not None:
+            state.cache = cache.thawed(cache.length + tokens)
+            if cache.graphs or cache.batch_size not in self._spare:  # keep a pooled cache with graphs
+                self._pool(cache)
+        else:
+            cache.reserve_more(tokens)

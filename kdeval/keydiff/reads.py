@@ -1,0 +1,116 @@
+"""What a policy reads besides the keys and their positions, gathered during a step and handed to its scores.
+
+A policy declares its reads in ``PolicyNeeds`` (kdeval/keydiff/policy.py); the step (kdeval/keydiff/step.py)
+captures them during the forward (:func:`capturing`) and every cache layout's eviction (kdeval/keydiff/layouts.py)
+fills them into each layer's ``ScoreContext`` the same way (:meth:`StepReads.fill`), so a policy that reads
+something new needs no edit outside its own file:
+
+- ``attention``: the attention rows of the chunk's queries, computed beside SDPA (kdeval/keydiff/attention.py);
+- ``queries``: the layer's recent queries before RoPE and RoPE ahead (kdeval/keydiff/queries.py);
+- ``values``: the cached values ``[batch, kv_heads, tokens, head_dim]`` beside the keys, in the layout's order;
+- ``hidden_states``: ``[batch, t, hidden]``, the step's hidden states as each layer's attention takes them
+  (the input of ``q_proj``: after the layer's input norm);
+- ``projections``: the layer's attention projections (:class:`LayerProjections`), e.g. to take values through
+  ``W_o``.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from kdeval.keydiff.attention import AttentionCapture
+from kdeval.keydiff.queries import StepQueries, attention_modules, capture_queries
+
+
+@dataclass(frozen=True)
+class LayerProjections:
+    """One decoder layer's attention projections (``torch.nn.Linear``-like modules): ``q_proj`` ``[hidden ->
+    q_heads * head_dim]``, ``k_proj``/``v_proj`` ``[hidden -> kv_heads * head_dim]``, ``o_proj`` ``[q_heads *
+    head_dim -> hidden]``."""
+
+    q_proj: torch.nn.Module
+    k_proj: torch.nn.Module
+    v_proj: torch.nn.Module
+    o_proj: torch.nn.Module
+    head_dim: int
+
+
+def layer_projections(model: torch.nn.Module) -> list[LayerProjections]:
+    """Every decoder layer's :class:`LayerProjections` (``ValueError`` naming ``model`` when one is missing)."""
+    out = []
+    for idx, attn in enumerate(attention_modules(model)):
+        mods = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        if any(m is None for m in mods):
+            raise ValueError(f"model: layer {idx}'s attention lacks q_proj/k_proj/v_proj/o_proj, which the policy reads")
+        head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        out.append(LayerProjections(*mods, head_dim=head_dim))
+    return out
+
+
+@contextlib.contextmanager
+def capture_hidden_states(model: torch.nn.Module) -> Iterator[dict[int, torch.Tensor]]:
+    """While open, every forward of ``model`` stores each layer's attention input (``q_proj``'s input,
+    ``[batch, t, hidden]``) in the yielded dict, by layer."""
+    out: dict[int, torch.Tensor] = {}
+    hooks = []
+
+    def hook(idx: int):
+        def store(module, args):
+            out[idx] = args[0]
+        return store
+
+    try:
+        for idx, proj in enumerate(p.q_proj for p in layer_projections(model)):
+            hooks.append(proj.register_forward_pre_hook(hook(idx)))
+        yield out
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@contextlib.contextmanager
+def capturing(model: torch.nn.Module, queries: bool, hidden_states: bool
+              ) -> Iterator[tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor] | None]]:
+    """While open, a forward of ``model`` stores each layer's queries before RoPE (``queries``) and its attention
+    input (``hidden_states``); yields the two dicts (``None`` for what is not asked)."""
+    with contextlib.ExitStack() as stack:
+        q = stack.enter_context(capture_queries(model)) if queries else None
+        h = stack.enter_context(capture_hidden_states(model)) if hidden_states else None
+        yield q, h
+
+
+class StepReads:
+    """What one step hands the policy's scores, per layer (module docstring); ``needs``: the policy's
+    ``PolicyNeeds``."""
+
+    def __init__(self, needs, attention: AttentionCapture | None = None,
+                 queries: StepQueries | None = None, hidden_states: dict[int, torch.Tensor] | None = None,
+                 projections: list[LayerProjections] | None = None):
+        self.needs, self.capture, self.queries = needs, attention, queries
+        self.hidden_states = hidden_states if needs.hidden_states else None
+        self.projections = projections if needs.projections else None
+
+    def attention(self, idx: int) -> torch.Tensor | None:
+        """Layer ``idx``'s captured rows ``[batch, kv_heads, group, slots]`` (``None``: the policy reads none)."""
+        return self.capture.by_layer.get(idx) if self.capture is not None else None
+
+    def fill(self, ctx, values: Callable[[], torch.Tensor]) -> None:
+        """Give ``ctx`` (its layer's context) what the policy reads besides keys, positions, rows and state;
+        ``values()``: the layer's values beside the keys the context scores."""
+        idx = ctx.layer_idx
+        if self.queries is not None:
+            ctx.queries = self.queries.layer(idx)
+        if self.needs.values:
+            ctx.values = values()
+        if self.hidden_states is not None:
+            ctx.hidden_states = self.hidden_states[idx]
+        if self.projections is not None:
+            ctx.projections = self.projections[idx]
+
+    def done(self) -> None:
+        """Drop the step's captured rows (the capture is reused by the next step's forward)."""
+        if self.capture is not None:
+            self.capture.clear()
