@@ -6,8 +6,8 @@ A case: SmolLM2-135M (offline) in float32, one prompt of ``L`` random tokens, bu
 median of three chunked prefills after a warm-up, then ``G`` greedy tokens after a fresh prefill (the decode
 time is ``RunStats.decode_s``: from the first generated token to the last).
 
-    git worktree add /tmp/kdeval-before d5ff9d2
-    python bench/before_after.py --before /tmp/kdeval-before --after . --rounds 2
+    git worktree add ../kdeval-before d5ff9d2
+    python bench/before_after.py --before ../kdeval-before --after . --rounds 2
 """
 from __future__ import annotations
 
