@@ -35,7 +35,12 @@ def paths(tmp_path: Path) -> dict[str, Path]:
     return {"db": tmp_path / "index.sqlite", "results": tmp_path / "results", "tmp": tmp_path}
 
 
-_LOCAL_RAY: dict[str, str] = {}  # the GCS address of the Ray local_ray started, while it runs
+_RAY_ADDRESS: list[str] = []  # the GCS address of the Ray local_ray started, while it runs
+_ASKING: set[Path] = set()  # the test files where a test asks for local_ray
+
+
+def pytest_collection_modifyitems(items):
+    _ASKING.update(item.path for item in items if "local_ray" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="module")
@@ -51,42 +56,31 @@ def local_ray():
         sandbox_ray()
         info = ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                         namespace="kdeval-tests", logging_level="WARNING")
-        _LOCAL_RAY["address"] = info.address_info["gcs_address"]
+        _RAY_ADDRESS[:] = [info.address_info["gcs_address"]]
     return ray
 
 
 def _ours(ray) -> bool:
     """Whether this process is connected to the Ray local_ray started."""
     try:
-        return bool(_LOCAL_RAY) and ray.get_runtime_context().gcs_address == _LOCAL_RAY["address"]
+        return ray.get_runtime_context().gcs_address in _RAY_ADDRESS
     except Exception:  # noqa: BLE001 - a half-shut Ray is not ours to keep
         return False
 
 
 def _stop_local_ray() -> None:
     ray = sys.modules.get("ray")
-    if ray is not None and _LOCAL_RAY and ray.is_initialized() and _ours(ray):
+    if ray is not None and ray.is_initialized() and _ours(ray):
         ray.shutdown()
-    _LOCAL_RAY.clear()
+    _RAY_ADDRESS.clear()
 
 
 @pytest.fixture(autouse=True)
 def _no_local_ray_unasked(request):
     """The tests of a module where none asks for local_ray run without it (within a module that asks, the one
     Ray stays up from its first test to its last, as a module fixture does)."""
-    if _LOCAL_RAY and not _asks_for_local_ray(request):
+    if _RAY_ADDRESS and request.node.path not in _ASKING:
         _stop_local_ray()
-
-
-def _asks_for_local_ray(request) -> bool:
-    path = request.node.path
-    if path not in _MODULES_ASKING:
-        _MODULES_ASKING[path] = any("local_ray" in getattr(item, "fixturenames", ())
-                                    for item in request.session.items if item.path == path)
-    return _MODULES_ASKING[path]
-
-
-_MODULES_ASKING: dict[Path, bool] = {}  # test file -> whether one of its tests asks for local_ray
 
 
 @pytest.fixture(scope="session", autouse=True)
