@@ -106,6 +106,6 @@ def every_policy_source_file() -> tuple[str, ...]:
 
 def random_model_names() -> list[str]:
     """Names of the built-in tiny random models."""
-    from kdeval.keydiff.models import random_model_names as names
+    from kdeval.keydiff.random_models import random_model_names as names
 
     return list(names())

@@ -58,10 +58,10 @@ def engine_options() -> tuple[str, ...]:
     """The ``EngineConfig`` options a run may set (its fields but :data:`NOT_ENGINE_OPTIONS`), e.g.
     ``cuda_graphs``.
 
-    Lazy: importing the engine costs seconds (transformers), and this module is also imported for
+    Lazy: the engine's settings are read where grids are validated, and this module is also imported for
     :func:`aggregate` alone.
     """
-    from kdeval.keydiff.engine import EngineConfig
+    from kdeval.keydiff.config import EngineConfig
 
     return tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_ENGINE_OPTIONS)
 

@@ -2,14 +2,25 @@
 
 Policies are looked up by name in ``kdeval.baselines`` (``get_policy``, ``policy_names``, ...), the layer above,
 which imports every built-in policy; this package only holds the table they register into (``register``).
-"""
-from kdeval.keydiff.engine import Engine, EngineConfig
-from kdeval.keydiff.models import LoadedModel, UnsupportedModelError, load_model
-from kdeval.keydiff.policy import Policy, ScoreContext
-from kdeval.keydiff.registry import register
-from kdeval.keydiff.state import GenerationResult, PrefillState, RunStats
 
-__all__ = [
-    "Engine", "EngineConfig", "GenerationResult", "PrefillState", "RunStats", "LoadedModel",
-    "UnsupportedModelError", "load_model", "Policy", "ScoreContext", "register",
-]
+The names below are imported on first use: importing a light module of the package (``kdeval.keydiff.config``,
+the policy interface) does not load the engine and transformers with it.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Engine": "engine", "EngineConfig": "config", "GenerationResult": "state", "PrefillState": "state",
+    "RunStats": "state", "LoadedModel": "models", "UnsupportedModelError": "models", "load_model": "models",
+    "Policy": "policy", "ScoreContext": "policy", "register": "registry",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

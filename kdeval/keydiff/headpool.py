@@ -31,7 +31,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kdeval.keydiff.attention import POOL_IMPL, AttentionCapture, no_mask
+from kdeval.keydiff.attention import POOL_IMPL, AttentionCapture
+from kdeval.keydiff.attention_functions import no_mask
 from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers
 from kdeval.keydiff.cache import BudgetCache, BudgetLayerMixin
 from kdeval.keydiff.selection import lowest_oldest_first

@@ -25,6 +25,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
+from kdeval.keydiff.random_models import RANDOM_CONFIGS, random_model_names
 from kdeval.names import RANDOM_PREFIX
 
 SMOLLM2 = "smollm2-135m"
@@ -111,29 +112,11 @@ def check_supported(config: PretrainedConfig, name: str = "model") -> None:
 
 # ---------------------------------------------------------------- tiny random models
 
-_RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
-    # 8 query heads over 2 KV heads: GQA 4:1.
-    "llama-tiny": dict(
-        model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-    ),
-    # Qwen2 has q/k/v biases; 4 query heads over 2 KV heads: GQA 2:1.
-    "qwen2-tiny": dict(
-        model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-    ),
-}
-
-
-def random_model_names() -> list[str]:
-    return [RANDOM_PREFIX + k for k in _RANDOM_CONFIGS]
-
-
 def _load_random(kind: str, dtype: torch.dtype, attn: str, seed: int, overrides: dict[str, Any]) -> LoadedModel:
-    if kind not in _RANDOM_CONFIGS:
+    if kind not in RANDOM_CONFIGS:
         raise ValueError(f"model: unknown random model '{RANDOM_PREFIX}{kind}'; expected one of {random_model_names()}")
     tokenizer = byte_level_tokenizer()
-    params = dict(_RANDOM_CONFIGS[kind])
+    params = dict(RANDOM_CONFIGS[kind])
     params.update(overrides)
     model_type = params.pop("model_type")
     config = AutoConfig.for_model(

@@ -13,7 +13,6 @@ import torch
 
 from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.headpool import HeadPoolCache
 from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.queries import query_sources, rotary_embedding
 from kdeval.keydiff.reads import layer_projections
@@ -173,6 +172,8 @@ def check_continuable(plan: Plan, state: "PrefillState") -> None:
     """Refuse (``ValueError`` naming ``state``) a state this plan cannot continue: released, laid out for other
     graph settings, rotated at the other positions, of the other cache kind, or without the per-token
     state the policy keeps."""
+    from kdeval.keydiff.headpool import HeadPoolCache  # here: the plan is also read where transformers is not loaded
+
     state.check_usable()
     name = plan.policy_name
     layout = plan.config.budget if plan.use_graphs else None

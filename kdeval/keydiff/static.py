@@ -21,7 +21,8 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kdeval.keydiff.attention import STATIC_IMPL, AttentionCapture, no_mask
+from kdeval.keydiff.attention import STATIC_IMPL, AttentionCapture
+from kdeval.keydiff.attention_functions import no_mask
 
 
 def static_visible(row, slot, cached, budget: int):

@@ -13,7 +13,8 @@ from typing import Callable
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture, attention_implementation
+from kdeval.keydiff.attention import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture
+from kdeval.keydiff.attention_functions import attention_implementation
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.caches import CacheMaker, LayerFactory, slot_layer
 from kdeval.keydiff.eviction import Evictor
