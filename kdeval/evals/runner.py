@@ -39,6 +39,7 @@ import torch
 from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
 from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.chunking import WHOLE, ChunkSize, resolve_chunk
+from kdeval.evals.conversation import conversation_prompts, resolve_conversation, run_conversations
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.rows import result_row
 from kdeval.evals.thinking import THINKING_MODES, thinking_markers
@@ -148,9 +149,9 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
              decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1,
-             thinking: str = "keep", shared: Any = None) -> list[dict[str, Any]]:
+             thinking: str = "keep", shared: Any = None, conversation: Any = None) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one row per sample
-    (:class:`kdeval.evals.rows.EvalRow`).
+    (:class:`kdeval.evals.rows.EvalRow`), or per (sample, turn) for a task with several questions per context.
 
     Args:
         lm: the loaded model (``model``, ``tokenizer``, ``max_context``).
@@ -185,6 +186,11 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             add the scored ``answer``.
         shared: a :class:`kdeval.keydiff.shared.SharedSteps` of prompt steps shared with other cells
             (:func:`run_group`); the rows are the same without it (timings aside). Batch 1 only.
+        conversation: how a task with several questions per context asks them
+            (:class:`kdeval.evals.conversation.Conversation` or its fields: ``mode`` ``"multi-turn"`` or
+            ``"multi-request"``, ``answers`` ``"golden"`` or ``"own"``); None: multi-turn with golden answers for
+            such a task. A one-question task refuses one. Rows then carry ``turn``, ``turns``, ``question``,
+            ``answer_fed`` and ``conversation``, in sample then turn order.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
@@ -202,21 +208,25 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         keep = _select(task, prompts[0], sample_ids, limit)
         samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
     _check_protocol(task, samples, built, compress, max_new_tokens)
+    conv = resolve_conversation(task, conversation)
     context_only = compress == "context"
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)  # decodes the answers
+    # what each sample compresses; a multi-request sample in one chunk ("whole") holds its longest question's
+    sizes = [max(len(q.prefix_ids) if context_only else q.n_tokens for q in conversation_prompts(builder, s, p, conv))
+             if conv is not None else None for s, p in zip(samples, built)]
     unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     pol = _resolve_policy(policy, policy_params)
     groups = _chunk_groups(budget_groups(budget, pol, samples, built, context_only), chunk_size, built,
-                           context_only)
+                           context_only, sizes)
     if chunk_size == WHOLE and not context_only:
         share_context = False
     configs = {key: EngineConfig(budget=key[0], chunk_size=key[1], **dict(engine or {})) for key in groups}
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
-    rows: list[dict[str, Any]] = [{}] * len(samples)
+    rows: list[list[dict[str, Any]]] = [[] for _ in samples]
     timed = 0  # timings (generate calls) of the (N, B) groups before
     if shared is not None and batch_size > 1:
         raise EvalError("shared: steps are shared at batch_size 1 only")
@@ -224,26 +234,35 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         eng = Engine(lm.model, pol, configs[key])
         eng.shared = shared
         part = [samples[i] for i in members], [built[i] for i in members]
-        if batch_size > 1:
+        if conv is not None:
+            done_turns = run_conversations(eng, task, *part, builder, conv, context_only=context_only,
+                                           decode_evict=decode == "evict", eos=eos, device=device,
+                                           weight_bytes=weight_bytes, strip=strip, batch_size=batch_size)
+        elif batch_size > 1:
             done = _run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
                                 decode == "evict", eos, device, weight_bytes, strip)
         else:
             done = _run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
                              device, weight_bytes, strip)
-        for i, row in zip(members, done):
-            rows[i] = {**row, "timing_batch": row["timing_batch"] + timed}  # numbered across budget groups
-        timed += 1 + max((r["timing_batch"] for r in done), default=-1)
-    return rows
+        if conv is None:
+            done_turns = [[row] for row in done]
+        for i, turns in zip(members, done_turns):
+            rows[i] = [{**row, "timing_batch": row["timing_batch"] + timed} for row in turns]  # numbered across groups
+        timed += 1 + max((r["timing_batch"] for turns in done_turns for r in turns), default=-1)
+    return [row for turns in rows for row in turns]
 
 
 def _chunk_groups(groups: Mapping[int | None, list[int]], chunk_size: ChunkSize, built: Sequence[BuiltPrompt],
-                  context_only: bool) -> dict[tuple[int | None, int], list[int]]:
+                  context_only: bool, sizes: Sequence[int | None] = ()) -> dict[tuple[int | None, int], list[int]]:
     """The samples (indices, in order) of each (N, B) they run with: B is ``chunk_size``, or under ``"whole"``
-    each sample's compressed token count (:func:`kdeval.evals.chunking.resolve_chunk`)."""
+    each sample's compressed token count (:func:`kdeval.evals.chunking.resolve_chunk`; ``sizes[i]``, when
+    not None, overrides it)."""
     out: dict[tuple[int | None, int], list[int]] = {}
     for n, members in groups.items():
         for i in members:
             tokens = len(built[i].prefix_ids) if context_only else built[i].n_tokens
+            if i < len(sizes) and sizes[i] is not None:
+                tokens = sizes[i]
             out.setdefault((n, resolve_chunk(chunk_size, tokens)), []).append(i)
     return out
 

@@ -94,6 +94,17 @@ def check_protocol(compress: str, tasks: list[str]) -> list[GridIssue]:
             for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.separable_question]
 
 
+def check_conversation(set_in_grid: bool, tasks: list[str]) -> list[GridIssue]:
+    """A grid's ``conversation`` needs tasks with several questions per context; without one such tasks run
+    multi-turn with golden answers."""
+    if not set_in_grid:
+        return []
+    return [GridIssue("conversation", f"tasks[{i}] ({name}) asks one question per context; multi-turn and "
+                                      f"multi-request runs need a task with several (turns.*); drop it or the "
+                                      f"conversation")
+            for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.multi_question]
+
+
 def check_model(index: int, model_id: str) -> list[GridIssue]:
     """Issues for ``models[index].id``: unknown random/stub names."""
     path = f"models[{index}].id"
