@@ -51,18 +51,28 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
     return f"{name}(" + ",".join(f"{k}={value(params[k])}" for k in sorted(params)) + ")" if params else name
 
 
-def protocol_tag(spec: dict[str, Any] | None) -> str:
+def protocol_tag(spec: dict[str, Any] | None, conversation: bool = True) -> str:
     """What a policy label gets for a protocol other than the default query-aware one with decode eviction,
     and for a conversation other than multi-turn with golden answers (``spec``: a cell's spec as stored):
     ``" [query-agnostic]"``, ``" [decode keep]"``, ``" [multi-request]"``, ``" [own answers]"``, ... ("" for the
-    defaults), so the cells of a run holding several stay apart in reports, status and progress."""
+    defaults), so the cells of a run holding several stay apart in reports, status and progress.
+    ``conversation=False``: the protocol only (reports mark the conversation on the task instead)."""
     p = (spec or {}).get("protocol") or {}
     parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
     parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
-    c = (spec or {}).get("conversation") or {}
+    c = ((spec or {}).get("conversation") or {}) if conversation else {}
     parts += ["multi-request"] if c.get("mode") == "multi-request" else []
     parts += ["own answers"] if c.get("answers") == "own" else []
     return f" [{', '.join(parts)}]" if parts else ""
+
+
+def conversation_tag(spec: dict[str, Any] | None) -> str:
+    """What a task instance label gets in reports for a conversation other than multi-turn with golden answers:
+    ``" [multi-request]"``, ``" [own answers]"`` or ""."""
+    c = (spec or {}).get("conversation") or {}
+    if c.get("mode") == "multi-request":
+        return " [multi-request]"
+    return " [own answers]" if c.get("answers") == "own" else ""
 
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
