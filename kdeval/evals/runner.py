@@ -199,6 +199,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     check_choice("decode", decode, DECODE)
     check_choice("thinking", thinking, THINKING_MODES)
     strip = thinking_markers(lm.tokenizer) if thinking == "strip" else None
+    conv = resolve_conversation(task, conversation)  # before any prompt is built
     if not isinstance(batch_size, int) or isinstance(batch_size, bool):
         raise EvalError(f"batch_size: expected a positive integer, got {batch_size!r}")
     check_positive("batch_size", batch_size)
@@ -208,7 +209,6 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         keep = _select(task, prompts[0], sample_ids, limit)
         samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
     _check_protocol(task, samples, built, compress, max_new_tokens)
-    conv = resolve_conversation(task, conversation)
     context_only = compress == "context"
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)  # decodes the answers
     # what each sample compresses; a multi-request sample in one chunk ("whole") holds its longest question's

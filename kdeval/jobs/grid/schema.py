@@ -34,7 +34,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationInfo, field_validator,
-    model_validator,
 )
 
 from kdeval.evals.budget import parse_budget
@@ -181,12 +180,6 @@ class ConversationSpec(_Strict):
                                                          "`multi-request`: each from the same compressed context.")
     answers: Literal["golden", "own"] = Field("golden", description="What a multi-turn turn feeds back: the "
                                               "reference answer (`golden`) or the model's own (`own`).")
-
-    @model_validator(mode="after")
-    def _own_needs_turns(self) -> "ConversationSpec":
-        if self.mode == "multi-request" and self.answers != "golden":
-            raise ValueError("answers: 'own' needs mode 'multi-turn' (a multi-request turn feeds no answer back)")
-        return self
 
     @property
     def label(self) -> str:
