@@ -101,3 +101,22 @@ def test_outputs_carry_the_tables_and_the_figure(report, tmp_path):
     assert res.exit_code == 0, res.output
     assert "what compression broke" in res.output and "gold1t2" in res.output
     assert res.output.count("keydiff") == 5
+
+
+def test_exports_carry_the_turn(store, tmp_path):
+    from kdeval.jobs.interop.export import run_table
+    from kdeval.jobs.interop.export_dir import export_dir
+
+    idx, res = store
+    store_run(idx, res, "r2", [cell("keydiff", 64, [[1, 1], [0, 1]]),
+                               cell("keydiff", 64, [[1, 1], [1, 1]], conversation=MR)])
+    table = run_table(idx, "r2").table
+    assert sorted(zip(table.column("id").to_pylist(), table.column("turn").to_pylist())) == [
+        ("c0", 1), ("c0", 1), ("c0", 2), ("c0", 2), ("c1", 1), ("c1", 1), ("c1", 2), ("c1", 2)]
+    export_dir(idx, "r2", "lm-eval", tmp_path / "lm")
+    docs = [json.loads(line)["doc"] for f in (tmp_path / "lm").rglob("samples_*.jsonl") for line in f.open()]
+    assert sorted((d["id"], d["turn"]) for d in docs) == [("c0", 1), ("c0", 1), ("c0", 2), ("c0", 2), ("c1", 1),
+                                                          ("c1", 1), ("c1", 2), ("c1", 2)]
+    export_dir(idx, "r2", "kvpress", tmp_path / "kv")
+    dirs = sorted(p.parent.name for p in (tmp_path / "kv").rglob("predictions.csv"))
+    assert len(dirs) == 2 and any("multi_request" in d for d in dirs), dirs
