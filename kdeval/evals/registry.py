@@ -1,8 +1,9 @@
 """The flat registry of tasks: name -> TaskSpec (benchmark, metric, data source, factory).
 
 Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``ruler.<task>`` (13), ``longbench.<task>`` (21),
-``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), ``turns.<task>`` (4: several questions per context).
-Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle`` and ``turns`` expand to their tasks (:func:`expand`).
+``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with several questions per context
+``turns.<task>`` (4) and ``scbench.<task>`` (7).
+Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle``, ``turns`` and ``scbench`` expand to their tasks (:func:`expand`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from kdeval.evals.math500 import Math500Task
 from kdeval.evals.metrics.loogle import NOT_COMPUTED
 from kdeval.evals.metrics.longbench import DATASET2METRIC
 from kdeval.evals.needle import NeedleTask
+from kdeval.evals.scbench import TASKS as SCBENCH_TASKS
+from kdeval.evals.scbench import SCBenchTask
 from kdeval.evals.turns_synthetic import KVTurnsTask, NeedlesTurnsTask
 from kdeval.evals.phonebook import PhonebookTask
 from kdeval.evals.ruler import CONFIGS as RULER_CONFIGS
@@ -116,6 +119,13 @@ def _specs() -> dict[str, TaskSpec]:
         specs.append(TaskSpec(f"turns.loogle.{t}", "turns", "rouge_l_recall (LooGLE's), a document's questions as turns",
                               f"<data dir>/loogle/{t}.jsonl or hub bigainlco/LooGLE", LooGLETurnsTask,
                               (("subset", t),)))
+    scbench_metric = {"kv": "substring_match", "prefix_suffix": "substring_match", "vt": "share_match",
+                      "passkey": "first_int_match", "qa_eng": "any_upper_match", "many_shot": "any_upper_match",
+                      "choice_eng": "choice_match (letter or option text)"}
+    for t in SCBENCH_TASKS:
+        specs.append(TaskSpec(f"scbench.{t}", "scbench", f"{scbench_metric[t]} (SCBench's), per turn",
+                              f"<data dir>/scbench/scbench_{t}.jsonl (SCBench's released file)", SCBenchTask,
+                              (("subset", t),)))
     return {s.name: s for s in specs}
 
 
@@ -126,6 +136,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "infinitebench": tuple(n for n in REGISTRY if n.startswith("infinitebench.")),
     "loogle": tuple(n for n in REGISTRY if n.startswith("loogle.")),
     "turns": tuple(n for n in REGISTRY if n.startswith("turns.")),
+    "scbench": tuple(n for n in REGISTRY if n.startswith("scbench.")),
 }
 
 

@@ -104,7 +104,7 @@ def check_conversation(conversation: Any, tasks: list[str]) -> list[GridIssue]:
                         "answers: 'own' needs mode 'multi-turn' (a multi-request turn feeds no answer back)")
               for i, c in enumerate(listed) if c.mode == "multi-request" and c.answers != "golden"]
     return issues + [GridIssue("conversation", f"tasks[{i}] ({name}) asks one question per context; multi-turn and "
-                                      f"multi-request runs need a task with several (turns.*); drop it or the "
+                                      f"multi-request runs need a task with several (turns.*, scbench.*); drop it or the "
                                       f"conversation")
             for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.multi_question]
 
