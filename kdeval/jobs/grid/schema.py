@@ -266,8 +266,8 @@ class GridSpec(_Strict):
     protocol: ProtocolSpec | list[ProtocolSpec] = Field(default_factory=ProtocolSpec, description="What the "
                                                         "budget applies to; a list runs each.")
     conversation: ConversationSpec | list[ConversationSpec] | None = Field(
-        None, description="How tasks with several questions per context (`turns.*`) ask them; a list runs each. "
-        "null: multi-turn with golden answers. Only for such tasks.")
+        None, description="How tasks with several questions per context (`turns.*`, `scbench.*`) ask them; a list "
+        "runs each. null: multi-turn with golden answers. Only for such tasks.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine options that change results.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Workers and what each holds.")
     retries: RetrySpec = Field(default_factory=RetrySpec, description="Attempt caps and time limits.")
