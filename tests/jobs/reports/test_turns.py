@@ -94,8 +94,11 @@ def test_outputs_carry_the_tables_and_the_figure(report, tmp_path):
     for section in ("## Conversations by turn", "## What compression broke", "## Answer length",
                     "query dependence by turn"):
         assert section in md
-    [plot] = [p for p in turn_plots(report) if p.title.endswith("turns.kv@1024#s0")]
-    assert plot.png.startswith(b"\x89PNG")
+    titles = [p.title for p in turn_plots(report)]
+    assert [t for t in titles if "turns.kv@1024#s0," in t] == [  # one figure per protocol, the full cache in each
+        "score by turn — m, B=64, turns.kv@1024#s0, query-aware",
+        "score by turn — m, B=64, turns.kv@1024#s0, query-agnostic"]
+    assert all(p.png.startswith(b"\x89PNG") for p in turn_plots(report))
     res = CliRunner().invoke(app, ["report", "r1", "--db", str(tmp_path / "index.sqlite"), "--broken"],
                              terminal_width=250)
     assert res.exit_code == 0, res.output
