@@ -26,20 +26,38 @@ RESULTS_HELP = "Where the Parquet files are, when moved since the run (default: 
 
 
 def print_report(report: "Report", console: Console = out, detail: bool = False) -> None:
-    """The terminal tables of a report: scores, speed, memory, cells not done; then its warnings."""
-    from kdeval.jobs.reports.render.terminal import (cells_table, contrast_tables, memory_table, scores_table, speed_table,
-                                              warning_lines)
+    """The terminal tables of a report: scores, contrasts, conversations by turn, speed, answer length, memory,
+    cells not done; then its warnings."""
+    from kdeval.jobs.reports.render.terminal import (cells_table, contrast_tables, conversation_tables, length_table,
+                                                     memory_table, scores_table, speed_table, warning_lines)
 
     width = console.width
     console.print(scores_table(report, width, detail=detail))
-    for table in contrast_tables(report, width):
+    for table in contrast_tables(report, width) + conversation_tables(report, width):
         console.print(table)
     if report.perf:
         console.print(speed_table(report, width))
+        length = length_table(report, width)
+        if length is not None:
+            console.print(length)
         console.print(memory_table(report, width))
     bad = cells_table(report, width)
     if bad is not None:
         console.print(bad)
+    for line in warning_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def print_broken(report: "Report", console: Console = out) -> None:
+    """``kdeval report --broken``: the broken-sample table (or a line saying there is none), then the warnings."""
+    from kdeval.jobs.reports.render.terminal import broken_table, warning_lines
+
+    table = broken_table(report, console.width)
+    if table is None:
+        console.print(f"nothing broken: no sample that {report.meta.compare} answers fails under a policy",
+                      highlight=False, markup=False)
+    else:
+        console.print(table)
     for line in warning_lines(report):
         console.print(line, highlight=False, soft_wrap=True)
 
@@ -63,6 +81,9 @@ def report(
     resamples: int = typer.Option(2000, "--resamples", help="Bootstrap resamples for the CIs."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
     detail: bool = typer.Option(False, "--detail", help="Terminal table: also per length / depth / level rows."),
+    broken: bool = typer.Option(False, "--broken", help="Print only what compression broke: per policy × budget × "
+                                "task, the samples the reference answers (score >= 0.5) and the policy does not, "
+                                "with both predictions and the gold answer."),
 ) -> None:
     """Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."""
     from kdeval.jobs.reports import ReportOptions, build_report
@@ -76,6 +97,9 @@ def report(
         run_ids = list(runs) if runs else _latest_run(index)
         rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
                                                         results_dir=results_dir))
+    if broken:
+        print_broken(rep)
+        raise typer.Exit(EXIT_FAILED if rep.n_incomplete_cells else EXIT_OK)
     files = [f for f in fmts if f != "table"]
     if files and out_dir is None and files != ["html"] and len(files) == 1:
         text = {"md": formats.to_markdown, "json": formats.to_json,

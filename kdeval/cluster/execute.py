@@ -141,7 +141,8 @@ def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
         batch = 1 if grouped else default_batch_size(lm, task)
     return dict(policy=task.policy, policy_params=task.policy_params, budget=task.budget,
                 chunk_size=task.chunk_size, engine=task.engine, max_new_tokens=task.max_new_tokens,
-                compress=task.compress, decode=task.decode, thinking=task.thinking, batch_size=batch)
+                compress=task.compress, decode=task.decode, thinking=task.thinking, batch_size=batch,
+                conversation=task.conversation)
 
 
 def _shard_result(rows: list[dict[str, Any]], seconds: float | None = None) -> CellResult:

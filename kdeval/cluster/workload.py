@@ -50,6 +50,7 @@ class CellTask:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, score_precision)
     compress: str = "prompt"  # protocol: "prompt" (paper) or "context" (kvpress)
     decode: str = "evict"  # protocol: "evict" or "keep" after the prompt
+    conversation: dict[str, Any] | None = None  # {mode, answers} of a multi-question task (kdeval.evals.conversation)
     shard: int = 0  # which shard of the cell this is (0 for a cell run whole)
     sample_start: int = 0  # first sample of the shard (index into the cell's samples)
     sample_stop: int | None = None  # one past its last sample (None: the cell's last)

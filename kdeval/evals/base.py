@@ -46,6 +46,29 @@ class ContextTooLongError(EvalError):
 
 
 @dataclass(frozen=True)
+class Followup:
+    """A later question on a sample's context (turn 2, 3, ... of a conversation).
+
+    Attributes:
+        suffix: the question as it would follow the context in a first message (a multi-request turn's
+            question; a multi-turn conversation sends it, stripped, as its own user message).
+        references: acceptable answers of this turn.
+        meta: what the metric needs for this turn, over the sample's ``meta``.
+    """
+
+    suffix: str
+    references: tuple[str, ...]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.suffix.strip():
+            raise EvalError("Followup.suffix must be a non-empty question")
+        if isinstance(self.references, (str, bytes)) or not self.references:
+            raise EvalError("Followup.references must be a non-empty sequence of strings")
+        object.__setattr__(self, "references", tuple(str(r) for r in self.references))
+
+
+@dataclass(frozen=True)
 class Sample:
     """One evaluation item.
 
@@ -58,6 +81,8 @@ class Sample:
         answer_prefix: text placed after the chat template's assistant header.
         use_chat_template: False when the benchmark says raw completion (e.g. LongBench trec).
         meta: what the metric or the aggregate needs (``all_classes``, ``length``, ``depth``...).
+        followups: the later questions on this context, in order (tasks with several questions per context:
+            ``suffix`` and ``references`` are turn 1's); empty for one question.
     """
 
     id: str
@@ -68,6 +93,7 @@ class Sample:
     answer_prefix: str = ""
     use_chat_template: bool = True
     meta: Mapping[str, Any] = field(default_factory=dict)
+    followups: tuple[Followup, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -77,6 +103,23 @@ class Sample:
         if isinstance(self.references, (str, bytes)):
             raise EvalError("Sample.references must be a sequence of strings, not one string")
         object.__setattr__(self, "references", tuple(str(r) for r in self.references))
+        object.__setattr__(self, "followups", tuple(self.followups))
+
+    @property
+    def turns(self) -> int:
+        """Questions asked on this context (1 + the followups)."""
+        return 1 + len(self.followups)
+
+    def turn(self, t: int) -> "Sample":
+        """The sample of turn ``t`` (1-based) as a one-question sample: its question, references and meta
+        (the context, answer prefix and generation length are the sample's)."""
+        if not 1 <= t <= self.turns:
+            raise EvalError(f"turn: expected 1 .. {self.turns} for sample {self.id!r}, got {t}")
+        if t == 1:
+            return dataclasses.replace(self, followups=())
+        f = self.followups[t - 2]
+        return dataclasses.replace(self, suffix=f.suffix, references=f.references,
+                                   meta={**self.meta, **f.meta}, followups=())
 
 
 @dataclass(frozen=True)
@@ -132,6 +175,10 @@ class Task(ABC):
     #: False when the prompt has no question apart from its context (the whole prompt is the question):
     #: such a task refuses ``protocol: {compress: context}``.
     separable_question: bool = True
+
+    #: True for tasks that ask several questions per context (their samples carry ``followups``): they run as
+    #: conversations (:mod:`kdeval.evals.conversation`), and only they do.
+    multi_question: bool = False
 
     #: generation length for reasoning models (``generation: {thinking: strip}`` without a grid length), where the
     #: benchmark's evaluation of such models sets one (MATH-500, AIME); None: the task's own length.

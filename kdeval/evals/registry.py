@@ -1,8 +1,9 @@
 """The flat registry of tasks: name -> TaskSpec (benchmark, metric, data source, factory).
 
 Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``ruler.<task>`` (13), ``longbench.<task>`` (21),
-``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2).
-Suites ``ruler``, ``longbench``, ``infinitebench`` and ``loogle`` expand to their tasks (:func:`expand`).
+``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with several questions per context
+``turns.<task>`` (4) and ``scbench.<task>`` (7).
+Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle``, ``turns`` and ``scbench`` expand to their tasks (:func:`expand`).
 """
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from kdeval.evals.infinitebench_synthetic import InfiniteBenchSyntheticTask
 from kdeval.evals.longbench import LONGBENCH_TASKS, LongBenchTask
 from kdeval.evals.longbench2 import LongBench2Task
 from kdeval.evals.loogle import LooGLETask
+from kdeval.evals.loogle_turns import LooGLETurnsTask
 from kdeval.evals.math500 import Math500Task
 from kdeval.evals.metrics.loogle import NOT_COMPUTED
 from kdeval.evals.metrics.longbench import DATASET2METRIC
 from kdeval.evals.needle import NeedleTask
+from kdeval.evals.scbench import TASKS as SCBENCH_TASKS
+from kdeval.evals.scbench import SCBenchTask
+from kdeval.evals.turns_synthetic import KVTurnsTask, NeedlesTurnsTask
 from kdeval.evals.phonebook import PhonebookTask
 from kdeval.evals.ruler import CONFIGS as RULER_CONFIGS
 from kdeval.evals.ruler import RulerTask
@@ -103,6 +108,24 @@ def _specs() -> dict[str, TaskSpec]:
         specs.append(TaskSpec(f"loogle.{t}", "loogle",
                               f"rouge_l_recall (headline) + bleu1/bleu4/rouge1/rouge2, meteor with WordNet data; {missing}",
                               f"<data dir>/loogle/{t}.jsonl or hub bigainlco/LooGLE", LooGLETask, (("subset", t),)))
+    specs += [
+        TaskSpec("turns.kv", "turns", "word_match (InfiniteBench kv_retrieval), one key per turn",
+                 "synthetic (SCBench's Retr.KV, InfiniteBench's recipe)", KVTurnsTask),
+        TaskSpec("turns.needles", "turns", "string_match_all (RULER), one needle per turn",
+                 "synthetic (RULER's needles) + <data dir>/haystack/PaulGrahamEssays.json with haystack: essay",
+                 NeedlesTurnsTask),
+    ]
+    for t in ("shortdep_qa", "longdep_qa"):
+        specs.append(TaskSpec(f"turns.loogle.{t}", "turns", "rouge_l_recall (LooGLE's), a document's questions as turns",
+                              f"<data dir>/loogle/{t}.jsonl or hub bigainlco/LooGLE", LooGLETurnsTask,
+                              (("subset", t),)))
+    scbench_metric = {"kv": "substring_match", "prefix_suffix": "substring_match", "vt": "share_match",
+                      "passkey": "first_int_match", "qa_eng": "any_upper_match", "many_shot": "any_upper_match",
+                      "choice_eng": "choice_match (letter or option text)"}
+    for t in SCBENCH_TASKS:
+        specs.append(TaskSpec(f"scbench.{t}", "scbench", f"{scbench_metric[t]} (SCBench's), per turn",
+                              f"<data dir>/scbench/scbench_{t}.jsonl (SCBench's released file)", SCBenchTask,
+                              (("subset", t),)))
     return {s.name: s for s in specs}
 
 
@@ -112,6 +135,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "longbench": tuple(n for n in REGISTRY if n.startswith("longbench.")),
     "infinitebench": tuple(n for n in REGISTRY if n.startswith("infinitebench.")),
     "loogle": tuple(n for n in REGISTRY if n.startswith("loogle.")),
+    "turns": tuple(n for n in REGISTRY if n.startswith("turns.")),
+    "scbench": tuple(n for n in REGISTRY if n.startswith("scbench.")),
 }
 
 

@@ -31,16 +31,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from itertools import groupby
-from typing import Any, Iterable, Mapping, Sequence
-
-import torch
+from typing import Any, Mapping, Sequence
 
 from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
 from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.chunking import WHOLE, ChunkSize, resolve_chunk
+from kdeval.evals.conversation import conversation_prompts, resolve_conversation, run_conversations
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
-from kdeval.evals.rows import result_row
+from kdeval.evals.question_runs import context_groups, run_batched, run_each
 from kdeval.evals.thinking import THINKING_MODES, thinking_markers
 
 #: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
@@ -74,12 +72,6 @@ def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any
     if policy_params:
         raise EvalError("policy_params: only allowed with a policy name, not a policy object")
     return policy
-
-
-def _groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
-    """Runs of consecutive prompt indices whose prefix token ids are identical."""
-    for _, run in groupby(range(len(prompts)), key=lambda i: prompts[i].prefix_ids):
-        yield list(run)
 
 
 def _select(task: Task, samples: Sequence[Sample], sample_ids: Sequence[str] | None,
@@ -148,9 +140,9 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
              decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1,
-             thinking: str = "keep", shared: Any = None) -> list[dict[str, Any]]:
+             thinking: str = "keep", shared: Any = None, conversation: Any = None) -> list[dict[str, Any]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one row per sample
-    (:class:`kdeval.evals.rows.EvalRow`).
+    (:class:`kdeval.evals.rows.EvalRow`), or per (sample, turn) for a task with several questions per context.
 
     Args:
         lm: the loaded model (``model``, ``tokenizer``, ``max_context``).
@@ -185,6 +177,11 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             add the scored ``answer``.
         shared: a :class:`kdeval.keydiff.shared.SharedSteps` of prompt steps shared with other cells
             (:func:`run_group`); the rows are the same without it (timings aside). Batch 1 only.
+        conversation: how a task with several questions per context asks them
+            (:class:`kdeval.evals.conversation.Conversation` or its fields: ``mode`` ``"multi-turn"`` or
+            ``"multi-request"``, ``answers`` ``"golden"`` or ``"own"``); None: multi-turn with golden answers for
+            such a task. A one-question task refuses one. Rows then carry ``turn``, ``turns``, ``question``,
+            ``answer_fed`` and ``conversation``, in sample then turn order.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
@@ -193,6 +190,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     check_choice("decode", decode, DECODE)
     check_choice("thinking", thinking, THINKING_MODES)
     strip = thinking_markers(lm.tokenizer) if thinking == "strip" else None
+    conv = resolve_conversation(task, conversation)  # before any prompt is built
     if not isinstance(batch_size, int) or isinstance(batch_size, bool):
         raise EvalError(f"batch_size: expected a positive integer, got {batch_size!r}")
     check_positive("batch_size", batch_size)
@@ -204,19 +202,22 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     _check_protocol(task, samples, built, compress, max_new_tokens)
     context_only = compress == "context"
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=chat)  # decodes the answers
+    # what each sample compresses; a multi-request sample in one chunk ("whole") holds its longest question's
+    sizes = [max(len(q.prefix_ids) if context_only else q.n_tokens for q in conversation_prompts(builder, s, p, conv))
+             if conv is not None else None for s, p in zip(samples, built)]
     unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     pol = _resolve_policy(policy, policy_params)
     groups = _chunk_groups(budget_groups(budget, pol, samples, built, context_only), chunk_size, built,
-                           context_only)
+                           context_only, sizes)
     if chunk_size == WHOLE and not context_only:
         share_context = False
     configs = {key: EngineConfig(budget=key[0], chunk_size=key[1], **dict(engine or {})) for key in groups}
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
-    rows: list[dict[str, Any]] = [{}] * len(samples)
+    rows: list[list[dict[str, Any]]] = [[] for _ in samples]
     timed = 0  # timings (generate calls) of the (N, B) groups before
     if shared is not None and batch_size > 1:
         raise EvalError("shared: steps are shared at batch_size 1 only")
@@ -224,111 +225,37 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         eng = Engine(lm.model, pol, configs[key])
         eng.shared = shared
         part = [samples[i] for i in members], [built[i] for i in members]
-        if batch_size > 1:
-            done = _run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
+        if conv is not None:
+            done_turns = run_conversations(eng, task, *part, builder, conv, context_only=context_only,
+                                           decode_evict=decode == "evict", eos=eos, device=device,
+                                           weight_bytes=weight_bytes, strip=strip, batch_size=batch_size)
+        elif batch_size > 1:
+            done = run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
                                 decode == "evict", eos, device, weight_bytes, strip)
         else:
-            done = _run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
+            done = run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
                              device, weight_bytes, strip)
-        for i, row in zip(members, done):
-            rows[i] = {**row, "timing_batch": row["timing_batch"] + timed}  # numbered across budget groups
-        timed += 1 + max((r["timing_batch"] for r in done), default=-1)
-    return rows
+        if conv is None:
+            done_turns = [[row] for row in done]
+        for i, turns in zip(members, done_turns):
+            rows[i] = [{**row, "timing_batch": row["timing_batch"] + timed} for row in turns]  # numbered across groups
+        timed += 1 + max((r["timing_batch"] for turns in done_turns for r in turns), default=-1)
+    return [row for turns in rows for row in turns]
 
 
 def _chunk_groups(groups: Mapping[int | None, list[int]], chunk_size: ChunkSize, built: Sequence[BuiltPrompt],
-                  context_only: bool) -> dict[tuple[int | None, int], list[int]]:
+                  context_only: bool, sizes: Sequence[int | None] = ()) -> dict[tuple[int | None, int], list[int]]:
     """The samples (indices, in order) of each (N, B) they run with: B is ``chunk_size``, or under ``"whole"``
-    each sample's compressed token count (:func:`kdeval.evals.chunking.resolve_chunk`)."""
+    each sample's compressed token count (:func:`kdeval.evals.chunking.resolve_chunk`; ``sizes[i]``, when
+    not None, overrides it)."""
     out: dict[tuple[int | None, int], list[int]] = {}
     for n, members in groups.items():
         for i in members:
             tokens = len(built[i].prefix_ids) if context_only else built[i].n_tokens
+            if i < len(sizes) and sizes[i] is not None:
+                tokens = sizes[i]
             out.setdefault((n, resolve_chunk(chunk_size, tokens)), []).append(i)
     return out
-
-
-def _run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
-              builder: PromptBuilder, share_context: bool, context_only: bool, decode_evict: bool, eos: Any,
-              device: Any, weight_bytes: int, strip: tuple[str, str] | None) -> list[dict[str, Any]]:
-    """:func:`run_task`'s loop one sample at a time (batch 1), in order, on one engine."""
-    rows: list[dict[str, Any]] = []
-    scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
-    for group in _groups(built):
-        shared, state, shared_s = _shared_prefill(eng, built, group, share_context, device)
-        for i in group:
-            s, p = samples[i], built[i]
-            ids = list(p.suffix_ids) if shared else p.ids
-            fork = None
-            if shared:
-                fork = scratch = state.fork(into=scratch)
-            res = eng.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
-                               eos_token_id=eos, state=fork, protect_last=len(p.suffix_ids) if context_only else 0,
-                               decode_evict=decode_evict)
-            gen = res.tokens[0]
-            rows.append(result_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
-                             weight_bytes, eng.config.budget if eng.plan.evicting else None, eng.config.chunk_size,
-                             context_only, strip, timing_batch=len(rows)))
-            if not shared:
-                eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
-        if shared:
-            eng.release(state)
-    return rows
-
-
-def _shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], share_context: bool,
-                    device: Any) -> tuple[bool, Any, float]:
-    """(shared, state, seconds): a group of questions on one context prefills that context once (compressed
-    as the engine's policy says); a lone sample, or ``share_context=False``, prefills nothing here."""
-    if not (share_context and len(group) > 1):
-        return False, None, 0.0
-    t0 = time.perf_counter()
-    state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
-    return True, state, time.perf_counter() - t0
-
-
-def _run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
-                 builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
-                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int,
-                 strip: tuple[str, str] | None) -> list[dict[str, Any]]:
-    """:func:`run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is prefilled once;
-    its questions are rows continuing from that state (read, not forked) and it goes back to the engine once
-    the last of them has run."""
-    rows: list[dict[str, Any] | None] = [None] * len(samples)
-    batches = [0]  # generate_batch calls so far: each call's rows share one timing
-    queue: list[tuple[int, Any, bool, float]] = []  # (sample, start state, shared, shared prefill seconds)
-    waiting: list[tuple[int, Any]] = []  # (last sample, state) of contexts not yet released
-
-    def flush() -> None:
-        if not queue:
-            return
-        res = eng.generate_batch(
-            [list(built[i].suffix_ids) if shared else built[i].ids for i, _, shared, _ in queue],
-            max_new_tokens=[samples[i].max_new_tokens for i, _, _, _ in queue], eos_token_id=eos,
-            states=[state for _, state, _, _ in queue],
-            protect_last=[len(built[i].suffix_ids) if context_only else 0 for i, _, _, _ in queue],
-            decode_evict=decode_evict)
-        for (i, _, shared, shared_s), r in zip(queue, res):
-            gen = r.tokens[0]
-            rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
-                           eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
-        batches[0] += 1
-        done = queue[-1][0]
-        queue.clear()
-        while waiting and waiting[0][0] <= done:
-            eng.release(waiting.pop(0)[1])
-
-    for group in _groups(built):
-        shared, state, shared_s = _shared_prefill(eng, built, group, share_context, device)
-        if shared:
-            waiting.append((group[-1], state))
-        for i in group:
-            queue.append((i, state, shared, shared_s))
-            if len(queue) == batch_size:
-                flush()
-    flush()
-    return rows  # type: ignore[return-value]
 
 
 @dataclasses.dataclass
@@ -353,7 +280,8 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size).
     Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
 
-    Samples run one context group at a time (consecutive samples on one context: :func:`_groups`), every member
+    Samples run one context group at a time (consecutive samples on one context:
+    :func:`~kdeval.evals.question_runs.context_groups`), every member
     on it before the next, so the shared steps held are those of one prompt, at most the members' largest
     budget plus a chunk. ``time_first``: the first group runs every member alone, so each cell has samples timed
     on their own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed
@@ -363,7 +291,7 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
 
     samples, built = list(prompts[0]), list(prompts[1])
     out = [MemberResult([], 0.0) for _ in members]
-    groups = list(_groups(built))
+    groups = list(context_groups(built))
     sharing = [share and m.get("batch_size", 1) == 1 for m in members]
     for i, kwargs in enumerate(members):
         if not sharing[i]:

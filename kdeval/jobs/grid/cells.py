@@ -34,8 +34,8 @@ from kdeval.evals.identity import task_data
 from kdeval.evals.registry import get_spec
 from kdeval.jobs.grid.errors import GridError, GridIssue
 from kdeval.jobs.grid.schema import (
-    BUDGET_FREE_POLICIES, COMPRESS_NAMES, EngineSpec, ExecutionSpec, GenerationSpec, GridSpec, ModelSpec,
-    ProtocolSpec,
+    BUDGET_FREE_POLICIES, COMPRESS_NAMES, ConversationSpec, EngineSpec, ExecutionSpec, GenerationSpec, GridSpec,
+    ModelSpec, ProtocolSpec,
 )
 from kdeval.jobs.grid.checks import share_budget_notes
 from kdeval.storage import CellRecord
@@ -51,14 +51,28 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
     return f"{name}(" + ",".join(f"{k}={value(params[k])}" for k in sorted(params)) + ")" if params else name
 
 
-def protocol_tag(spec: dict[str, Any] | None) -> str:
-    """What a policy label gets for a protocol other than the default query-aware one with decode eviction
-    (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``, ... ("" for the
-    default), so the cells of a run holding both protocols stay apart in reports, status and progress."""
+def protocol_tag(spec: dict[str, Any] | None, conversation: bool = True) -> str:
+    """What a policy label gets for a protocol other than the default query-aware one with decode eviction,
+    and for a conversation other than multi-turn with golden answers (``spec``: a cell's spec as stored):
+    ``" [query-agnostic]"``, ``" [decode keep]"``, ``" [multi-request]"``, ``" [own answers]"``, ... ("" for the
+    defaults), so the cells of a run holding several stay apart in reports, status and progress.
+    ``conversation=False``: the protocol only (reports mark the conversation on the task instead)."""
     p = (spec or {}).get("protocol") or {}
     parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
     parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
+    c = ((spec or {}).get("conversation") or {}) if conversation else {}
+    parts += ["multi-request"] if c.get("mode") == "multi-request" else []
+    parts += ["own answers"] if c.get("answers") == "own" else []
     return f" [{', '.join(parts)}]" if parts else ""
+
+
+def conversation_tag(spec: dict[str, Any] | None) -> str:
+    """What a task instance label gets in reports for a conversation other than multi-turn with golden answers:
+    ``" [multi-request]"``, ``" [own answers]"`` or ""."""
+    c = (spec or {}).get("conversation") or {}
+    if c.get("mode") == "multi-request":
+        return " [multi-request]"
+    return " [own answers]" if c.get("answers") == "own" else ""
 
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
@@ -119,6 +133,9 @@ class CellSpec(BaseModel):
     generation: GenerationSpec
     protocol: ProtocolSpec = ProtocolSpec()
     engine: EngineSpec = EngineSpec()
+    #: how a task with several questions per context asks them; None for one-question tasks (not hashed then,
+    #: so their cells keep the ids they had before conversations existed)
+    conversation: ConversationSpec | None = None
     kdeval_version: str
     #: Not part of what computes the result: a namespace (e.g. one nightly's, or its environment's) that gives
     #: the same result identity a new storage id, so it is computed afresh beside, never over, earlier results.
@@ -133,6 +150,8 @@ class CellSpec(BaseModel):
             part = getattr(self, section)
             exclude.setdefault(section, set()).update(k for k, v in defaults.items() if getattr(part, k) == v)
         exclude["salt"] = True
+        if self.conversation is None:
+            exclude["conversation"] = True
         return _content_hash(self, exclude=exclude)[:24]
 
     @property
@@ -159,6 +178,7 @@ class CellSpec(BaseModel):
             max_new_tokens=generation_length(self.generation, t.name), batch_size=self.generation.batch_size,
             thinking=self.generation.thinking, engine=self.engine.options(),
             compress=self.protocol.compress, decode=self.protocol.decode,
+            conversation=None if self.conversation is None else self.conversation.model_dump(),
         )
 
     def record(self) -> CellRecord:
@@ -175,6 +195,7 @@ class CellSpec(BaseModel):
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
         proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
         proto += " thinking=strip" if self.generation.thinking == "strip" else ""
+        proto += f" conversation={self.conversation.label}" if self.conversation is not None else ""
         return (f"{self.model.id} {pol} N={budget} B={chunk_text(self.chunk_size)} {self.task.label}"
                 f" n={self.task.samples}"
                 f" gen={self.task.max_new_tokens}{proto}{engine}")
@@ -270,13 +291,14 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
     for model, chunk, (i, task) in product(grid.models, grid.chunk_sizes, enumerate(grid.tasks)):
         for length, seed in product(task.lengths or [None], task.seeds):
             ref = refs[(i, length, seed)]
-            for pol in grid.policies:
+            several = get_spec(task.name).cls.multi_question
+            for pol, conv in product(grid.policies, grid.conversations if several else [None]):
                 free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, engine options or protocol
                 for budget, protocol in product([None] if free else grid.budgets,
                                                 [ProtocolSpec()] if free else grid.protocols):
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
-                                    protocol=protocol,
+                                    protocol=protocol, conversation=conv,
                                     engine=EngineSpec() if free else grid.engine,
                                     kdeval_version=version or cell_code_version(
                                         pol.name, dict(pol.params), model.id.startswith(STUB_PREFIX)))

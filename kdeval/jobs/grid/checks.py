@@ -94,6 +94,21 @@ def check_protocol(compress: str, tasks: list[str]) -> list[GridIssue]:
             for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.separable_question]
 
 
+def check_conversation(conversation: Any, tasks: list[str]) -> list[GridIssue]:
+    """A grid's ``conversation`` (one ``ConversationSpec``, a list, or None) needs tasks with several questions
+    per context (without it such tasks run multi-turn with golden answers), and own answers need multi-turn."""
+    if conversation is None:
+        return []
+    listed = conversation if isinstance(conversation, list) else [conversation]
+    issues = [GridIssue(f"conversation[{i}]" if isinstance(conversation, list) else "conversation",
+                        "answers: 'own' needs mode 'multi-turn' (a multi-request turn feeds no answer back)")
+              for i, c in enumerate(listed) if c.mode == "multi-request" and c.answers != "golden"]
+    return issues + [GridIssue("conversation", f"tasks[{i}] ({name}) asks one question per context; multi-turn and "
+                                      f"multi-request runs need a task with several (turns.*, scbench.*); drop it or the "
+                                      f"conversation")
+            for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.multi_question]
+
+
 def check_model(index: int, model_id: str) -> list[GridIssue]:
     """Issues for ``models[index].id``: unknown random/stub names."""
     path = f"models[{index}].id"

@@ -201,6 +201,7 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
             issues += checks.check_budgets(i, p.name, dict(p.params), grid.budgets)
     for compress in dict.fromkeys(p.compress for p in grid.protocols):
         issues += checks.check_protocol(compress, [t.name for t in grid.tasks])
+    issues += checks.check_conversation(grid.conversation, [t.name for t in grid.tasks])
     for m, model in enumerate(grid.models):
         if (grid.generation.batch_size or 1) > 1 and model.attn_implementation != "sdpa":
             issues.append(GridIssue("generation.batch_size", f"a batch of requests runs on SDPA with a padding mask; "

@@ -17,6 +17,8 @@ Example (see ``examples/*.yaml``)::
     generation: {max_new_tokens: null, thinking: keep}  # null: each task's official length; strip: drop <think>
     protocol: {compress: prompt, decode: evict} # query-aware (the paper's); {compress: context}: query-agnostic
                                                # (kvpress's default); a list runs each
+    conversation: {mode: multi-turn, answers: golden}  # tasks with several questions per context (turns.*):
+                                               # multi-turn or multi-request; a list runs each
     engine: {cuda_graphs: null, score_precision: model}
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
@@ -166,6 +168,25 @@ class ProtocolSpec(_Strict):
         return COMPRESS_NAMES[self.compress]
 
 
+class ConversationSpec(_Strict):
+    """How a task with several questions per context asks them (``kdeval.evals.conversation``; part of its cells'
+    identity). ``mode``: ``multi-turn`` (SCBench's protocol: the context compressed once, then each turn's
+    question fed to the cache the earlier turns left, after the previous answer) or ``multi-request`` (every
+    question from the same compressed context, the cache not updated). ``answers``: what a multi-turn turn
+    feeds back, ``golden`` (the reference) or ``own`` (the model's answer)."""
+
+    mode: Literal["multi-turn", "multi-request"] = Field("multi-turn", description="`multi-turn`: each question "
+                                                         "continues the cache the earlier turns left; "
+                                                         "`multi-request`: each from the same compressed context.")
+    answers: Literal["golden", "own"] = Field("golden", description="What a multi-turn turn feeds back: the "
+                                              "reference answer (`golden`) or the model's own (`own`).")
+
+    @property
+    def label(self) -> str:
+        """``multi-turn/golden``, ``multi-turn/own`` or ``multi-request`` (the rows' ``conversation``)."""
+        return self.mode if self.mode == "multi-request" else f"{self.mode}/{self.answers}"
+
+
 #: The protocols' names in reports: is the question in what gets compressed?
 COMPRESS_NAMES = {"prompt": "query-aware", "context": "query-agnostic"}
 
@@ -244,6 +265,9 @@ class GridSpec(_Strict):
                                        "cell.")
     protocol: ProtocolSpec | list[ProtocolSpec] = Field(default_factory=ProtocolSpec, description="What the "
                                                         "budget applies to; a list runs each.")
+    conversation: ConversationSpec | list[ConversationSpec] | None = Field(
+        None, description="How tasks with several questions per context (`turns.*`, `scbench.*`) ask them; a list "
+        "runs each. null: multi-turn with golden answers. Only for such tasks.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine options that change results.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Workers and what each holds.")
     retries: RetrySpec = Field(default_factory=RetrySpec, description="Attempt caps and time limits.")
@@ -263,6 +287,20 @@ class GridSpec(_Strict):
     def protocols(self) -> list[ProtocolSpec]:
         """``protocol`` as a list (a grid may give one protocol or several; each cell runs one)."""
         return list(self.protocol) if isinstance(self.protocol, list) else [self.protocol]
+
+    @property
+    def conversations(self) -> list[ConversationSpec]:
+        """``conversation`` as a list (the default multi-turn one when unset): what a multi-question task runs."""
+        if self.conversation is None:
+            return [ConversationSpec()]
+        return list(self.conversation) if isinstance(self.conversation, list) else [self.conversation]
+
+    @field_validator("conversation")
+    @classmethod
+    def _conversations(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError("a list of conversations must name at least one, each once")
+        return v
 
     @field_validator("protocol")
     @classmethod

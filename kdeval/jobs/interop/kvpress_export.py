@@ -53,6 +53,10 @@ def _dir_of(spec: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str, dict
     query_aware = not free and protocol.get("compress", "prompt") == "prompt"
     extra = [] if is_whole(spec["chunk_size"]) else [f"kdeval_chunk{spec['chunk_size']}"]  # full too: B differs
     extra += ["kdeval_decode_keep"] if protocol.get("decode") == "keep" else []
+    conversation = spec.get("conversation") or {}
+    if conversation:  # a conversation's turns are rows of one file; its mode names the directory
+        extra.append("kdeval_" + conversation.get("mode", "multi-turn").replace("-", "_")
+                     + ("_own" if conversation.get("answers") == "own" else ""))
     if spec.get("policy_params"):
         extra.append("kdeval_params" + "_".join(f"{k}-{v}" for k, v in sorted(spec["policy_params"].items())))
     press = kv.PRESS_NAMES.get(spec["policy"], spec["policy"])
@@ -79,13 +83,15 @@ def kvpress_files(run_id: str, cells: list[tuple[Any, list[dict[str, Any]]]]) ->
             cells.append({"cell_id": view.id, "task": spec["task"]["name"], "length": spec["task"].get("length"),
                           "seed": spec["task"].get("seed"), "budget": spec.get("budget"),
                           "chunk_size": spec["chunk_size"], "protocol": spec.get("protocol"),
+                          **({"conversation": spec["conversation"]} if spec.get("conversation") else {}),
                           "policy": spec["policy"], "policy_params": spec.get("policy_params") or {},
                           "kdeval_version": spec.get("kdeval_version")})
             for r in rows:
                 table.append({"id": r["id"], "task": task_col, "answer": str(list(r.get("references") or [])),
                               "predicted_answer": r.get("prediction") or "",
                               "compression_ratio": _row_ratio(r, spec.get("budget")), "score": r.get("score"),
-                              "prompt_tokens": r.get("prompt_tokens"), "resolved_budget": r.get("resolved_budget")})
+                              "prompt_tokens": r.get("prompt_tokens"), "resolved_budget": r.get("resolved_budget"),
+                              **({"turn": r["turn"]} if r.get("turn") is not None else {})})
             if s["dataset"] == "ruler":
                 metrics[task_col] = {"string_match": kv.string_match(
                     task_col, [r.get("prediction") or "" for r in rows], [list(r["references"]) for r in rows])}

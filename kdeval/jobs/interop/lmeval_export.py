@@ -57,6 +57,8 @@ def task_name(spec: dict[str, Any]) -> str:
 
 def _sample(doc_id: int, row: dict[str, Any], max_new: int | None) -> dict[str, Any]:
     doc = {"id": row["id"], "references": list(row.get("references") or []), "meta": json.loads(row.get("meta_json") or "{}")}
+    if row.get("turn") is not None:  # a turn of a conversation: which one, its question and the answer fed back
+        doc.update(turn=int(row["turn"]), question=row.get("question"), answer_fed=row.get("answer_fed"))
     target = str(doc["references"])
     return {"doc_id": doc_id, "doc": doc, "target": target,
             "arguments": {"gen_args_0": {"arg_0": "", "arg_1": {"until": [], "do_sample": False,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kdeval.jobs.reports.broken import answer_length_rows, broken_rows
 from kdeval.jobs.reports.contrasts import cost_of_chunking, query_dependence
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, stored
@@ -21,6 +22,7 @@ from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
 from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, paired_delta
 from kdeval.jobs.reports.stats import stratified_mean
+from kdeval.jobs.reports.turns import query_dependence_by_turn, turn_rows
 from kdeval.storage import RunIndex
 
 
@@ -101,6 +103,13 @@ class _Comparer:
 
     def is_reference(self, config: Config) -> bool:
         return self.by_full and config[1] == FULL
+
+    def ref_cell(self, slot: Slot) -> LoadedCell | None:
+        """The reference cell of one of this run's slots (None when there is none)."""
+        return self.ref.get(self.ref_slot(slot))
+
+    def is_reference_slot(self, slot: Slot) -> bool:
+        return self.is_reference(slot.config)
 
     # ---------------------------------------------------------------- grouping
     def configs(self) -> dict[Config, list[Slot]]:
@@ -263,9 +272,12 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
     warnings = [w for w in (mismatch_warning(provenance), noisy_timing_warning(perf, options.confidence)) if w]
     boot = dict(resamples=options.resamples, seed=options.seed, confidence=options.confidence)
     chunking, query = cost_of_chunking(own.values(), **boot), query_dependence(own.values(), **boot)
+    pairing = (own, cmp.ref_cell, cmp.is_reference_slot)
     meta = ReportMeta(runs=run_ids, compare=compare, resamples=options.resamples, seed=options.seed,
                       confidence=options.confidence,
                       created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes,
                       warnings=warnings)
     return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance,
-                  cost_of_chunking=chunking, query_dependence=query)
+                  cost_of_chunking=chunking, query_dependence=query, turns=turn_rows(*pairing, **boot),
+                  query_dependence_by_turn=query_dependence_by_turn(own.values(), **boot),
+                  broken=broken_rows(*pairing), answer_length=answer_length_rows(*pairing, **boot))

@@ -71,7 +71,7 @@ def contrast_row(key: dict[str, Any], a: list[LoadedCell], b: list[LoadedCell], 
                        ci_low=stored(d.ci.low), ci_high=stored(d.ci.high), note=d.note)
 
 
-def _groups(cells: Iterable[LoadedCell], key_of) -> dict[tuple, dict[Any, list[LoadedCell]]]:
+def group_cells(cells: Iterable[LoadedCell], key_of) -> dict[tuple, dict[Any, list[LoadedCell]]]:
     out: dict[tuple, dict[Any, list[LoadedCell]]] = defaultdict(lambda: defaultdict(list))
     for c in cells:
         key, side = key_of(c)
@@ -79,17 +79,17 @@ def _groups(cells: Iterable[LoadedCell], key_of) -> dict[tuple, dict[Any, list[L
     return out
 
 
-def _order(key: tuple) -> tuple:
+def key_order(key: tuple) -> tuple:
     model, policy, budget, *rest = key
     return (model, policy, budget_order(budget), [str(x) for x in rest])
 
 
 def cost_of_chunking(cells: Iterable[LoadedCell], **boot: Any) -> list[ContrastRow]:
     """Chunked − one-shot rows, one per chunk size B of each group that also ran ``whole``."""
-    groups = _groups(cells, lambda c: ((c.view.model, base_policy(c), c.view.grid_budget, *protocol_of(c), c.task),
+    groups = group_cells(cells, lambda c: ((c.view.model, base_policy(c), c.view.grid_budget, *protocol_of(c), c.task),
                                        int(c.view.chunk_size)))
     rows = []
-    for key in sorted(groups, key=_order):
+    for key in sorted(groups, key=key_order):
         model, policy, budget, compress, decode, task = key
         by_chunk = groups[key]
         whole = [c for chunk, cs in by_chunk.items() if is_whole(chunk) for c in cs]
@@ -109,9 +109,9 @@ def query_dependence(cells: Iterable[LoadedCell], **boot: Any) -> list[ContrastR
         compress, decode = protocol_of(c)
         return (c.view.model, base_policy(c), c.view.grid_budget, int(c.view.chunk_size), decode, c.task), compress
 
-    groups = _groups(cells, key_of)
+    groups = group_cells(cells, key_of)
     rows = []
-    for key in sorted(groups, key=_order):
+    for key in sorted(groups, key=key_order):
         model, policy, budget, chunk, decode, task = key
         sides = groups[key]
         if "prompt" in sides and "context" in sides:

@@ -9,6 +9,9 @@
 * :class:`CellRow` — every cell that is not done (failed, pending, running), whose result file fails
   its integrity check, or is missing: shown, never dropped.
 * :class:`ProvenanceRow` — where and with what code each compared cell ran (versions, device, host).
+* :class:`TurnRow` — a conversation's score at one turn, against the reference and against its turn 1.
+* :class:`BrokenRow` — a sample the reference answers and a policy does not (both predictions, the gold).
+* :class:`LengthRow` — generated tokens of a cell against the reference's, paired by sample.
 
 Rows hold numbers unrounded (:func:`stored`): JSON and CSV keep every digit and parse
 back to equal rows (:func:`row_from_dict`); the terminal, Markdown and HTML round when they print
@@ -178,6 +181,71 @@ class ContrastRow:
 
 
 @dataclass(frozen=True)
+class TurnRow:
+    """The score of one turn of a conversation for one cell configuration (policy × budget × chunk × task
+    instance): against the reference's same turn (``delta``, paired by sample) and against its own turn 1
+    (``decay`` = turn t − turn 1, paired by sample; 0-width at turn 1)."""
+
+    model: str
+    policy: str
+    budget: Budget
+    chunk: int
+    task: str                  # task instance label, with its conversation tag ("turns.kv@2048#s0 [multi-request]")
+    turn: int
+    state: str = State.OK
+    n: int = 0
+    value: float | None = None  # points
+    ref_value: float | None = None
+    n_paired: int = 0
+    delta: float | None = None  # this − reference at this turn (points)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    decay: float | None = None  # turn t − turn 1 of this configuration (points, paired by sample)
+    decay_low: float | None = None
+    decay_high: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BrokenRow:
+    """A sample (one turn of it, in a conversation) the reference answers and a policy does not: the reference's
+    score passes (>= 0.5) and this policy's does not (< 0.5)."""
+
+    model: str
+    policy: str
+    budget: Budget
+    chunk: int
+    task: str                  # task instance label
+    id: str                    # sample id
+    turn: int = 0              # 0: not a conversation
+    score: float | None = None  # this policy's score in [0, 1]
+    ref_score: float | None = None
+    prediction: str = ""
+    ref_prediction: str = ""
+    gold: str = ""             # the first reference answer
+
+
+@dataclass(frozen=True)
+class LengthRow:
+    """Answer length of one cell against the reference's: generated tokens paired by sample (and turn)."""
+
+    model: str
+    policy: str
+    budget: Budget
+    chunk: int
+    task: str
+    state: str = State.OK
+    n_paired: int = 0
+    tokens: float | None = None       # mean generated tokens over the paired samples
+    ref_tokens: float | None = None
+    delta: float | None = None        # mean paired difference, this − reference (tokens)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ratio: float | None = None        # tokens / ref_tokens
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class ReportMeta:
     """What the report compares and how."""
 
@@ -208,6 +276,10 @@ class Report:
     provenance: list[ProvenanceRow] = field(default_factory=list)
     cost_of_chunking: list[ContrastRow] = field(default_factory=list)  # chunked − one-shot, when a run has both
     query_dependence: list[ContrastRow] = field(default_factory=list)  # query-aware − query-agnostic, likewise
+    turns: list[TurnRow] = field(default_factory=list)  # score by turn, when a run holds conversations
+    query_dependence_by_turn: list[ContrastRow] = field(default_factory=list)  # query dependence per turn
+    broken: list[BrokenRow] = field(default_factory=list)  # samples the reference answers and a policy does not
+    answer_length: list[LengthRow] = field(default_factory=list)  # generated tokens vs the reference's
 
     @property
     def n_incomplete_cells(self) -> int:
@@ -215,9 +287,11 @@ class Report:
         return sum(1 for c in self.cells if c.run in self.meta.runs)
 
 
-RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow, ContrastRow)
+RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow, ContrastRow, TurnRow, BrokenRow, LengthRow)
 TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow, "provenance": ProvenanceRow,
-                           "cost_of_chunking": ContrastRow, "query_dependence": ContrastRow}
+                           "cost_of_chunking": ContrastRow, "query_dependence": ContrastRow, "turns": TurnRow,
+                           "query_dependence_by_turn": ContrastRow, "broken": BrokenRow,
+                           "answer_length": LengthRow}
 
 #: What ``PerfRow.peak_memory_bytes`` measures, by ``memory_kind``: the label tables print for it.
 MEMORY_KINDS: dict[str, str] = {"process_rss": "process peak (RSS)", "cuda_max_allocated": "GPU peak incl. weights"}

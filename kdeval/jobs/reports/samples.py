@@ -1,8 +1,10 @@
 """Reading a run's cells and their per-sample rows into typed, column-oriented sample tables.
 
 A cell is placed by its :class:`Slot` (model, policy label, budget, chunk, task instance); the
-sample key that pairs two cells is ``"<task instance>|<sample id>"``, so samples of different lengths
-or seeds never pair with each other.
+sample key that pairs two cells is ``"<task instance>|<sample id>"`` (``"...|<sample id>|t<turn>"`` for a
+turn of a conversation), so samples of different lengths or seeds never pair with each other. A cell of a
+multi-request or own-answers conversation has its task instance marked (``turns.kv@2048#s0 [multi-request]``):
+it pairs with the full cache's cell of the same conversation, never with another conversation's.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kdeval.evals.budget import Budget, budget_order
-from kdeval.jobs.grid.cells import policy_label, protocol_tag
+from kdeval.jobs.grid.cells import conversation_tag, policy_label, protocol_tag
 from kdeval.jobs.reports.stats import Interval, paired_bootstrap
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
 
@@ -69,16 +71,18 @@ def task_name(view: CellView) -> str:
 
 
 def slot_of(view: CellView) -> Slot:
-    """The slot of a cell (the policy label carries a protocol other than the default: :func:`protocol_tag`)."""
+    """The slot of a cell (the policy label carries a protocol other than the default: :func:`protocol_tag`; the
+    task instance a conversation other than the default: :func:`conversation_tag`)."""
     return Slot(view.model, policy_label(view.policy, (view.spec or {}).get("policy_params") or {})
-                + protocol_tag(view.spec), view.grid_budget, int(view.chunk_size), view.task)
+                + protocol_tag(view.spec, conversation=False), view.grid_budget, int(view.chunk_size),
+                view.task + conversation_tag(view.spec))
 
 
 def benchmark_of(task: str) -> str:
     """The benchmark a task belongs to (from the evals registry; the task name when unknown)."""
     from kdeval.evals.registry import REGISTRY
 
-    spec = REGISTRY.get(task)
+    spec = REGISTRY.get(task.split(" [")[0])  # a conversation's tag, " [multi-request]", is not the task's name
     return spec.benchmark if spec is not None else task
 
 
@@ -92,6 +96,10 @@ class Samples:
     length: np.ndarray     # target length (float, NaN when none)
     depth: np.ndarray      # needle depth (float, NaN when none)
     subset: np.ndarray     # "level 3" / "" (str)
+    turn: np.ndarray       # turn of a conversation, 1-based (int; 0 for a one-question sample)
+    prediction: np.ndarray  # the generated text (str)
+    gold: np.ndarray       # the first reference answer (str)
+    generated: np.ndarray  # generated tokens (float, NaN when not recorded)
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -104,7 +112,8 @@ class Samples:
     def concat(parts: list["Samples"]) -> "Samples":
         """All samples of ``parts`` (an empty table for none)."""
         if not parts:
-            return Samples(*(np.array([], dtype=d) for d in (object, object, float, float, float, object)))
+            return Samples(*(np.array([], dtype=d)
+                             for d in (object, object, float, float, float, object, int, object, object, float)))
         return Samples(**{name: np.concatenate([getattr(p, name) for p in parts])
                           for name in Samples.__dataclass_fields__})
 
@@ -165,7 +174,7 @@ class LoadedCell:
     run: str
     slot: Slot
     view: CellView
-    task: str                           # registry task name
+    task: str                           # registry task name (with a conversation's tag: conversation_tag)
     samples: Samples | None = None      # None unless done, readable and intact
     perf: dict[str, np.ndarray] | None = None
     memory_kind: str = ""               # what the rows' peak_memory_bytes measures ("" when unrecorded)
@@ -209,14 +218,29 @@ def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
     if need_length:
         length = np.array([np.nan if m.get("length") is None else float(m["length"]) for m in metas], dtype=float)
     levels = table.column("level").to_pylist() if has_level else [m.get("level") for m in metas]
+    turns = [0 if t is None else int(t) for t in table.column("turn").to_pylist()] if "turn" in table.column_names \
+        else [0] * n
     return Samples(
-        key=np.array([f"{instance}|{i}" for i in ids], dtype=object),
+        key=np.array([f"{instance}|{i}" + (f"|t{t}" if t else "") for i, t in zip(ids, turns)], dtype=object),
         task=np.array([task] * n, dtype=object),
         score=_column(table, "score"),
         length=length,
         depth=_column(table, "depth"),
         subset=np.array(["" if v is None else f"level {v}" for v in levels], dtype=object),
+        turn=np.array(turns, dtype=int),
+        prediction=np.array(_texts(table, "prediction"), dtype=object),
+        gold=np.array([(refs or [""])[0] if isinstance(refs, list) else "" for refs in
+                       (table.column("references").to_pylist() if "references" in table.column_names else [None] * n)],
+                      dtype=object),
+        generated=_column(table, "generated_tokens"),
     )
+
+
+def _texts(table: pa.Table, name: str) -> list[str]:
+    """A text column ("" where null or absent)."""
+    if name not in table.column_names:
+        return [""] * table.num_rows
+    return ["" if v is None else str(v) for v in table.column(name).to_pylist()]
 
 
 PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "peak_kv_tokens", "peak_kv_bytes",
@@ -264,7 +288,7 @@ def _read_done(cell: LoadedCell, results_dir: str | Path | None) -> None:
     if problem:
         cell.error = f"result file fails its integrity check: {problem}"
         return
-    cell.samples = samples_of(table, cell.task, view.task)
+    cell.samples = samples_of(table, cell.task, cell.slot.task)
     cell.perf = {c: _column(table, c) for c in PERF_COLUMNS}
     cell.memory_kind = memory_kind_of(table)
 
@@ -282,7 +306,7 @@ def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None
         if hit is not None:
             cells.append(dataclasses.replace(hit, run=run_id))
             continue
-        cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view),
+        cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view) + conversation_tag(view.spec),
                           error=view.error_line or "")
         if view.state == CellState.DONE.value:
             _read_done(cell, results_dir)

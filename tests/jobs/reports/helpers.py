@@ -31,6 +31,7 @@ class FakeCell:
     identity: bool = True                      # rows carry run_id/cell_id (False: as older code wrote them)
     summary: dict[str, Any] | None = None      # the cell's summary in the index (default {"score": 0.0})
     protocol: dict[str, str] | None = None     # {"compress": "context"} ... (None: not in the spec, the default)
+    conversation: dict[str, str] | None = None  # {"mode": "multi-request", ...} (None: a one-question task)
 
     @property
     def label(self) -> str:
@@ -41,7 +42,8 @@ class FakeCell:
         spec = {"model": {"id": self.model}, "policy": self.policy, "policy_params": self.params,
                 "budget": self.budget, "chunk_size": self.chunk,
                 "task": {"name": self.task, "length": self.length, "seed": self.seed}, "kdeval_version": version}
-        return spec if self.protocol is None else {**spec, "protocol": self.protocol}
+        spec = spec if self.protocol is None else {**spec, "protocol": self.protocol}
+        return spec if self.conversation is None else {**spec, "conversation": self.conversation}
 
     def cell_id(self, version: str) -> str:
         canon = json.dumps(self.spec(version), sort_keys=True)

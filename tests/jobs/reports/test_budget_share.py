@@ -45,7 +45,7 @@ def test_terminal_report_shows_the_share(store):
     res = CliRunner().invoke(app, ["report", "r1", "--db", str(idx.engine.url), "--resamples", "0"])
     assert res.exit_code == 0, res.output
     lines = [ln.split() for ln in res.output.splitlines() if "25%" in ln.split()]
-    assert len(lines) == 3  # scores, speed, memory
+    assert len(lines) == 4  # scores, speed, answer length, memory
     assert lines[0][:5] == ["keydiff", "25%", "needle", "4", "25.00"] and lines[0][5] == "-75.00"
 
 

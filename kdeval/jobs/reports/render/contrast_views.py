@@ -19,6 +19,11 @@ CONTRASTS = {
                          "query-aware: the question is compressed with the context (compress: prompt); "
                          "query-agnostic: only the context is, the question is kept (compress: context)"),
 }
+#: Contrasts drawn with the conversations' tables, not in their own section.
+TURN_CONTRASTS = {
+    "query_dependence_by_turn": ("Query dependence by turn", "query-aware − query-agnostic",
+                                 "per turn of the conversations: query-aware compression saw turn 1's question only"),
+}
 
 
 def _budget(b) -> str:
@@ -30,7 +35,7 @@ def contrast_view(report: Report, name: str) -> TableView | None:
     rows: list[ContrastRow] = getattr(report, name)
     if not rows:
         return None
-    title, what, caption = CONTRASTS[name]
+    title, what, caption = {**CONTRASTS, **TURN_CONTRASTS}[name]
     conf = int(report.meta.confidence * 100)
     models = sorted({r.model for r in rows})
     unit, div = bytes_unit([r.a_kv_bytes for r in rows] + [r.b_kv_bytes for r in rows])

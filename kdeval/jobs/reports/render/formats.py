@@ -8,7 +8,8 @@ as the terminal prints them; HTML rows also carry their raw row (``data-row``), 
 * JSON: one file ``{"meta": ..., "scores": [...], "perf": [...], "cells": [...], "provenance": [...]}``
   (``meta.warnings``: one line each, e.g. the compared cells ran on different devices).
 * CSV: one file per table (``scores.csv``, ``perf.csv``, ``cells.csv``, ``provenance.csv``).
-* Markdown: one file: the headline table, then scores, speed, memory, cells, provenance, slices.
+* Markdown: one file: the headline table, then scores, contrasts, conversations by turn, what compression broke,
+  speed, answer length, memory, cells, provenance, slices.
 * HTML tables: ``<table data-table="scores">`` (the HTML report embeds them, see ``html.py``).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from kdeval.jobs.interop.csv_safe import safe_cell
 from kdeval.jobs.reports.model import TABLES, Report, ReportMeta, format_value, row_from_dict
-from kdeval.jobs.reports.render import views
+from kdeval.jobs.reports.render import turn_views, views
 from kdeval.jobs.reports.render.layout import Column, TableView
 
 
@@ -96,7 +97,10 @@ def to_markdown(report: Report) -> str:
         ("Headline", [h.as_table() for h in views.headline_views(report)]),
         ("Scores", [views.scores_view(report, headline)]),
         *_contrast_sections(report),
+        ("Conversations by turn", turn_views.conversation_views(report)),
+        ("What compression broke", [v] if (v := turn_views.broken_view(report)) is not None else []),
         ("Speed", [views.speed_view(report)] if report.perf else []),
+        ("Answer length", [v] if (v := turn_views.length_view(report)) is not None else []),
         ("Memory", [views.memory_view(report)] if report.perf else []),
         ("Cells not done or missing", [cells] if cells is not None else []),
         ("Provenance", [setups] if setups is not None else []),

@@ -15,7 +15,7 @@ import html
 from typing import TYPE_CHECKING
 
 from kdeval.jobs.reports.model import FULL, MEMORY_KINDS, Report
-from kdeval.jobs.reports.render import views
+from kdeval.jobs.reports.render import turn_views, views
 from kdeval.jobs.reports.render.formats import fields_view, html_table
 from kdeval.jobs.reports.render.layout import TableView
 
@@ -65,7 +65,7 @@ _CAPTIONS = {
     "query_dependence": "Δ query-aware − query-agnostic (points) with its CI, paired by sample id.",
 }
 #: Figures drawn in their own sections (not among the others).
-CONTRAST_KINDS = ("cost_of_chunking", "query_dependence")
+CONTRAST_KINDS = ("cost_of_chunking", "query_dependence", "score_vs_turn")  # figures shown in their own section
 
 
 def _img(plot: Plot) -> str:
@@ -136,6 +136,21 @@ def contrast_sections(report: Report, plots: list[Plot]) -> list[str]:
     return parts
 
 
+def conversation_sections(report: Report, plots: list[Plot]) -> list[str]:
+    """Conversations by turn (the score-vs-turn figures, the turn table, query dependence by turn) and what
+    compression broke."""
+    parts = []
+    tables = turn_views.conversation_views(report)
+    if tables:
+        figs = "".join(_img(p) for p in plots if p.kind == "score_vs_turn")
+        parts += ['<h2 id="turns">Conversations by turn</h2>', f'<div class="figures">{figs}</div>' if figs else ""]
+        parts += [_table(v, v.name) for v in tables]
+    broken = turn_views.broken_view(report)
+    if broken is not None:
+        parts += ['<h2 id="broken">What compression broke</h2>', _table(broken, "broken")]
+    return parts
+
+
 def render_html(report: Report, plots: list[Plot], title: str = "kdeval report") -> str:
     """The complete HTML document."""
     m = report.meta
@@ -167,8 +182,11 @@ def render_html(report: Report, plots: list[Plot], title: str = "kdeval report")
     detail = [r for r in report.scores if r.level == "detail"]
     parts += ["<h2>Scores</h2>", _table(views.scores_view(report, scores), "scores")]
     parts += contrast_sections(report, plots)
+    parts += conversation_sections(report, plots)
     if report.perf:
+        length = turn_views.length_view(report)
         parts += ["<h2>Speed and memory per cell</h2>", _table(views.speed_view(report), "perf"),
+                  _table(length, "answer_length") if length is not None else "",
                   _table(views.memory_view(report), None), _perf_legend(report)]
     parts += _provenance(report)
     if detail:

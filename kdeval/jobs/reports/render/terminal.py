@@ -40,6 +40,29 @@ def contrast_tables(report: Report, width: int) -> list[RenderableType]:
     return [render(v, width) for v in views if v is not None]
 
 
+def conversation_tables(report: Report, width: int) -> list[RenderableType]:
+    """Score by turn and query dependence by turn, when the runs hold conversations."""
+    from kdeval.jobs.reports.render.turn_views import conversation_views
+
+    return [render(v, width) for v in conversation_views(report)]
+
+
+def broken_table(report: Report, width: int) -> RenderableType | None:
+    """The samples the reference answers and a policy does not (None when there is none)."""
+    from kdeval.jobs.reports.render.turn_views import broken_view
+
+    view = broken_view(report)
+    return None if view is None else render(view, width)
+
+
+def length_table(report: Report, width: int) -> RenderableType | None:
+    """Generated tokens against the reference's, per cell (None when nothing pairs)."""
+    from kdeval.jobs.reports.render.turn_views import length_view
+
+    view = length_view(report)
+    return None if view is None else render(view, width)
+
+
 def warning_lines(report: Report) -> list[str]:
     """The report's warnings as rich markup, one line each (printed after the tables)."""
     return [f"[bold yellow]warning:[/] {escape(w)}" for w in report.meta.warnings]

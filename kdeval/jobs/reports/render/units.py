@@ -19,7 +19,8 @@ from typing import Any
 
 #: The kind of each numeric field of the report's rows (fields not listed are text or plain integers).
 KINDS: dict[str, str] = {
-    **{f: "points" for f in ("value", "ref_value", "delta", "ci_low", "ci_high", "a_value", "b_value")},
+    **{f: "points" for f in ("value", "ref_value", "delta", "ci_low", "ci_high", "a_value", "b_value", "decay",
+                             "decay_low", "decay_high")},
     "depth": "percent",
     **{f: "seconds" for f in ("ttft_median_s", "a_ttft_s", "b_ttft_s")},
     **{f: "rate" for f in ("decode_tok_s",)},

@@ -1,0 +1,104 @@
+"""One question per sample through the engine: one sample at a time (batch 1) or in batches, in order, on
+one engine; consecutive questions on one context share its compressed prefill (:func:`context_groups`).
+These are :func:`kdeval.evals.runner.run_task`'s loops for tasks with one question per context
+(:mod:`kdeval.evals.conversation` runs the others)."""
+from __future__ import annotations
+
+import time
+from itertools import groupby
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from kdeval.evals.base import Sample, Task
+from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
+from kdeval.evals.rows import result_row
+
+
+def context_groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
+    """Runs of consecutive prompt indices whose prefix token ids are identical."""
+    for _, run in groupby(range(len(prompts)), key=lambda i: prompts[i].prefix_ids):
+        yield list(run)
+
+
+def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
+              builder: PromptBuilder, share_context: bool, context_only: bool, decode_evict: bool, eos: Any,
+              device: Any, weight_bytes: int, strip: tuple[str, str] | None) -> list[dict[str, Any]]:
+    """:func:`~kdeval.evals.runner.run_task`'s loop one sample at a time (batch 1), in order, on one engine."""
+    rows: list[dict[str, Any]] = []
+    scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
+    for group in context_groups(built):
+        shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)
+        for i in group:
+            s, p = samples[i], built[i]
+            ids = list(p.suffix_ids) if shared else p.ids
+            fork = None
+            if shared:
+                fork = scratch = state.fork(into=scratch)
+            res = eng.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
+                               eos_token_id=eos, state=fork, protect_last=len(p.suffix_ids) if context_only else 0,
+                               decode_evict=decode_evict)
+            gen = res.tokens[0]
+            rows.append(result_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
+                             weight_bytes, eng.config.budget if eng.plan.evicting else None, eng.config.chunk_size,
+                             context_only, strip, timing_batch=len(rows)))
+            if not shared:
+                eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
+        if shared:
+            eng.release(state)
+    return rows
+
+
+def shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], share_context: bool,
+                    device: Any) -> tuple[bool, Any, float]:
+    """(shared, state, seconds): a group of questions on one context prefills that context once (compressed
+    as the engine's policy says); a lone sample, or ``share_context=False``, prefills nothing here."""
+    if not (share_context and len(group) > 1):
+        return False, None, 0.0
+    t0 = time.perf_counter()
+    state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
+    return True, state, time.perf_counter() - t0
+
+
+def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
+                 builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
+                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int,
+                 strip: tuple[str, str] | None) -> list[dict[str, Any]]:
+    """:func:`~kdeval.evals.runner.run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is prefilled once;
+    its questions are rows continuing from that state (read, not forked) and it goes back to the engine once
+    the last of them has run."""
+    rows: list[dict[str, Any] | None] = [None] * len(samples)
+    batches = [0]  # generate_batch calls so far: each call's rows share one timing
+    queue: list[tuple[int, Any, bool, float]] = []  # (sample, start state, shared, shared prefill seconds)
+    waiting: list[tuple[int, Any]] = []  # (last sample, state) of contexts not yet released
+
+    def flush() -> None:
+        if not queue:
+            return
+        res = eng.generate_batch(
+            [list(built[i].suffix_ids) if shared else built[i].ids for i, _, shared, _ in queue],
+            max_new_tokens=[samples[i].max_new_tokens for i, _, _, _ in queue], eos_token_id=eos,
+            states=[state for _, state, _, _ in queue],
+            protect_last=[len(built[i].suffix_ids) if context_only else 0 for i, _, _, _ in queue],
+            decode_evict=decode_evict)
+        for (i, _, shared, shared_s), r in zip(queue, res):
+            gen = r.tokens[0]
+            rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
+                           shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
+                           eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
+        batches[0] += 1
+        done = queue[-1][0]
+        queue.clear()
+        while waiting and waiting[0][0] <= done:
+            eng.release(waiting.pop(0)[1])
+
+    for group in context_groups(built):
+        shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)
+        if shared:
+            waiting.append((group[-1], state))
+        for i in group:
+            queue.append((i, state, shared, shared_s))
+            if len(queue) == batch_size:
+                flush()
+    flush()
+    return rows  # type: ignore[return-value]
