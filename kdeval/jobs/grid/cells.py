@@ -38,6 +38,7 @@ from kdeval.jobs.grid.schema import (
     ProtocolSpec,
 )
 from kdeval.jobs.grid.checks import share_budget_notes
+from kdeval.jobs.grid.quant import KVQuantSpec
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
 
@@ -54,10 +55,13 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
 def protocol_tag(spec: dict[str, Any] | None) -> str:
     """What a policy label gets for a protocol other than the default query-aware one with decode eviction
     (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``, ... ("" for the
-    default), so the cells of a run holding both protocols stay apart in reports, status and progress."""
+    default), and for a quantized store (``" [kivi-4b-g32-w128]"``), so the cells of a run holding both
+    protocols, or several stores, stay apart in reports, status and progress."""
     p = (spec or {}).get("protocol") or {}
     parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
     parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
+    quant = (spec or {}).get("kv_quant")
+    parts += [KVQuantSpec(**quant).label] if quant else []
     return f" [{', '.join(parts)}]" if parts else ""
 
 
@@ -119,6 +123,8 @@ class CellSpec(BaseModel):
     generation: GenerationSpec
     protocol: ProtocolSpec = ProtocolSpec()
     engine: EngineSpec = EngineSpec()
+    #: how kept tokens are stored (None: at the model's width; then not hashed, so earlier cells keep their ids)
+    kv_quant: KVQuantSpec | None = None
     kdeval_version: str
     #: Not part of what computes the result: a namespace (e.g. one nightly's, or its environment's) that gives
     #: the same result identity a new storage id, so it is computed afresh beside, never over, earlier results.
@@ -133,6 +139,8 @@ class CellSpec(BaseModel):
             part = getattr(self, section)
             exclude.setdefault(section, set()).update(k for k, v in defaults.items() if getattr(part, k) == v)
         exclude["salt"] = True
+        if self.kv_quant is None:
+            exclude["kv_quant"] = True
         return _content_hash(self, exclude=exclude)[:24]
 
     @property
@@ -157,9 +165,14 @@ class CellSpec(BaseModel):
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
             max_new_tokens=generation_length(self.generation, t.name), batch_size=self.generation.batch_size,
-            thinking=self.generation.thinking, engine=self.engine.options(),
+            thinking=self.generation.thinking, engine=self.engine_options(),
             compress=self.protocol.compress, decode=self.protocol.decode,
         )
+
+    def engine_options(self) -> dict[str, Any]:
+        """The engine's options for this cell: the grid's non-default ``engine:`` ones and its ``kv_quant``."""
+        quant = {"kv_quant": self.kv_quant.model_dump()} if self.kv_quant is not None else {}
+        return {**self.engine.options(), **quant}
 
     def record(self) -> CellRecord:
         """The row the index stores for this cell."""
@@ -175,6 +188,7 @@ class CellSpec(BaseModel):
         engine = "".join(f" {k}={v}" for k, v in self.engine.options().items())
         proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
         proto += " thinking=strip" if self.generation.thinking == "strip" else ""
+        proto += f" kv_quant={self.kv_quant.label}" if self.kv_quant is not None else ""
         return (f"{self.model.id} {pol} N={budget} B={chunk_text(self.chunk_size)} {self.task.label}"
                 f" n={self.task.samples}"
                 f" gen={self.task.max_new_tokens}{proto}{engine}")
@@ -272,11 +286,11 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
             ref = refs[(i, length, seed)]
             for pol in grid.policies:
                 free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, engine options or protocol
-                for budget, protocol in product([None] if free else grid.budgets,
-                                                [ProtocolSpec()] if free else grid.protocols):
+                for budget, protocol, quant in product([None] if free else grid.budgets,
+                                                       [ProtocolSpec()] if free else grid.protocols, grid.kv_quant):
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
-                                    protocol=protocol,
+                                    protocol=protocol, kv_quant=quant,
                                     engine=EngineSpec() if free else grid.engine,
                                     kdeval_version=version or cell_code_version(
                                         pol.name, dict(pol.params), model.id.startswith(STUB_PREFIX)))

@@ -18,6 +18,7 @@ Example (see ``examples/*.yaml``)::
     protocol: {compress: prompt, decode: evict} # query-aware (the paper's); {compress: context}: query-agnostic
                                                # (kvpress's default); a list runs each
     engine: {cuda_graphs: null, score_precision: model}
+    kv_quant: [none, 4]                        # how kept tokens are stored: none (full width) or bits / a mapping
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
     execution: {share: true}                   # false: every cell alone (how results are computed, not what)
@@ -36,6 +37,7 @@ from pydantic import (
 
 from kdeval.evals.budget import parse_budget
 from kdeval.evals.chunking import parse_chunk
+from kdeval.jobs.grid.quant import KVQuantEntry
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
@@ -245,6 +247,10 @@ class GridSpec(_Strict):
     protocol: ProtocolSpec | list[ProtocolSpec] = Field(default_factory=ProtocolSpec, description="What the "
                                                         "budget applies to; a list runs each.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine options that change results.")
+    kv_quant: list[KVQuantEntry] = Field(default_factory=lambda: [None], min_length=1, description="How kept "
+                                         "tokens are stored, one cell per entry: `none` (the model's width), a "
+                                         "number of bits, or {bits, group_size, window, scheme} "
+                                         "(kdeval.jobs.grid.quant).")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Workers and what each holds.")
     retries: RetrySpec = Field(default_factory=RetrySpec, description="Attempt caps and time limits.")
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec, description="How cells are computed "

@@ -114,7 +114,8 @@ class RunOutcome:
 
 def _cell_label(cell: CellSpec) -> str:
     budget = "-" if cell.budget is None else cell.budget
-    pol = policy_label(cell.policy, cell.policy_params) + protocol_tag({"protocol": cell.protocol.model_dump()})
+    pol = policy_label(cell.policy, cell.policy_params) + protocol_tag(
+        {"protocol": cell.protocol.model_dump(), "kv_quant": cell.kv_quant and cell.kv_quant.model_dump()})
     return f"{cell.id[:8]} {pol} {budget}/{chunk_text(cell.chunk_size)} {cell.task.label}"
 
 
