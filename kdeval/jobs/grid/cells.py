@@ -60,9 +60,14 @@ def protocol_tag(spec: dict[str, Any] | None) -> str:
     p = (spec or {}).get("protocol") or {}
     parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
     parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
-    quant = (spec or {}).get("kv_quant")
-    parts += [KVQuantSpec(**quant).label] if quant else []
+    parts += [store_label(spec)] if store_label(spec) else []
     return f" [{', '.join(parts)}]" if parts else ""
+
+
+def store_label(spec: dict[str, Any] | None) -> str:
+    """The KV store of a cell (``spec``: its spec as stored): its ``kv_quant`` label, "" at the model's width."""
+    quant = (spec or {}).get("kv_quant")
+    return KVQuantSpec(**quant).label if quant else ""
 
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.

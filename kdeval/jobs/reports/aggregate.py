@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kdeval.jobs.reports.contrasts import cost_of_chunking, query_dependence
+from kdeval.jobs.reports.frontier import kv_frontier
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, stored
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
@@ -268,4 +269,4 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
                       created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes,
                       warnings=warnings)
     return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance,
-                  cost_of_chunking=chunking, query_dependence=query)
+                  cost_of_chunking=chunking, query_dependence=query, kv_frontier=kv_frontier(own.values(), **boot))

@@ -40,7 +40,9 @@ def write_report(report: Report, out_dir: str | Path, fmts: Iterable[str], title
             from kdeval.jobs.reports.render.contrast_plots import contrast_plots  # matplotlib: only when a page is written
             from kdeval.jobs.reports.render.plots import all_plots
 
-            plots = all_plots(report) + contrast_plots(report)
+            from kdeval.jobs.reports.render.frontier_views import frontier_plots
+
+            plots = all_plots(report) + contrast_plots(report) + frontier_plots(report)
             if plots:
                 (out / "plots").mkdir(exist_ok=True)
             for p in plots:
