@@ -26,6 +26,16 @@ from typing import Any
 
 import torch
 
+#: What ``kdeval policies`` and the policy reference say about the axis.
+EXPLANATION = (
+    "Every policy composes with a quantized KV store (grid `kv_quant:`, a list of: none, a number of bits, or "
+    "{bits, group_size, window, scheme}): the kept tokens older than the `window` most recent are stored in `bits` "
+    "bits (2, 4 or 8) with a scale and a zero point per group of `group_size` numbers, under KIVI's scheme (`kivi`: "
+    "keys per channel over groups of consecutive positions, values per token) or `per_token` (both per token, as "
+    "transformers' QuantizedCache). A policy scores the step's incoming keys in full precision and the older kept "
+    "keys as stored, dequantized: the keys attention reads. Tokens are quantized after eviction, so none is "
+    "quantized only to be dropped. peak_kv_bytes counts codes, scales, zeros and the full-precision window.")
+
 BITS = (2, 4, 8)
 SCHEMES = ("kivi", "per_token")
 
