@@ -35,6 +35,7 @@ def main() -> None:
     lm = load_model("smollm2-135m", device="cpu")
     m = lm.model
     ids = torch.tensor([lm.tokenizer("The history of the city begins with a small settlement on the river. " * 12).input_ids])
+    ids = ids[:, : ids.shape[1] // 2 * 2]  # an even count: HQQ packs 4-bit codes in pairs of rows
     t = ids.shape[1]
     print(f"SmolLM2-135M float32, {t}-token prompt, {a.new} greedy tokens, groups of {a.group}, window 0 / "
           "residual_length 1")

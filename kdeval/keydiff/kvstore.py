@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from kdeval.keydiff.quant import KVQuant, per_channel_roundtrip, per_token_roundtrip
+from kdeval.keydiff.quant import KVQuant, grouped_roundtrip, per_token_roundtrip
 
 
 @dataclass
@@ -113,25 +113,16 @@ class QuantizedStore:
         hi = q.frontier(after)
         lo = 0 if requantize else q.frontier(before)
         chosen = h.valid.expand_as(h.positions) & (h.positions >= lo) & (h.positions < hi)
-        if bool(chosen.any()):
-            sel = chosen.unsqueeze(-1)
-            values = per_token_roundtrip(h.values, q.group_size, q.bits)
-            h.values.copy_(torch.where(sel, values, h.values))
-            if q.scheme == "kivi":
-                h.keys.copy_(self._per_channel(h, chosen))
+        at = chosen.nonzero(as_tuple=True)  # the k crossing slots: an O(k) step, not one over the cache
+        if at[0].numel():
+            h.values[at] = per_token_roundtrip(h.values[at], q.group_size, q.bits)
+            keys = h.keys[at]
+            if q.scheme == "kivi":  # per (row, KV head, group of positions), each channel
+                head = h.heads[at] if h.heads is not None else at[1]
+                pos = h.positions[at]
+                span = int(pos.max()) // q.group_size + 1
+                groups = (at[0] * max(h.num_heads, 1) + head) * span + pos // q.group_size
+                h.keys[at] = grouped_roundtrip(keys, groups, q.bits)
             else:
-                h.keys.copy_(torch.where(sel, per_token_roundtrip(h.keys, q.group_size, q.bits), h.keys))
+                h.keys[at] = per_token_roundtrip(keys, q.group_size, q.bits)
         self._stored(layout.cache).held[idx] = self._bytes(h, hi)
-
-    def _per_channel(self, h: HeldSlots, chosen: torch.Tensor) -> torch.Tensor:
-        """KIVI's keys: each (KV head, group of ``G`` positions, channel) quantized over its chosen slots."""
-        g = self.quant.group_size
-        group = h.positions.masked_fill(~chosen, 0) // g
-        base = group.masked_fill(~chosen, group.max()).amin() if bool(chosen.any()) else 0
-        group = (group - base).clamp(min=0)
-        span = int(group.max()) + 1
-        n_groups = span
-        if h.heads is not None:  # a pool: every KV head's groups apart
-            group = h.heads.clamp(min=0) * span + group
-            n_groups = span * h.num_heads
-        return per_channel_roundtrip(h.keys, group, chosen, n_groups, self.quant.bits)

@@ -155,23 +155,29 @@ def per_token_roundtrip(x: torch.Tensor, group: int, bits: int) -> torch.Tensor:
     return dequantize(codes, scale, zero).flatten(-2)
 
 
+def grouped_roundtrip(x: torch.Tensor, groups: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x [k, d]``, each row in group ``groups [k]`` (any integers): every (group, channel) quantized over the rows
+    of its group, and dequantized (KIVI's keys: a group is a KV head's ``G`` consecutive positions)."""
+    ct = compute_dtype(x.dtype)
+    _, inv = torch.unique(groups, return_inverse=True)
+    n, d = int(inv.max()) + 1 if inv.numel() else 0, x.shape[-1]
+    idx = inv.unsqueeze(-1).expand(-1, d)
+    xs = x.to(ct)
+    lo = torch.full((n, d), torch.finfo(ct).max, dtype=ct, device=x.device).scatter_reduce_(0, idx, xs, "amin")
+    hi = torch.full((n, d), -torch.finfo(ct).max, dtype=ct, device=x.device).scatter_reduce_(0, idx, xs, "amax")
+    codes, scale, zero = quantize(x, lo.gather(0, idx), hi.gather(0, idx), bits)
+    return dequantize(codes, scale, zero)
+
+
 def per_channel_roundtrip(x: torch.Tensor, groups: torch.Tensor, chosen: torch.Tensor, n_groups: int,
                           bits: int) -> torch.Tensor:
     """``x [r, h, m, d]`` where ``chosen [r, h, m]``, quantized per channel over the slots that share a group
-    (``groups [r, h, m]`` in ``[0, n_groups)``), and dequantized; the other slots are returned as they are.
-
-    A group's min and max run over its chosen slots only (the tokens a store holds when it quantizes them)."""
-    r, h, m, d = x.shape
-    ct = compute_dtype(x.dtype)
-    idx = groups.clamp(0, n_groups - 1).unsqueeze(-1).expand(r, h, m, d)
-    big = torch.finfo(ct).max
-    xs = x.to(ct)
-    lo = torch.full((r, h, n_groups, d), big, dtype=ct, device=x.device)
-    hi = torch.full((r, h, n_groups, d), -big, dtype=ct, device=x.device)
-    sel = chosen.unsqueeze(-1)
-    lo.scatter_reduce_(2, idx, torch.where(sel, xs, big), "amin")
-    hi.scatter_reduce_(2, idx, torch.where(sel, xs, -big), "amax")
-    lo, hi = lo.gather(2, idx), hi.gather(2, idx)
-    lo, hi = torch.where(sel, lo, xs), torch.where(sel, hi, xs)
-    codes, scale, zero = quantize(x, lo, hi, bits)
-    return torch.where(sel, dequantize(codes, scale, zero), x)
+    (``groups [r, h, m]`` in ``[0, n_groups)``, apart per row and head), and dequantized; the other slots are
+    returned as they are. A group's min and max run over its chosen slots only (the tokens a store holds when it
+    quantizes them)."""
+    r, h, _, _ = x.shape
+    at = chosen.nonzero(as_tuple=True)
+    flat = (at[0] * h + at[1]) * n_groups + groups[at]
+    out = x.clone()
+    out[at] = grouped_roundtrip(x[at], flat, bits)
+    return out
