@@ -57,3 +57,10 @@ def test_the_cli_refuses_it_naming_the_field(tmp_path):
     assert res.exit_code == 2 and len(lines) == 2 and lines[0].endswith("1 problem"), res.output  # the grid's form
     assert lines[1] == "kv_quant[0].bits: expected one of [2, 4, 8], got 3"
     assert not (tmp_path / "results").exists() and not (tmp_path / "i.sqlite").exists()
+
+
+def test_kdeval_policies_explains_the_axis():
+    res = CliRunner().invoke(cli, ["policies"], env={"COLUMNS": "300"})
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.split())
+    assert "quantized KV store (grid `kv_quant:`" in text and "scores the step's incoming keys in full precision" in text
