@@ -106,15 +106,15 @@ def test_every_policy_stores_its_kept_tokens_quantized():
         quant = (dict(KIVI, bits=2), PER_TOKEN)[i % 2]
         protect = 10 if (i // 2) % 2 else 0  # kvpress's protocol (the question kept) or the paper's
         pol = get_policy(policy)
-        eng = make_engine(lm.model, pol, budget=N, chunk_size=16, kv_quant=quant)
-        res = eng.generate(prompt(72, seed=i), max_new_tokens=2, protect_last=protect)
+        eng = make_engine(lm.model, pol, budget=32, chunk_size=16, kv_quant=quant)
+        res = eng.generate(prompt(56, seed=i), max_new_tokens=2, protect_last=protect)
         if pol.evicts:
-            assert res.stats.peak_kv_tokens <= max(pol.layer_budgets(N, 3)) + 16 + protect, policy
+            assert res.stats.peak_kv_tokens <= max(pol.layer_budgets(32, 3)) + 16 + protect, policy
         assert res.stats.peak_kv_bytes < res.stats.peak_kv_tokens * 3 * 2 * 32 * 8, policy
         assert_stored_quantized(res, quant)
 
 
-@pytest.mark.parametrize("policy", ["keydiff", "snapkv"])
+@pytest.mark.parametrize("policy", ["snapkv"])  # attention rows, the ragged layout's hardest read
 def test_a_batch_equals_each_request_alone(policy):
     """The same tokens and kept positions as alone (what a batch row guarantees at 16 bits), and the same stored
     keys and values up to the float64 rounding a batched forward has at 16 bits too."""
@@ -133,7 +133,7 @@ def test_a_batch_equals_each_request_alone(policy):
                                            rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("chunk, quant", [(16, KIVI), (80, PER_TOKEN)])  # chunked and one-shot
+@pytest.mark.parametrize("chunk, quant", [(16, KIVI), (64, PER_TOKEN)])  # chunked and one-shot
 def test_shared_execution_equals_alone(chunk, quant):
     """A store filled by 16-bit and quantized cells: each quantized cell gives what it gives alone, bytes included,
     and replays only steps of its own store (never a 16-bit cell's)."""
@@ -143,7 +143,7 @@ def test_shared_execution_equals_alone(chunk, quant):
     def run(policy, budget, quant, shared):
         eng = make_engine(lm.model, get_policy(policy), budget=budget, chunk_size=chunk, kv_quant=quant)
         eng.shared = shared
-        return eng.generate(prompt(80, seed=5), max_new_tokens=4, protect_last=10)
+        return eng.generate(prompt(64, seed=5), max_new_tokens=4, protect_last=10)
 
     run("full", None, None, store)  # a 16-bit trunk
     before = store.replayed
