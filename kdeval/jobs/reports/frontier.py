@@ -41,7 +41,12 @@ def _point(cells: list[LoadedCell]) -> tuple[Samples, int | None, str]:
     samples = Samples.concat([c.samples for c in done])
     kv = np.concatenate([c.perf["peak_kv_bytes"] for c in done]) if done else np.array([])
     kv = kv[~np.isnan(kv)]
-    state = State.OK if len(done) == len(cells) else State.PARTIAL if done else State.FAILED
+    if len(done) == len(cells):
+        state = State.OK
+    elif done:
+        state = State.PARTIAL
+    else:  # "done" here: done in the index, but its file could not be read
+        state = State.FAILED if any(c.view.state in ("failed", "done") for c in cells) else State.PENDING
     return samples, (int(kv.max()) if kv.size else None), state
 
 

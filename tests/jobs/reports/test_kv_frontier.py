@@ -68,3 +68,13 @@ def test_no_quantized_cell_no_frontier(store):
     store_run(idx, res, "r1", [cell("full", None, [1, 1], 1000), cell("keydiff", 256, [1, 0], 256)])
     report = build_report(idx, ["r1"], ReportOptions(resamples=50))
     assert report.kv_frontier == [] and "Accuracy per KV byte" not in to_markdown(report)
+
+
+def test_cells_not_done_are_pending_or_failed(store):
+    idx, res = store
+    store_run(idx, res, "r1", [cell("full", None, [1, 1], 1000), cell("full", None, [1, 1], 300, KIVI4),
+                               QuantCell("keydiff", 256, pending=True, kv_quant=KIVI4),
+                               QuantCell("snapkv", 256, error="boom", kv_quant=KIVI4)])
+    by = {r.policy: r for r in build_report(idx, ["r1"], ReportOptions(resamples=50)).kv_frontier}
+    assert by["keydiff [kivi-4b-g32-w128]"].state == "pending" and by["snapkv [kivi-4b-g32-w128]"].state == "failed"
+    assert by["keydiff [kivi-4b-g32-w128]"].position == "" and by["full"].dominated_by == "full [kivi-4b-g32-w128] B=64"
