@@ -175,3 +175,6 @@ def register(app: typer.Typer) -> None:
                           Column("extra cost (defaults)", fold=True)], rows)
         console.print(render(view, console.width))
         console.print(PROTOCOLS_NOTE, highlight=False, soft_wrap=True)
+        from kdeval.keydiff.quant import EXPLANATION
+
+        console.print(EXPLANATION, highlight=False, soft_wrap=True)

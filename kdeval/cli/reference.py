@@ -154,6 +154,7 @@ def grid_page() -> str:
 def policies_page() -> str:
     """Every registered eviction policy: rule, parameters with defaults, extra cost at its defaults."""
     from kdeval.baselines import list_policies
+    from kdeval.keydiff.quant import EXPLANATION
 
     infos = list_policies()
     rows = ["| policy | rule | parameters (default) | extra cost per step and layer (defaults) |",
@@ -163,7 +164,8 @@ def policies_page() -> str:
         rows.append(f"| `{i.name}` | {_cell(i.rule)} | {params} | {_cell(i.cost)} |")
     return (HEADER.format(cmd=REGENERATE, source="the policy registry (`kdeval policies`)")
             + f"# Policies\n\n{len(infos)} policies. A grid names one as `{{name: NAME, params: {{...}}}}`; "
-            "`kdeval generate --policy NAME --param key=value` runs one on a prompt.\n\n" + "\n".join(rows) + "\n")
+            "`kdeval generate --policy NAME --param key=value` runs one on a prompt.\n\n" + "\n".join(rows) + "\n"
+            + f"\n## KV quantization\n\n{EXPLANATION}\n")
 
 
 def tasks_page() -> str:

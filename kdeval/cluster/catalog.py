@@ -70,6 +70,18 @@ def engine_setting_error(name: str, value: Any) -> str | None:
     return setting_error(name, value)
 
 
+def kv_quant_field_error(name: str, value: Any) -> str | None:
+    """The engine's message when ``value`` breaks its rule for ``kv_quant`` field ``name`` (``bits``: "expected
+    one of [2, 4, 8], got 3"), else None; None too for a name it does not know (the grid's schema reports it)
+    and a value of the wrong type (idem) (``kdeval.keydiff.quant.RULES``)."""
+    from kdeval.keydiff.quant import RULES, KVQuant
+
+    if name not in RULES or type(value) is not type(getattr(KVQuant(), name)):
+        return None
+    allowed, expected = RULES[name]
+    return None if allowed(value) else f"{expected}, got {value!r}"
+
+
 def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list[str]:
     """Package-relative source files of policy ``name``'s class and its bases (the policy interface module
     excepted: it is engine code), e.g. ``["baselines/snapkv.py"]``, and those of the policy it wraps when it

@@ -159,6 +159,7 @@ class BudgetCache(Cache):
         self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
         self.query_window = None  # the recent queries of a policy with a QueryNeed (kdeval/keydiff/queries.py)
         self.rerotated = False  # its keys sit at contiguous RoPE positions (kdeval/keydiff/rerotation.py)
+        self.kv_store = None  # a quantized store's bytes per layer (kdeval/keydiff/kvstore.py), set by its first step
 
     @property
     def length(self) -> int:
@@ -214,12 +215,18 @@ class BudgetCache(Cache):
             layer.length = min(layer.length + t, self.static_base)
 
     def nbytes(self) -> int:
-        """Bytes held by the key/value tensors (allocated buffers, not just valid slots), all layers."""
+        """Bytes held by the key/value tensors (allocated buffers, not just valid slots), all layers; a quantized
+        store's: what its codes, scales, zeros and full-precision window hold after the last step."""
+        if self.kv_store is not None:
+            return sum(self.kv_store.held)
         return sum(l.nbytes() for l in self.layers)
 
     def held_nbytes(self) -> int:
         """Bytes of the key/value tensors allocated during the last forward, all layers: a slot layer's buffers
-        (a growing layer's: the cached tokens plus the chunk, before eviction)."""
+        (a growing layer's: the cached tokens plus the chunk, before eviction); a quantized store's: its held
+        tokens during the forward, the incoming chunk in full precision."""
+        if self.kv_store is not None:
+            return sum(self.kv_store.peak)
         return sum(l.held_nbytes() for l in self.layers)
 
     def reserve_more(self, tokens: int) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
+from kdeval.keydiff.quant import KVQuant
+
 SCORE_PRECISIONS = ("model", "float32")
 
 
@@ -23,6 +25,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_new_tokens": (lambda v: _count(v, 0), "must be an integer >= 0"),
     "cuda_graphs": (lambda v: v is None or isinstance(v, bool), "must be true, false or None (on with CUDA)"),
     "score_precision": (lambda v: v in SCORE_PRECISIONS, f"expected one of {list(SCORE_PRECISIONS)}"),
+    "kv_quant": (lambda v: v is None or isinstance(v, KVQuant), "must be a KVQuant, its fields or None"),
 }
 
 
@@ -47,8 +50,16 @@ class EngineConfig:
     #: (a half-precision product with float32 accumulation, then a float32 softmax, as in transformers'
     #: eager attention and kvpress) or "float32" (the keys copied to float32 first). No effect otherwise.
     score_precision: str = "model"
+    #: store kept tokens quantized (kdeval/keydiff/quant.py; a ``KVQuant`` or its fields as a dict); ``None``: at
+    #: the model's width. Applies with or without eviction (the full cache in 4 bits is a configuration too).
+    kv_quant: KVQuant | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.kv_quant, dict):
+            try:
+                object.__setattr__(self, "kv_quant", KVQuant.of(self.kv_quant))
+            except ValueError as e:
+                raise ValueError(f"kv_quant.{e}") from None
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "budget" and value is None:

@@ -2,7 +2,9 @@
 
 Per layer, five moves: the layer's context (the keys to score and what the policy reads), the policy observes
 it, how many tokens to free, which (the one selector), commit (compact the layer); a re-rotating policy's kept
-keys are then re-rotated. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py);
+keys are then re-rotated. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts its bytes
+before the commit and quantizes the kept tokens that left the window after it (and after re-rotation), so the
+policy scores the step's incoming keys in full precision and the older ones as stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py);
 the policy and the plan (budgets, needs) are read here only. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kdeval.keydiff.kvstore import QuantizedStore
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.rerotation import rerotate
@@ -28,24 +31,35 @@ class Evictor:
         """``model``: for re-rotation (its rotary embedding)."""
         self.model, self.policy, self.plan = model, policy, plan
         self.selector = Selector(policy, plan.needs.exact_ties)
+        self.store = QuantizedStore(plan.kv_quant, plan.num_layers) if plan.kv_quant is not None else None
 
     def evict(self, layout: "SlotLayout | RaggedLayout", reads: StepReads) -> None:
         """Score and free slots per layer of ``layout``'s cache after its step; ``reads``: what the step gathered
         for the policy. Without eviction (the full cache) every layer keeps its tokens and the policy sees
         nothing."""
-        evicting, rerotates = self.plan.evicting, self.plan.rerotate
+        store = self.store
         for idx in range(layout.num_layers):
-            k = 0
-            if evicting:
-                keys, ctx = layout.context(idx, reads)
-                self.policy.observe(ctx)
-                k = layout.excess(idx)
-            if not k:
-                layout.commit(idx, None)
-                continue
-            before = ctx.positions.sort(dim=-1).values if rerotates else None
-            layout.commit(idx, layout.select(idx, keys, ctx, k, self.selector))
-            if before is not None:
-                kept_keys, kept_positions = layout.kept(idx)
-                rerotate(self.model, kept_keys, kept_positions, before)
+            if store is not None:
+                store.before_commit(layout, idx)
+            rotated = self._evict_layer(layout, idx, reads)
+            if store is not None:
+                store.settle(layout, idx, requantize=rotated)
         reads.done()
+
+    def _evict_layer(self, layout: "SlotLayout | RaggedLayout", idx: int, reads: StepReads) -> bool:
+        """Layer ``idx``'s five moves (and re-rotation); whether its kept keys were re-rotated."""
+        k = 0
+        if self.plan.evicting:
+            keys, ctx = layout.context(idx, reads)
+            self.policy.observe(ctx)
+            k = layout.excess(idx)
+        if not k:
+            layout.commit(idx, None)
+            return False
+        before = ctx.positions.sort(dim=-1).values if self.plan.rerotate else None
+        layout.commit(idx, layout.select(idx, keys, ctx, k, self.selector))
+        if before is None:
+            return False
+        kept_keys, kept_positions = layout.kept(idx)
+        rerotate(self.model, kept_keys, kept_positions, before)
+        return True

@@ -8,7 +8,9 @@ one per-layer loop of five moves; an adapter says what each move is in its layou
 - ``excess(idx)``: how many tokens to free (0: keep everything);
 - ``select(idx, keys, ctx, k, selector)``: which (the one selector, kdeval/keydiff/selection.py);
 - ``commit(idx, selection or None)``: compact the layer (``None``: keep everything);
-- ``kept(idx)``: the kept keys and positions, which a re-rotating policy rotates.
+- ``kept(idx)``: the kept keys and positions, which a re-rotating policy rotates;
+- ``stored(idx)`` and ``seen_range(idx)``: the layer's held slots and the tokens seen before and after the step,
+  which a quantized store (kdeval/keydiff/kvstore.py) quantizes and counts.
 
 Layouts: :class:`SlotLayout` (the uniform and per-layer slot caches, the static layout of the graph path, a
 test's gather store), :class:`PoolLayout` (a head-shared pool, AdaKV) and :class:`RaggedLayout` (a batch of
@@ -23,6 +25,7 @@ import torch
 from kdeval.keydiff.attention import RAGGED_IMPL, STATIC_IMPL
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.headpool import HeadPoolCache, HeadTokens, select_across_heads
+from kdeval.keydiff.kvstore import HeldSlots
 from kdeval.keydiff.policy import ScoreContext, held_tokens
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask
 from kdeval.keydiff.reads import StepReads
@@ -109,6 +112,16 @@ class SlotLayout:
         keys, positions, _ = self.cache.layers[idx].view()
         return keys, positions
 
+    def stored(self, idx: int) -> HeldSlots:
+        """The layer's slots in use: the kept ones and, before the commit, the step's."""
+        layer = self.cache.layers[idx]
+        keys, positions, _ = layer.view()
+        valid = torch.ones((), dtype=torch.bool, device=keys.device)
+        return HeldSlots(keys, layer.values[:, :, : keys.shape[2]], positions, valid, num_heads=keys.shape[1])
+
+    def seen_range(self, idx: int) -> tuple[int | torch.Tensor, int | torch.Tensor]:
+        return self.seen_after - self.t, self.seen_after
+
 
 class PoolLayout(SlotLayout):
     """A step on a head-shared pool (kdeval/keydiff/headpool.py): the layer's ``H * (budget + held)`` best tokens
@@ -147,6 +160,14 @@ class PoolLayout(SlotLayout):
     def commit(self, idx: int, kept: torch.Tensor | None) -> None:
         self.cache.layers[idx].commit(kept)
 
+    def stored(self, idx: int) -> HeldSlots:
+        """The pool's filled slots ``[b, 1, slots, d]``, each with its KV head's tag."""
+        layer = self.cache.layers[idx]
+        keys, positions, _ = layer.view()
+        m = keys.shape[2]
+        valid = torch.ones((), dtype=torch.bool, device=keys.device)
+        return HeldSlots(keys, layer.values[:, :, :m], positions, valid, layer.tags[:, :, :m], layer.heads)
+
 
 class RaggedLayout:
     """A step of a ragged batch (kdeval/keydiff/ragged.py), layer ``idx`` with its geometry ``layer_steps[idx]``:
@@ -163,6 +184,7 @@ class RaggedLayout:
         self.seen_after = first.seen_after
         self.query_positions = first.cache_positions[:, 0]  # [rows, T] (padding: past every real position)
         self.num_layers = len(cache.layers)
+        self.committed: set[int] = set()  # layers whose step is committed (stored() then reads the kept slots)
 
     def begin(self) -> None:
         self.cache.begin_step([s.base for s in self.layer_steps], self.layer_steps[0].cache_positions)
@@ -202,6 +224,7 @@ class RaggedLayout:
 
     def commit(self, idx: int, kept: torch.Tensor | None) -> None:
         layer, step = self.cache.layers[idx], self.layer_steps[idx]
+        self.committed.add(idx)
         if step.in_place:  # every row filled the whole step after a full-length head and keeps everything
             return
         if kept is None:
@@ -212,6 +235,22 @@ class RaggedLayout:
     def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         layer, n = self.cache.layers[idx], max(self.layer_steps[idx].host_keep)
         return layer.keys[:, :, :n], layer.positions[:, :, :n]
+
+    def stored(self, idx: int) -> HeldSlots:
+        """Each row's real slots: before the commit the step's ``[0, M)`` less empty and padding slots, after it
+        ``[0, keep[r])`` (the commit sets ``committed``)."""
+        layer, step = self.cache.layers[idx], self.layer_steps[idx]
+        if idx in self.committed:
+            m = max(step.host_keep)
+            valid = (torch.arange(m, device=step.keep.device).view(1, -1) < step.keep.view(-1, 1)).unsqueeze(1)
+        else:
+            m, valid = step.M, step.valid.unsqueeze(1)
+        return HeldSlots(layer.keys[:, :, :m], layer.values[:, :, :m], layer.positions[:, :, :m], valid,
+                         num_heads=layer.keys.shape[1])
+
+    def seen_range(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        step = self.layer_steps[idx]
+        return step.seen_after - step.t.view(-1, 1, 1), step.seen_after
 
 
 def slot_layout(plan: "Plan", cache: BudgetCache, *args, **kwargs) -> SlotLayout:

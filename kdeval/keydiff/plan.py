@@ -14,6 +14,7 @@ import torch
 from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.policy import Policy, PolicyNeeds
+from kdeval.keydiff.quant import KVQuant
 from kdeval.keydiff.queries import query_sources, rotary_embedding
 from kdeval.keydiff.reads import layer_projections
 
@@ -64,6 +65,8 @@ class Plan:
     use_graphs: bool
     #: why graphs do not run although asked for (or on by default), ``None`` when they run or were not asked for
     graphs_off: str | None
+    #: how kept tokens are stored (kdeval/keydiff/quant.py, kdeval/keydiff/kvstore.py); ``None``: full width
+    kv_quant: KVQuant | None = None
 
     @property
     def rerotate(self) -> bool:
@@ -104,9 +107,12 @@ def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[s
     ) if yes]
 
 
-def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str) -> str | None:
+def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str, quantized: bool = False
+                ) -> str | None:
     """Why the graph path cannot run this policy, or ``None``."""
     reasons = (["nothing is evicted"] if not evicting else []) + eager_reasons(needs, not uniform)
+    if quantized:  # the tokens to quantize each step are found on the host
+        reasons.append("a quantized KV store")
     if model_attention not in SDPA_FAMILY:
         reasons.append(f"the static layout's attention runs on SDPA; the model uses {model_attention!r}")
     return "; ".join(reasons) or None
@@ -141,13 +147,16 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
                       else CAPTURE_IMPL if needs.attention is not None
                       else SDPA_IMPL if model_attention in SDPA_FAMILY else None)
     wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
-    off = _graphs_off(needs, evicting, uniform, model_attention) if wanted else None
+    quant = config.kv_quant
+    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None) if wanted else None
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if quant is not None:
+        quant.check_head_dim(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     return Plan(config=config, policy_name=policy.name, needs=needs, evicting=evicting, budgets=budgets,
                 uniform=uniform, num_layers=num_layers, group=cfg.num_attention_heads // heads,
                 max_context=int(getattr(cfg, "max_position_embeddings", 0) or 0), device=device,
                 model_attention=model_attention, step_attention=step_attention, use_graphs=wanted and off is None,
-                graphs_off=off)
+                graphs_off=off, kv_quant=quant)
 
 
 def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None", max_new: int = 0) -> torch.Tensor:

@@ -76,6 +76,7 @@ class RaggedCache(Cache):
         self.state_names = tuple(state_names)
         self.lengths: list[list[int]] = [[] for _ in range(num_layers)]
         self.query_window = None  # the rows' recent queries, for a policy with a QueryNeed (queries.py)
+        self.kv_store = None  # a quantized store's bytes per layer (kdeval/keydiff/kvstore.py), set by its first step
 
     def load_row(self, row: int, layers) -> None:
         """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows) and set its
@@ -113,7 +114,10 @@ class RaggedCache(Cache):
             layer.base, layer.next_positions = base, positions
 
     def nbytes(self) -> int:
-        """Bytes of the key/value buffers, all rows and layers (allocated, not just valid slots)."""
+        """Bytes of the key/value buffers, all rows and layers (allocated, not just valid slots); a quantized
+        store's: its rows' held tokens during the last step (kdeval/keydiff/kvstore.py)."""
+        if self.kv_store is not None:
+            return sum(self.kv_store.peak)
         return sum(l.nbytes() for l in self.layers)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -51,13 +51,16 @@ def forward_signature(plan: "Plan") -> str | None:
     plan's steps are never shared (the static layout of the graph path, a head-shared pool)."""
     if plan.use_graphs or plan.shares_heads:
         return None
+    # a quantized store changes what the cache holds from its first quantized token on: cells share only with
+    # cells of the same store (the history of steps then decides its content, as for any cell)
+    quant = f"|{plan.kv_quant.label}" if plan.kv_quant is not None else ""
     need = plan.needs.attention
     if need is not None and need.kind == "all":  # the output is computed from the captured probabilities
-        return f"fused|{plan.step_attention}|{plan.config.score_precision}"
+        return f"fused|{plan.step_attention}|{plan.config.score_precision}{quant}"
     impl = plan.step_attention
     if impl in (SDPA_IMPL, CAPTURE_IMPL):  # the same SDPA call under the same mask; rows are computed beside it
         impl = "sdpa"
-    return f"{impl}|{plan.model_attention}"
+    return f"{impl}|{plan.model_attention}{quant}"
 
 
 def capture_key(need: AttentionNeed, plan: "Plan") -> CaptureKey:

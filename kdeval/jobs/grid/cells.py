@@ -38,6 +38,7 @@ from kdeval.jobs.grid.schema import (
     ModelSpec, ProtocolSpec,
 )
 from kdeval.jobs.grid.checks import share_budget_notes
+from kdeval.jobs.grid.quant import KVQuantSpec
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
 
@@ -53,13 +54,15 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
 
 def protocol_tag(spec: dict[str, Any] | None, conversation: bool = True) -> str:
     """What a policy label gets for a protocol other than the default query-aware one with decode eviction,
-    and for a conversation other than multi-turn with golden answers (``spec``: a cell's spec as stored):
-    ``" [query-agnostic]"``, ``" [decode keep]"``, ``" [multi-request]"``, ``" [own answers]"``, ... ("" for the
-    defaults), so the cells of a run holding several stay apart in reports, status and progress.
-    ``conversation=False``: the protocol only (reports mark the conversation on the task instead)."""
+    for a quantized store (``" [kivi-4b-g32-w128]"``) and for a conversation other than multi-turn with golden
+    answers (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``,
+    ``" [multi-request]"``, ``" [own answers]"``, ... ("" for the defaults), so the cells of a run holding several
+    stay apart in reports, status and progress. ``conversation=False``: the protocol and store only (reports mark
+    the conversation on the task instead)."""
     p = (spec or {}).get("protocol") or {}
     parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
     parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
+    parts += [store_label(spec)] if store_label(spec) else []
     c = ((spec or {}).get("conversation") or {}) if conversation else {}
     parts += ["multi-request"] if c.get("mode") == "multi-request" else []
     parts += ["own answers"] if c.get("answers") == "own" else []
@@ -73,6 +76,12 @@ def conversation_tag(spec: dict[str, Any] | None) -> str:
     if c.get("mode") == "multi-request":
         return " [multi-request]"
     return " [own answers]" if c.get("answers") == "own" else ""
+
+
+def store_label(spec: dict[str, Any] | None) -> str:
+    """The KV store of a cell (``spec``: its spec as stored): its ``kv_quant`` label, "" at the model's width."""
+    quant = (spec or {}).get("kv_quant")
+    return KVQuantSpec(**quant).label if quant else ""
 
 
 #: Stored in a cell's spec but not hashed into its id: results are the same whatever their value.
@@ -136,6 +145,8 @@ class CellSpec(BaseModel):
     #: how a task with several questions per context asks them; None for one-question tasks (not hashed then,
     #: so their cells keep the ids they had before conversations existed)
     conversation: ConversationSpec | None = None
+    #: how kept tokens are stored (None: at the model's width; then not hashed, so earlier cells keep their ids)
+    kv_quant: KVQuantSpec | None = None
     kdeval_version: str
     #: Not part of what computes the result: a namespace (e.g. one nightly's, or its environment's) that gives
     #: the same result identity a new storage id, so it is computed afresh beside, never over, earlier results.
@@ -152,6 +163,8 @@ class CellSpec(BaseModel):
         exclude["salt"] = True
         if self.conversation is None:
             exclude["conversation"] = True
+        if self.kv_quant is None:
+            exclude["kv_quant"] = True
         return _content_hash(self, exclude=exclude)[:24]
 
     @property
@@ -176,10 +189,15 @@ class CellSpec(BaseModel):
             budget=self.budget, chunk_size=self.chunk_size, task=t.name, length=t.length,
             samples=t.samples, seed=t.seed, task_params=dict(t.params),
             max_new_tokens=generation_length(self.generation, t.name), batch_size=self.generation.batch_size,
-            thinking=self.generation.thinking, engine=self.engine.options(),
+            thinking=self.generation.thinking, engine=self.engine_options(),
             compress=self.protocol.compress, decode=self.protocol.decode,
             conversation=None if self.conversation is None else self.conversation.model_dump(),
         )
+
+    def engine_options(self) -> dict[str, Any]:
+        """The engine's options for this cell: the grid's non-default ``engine:`` ones and its ``kv_quant``."""
+        quant = {"kv_quant": self.kv_quant.model_dump()} if self.kv_quant is not None else {}
+        return {**self.engine.options(), **quant}
 
     def record(self) -> CellRecord:
         """The row the index stores for this cell."""
@@ -196,6 +214,7 @@ class CellSpec(BaseModel):
         proto = "" if self.protocol == ProtocolSpec() else f" protocol={self.protocol.label}"
         proto += " thinking=strip" if self.generation.thinking == "strip" else ""
         proto += f" conversation={self.conversation.label}" if self.conversation is not None else ""
+        proto += f" kv_quant={self.kv_quant.label}" if self.kv_quant is not None else ""
         return (f"{self.model.id} {pol} N={budget} B={chunk_text(self.chunk_size)} {self.task.label}"
                 f" n={self.task.samples}"
                 f" gen={self.task.max_new_tokens}{proto}{engine}")
@@ -294,11 +313,11 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
             several = get_spec(task.name).cls.multi_question
             for pol, conv in product(grid.policies, grid.conversations if several else [None]):
                 free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, engine options or protocol
-                for budget, protocol in product([None] if free else grid.budgets,
-                                                [ProtocolSpec()] if free else grid.protocols):
+                for budget, protocol, quant in product([None] if free else grid.budgets,
+                                                       [ProtocolSpec()] if free else grid.protocols, grid.kv_quant):
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
-                                    protocol=protocol, conversation=conv,
+                                    protocol=protocol, conversation=conv, kv_quant=quant,
                                     engine=EngineSpec() if free else grid.engine,
                                     kdeval_version=version or cell_code_version(
                                         pol.name, dict(pol.params), model.id.startswith(STUB_PREFIX)))

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from kdeval.cluster import catalog
 from kdeval.jobs.grid import checks
 from kdeval.jobs.grid.errors import GridError, GridIssue, join_path
+from kdeval.jobs.grid.quant import kv_quant_issues
 from kdeval.jobs.grid.schema import BUDGET_FREE_POLICIES, GridSpec
 from kdeval.names import suggest
 
@@ -259,8 +260,9 @@ def validate_mapping(raw: dict, source: str | None = None) -> GridSpec:
     try:
         grid = GridSpec.model_validate(raw)
     except ValidationError as e:
-        raise GridError(issues + _pydantic_issues(e) + _engine_issues(raw) + _registry_issues(raw), source) from None
-    engine = _engine_issues(raw)
+        raise GridError(issues + _pydantic_issues(e) + _engine_issues(raw) + kv_quant_issues(raw)
+                        + _registry_issues(raw), source) from None
+    engine = _engine_issues(raw) + kv_quant_issues(raw)
     issues += engine + _registry_issues(raw)
     if not engine:  # the policies' budget checks need valid budgets
         issues += _semantic_issues(grid)

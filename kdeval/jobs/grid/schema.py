@@ -20,6 +20,7 @@ Example (see ``examples/*.yaml``)::
     conversation: {mode: multi-turn, answers: golden}  # tasks with several questions per context (turns.*):
                                                # multi-turn or multi-request; a list runs each
     engine: {cuda_graphs: null, score_precision: model}
+    kv_quant: [none, 4]                        # how kept tokens are stored: none (full width) or bits / a mapping
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
     execution: {share: true}                   # false: every cell alone (how results are computed, not what)
@@ -38,6 +39,7 @@ from pydantic import (
 
 from kdeval.evals.budget import parse_budget
 from kdeval.evals.chunking import parse_chunk
+from kdeval.jobs.grid.quant import KVQuantEntry
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
@@ -269,6 +271,10 @@ class GridSpec(_Strict):
         None, description="How tasks with several questions per context (`turns.*`, `scbench.*`) ask them; a list "
         "runs each. null: multi-turn with golden answers. Only for such tasks.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine options that change results.")
+    kv_quant: list[KVQuantEntry] = Field(default_factory=lambda: [None], min_length=1, description="How kept "
+                                         "tokens are stored, one cell per entry: `none` (the model's width), a "
+                                         "number of bits, or {bits, group_size, window, scheme} "
+                                         "(kdeval.jobs.grid.quant).")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Workers and what each holds.")
     retries: RetrySpec = Field(default_factory=RetrySpec, description="Attempt caps and time limits.")
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec, description="How cells are computed "

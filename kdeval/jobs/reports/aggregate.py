@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kdeval.jobs.reports.broken import answer_length_rows, broken_rows
 from kdeval.jobs.reports.contrasts import cost_of_chunking, query_dependence
+from kdeval.jobs.reports.frontier import kv_frontier
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
 from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, stored
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
@@ -280,4 +281,5 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
     return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance,
                   cost_of_chunking=chunking, query_dependence=query, turns=turn_rows(*pairing, **boot),
                   query_dependence_by_turn=query_dependence_by_turn(own.values(), **boot),
-                  broken=broken_rows(*pairing), answer_length=answer_length_rows(*pairing, **boot))
+                  broken=broken_rows(*pairing), answer_length=answer_length_rows(*pairing, **boot),
+                  kv_frontier=kv_frontier(own.values(), **boot))

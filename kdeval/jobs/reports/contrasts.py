@@ -18,7 +18,7 @@ import numpy as np
 
 from kdeval.evals.budget import budget_order
 from kdeval.evals.chunking import chunk_text, is_whole
-from kdeval.jobs.grid.cells import policy_label
+from kdeval.jobs.grid.cells import policy_label, store_label
 from kdeval.jobs.grid.schema import COMPRESS_NAMES
 from kdeval.jobs.reports.model import ContrastRow, State, stored
 from kdeval.jobs.reports.samples import LoadedCell, Samples, paired_delta
@@ -31,8 +31,11 @@ def protocol_of(cell: LoadedCell) -> tuple[str, str]:
 
 
 def base_policy(cell: LoadedCell) -> str:
-    """The policy label of a cell without its protocol."""
-    return policy_label(cell.view.policy, (cell.view.spec or {}).get("policy_params") or {})
+    """The policy label of a cell without its protocol, with its KV store when quantized (cells of other stores
+    never pair)."""
+    spec = cell.view.spec or {}
+    store = store_label(spec)
+    return policy_label(cell.view.policy, spec.get("policy_params") or {}) + (f" [{store}]" if store else "")
 
 
 def _decode_note(decode: str) -> str:

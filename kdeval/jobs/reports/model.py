@@ -246,6 +246,40 @@ class LengthRow:
 
 
 @dataclass(frozen=True)
+class FrontierRow:
+    """One configuration (policy × budget × chunk × KV store) of one model × task on the accuracy-per-KV-byte
+    plane: its score and peak KV-cache bytes (lengths and seeds of the task pooled), whether it is on the Pareto
+    frontier (no other configuration scores at least as much with at most its bytes) or ``dominated`` (then by
+    whom), and, on the frontier, the margin over the best other configuration within its bytes (paired by
+    sample). Rows exist for a model × task whose cells include a quantized KV store (``kv_quant``)."""
+
+    model: str
+    task: str                  # registry task name
+    policy: str                # policy label, with its protocol and store tags
+    budget: Budget
+    chunk: int
+    kv_bits: int | None = None  # bits per stored number (None: the model's own width)
+    state: str = State.OK
+    n: int = 0
+    value: float | None = None  # points
+    kv_bytes: int | None = None  # peak KV-cache bytes, max over samples
+    position: str = ""         # "frontier" | "dominated" | "" (no score or bytes)
+    dominated_by: str = ""     # a frontier configuration with at most these bytes and at least this score
+    runner_up: str = ""        # frontier rows: the best other configuration with at most these bytes
+    n_paired: int = 0
+    delta: float | None = None  # this − runner_up (points, paired by sample)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    note: str = ""
+
+    @property
+    def config(self) -> str:
+        """How the other rows name this one: ``keydiff [kivi-4b-g32-w128] N=512 B=128``."""
+        budget = "" if self.budget is None else f" N={self.budget}"
+        return f"{self.policy}{budget} B={self.chunk}"
+
+
+@dataclass(frozen=True)
 class ReportMeta:
     """What the report compares and how."""
 
@@ -280,6 +314,7 @@ class Report:
     query_dependence_by_turn: list[ContrastRow] = field(default_factory=list)  # query dependence per turn
     broken: list[BrokenRow] = field(default_factory=list)  # samples the reference answers and a policy does not
     answer_length: list[LengthRow] = field(default_factory=list)  # generated tokens vs the reference's
+    kv_frontier: list[FrontierRow] = field(default_factory=list)  # accuracy per KV byte, when a run quantizes
 
     @property
     def n_incomplete_cells(self) -> int:
@@ -287,11 +322,12 @@ class Report:
         return sum(1 for c in self.cells if c.run in self.meta.runs)
 
 
-RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow, ContrastRow, TurnRow, BrokenRow, LengthRow)
+RowT = TypeVar("RowT", MetricRow, PerfRow, CellRow, ProvenanceRow, ContrastRow, TurnRow, BrokenRow, LengthRow,
+               FrontierRow)
 TABLES: dict[str, type] = {"scores": MetricRow, "perf": PerfRow, "cells": CellRow, "provenance": ProvenanceRow,
                            "cost_of_chunking": ContrastRow, "query_dependence": ContrastRow, "turns": TurnRow,
                            "query_dependence_by_turn": ContrastRow, "broken": BrokenRow,
-                           "answer_length": LengthRow}
+                           "answer_length": LengthRow, "kv_frontier": FrontierRow}
 
 #: What ``PerfRow.peak_memory_bytes`` measures, by ``memory_kind``: the label tables print for it.
 MEMORY_KINDS: dict[str, str] = {"process_rss": "process peak (RSS)", "cuda_max_allocated": "GPU peak incl. weights"}

@@ -116,7 +116,8 @@ def _cell_label(cell: CellSpec) -> str:
     budget = "-" if cell.budget is None else cell.budget
     pol = policy_label(cell.policy, cell.policy_params) + protocol_tag(
         {"protocol": cell.protocol.model_dump(),
-         "conversation": cell.conversation.model_dump() if cell.conversation else None})
+         "conversation": cell.conversation.model_dump() if cell.conversation else None,
+         "kv_quant": cell.kv_quant and cell.kv_quant.model_dump()})
     return f"{cell.id[:8]} {pol} {budget}/{chunk_text(cell.chunk_size)} {cell.task.label}"
 
 

@@ -116,11 +116,14 @@ def to_markdown(report: Report) -> str:
 
 
 def _contrast_sections(report: Report) -> list[tuple[str, list[TableView]]]:
-    """The cost-of-chunking and query-dependence sections (empty when the runs lack a side)."""
+    """The cost-of-chunking and query-dependence sections (empty when the runs lack a side), and the accuracy per
+    KV byte (empty when no cell is quantized)."""
     from kdeval.jobs.reports.render.contrast_views import CONTRASTS, contrast_view
+    from kdeval.jobs.reports.render.frontier_views import TITLE, frontier_view
 
+    frontier = frontier_view(report)
     return [(title, [v] if (v := contrast_view(report, name)) is not None else [])
-            for name, (title, _, _) in CONTRASTS.items()]
+            for name, (title, _, _) in CONTRASTS.items()] + [(TITLE, [frontier] if frontier is not None else [])]
 
 
 def fields_view(name: str, rows: list[Any]) -> TableView:

@@ -63,9 +63,11 @@ _CAPTIONS = {
     "memory_vs_length": "Peak bytes of K/V held by the cache (weights excluded), per policy and task.",
     "cost_of_chunking": "Δ chunked − one-shot (points) with its CI, paired by sample id; 0: chunking costs nothing.",
     "query_dependence": "Δ query-aware − query-agnostic (points) with its CI, paired by sample id.",
+    "kv_frontier": "Score vs peak KV-cache bytes; filled: on the Pareto frontier (dashed staircase), hollow: "
+                   "dominated; colour: bits per stored number.",
 }
 #: Figures drawn in their own sections (not among the others).
-CONTRAST_KINDS = ("cost_of_chunking", "query_dependence", "score_vs_turn")  # figures shown in their own section
+CONTRAST_KINDS = ("cost_of_chunking", "query_dependence", "score_vs_turn", "kv_frontier")  # figures shown in their own section
 
 
 def _img(plot: Plot) -> str:
@@ -133,7 +135,19 @@ def contrast_sections(report: Report, plots: list[Plot]) -> list[str]:
         figs = "".join(_img(p) for p in plots if p.kind == name)
         parts += [f'<h2 id="{name}">{html.escape(title)}</h2>',
                   f'<div class="figures">{figs}</div>' if figs else "", _table(view, name)]
-    return parts
+    return parts + frontier_section(report, plots)
+
+
+def frontier_section(report: Report, plots: list[Plot]) -> list[str]:
+    """Accuracy per KV byte: one figure per task and the frontier table (nothing when no cell is quantized)."""
+    from kdeval.jobs.reports.render.frontier_views import TITLE, frontier_view
+
+    view = frontier_view(report)
+    if view is None:
+        return []
+    figs = "".join(_img(p) for p in plots if p.kind == "kv_frontier")
+    return [f'<h2 id="kv_frontier">{html.escape(TITLE)}</h2>',
+            f'<div class="figures">{figs}</div>' if figs else "", _table(view, "kv_frontier")]
 
 
 def conversation_sections(report: Report, plots: list[Plot]) -> list[str]:

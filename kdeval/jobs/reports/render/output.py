@@ -40,9 +40,10 @@ def write_report(report: Report, out_dir: str | Path, fmts: Iterable[str], title
             from kdeval.jobs.reports.render.contrast_plots import contrast_plots  # matplotlib: only when a page is written
             from kdeval.jobs.reports.render.plots import all_plots
 
+            from kdeval.jobs.reports.render.frontier_views import frontier_plots
             from kdeval.jobs.reports.render.turn_plots import turn_plots
 
-            plots = all_plots(report) + contrast_plots(report) + turn_plots(report)
+            plots = all_plots(report) + contrast_plots(report) + turn_plots(report) + frontier_plots(report)
             if plots:
                 (out / "plots").mkdir(exist_ok=True)
             for p in plots:

@@ -33,10 +33,12 @@ def cells_table(report: Report, width: int) -> RenderableType | None:
 
 
 def contrast_tables(report: Report, width: int) -> list[RenderableType]:
-    """The cost-of-chunking and query-dependence tables the runs hold both sides of (none, one or two)."""
+    """The cost-of-chunking and query-dependence tables the runs hold both sides of (none, one or two), and the
+    accuracy per KV byte when a cell is quantized."""
     from kdeval.jobs.reports.render.contrast_views import CONTRASTS, contrast_view
+    from kdeval.jobs.reports.render.frontier_views import frontier_view
 
-    views = [contrast_view(report, name) for name in CONTRASTS]
+    views = [contrast_view(report, name) for name in CONTRASTS] + [frontier_view(report)]
     return [render(v, width) for v in views if v is not None]
 
 

@@ -27,7 +27,8 @@ KINDS: dict[str, str] = {
     **{f: "ratio" for f in ("ttft_ratio", "ttft_ratio_low", "ttft_ratio_high", "decode_ratio", "decode_ratio_low",
                             "decode_ratio_high", "kv_bytes_ratio", "kv_ratio")},
     **{f: "tokens" for f in ("prompt_tokens", "peak_kv_tokens")},
-    **{f: "bytes" for f in ("peak_kv_bytes", "peak_memory_bytes", "model_weight_bytes", "a_kv_bytes", "b_kv_bytes")},
+    **{f: "bytes" for f in ("peak_kv_bytes", "peak_memory_bytes", "model_weight_bytes", "a_kv_bytes", "b_kv_bytes",
+                                  "kv_bytes")},
 }
 
 #: Fewer paired samples than this and a CI says little: every output marks it with :data:`FEW_MARK`.

@@ -1,0 +1,73 @@
+"""The ``kv_quant`` grid axis: how each cell stores its kept tokens (``kdeval.keydiff.quant``).
+
+A grid lists settings; every cell runs once per entry::
+
+    kv_quant: [none, 8, {bits: 4}, {bits: 2, group_size: 32, window: 128, scheme: per_token}]
+
+``none`` (or ``null``) stores tokens at the model's width; a number is ``{bits: n}``. The fields are the engine's
+(``bits`` 2, 4 or 8; ``group_size`` numbers per scale and zero point; ``window`` recent tokens kept in full
+precision; ``scheme`` ``kivi`` or ``per_token``), checked by its own rules, a wrong one reported at its path
+(``kv_quant[1].bits: expected one of [2, 4, 8], got 3``). The axis is omitted from a cell's identity at ``none``,
+so cells of grids without it keep their ids.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr
+from typing_extensions import Annotated
+
+from kdeval.cluster import catalog
+from kdeval.jobs.grid.errors import GridIssue
+
+
+class KVQuantSpec(BaseModel):
+    """One quantized store (defaults: KIVI's 4 bits, groups of 32, a window of 128 recent tokens)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    bits: StrictInt = Field(4, description="Bits per stored number: 2, 4 or 8.")
+    group_size: StrictInt = Field(32, description="Numbers sharing one scale and zero point.")
+    window: StrictInt = Field(128, description="Most recent tokens kept in full precision.")
+    scheme: StrictStr = Field("kivi", description="`kivi` (keys per channel, values per token) or `per_token` "
+                              "(both per token).")
+
+    @property
+    def label(self) -> str:
+        """``kivi-4b-g32-w128`` (the engine's label of the same setting)."""
+        return f"{self.scheme}-{self.bits}b-g{self.group_size}-w{self.window}"
+
+
+def _entry(value: Any) -> Any:
+    """``none`` → None, a bare number of bits → ``{bits: n}``, anything else as it is."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    if type(value) is int:
+        return {"bits": value}
+    return value
+
+
+KVQuantEntry = Annotated[KVQuantSpec | None, BeforeValidator(_entry)]
+
+
+def kv_quant_issues(raw: dict) -> list[GridIssue]:
+    """The engine's rules on every ``kv_quant`` entry's fields, each broken one at its path; entries of another
+    shape are left to pydantic."""
+    value = raw.get("kv_quant")
+    if not isinstance(value, list):
+        return [] if value is None else [GridIssue("kv_quant", "expected a list of settings (none, a number of "
+                                                               f"bits, or a mapping of them), got {value!r}")]
+    issues: list[GridIssue] = []
+    seen: list[Any] = []
+    for i, entry in enumerate(value):
+        entry = _entry(entry)
+        if isinstance(entry, dict):
+            for name, v in entry.items():
+                msg = catalog.kv_quant_field_error(name, v)
+                if msg is not None:
+                    issues.append(GridIssue(f"kv_quant[{i}].{name}", msg))
+        normal = KVQuantSpec.model_construct(**entry).label if isinstance(entry, dict) else entry
+        if normal in seen:
+            issues.append(GridIssue(f"kv_quant[{i}]", "duplicate of an earlier entry (each setting once)"))
+        seen.append(normal)
+    return issues
