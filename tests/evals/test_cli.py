@@ -20,8 +20,9 @@ def test_tasks_json_lists_everything():
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     names = {d["name"] for d in data}
-    assert len(data) == 46 and {"needle", "math500", "phonebook", "ruler.vt", "longbench.lsht", "longbench2", "aime2025",
-                                "infinitebench.kv_retrieval", "loogle.longdep_qa"} <= names
+    assert len(data) == 57 and {"needle", "math500", "phonebook", "ruler.vt", "longbench.lsht", "longbench2", "aime2025",
+                                "infinitebench.kv_retrieval", "loogle.longdep_qa", "turns.kv", "turns.needles",
+                                "turns.loogle.longdep_qa", "scbench.kv", "scbench.choice_eng"} <= names
     trec = next(d for d in data if d["name"] == "longbench.trec")
     assert trec["metric"] == "classification_score" and "THUDM/LongBench" in trec["source"]
 
