@@ -20,6 +20,7 @@ kept keys themselves are compared too: both sides re-rotate them to positions ``
 
     python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
     python bench/kvpress_parity.py --print    # prints the table only
+    python bench/kvpress_parity.py --only criticalkv snapkv   # the cases whose id starts so, printed
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ KVPRESS = "0.5.5"
 L = 1000
 QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
          "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+SNAPKV_AS_KVPRESS = {"name": "snapkv", "params": {"window": 64, "kernel": 5, "pooling": "avg"}}
 
 # id, kdeval policy and parameters, kvpress press and arguments, kept tokens N, what differs by construction.
 CASES = [
@@ -84,6 +87,26 @@ CASES = [
          press=("AdaKVPress", {"press": ("SnapKVPress", {"window_size": 32, "kernel_size": 7}),
                                "alpha_safeguard": 0.2}), n=500,
          rule="the row above with kdeval's inner SnapKV pooling with avg as kvpress does: the same rule"),
+    dict(id="criticalkv", ours=("criticalkv", {"inner": SNAPKV_AS_KVPRESS}),
+         press=("CriticalKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5})}), n=500,
+         rule="SnapKV (kvpress' defaults) as the inner scorer, its best 250 first, the rest by (score + epsilon) x "
+              "the value's L1 norm through W_o; epsilon = 1e-4 on both sides, which weighs 64 x less here (next row)"),
+    dict(id="criticalkv (epsilon x 64)", ours=("criticalkv", {"inner": SNAPKV_AS_KVPRESS, "epsilon": 64e-4}),
+         press=("CriticalKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5})}), n=500,
+         rule="the row above with epsilon x 64: kdeval's SnapKV sums the 64 window queries' votes where kvpress "
+              "averages them (the same ranking alone), so epsilon weighs 64 x less in the row above"),
+    dict(id="criticalkv (inner keydiff)", ours=("criticalkv", {"inner": "keydiff"}),
+         press=("CriticalKVPress", {"press": ("KeyDiffPress", {})}), n=500,
+         rule="same rule around KeyDiff (negative scores: the weighting favours small values' norms)"),
+    dict(id="criticaladakv", ours=("criticaladakv", {"inner": SNAPKV_AS_KVPRESS}),
+         press=("CriticalAdaKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                                       "alpha_safeguard": 0.2}), n=500,
+         rule="AdaKV's head budgets by SnapKV's scores, then the two stages within each head; per-head counts "
+              "differ; epsilon weighs 64 x less than in kvpress (SnapKV's votes summed, not averaged)"),
+    dict(id="criticaladakv (epsilon x 64)", ours=("criticaladakv", {"inner": SNAPKV_AS_KVPRESS, "epsilon": 64e-4}),
+         press=("CriticalAdaKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                                       "alpha_safeguard": 0.2}), n=500,
+         rule="the row above with epsilon x 64: the same rule"),
 ]
 
 
@@ -127,6 +150,11 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                                        alpha_safeguard=kwargs["alpha_safeguard"])
         elif name == "ChunkKVPress":
             press = kvpress.ChunkKVPress(press=kvpress.KeyDiffPress(compression_ratio=ratio), **kwargs)
+        elif name in ("CriticalKVPress", "CriticalAdaKVPress"):
+            inner, inner_kwargs = kwargs["press"]
+            rest = {k: v for k, v in kwargs.items() if k != "press"}
+            press = getattr(kvpress, name)(press=getattr(kvpress, inner)(compression_ratio=ratio, **inner_kwargs),
+                                           **rest)
         elif name == "KeyRerotationPress":
             press = kvpress.KeyRerotationPress(press=kvpress.StreamingLLMPress(compression_ratio=ratio, **kwargs))
         else:
@@ -142,7 +170,8 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                 scores = press.press.score(module, hidden_states, keys, values, attentions, kw)
                 kept[module.layer_idx] = scores[0].topk(k2.shape[2], dim=-1).indices.sort(-1).values
                 kept_keys[module.layer_idx] = k2[0].clone()
-            elif isinstance(press, kvpress.AdaKVPress):  # nothing removed: the kept set is the unmasked keys
+            elif isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress)):  # nothing removed: the kept
+                # set is the unmasked keys
                 _, heads, positions = module.masked_key_indices
                 keep = torch.ones(keys.shape[1], keys.shape[2], dtype=torch.bool)
                 keep[heads, positions] = False
@@ -251,8 +280,9 @@ def run(print_only: bool, reuse: str | None) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             ids_file = Path(tmp) / "ids.pt"
             torch.save(ids, ids_file)
+            only = ["--only", *[c["id"] for c in CASES]]
             side = subprocess.run([str(python), __file__, "--kvpress-side", str(smollm2_safetensors_dir()),
-                                   str(ids_file), str(out)], env={**os.environ, **QUIET}, capture_output=True,
+                                   str(ids_file), str(out), *only], env={**os.environ, **QUIET}, capture_output=True,
                                   text=True, timeout=900)
             if side.returncode != 0:
                 raise SystemExit(f"the kvpress side failed:\n{side.stderr[-5000:]}")
@@ -289,8 +319,8 @@ def run(print_only: bool, reuse: str | None) -> None:
     ]
     for case, got in rows:
         press, kwargs = case["press"]
-        if press == "AdaKVPress":
-            press = f"AdaKVPress({kwargs['press'][0]})"
+        if "press" in kwargs:
+            press = f"{press}({kwargs['press'][0]})"
         lines.append(f"| `{case['id']}` | `{press}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
                      f"{got['inside']:.2f} | {got['identical']}/{got['heads']} | {got['totals']}/{got['layers']} | "
                      f"{case['rule']} |")
@@ -317,8 +347,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
     ap.add_argument("--kvpress-out", metavar="FILE", help="keep kvpress' kept sets in FILE; reuse them if it exists")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only the cases whose id starts with one of these "
+                    "(implies --print)")
     ap.add_argument("--kvpress-side", nargs=3, metavar=("MODEL_DIR", "IDS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.only:
+        CASES[:] = [c for c in CASES if any(c["id"].startswith(prefix) for prefix in args.only)]
+        if not CASES:
+            raise SystemExit(f"--only: no case id starts with {' or '.join(args.only)}")
+        args.print = True
     if args.kvpress_side:
         kvpress_side(*args.kvpress_side)
     else:
