@@ -107,6 +107,11 @@ CASES = [
          press=("CriticalAdaKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
                                        "alpha_safeguard": 0.2}), n=500,
          rule="the row above with epsilon x 64: the same rule"),
+    dict(id="cur", ours=("cur", {}), press=("CURPress", {}), n=500,
+         rule="same rule (key x value leverage over windows of 16, 4 sinks)"),
+    dict(id="cur (kv_avg, no local windows)", ours=("cur", {"leverage_type": "kv_avg", "use_local_approximation": False}),
+         press=("CURPress", {"leverage_type": "kv_avg", "use_local_approximation": False}), n=500,
+         rule="same rule: the mean of the squared key and value norms"),
 ]
 
 
