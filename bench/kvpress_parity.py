@@ -112,6 +112,9 @@ CASES = [
     dict(id="cur (kv_avg, no local windows)", ours=("cur", {"leverage_type": "kv_avg", "use_local_approximation": False}),
          press=("CURPress", {"leverage_type": "kv_avg", "use_local_approximation": False}), n=500,
          rule="same rule: the mean of the squared key and value norms"),
+    dict(id="leverage", ours=("leverage", {}), press=("LeverageScorePress", {}), n=500, sketch=True,
+         rule="same rule and the same Gaussian sketch (kvpress' draw replaced by kdeval's seeded one); kdeval takes "
+              "the keys before RoPE by rotating the cached keys back, kvpress from k_proj"),
 ]
 
 
@@ -132,6 +135,29 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
 
     ids = torch.load(ids_file)
     models = {}
+
+    # The leverage presses draw their Gaussian sketch from the global generator; a case with ``sketch`` draws
+    # kdeval's instead (kdeval/baselines/leverage.py: per layer, from torch.Generator seeded 0 * 100003 + layer,
+    # [heads, d, k] scaled by 1/sqrt(k), the same for every row), so the rule is compared on one sketch.
+    real_randn, sketch_layer = torch.randn, {}
+
+    def seeded_randn(*shape, **kw):
+        if "layer" not in sketch_layer or len(shape) != 4:
+            return real_randn(*shape, **kw)
+        b, h, d, k = shape
+        g = torch.Generator().manual_seed(sketch_layer["layer"])
+        return real_randn(h, d, k, generator=g).expand(b, h, d, k).to(kw.get("dtype") or torch.float32)
+
+    def sketched(scorer):
+        score = scorer.score
+
+        def with_sketch(module, *args, **kwargs):
+            sketch_layer["layer"] = module.layer_idx
+            try:
+                return score(module, *args, **kwargs)
+            finally:
+                sketch_layer.clear()
+        scorer.score = with_sketch
 
     def model_for(eager: bool):
         impl = "eager" if eager else "sdpa"
@@ -186,9 +212,13 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
             return k2, v2
 
         press.compress = recording
+        if case.get("sketch"):
+            sketched(getattr(press, "_leverage_press", press))
+            torch.randn = seeded_randn
         t0 = time.perf_counter()
         with torch.no_grad(), press(model_for(case.get("eager", False))):
             model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
+        torch.randn = real_randn
         out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0,
                                     "keys": [kept_keys[i] for i in sorted(kept_keys)]}
     torch.save(out, out_file)

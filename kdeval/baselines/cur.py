@@ -10,11 +10,11 @@ their mean or (default) their product. The first ``num_sinks`` positions are alw
 RoPE rotates pairs of key channels, so ``|k|^2`` is the same before and after it; the random projection is taken
 of the cached (rotated) keys, as kvpress does. Chunk by chunk the rule runs over the ``N + B`` cached tokens: a
 window's sum is over its tokens still cached, so a token left alone in its window has the largest share, 1 (for
-the key and the value: the product's largest score too), and such tokens tie, oldest kept first. kvpress divides the scores by their sum over the tokens, which
-changes no head's ranking and is left out. Scores are rounded to 16 significant bits (``SCORE_BITS``): a token
-repeated in the prompt has, up to float rounding, the same key and value norms at every position, and rounding
-makes those ties exact (kept oldest first) instead of an order of rounding noise that differs between a batch
-and a request alone.
+the key and the value: the product's largest score too), and such tokens tie, oldest kept first. kvpress divides
+the scores by their sum over the tokens, which changes no head's ranking and is left out. Scores are rounded to 16
+significant bits (kdeval/baselines/ties.py): a token repeated in the prompt has, up to float rounding, the same key
+and value norms at every position, and rounding makes those ties exact (kept oldest first) instead of an order of
+rounding noise that differs between a batch and a request alone.
 
 Differences from kvpress: its random projection is drawn from the global generator at every compression; here it
 is drawn once per layer from ``seed`` (``torch.Generator``, on the CPU), the same for every row and step, so a
@@ -28,27 +28,18 @@ from dataclasses import dataclass
 import torch
 
 from kdeval.baselines.chunkkv import group_means
+from kdeval.baselines.ties import significant_bits
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 LEVERAGES = ("key", "value", "kv_avg", "kv_product")
 SKETCH = 20  # kvpress' projection width
-#: scores are rounded to this many significant bits: one key rotated to two positions has norms a few float32
-#: units apart, and so has a token's value in a batch and alone (the forward's rounding depends on the batch), so
-#: a repeated token's scores would tie up to that noise; rounded, they tie exactly and go oldest first
-SCORE_BITS = 16
 
 
 def random_projection(seed: int, layer: int, dim: int, like: torch.Tensor) -> torch.Tensor:
     """``G [dim, SKETCH]`` with N(0, 1/SKETCH) entries, drawn on the CPU from ``(seed, layer)``."""
     g = torch.Generator().manual_seed(seed * 100_003 + layer)
     return (torch.randn(dim, SKETCH, generator=g, dtype=torch.float64) / math.sqrt(SKETCH)).to(like)
-
-
-def significant_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """``x`` rounded to ``bits`` significant binary digits (``torch.frexp``'s mantissa in ``[0.5, 1)``)."""
-    mantissa, exponent = torch.frexp(x)
-    return torch.ldexp(torch.round(mantissa * 2.0**bits) / 2.0**bits, exponent)
 
 
 def share_of_window(x: torch.Tensor, positions: torch.Tensor, order: torch.Tensor, window: int) -> torch.Tensor:
@@ -106,4 +97,4 @@ class CUR(Policy):
             scores = v2
         else:
             scores = (k2 + v2) / 2 if self.leverage_type == "kv_avg" else k2 * v2
-        return significant_bits(scores, SCORE_BITS)
+        return significant_bits(scores)

@@ -32,7 +32,7 @@ def test_scores_are_the_windowed_leverages_whatever_the_slot_order(leverage):
 
 def test_scores_within_rounding_noise_tie_exactly():
     """A repeated token: the same key rotated to two positions, its norm a float32 unit or two apart."""
-    from kdeval.baselines.cur import significant_bits
+    from kdeval.baselines.ties import significant_bits
 
     x = torch.tensor([0.009619272314, 0.009619273245, 0.009621])
     got = significant_bits(x, 16)
