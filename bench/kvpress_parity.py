@@ -115,6 +115,9 @@ CASES = [
     dict(id="leverage", ours=("leverage", {}), press=("LeverageScorePress", {}), n=500, sketch=True,
          rule="same rule and the same Gaussian sketch (kvpress' draw replaced by kdeval's seeded one); kdeval takes "
               "the keys before RoPE by rotating the cached keys back, kvpress from k_proj"),
+    dict(id="compactor", ours=("compactor", {"query_window": L}), press=("CompactorPress", {}), n=500, sketch=True,
+         rule="same rule, kvpress' defaults (sinks 8 + 4, tiles of 256, blending = the compression ratio) and one "
+              "Gaussian sketch; the query window (1000) covers the prompt"),
 ]
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.baselines import (  # noqa: F401  (registration)
-    adakv, chunkkv, criticalkv, cur, expected_attention, h2o, knorm, lagkv, leverage, pyramidkv, random_policy,
-    sink, sink_rerotate, snapkv, tova,
+    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, h2o, knorm, lagkv, leverage, pyramidkv,
+    random_policy, sink, sink_rerotate, snapkv, tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
 from kdeval.keydiff.plan import eager_reasons
