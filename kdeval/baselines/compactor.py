@@ -126,13 +126,14 @@ class Compactor(Policy):
         lev = z_scores(leverage_scores(pre, scored, sketch), scored)
 
         recent = ctx.queries
-        w = recent.queries.shape[2]
-        q_pos = seen.reshape(-1, 1) - w + torch.arange(w, device=keys.device)  # right-aligned: the last ones
-        q_pos = torch.where(recent.valid(), q_pos.expand(keys.shape[0], w), -1)
+        width = recent.queries.shape[2]
+        w = int(recent.count.max())  # the window is right-aligned: only its last w entries hold queries
+        q_pos = seen.reshape(-1, 1) - w + torch.arange(w, device=keys.device)
+        q_pos = torch.where(recent.valid()[:, width - w:], q_pos.expand(keys.shape[0], w), -1)
         q_pos = torch.where(q_pos < end, q_pos, -1)  # the recent tokens' queries take no part
         rotary = ctx.projections.rotary
         cos, sin = rotary(torch.empty(0, dtype=pre.dtype, device=keys.device), q_pos.clamp(min=0))
-        q = recent.queries.to(pre.dtype)
+        q = recent.queries[:, :, width - w:].to(pre.dtype)
         q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
         attn = tiled_attention(q, q_pos, keys.to(pre.dtype), ctx.positions, scored, self.sink_size_start, end,
                                self.chunk_size)
