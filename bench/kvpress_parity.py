@@ -111,10 +111,14 @@ CASES = [
          rule="same rule (key x value leverage over windows of 16, 4 sinks)"),
     dict(id="cur (kv_avg, no local windows)", ours=("cur", {"leverage_type": "kv_avg", "use_local_approximation": False}),
          press=("CURPress", {"leverage_type": "kv_avg", "use_local_approximation": False}), n=500,
-         rule="same rule: the mean of the squared key and value norms"),
+         rule="same rule: the mean of the squared key and value norms; 1 kept token differs on 1 head: kdeval "
+              "rounds scores to 16 significant bits (a repeated token's scores tie exactly), so two scores kvpress "
+              "tells apart tie and go oldest first (90/90 identical without the rounding)"),
     dict(id="leverage", ours=("leverage", {}), press=("LeverageScorePress", {}), n=500, sketch=True,
          rule="same rule and the same Gaussian sketch (kvpress' draw replaced by kdeval's seeded one); kdeval takes "
-              "the keys before RoPE by rotating the cached keys back, kvpress from k_proj"),
+              "the keys before RoPE by rotating the cached keys back, kvpress from k_proj; 1 kept token differs on "
+              "2 heads: scores rounded to 16 significant bits tie where kvpress' differ (90/90 identical without "
+              "the rounding)"),
     dict(id="compactor", ours=("compactor", {"query_window": L}), press=("CompactorPress", {}), n=500, sketch=True,
          rule="same rule, kvpress' defaults (sinks 8 + 4, tiles of 256, blending = the compression ratio) and one "
               "Gaussian sketch; the query window (1000) covers the prompt"),
