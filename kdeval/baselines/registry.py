@@ -78,7 +78,7 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
     if needs.hidden_states:
         parts.append("the step's hidden states per layer")
     if needs.projections:
-        parts.append("the layer's attention projections applied to the cached tokens at every eviction")
+        parts.append("the layer's attention projections or RoPE applied to the cached tokens at every eviction")
     if needs.rerotates:
         parts.append("the kept keys re-rotated after every eviction")
     if needs.shares_heads:
