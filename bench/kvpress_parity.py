@@ -20,6 +20,7 @@ kept keys themselves are compared too: both sides re-rotate them to positions ``
 
     python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
     python bench/kvpress_parity.py --print    # prints the table only
+    python bench/kvpress_parity.py --only criticalkv snapkv   # the cases whose id starts so, printed
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ KVPRESS = "0.5.5"
 L = 1000
 QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
          "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+SNAPKV_AS_KVPRESS = {"name": "snapkv", "params": {"window": 64, "kernel": 5, "pooling": "avg"}}
 
 # id, kdeval policy and parameters, kvpress press and arguments, kept tokens N, what differs by construction.
 CASES = [
@@ -84,6 +87,41 @@ CASES = [
          press=("AdaKVPress", {"press": ("SnapKVPress", {"window_size": 32, "kernel_size": 7}),
                                "alpha_safeguard": 0.2}), n=500,
          rule="the row above with kdeval's inner SnapKV pooling with avg as kvpress does: the same rule"),
+    dict(id="criticalkv", ours=("criticalkv", {"inner": SNAPKV_AS_KVPRESS}),
+         press=("CriticalKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5})}), n=500,
+         rule="SnapKV (kvpress' defaults) as the inner scorer, its best 250 first, the rest by (score + epsilon) x "
+              "the value's L1 norm through W_o; epsilon = 1e-4 on both sides, which weighs 64 x less here (next row)"),
+    dict(id="criticalkv (epsilon x 64)", ours=("criticalkv", {"inner": SNAPKV_AS_KVPRESS, "epsilon": 64e-4}),
+         press=("CriticalKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5})}), n=500,
+         rule="the row above with epsilon x 64: kdeval's SnapKV sums the 64 window queries' votes where kvpress "
+              "averages them (the same ranking alone), so epsilon weighs 64 x less in the row above"),
+    dict(id="criticalkv (inner keydiff)", ours=("criticalkv", {"inner": "keydiff"}),
+         press=("CriticalKVPress", {"press": ("KeyDiffPress", {})}), n=500,
+         rule="same rule around KeyDiff (negative scores: the weighting favours small values' norms)"),
+    dict(id="criticaladakv", ours=("criticaladakv", {"inner": SNAPKV_AS_KVPRESS}),
+         press=("CriticalAdaKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                                       "alpha_safeguard": 0.2}), n=500,
+         rule="AdaKV's head budgets by SnapKV's scores, then the two stages within each head; per-head counts "
+              "differ; epsilon weighs 64 x less than in kvpress (SnapKV's votes summed, not averaged)"),
+    dict(id="criticaladakv (epsilon x 64)", ours=("criticaladakv", {"inner": SNAPKV_AS_KVPRESS, "epsilon": 64e-4}),
+         press=("CriticalAdaKVPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                                       "alpha_safeguard": 0.2}), n=500,
+         rule="the row above with epsilon x 64: the same rule"),
+    dict(id="cur", ours=("cur", {}), press=("CURPress", {}), n=500,
+         rule="same rule (key x value leverage over windows of 16, 4 sinks)"),
+    dict(id="cur (kv_avg, no local windows)", ours=("cur", {"leverage_type": "kv_avg", "use_local_approximation": False}),
+         press=("CURPress", {"leverage_type": "kv_avg", "use_local_approximation": False}), n=500,
+         rule="same rule: the mean of the squared key and value norms; 1 kept token differs on 1 head: kdeval "
+              "rounds scores to 16 significant bits (a repeated token's scores tie exactly), so two scores kvpress "
+              "tells apart tie and go oldest first (90/90 identical without the rounding)"),
+    dict(id="leverage", ours=("leverage", {}), press=("LeverageScorePress", {}), n=500, sketch=True,
+         rule="same rule and the same Gaussian sketch (kvpress' draw replaced by kdeval's seeded one); kdeval takes "
+              "the keys before RoPE by rotating the cached keys back, kvpress from k_proj; 1 kept token differs on "
+              "2 heads: scores rounded to 16 significant bits tie where kvpress' differ (90/90 identical without "
+              "the rounding)"),
+    dict(id="compactor", ours=("compactor", {"query_window": L}), press=("CompactorPress", {}), n=500, sketch=True,
+         rule="same rule, kvpress' defaults (sinks 8 + 4, tiles of 256, blending = the compression ratio) and one "
+              "Gaussian sketch; the query window (1000) covers the prompt"),
 ]
 
 
@@ -104,6 +142,29 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
 
     ids = torch.load(ids_file)
     models = {}
+
+    # The leverage presses draw their Gaussian sketch from the global generator; a case with ``sketch`` draws
+    # kdeval's instead (kdeval/baselines/leverage.py: per layer, from torch.Generator seeded 0 * 100003 + layer,
+    # [heads, d, k] scaled by 1/sqrt(k), the same for every row), so the rule is compared on one sketch.
+    real_randn, sketch_layer = torch.randn, {}
+
+    def seeded_randn(*shape, **kw):
+        if "layer" not in sketch_layer or len(shape) != 4:
+            return real_randn(*shape, **kw)
+        b, h, d, k = shape
+        g = torch.Generator().manual_seed(sketch_layer["layer"])
+        return real_randn(h, d, k, generator=g).expand(b, h, d, k).to(kw.get("dtype") or torch.float32)
+
+    def sketched(scorer):
+        score = scorer.score
+
+        def with_sketch(module, *args, **kwargs):
+            sketch_layer["layer"] = module.layer_idx
+            try:
+                return score(module, *args, **kwargs)
+            finally:
+                sketch_layer.clear()
+        scorer.score = with_sketch
 
     def model_for(eager: bool):
         impl = "eager" if eager else "sdpa"
@@ -127,6 +188,11 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                                        alpha_safeguard=kwargs["alpha_safeguard"])
         elif name == "ChunkKVPress":
             press = kvpress.ChunkKVPress(press=kvpress.KeyDiffPress(compression_ratio=ratio), **kwargs)
+        elif name in ("CriticalKVPress", "CriticalAdaKVPress"):
+            inner, inner_kwargs = kwargs["press"]
+            rest = {k: v for k, v in kwargs.items() if k != "press"}
+            press = getattr(kvpress, name)(press=getattr(kvpress, inner)(compression_ratio=ratio, **inner_kwargs),
+                                           **rest)
         elif name == "KeyRerotationPress":
             press = kvpress.KeyRerotationPress(press=kvpress.StreamingLLMPress(compression_ratio=ratio, **kwargs))
         else:
@@ -142,7 +208,8 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                 scores = press.press.score(module, hidden_states, keys, values, attentions, kw)
                 kept[module.layer_idx] = scores[0].topk(k2.shape[2], dim=-1).indices.sort(-1).values
                 kept_keys[module.layer_idx] = k2[0].clone()
-            elif isinstance(press, kvpress.AdaKVPress):  # nothing removed: the kept set is the unmasked keys
+            elif isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress)):  # nothing removed: the kept
+                # set is the unmasked keys
                 _, heads, positions = module.masked_key_indices
                 keep = torch.ones(keys.shape[1], keys.shape[2], dtype=torch.bool)
                 keep[heads, positions] = False
@@ -152,9 +219,13 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
             return k2, v2
 
         press.compress = recording
+        if case.get("sketch"):
+            sketched(getattr(press, "_leverage_press", press))
+            torch.randn = seeded_randn
         t0 = time.perf_counter()
         with torch.no_grad(), press(model_for(case.get("eager", False))):
             model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
+        torch.randn = real_randn
         out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0,
                                     "keys": [kept_keys[i] for i in sorted(kept_keys)]}
     torch.save(out, out_file)
@@ -251,8 +322,9 @@ def run(print_only: bool, reuse: str | None) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             ids_file = Path(tmp) / "ids.pt"
             torch.save(ids, ids_file)
+            only = ["--only", *[c["id"] for c in CASES]]
             side = subprocess.run([str(python), __file__, "--kvpress-side", str(smollm2_safetensors_dir()),
-                                   str(ids_file), str(out)], env={**os.environ, **QUIET}, capture_output=True,
+                                   str(ids_file), str(out), *only], env={**os.environ, **QUIET}, capture_output=True,
                                   text=True, timeout=900)
             if side.returncode != 0:
                 raise SystemExit(f"the kvpress side failed:\n{side.stderr[-5000:]}")
@@ -289,8 +361,8 @@ def run(print_only: bool, reuse: str | None) -> None:
     ]
     for case, got in rows:
         press, kwargs = case["press"]
-        if press == "AdaKVPress":
-            press = f"AdaKVPress({kwargs['press'][0]})"
+        if "press" in kwargs:
+            press = f"{press}({kwargs['press'][0]})"
         lines.append(f"| `{case['id']}` | `{press}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
                      f"{got['inside']:.2f} | {got['identical']}/{got['heads']} | {got['totals']}/{got['layers']} | "
                      f"{case['rule']} |")
@@ -317,8 +389,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
     ap.add_argument("--kvpress-out", metavar="FILE", help="keep kvpress' kept sets in FILE; reuse them if it exists")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only the cases whose id starts with one of these "
+                    "(implies --print)")
     ap.add_argument("--kvpress-side", nargs=3, metavar=("MODEL_DIR", "IDS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.only:
+        CASES[:] = [c for c in CASES if any(c["id"].startswith(prefix) for prefix in args.only)]
+        if not CASES:
+            raise SystemExit(f"--only: no case id starts with {' or '.join(args.only)}")
+        args.print = True
     if args.kvpress_side:
         kvpress_side(*args.kvpress_side)
     else:

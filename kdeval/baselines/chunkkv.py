@@ -28,8 +28,10 @@ from kdeval.keydiff.registry import as_policy, register, registered
 from kdeval.names import suggest
 
 
-def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``scores [rows, h, n]`` → each token's group mean ``[rows, h, n]``, groups ``positions // group_size``.
+def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tensor, group_size: int,
+                average: bool = True) -> torch.Tensor:
+    """``scores [rows, h, n]`` → each token's group mean ``[rows, h, n]`` (``average=False``: the group's sum),
+    groups ``positions // group_size``.
 
     ``order [rows, h, n]`` sorts the tokens by position, so a group is a contiguous run; its sum is a difference
     of two float64 prefix sums taken in position order: the same on every device and whatever slot a token sits
@@ -46,7 +48,8 @@ def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tens
     first = torch.where(first_of_run, idx, 0).cummax(-1).values  # [rows, h, n]: where each token's run starts
     last = torch.where(last_of_run, idx, n - 1).flip(-1).cummin(-1).values.flip(-1)  # ... and where it ends
     prefix = F.pad(s.double().cumsum(-1), (1, 0))
-    mean = ((prefix.gather(-1, last + 1) - prefix.gather(-1, first)) / (last - first + 1)).to(s.dtype)
+    total = prefix.gather(-1, last + 1) - prefix.gather(-1, first)
+    mean = (total / (last - first + 1) if average else total).to(s.dtype)
     return torch.empty_like(mean).scatter_(-1, order, mean)
 
 

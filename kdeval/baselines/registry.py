@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.baselines import (  # noqa: F401  (registration)
-    adakv, chunkkv, expected_attention, h2o, knorm, lagkv, pyramidkv, random_policy, sink, sink_rerotate, snapkv,
-    tova,
+    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, h2o, knorm, lagkv, leverage, pyramidkv,
+    random_policy, sink, sink_rerotate, snapkv, tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
 from kdeval.keydiff.plan import eager_reasons
@@ -77,6 +77,8 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
         parts.append("the cached values")
     if needs.hidden_states:
         parts.append("the step's hidden states per layer")
+    if needs.projections:
+        parts.append("the layer's attention projections or RoPE applied to the cached tokens at every eviction")
     if needs.rerotates:
         parts.append("the kept keys re-rotated after every eviction")
     if needs.shares_heads:

@@ -50,6 +50,9 @@ class ScoreContext:
       (after its input norm, before the projections) (``PolicyNeeds.hidden_states``); ``None`` otherwise.
     - ``projections``: the layer's ``q_proj``/``k_proj``/``v_proj``/``o_proj``
       (:class:`~kdeval.keydiff.reads.LayerProjections`, ``PolicyNeeds.projections``); ``None`` otherwise.
+    - ``budget``: the tokens the layer keeps per KV head, N (its own share under ``layer_budgets``; a head-shared
+      pool's average per head), protected ranges not counted; set by the selector before every ``score`` (0
+      outside it). Rules whose stages take a fraction of N (CriticalKV) read it.
 
     What a policy reads is declared in :class:`PolicyNeeds` and filled in by the engine in every cache layout
     (kdeval/keydiff/reads.py); a new read needs no edit outside the policy's file.
@@ -72,6 +75,7 @@ class ScoreContext:
     values: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
     projections: LayerProjections | None = None
+    budget: int = 0
     _order: torch.Tensor | None = field(default=None, repr=False)
 
     def position_order(self) -> torch.Tensor:

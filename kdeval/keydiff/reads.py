@@ -10,8 +10,8 @@ something new needs no edit outside its own file:
 - ``values``: the cached values ``[batch, kv_heads, tokens, head_dim]`` beside the keys, in the layout's order;
 - ``hidden_states``: ``[batch, t, hidden]``, the step's hidden states as each layer's attention takes them
   (the input of ``q_proj``: after the layer's input norm);
-- ``projections``: the layer's attention projections (:class:`LayerProjections`), e.g. to take values through
-  ``W_o``.
+- ``projections``: the layer's attention projections and the model's RoPE (:class:`LayerProjections`), e.g. to
+  take values through ``W_o`` or the cached keys back to before RoPE.
 """
 from __future__ import annotations
 
@@ -21,32 +21,56 @@ from typing import Callable, Iterator
 
 import torch
 
+from transformers.models.llama.modeling_llama import rotate_half
+
 from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.queries import StepQueries, attention_modules, capture_queries
+from kdeval.keydiff.slots import EMPTY_POSITION
 
 
 @dataclass(frozen=True)
 class LayerProjections:
     """One decoder layer's attention projections (``torch.nn.Linear``-like modules): ``q_proj`` ``[hidden ->
     q_heads * head_dim]``, ``k_proj``/``v_proj`` ``[hidden -> kv_heads * head_dim]``, ``o_proj`` ``[q_heads *
-    head_dim -> hidden]``."""
+    head_dim -> hidden]``; and the model's rotary embedding (``None`` for a model without RoPE), to take the cached
+    keys back to before RoPE (:meth:`unrotated_keys`)."""
 
     q_proj: torch.nn.Module
     k_proj: torch.nn.Module
     v_proj: torch.nn.Module
     o_proj: torch.nn.Module
     head_dim: int
+    rotary: torch.nn.Module | None = None
+
+    def unrotated_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The cached ``keys [b, h, n, d]``, rotated by RoPE at ``positions [b, h, n]``, rotated back: the keys
+        before RoPE (after the layer's key norm, where it has one) ``[b, h, n, d]``, float32 or wider. Slots that
+        hold no token (zero keys) stay zero."""
+        if self.rotary is None:
+            raise ValueError("model: it has no rotary embedding (rotary_emb) to take the keys back to before RoPE")
+        b, h, n, d = keys.shape
+        dtype = torch.promote_types(keys.dtype, torch.float32)
+        at = positions.masked_fill(positions >= EMPTY_POSITION, 0).reshape(b, h * n)
+        cos, sin = self.rotary(torch.empty(0, dtype=dtype, device=keys.device), at)
+        cos, sin = cos.view(b, h, n, d), sin.view(b, h, n, d)
+        k = keys.to(dtype)
+        # stored keys are s * R(p) k (s: the embedding's attention_scaling, in its cos and sin): R(-p) is the same
+        # cos and the opposite sin, and brings s once more
+        scale = getattr(self.rotary, "attention_scaling", 1.0)
+        return (k * cos - rotate_half(k) * sin) / (scale * scale)
 
 
 def layer_projections(model: torch.nn.Module) -> list[LayerProjections]:
     """Every decoder layer's :class:`LayerProjections` (``ValueError`` naming ``model`` when one is missing)."""
     out = []
+    base = getattr(model, model.base_model_prefix, model)
+    rotary = getattr(base, "rotary_emb", None)
     for idx, attn in enumerate(attention_modules(model)):
         mods = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         if any(m is None for m in mods):
             raise ValueError(f"model: layer {idx}'s attention lacks q_proj/k_proj/v_proj/o_proj, which the policy reads")
         head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-        out.append(LayerProjections(*mods, head_dim=head_dim))
+        out.append(LayerProjections(*mods, head_dim=head_dim, rotary=rotary))
     return out
 
 

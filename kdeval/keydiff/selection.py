@@ -134,5 +134,6 @@ class Selector:
                ) -> torch.Tensor:
         """Steps 1 and 2: the policy's scores of ``keys [rows, h, slots, d]`` ``[rows, h, slots]``, the tokens
         always kept raised (what a head-shared pool selects across heads from)."""
+        ctx.budget = budget
         scores = self.policy.score(keys, ctx)
         return raise_kept(scores, ctx.positions, ctx.seen, self.policy, budget, protected, per_row)

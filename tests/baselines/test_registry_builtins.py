@@ -9,7 +9,7 @@ import sys
 
 BUILTIN = {"full", "keydiff", "keydiff-mean", "keydiff-pairwise", "keydiff-sw", "sink", "tova", "h2o", "snapkv",
            "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate", "pyramidkv",
-           "ada", "ada-keydiff", "ada-snapkv"}
+           "ada", "ada-keydiff", "ada-snapkv", "criticalkv", "criticaladakv", "cur", "leverage", "compactor"}
 
 
 def fresh(code: str) -> dict | list:
