@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers.models.llama.modeling_llama import rotate_half
 
 from kdeval.baselines.leverage import gaussian_sketch, leverage_scores, z_scores
 from kdeval.baselines.snapkv import pool_scores
@@ -134,6 +133,9 @@ class Compactor(Policy):
         rotary = ctx.projections.rotary
         cos, sin = rotary(torch.empty(0, dtype=pre.dtype, device=keys.device), q_pos.clamp(min=0))
         q = recent.queries[:, :, width - w:].to(pre.dtype)
+        # imported here, not at the top: grids are validated (this module imported) without transformers
+        from transformers.models.llama.modeling_llama import rotate_half
+
         q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
         attn = tiled_attention(q, q_pos, keys.to(pre.dtype), ctx.positions, scored, self.sink_size_start, end,
                                self.chunk_size)

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from kdeval.baselines.adakv import AdaKV
-from kdeval.keydiff.headpool import select_across_heads
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.reads import LayerProjections
 from kdeval.keydiff.registry import as_policy, register, registered
@@ -182,6 +181,8 @@ class CriticalAdaKV(TwoStages, AdaKV):
         inner = inner if inner.dtype == torch.float64 else inner.float()
         ranked, valid = self.ranked(inner, ctx)
         safe = self.head_safeguard(ctx.budget)
+        from kdeval.keydiff.headpool import select_across_heads  # not at the top: it loads transformers
+
         # each head's count: AdaKV's selection of the layer's H x N best by the inner scores
         counts = select_across_heads(ranked, ctx.positions, valid, safe, keys.shape[1] * ctx.budget).sum(-1)
         counts = counts.unsqueeze(-1)  # [b, H, 1]

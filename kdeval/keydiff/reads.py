@@ -21,8 +21,6 @@ from typing import Callable, Iterator
 
 import torch
 
-from transformers.models.llama.modeling_llama import rotate_half
-
 from kdeval.keydiff.attention import AttentionCapture
 from kdeval.keydiff.queries import StepQueries, attention_modules, capture_queries
 from kdeval.keydiff.slots import EMPTY_POSITION
@@ -46,6 +44,9 @@ class LayerProjections:
         """The cached ``keys [b, h, n, d]``, rotated by RoPE at ``positions [b, h, n]``, rotated back: the keys
         before RoPE (after the layer's key norm, where it has one) ``[b, h, n, d]``, float32 or wider. Slots that
         hold no token (zero keys) stay zero."""
+        # imported here: the policy interface imports this module where grids are validated, without transformers
+        from transformers.models.llama.modeling_llama import rotate_half
+
         if self.rotary is None:
             raise ValueError("model: it has no rotary embedding (rotary_emb) to take the keys back to before RoPE")
         b, h, n, d = keys.shape
