@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from kdeval.evals.base import Sample, Task
+from kdeval.evals.generation_jobs import GenerateJob, JobLoop
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.rows import result_row
 
@@ -23,8 +24,10 @@ def context_groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
               builder: PromptBuilder, share_context: bool, context_only: bool, decode_evict: bool, eos: Any,
-              device: Any, weight_bytes: int, strip: tuple[str, str] | None) -> list[dict[str, Any]]:
-    """:func:`~kdeval.evals.runner.run_task`'s loop one sample at a time (batch 1), in order, on one engine."""
+              device: Any, weight_bytes: int, strip: tuple[str, str] | None) -> JobLoop[list[dict[str, Any]]]:
+    """:func:`~kdeval.evals.runner.run_task`'s loop one sample at a time (batch 1), in order, on one engine: a
+    generator that yields each sample's :class:`~kdeval.evals.generation_jobs.GenerateJob` and is sent its
+    result (:func:`~kdeval.evals.generation_jobs.answer_alone` answers them one by one); returns the rows."""
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
     for group in context_groups(built):
@@ -35,9 +38,8 @@ def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[Bu
             fork = None
             if shared:
                 fork = scratch = state.fork(into=scratch)
-            res = eng.generate(torch.tensor([ids], device=device), max_new_tokens=s.max_new_tokens,
-                               eos_token_id=eos, state=fork, protect_last=len(p.suffix_ids) if context_only else 0,
-                               decode_evict=decode_evict)
+            res = yield GenerateJob(eng, torch.tensor([ids], device=device), s.max_new_tokens, eos, fork,
+                                    len(p.suffix_ids) if context_only else 0, decode_evict, s.id)
             gen = res.tokens[0]
             rows.append(result_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared, shared_s,
                              weight_bytes, eng.config.budget if eng.plan.evicting else None, eng.config.chunk_size,

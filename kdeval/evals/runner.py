@@ -37,6 +37,8 @@ from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_posit
 from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.chunking import WHOLE, ChunkSize, resolve_chunk
 from kdeval.evals.conversation import conversation_prompts, resolve_conversation, run_conversations
+from kdeval.evals.generation_jobs import JobLoop, answer_alone
+from kdeval.evals.group_decode import BATCHED_FIGURES, GroupDecoder
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.question_runs import context_groups, run_batched, run_each
 from kdeval.evals.thinking import THINKING_MODES, thinking_markers
@@ -140,7 +142,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
              engine: Mapping[str, Any] | None = None,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, compress: str = "prompt",
              decode: str = "evict", max_new_tokens: int | None = None, batch_size: int = 1,
-             thinking: str = "keep", shared: Any = None, conversation: Any = None) -> list[dict[str, Any]]:
+             thinking: str = "keep", shared: Any = None, conversation: Any = None,
+             as_jobs: bool = False) -> list[dict[str, Any]] | JobLoop[list[dict[str, Any]]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) with a policy under a budget; one row per sample
     (:class:`kdeval.evals.rows.EvalRow`), or per (sample, turn) for a task with several questions per context.
 
@@ -182,6 +185,9 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             ``"multi-request"``, ``answers`` ``"golden"`` or ``"own"``); None: multi-turn with golden answers for
             such a task. A one-question task refuses one. Rows then carry ``turn``, ``turns``, ``question``,
             ``answer_fed`` and ``conversation``, in sample then turn order.
+        as_jobs: return the run as a loop of the engine calls it makes one sample at a time
+            (:mod:`kdeval.evals.generation_jobs`; :func:`run_group` answers several cells' together) instead of
+            running it; the arguments are checked first either way.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
@@ -217,30 +223,35 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
-    rows: list[list[dict[str, Any]]] = [[] for _ in samples]
-    timed = 0  # timings (generate calls) of the (N, B) groups before
     if shared is not None and batch_size > 1:
         raise EvalError("shared: steps are shared at batch_size 1 only")
-    for key, members in groups.items():
-        eng = Engine(lm.model, pol, configs[key])
-        eng.shared = shared
-        part = [samples[i] for i in members], [built[i] for i in members]
-        if conv is not None:
-            done_turns = run_conversations(eng, task, *part, builder, conv, context_only=context_only,
-                                           decode_evict=decode == "evict", eos=eos, device=device,
-                                           weight_bytes=weight_bytes, strip=strip, batch_size=batch_size)
-        elif batch_size > 1:
-            done = run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
-                                decode == "evict", eos, device, weight_bytes, strip)
-        else:
-            done = run_each(eng, task, *part, builder, share_context, context_only, decode == "evict", eos,
-                             device, weight_bytes, strip)
-        if conv is None:
-            done_turns = [[row] for row in done]
-        for i, turns in zip(members, done_turns):
-            rows[i] = [{**row, "timing_batch": row["timing_batch"] + timed} for row in turns]  # numbered across groups
-        timed += 1 + max((r["timing_batch"] for turns in done_turns for r in turns), default=-1)
-    return [row for turns in rows for row in turns]
+
+    def loop() -> JobLoop[list[dict[str, Any]]]:
+        rows: list[list[dict[str, Any]]] = [[] for _ in samples]
+        timed = 0  # timings (generate calls) of the (N, B) groups before
+        for key, members in groups.items():
+            eng = Engine(lm.model, pol, configs[key])
+            eng.shared = shared
+            part = [samples[i] for i in members], [built[i] for i in members]
+            if conv is not None:
+                done_turns = run_conversations(eng, task, *part, builder, conv, context_only=context_only,
+                                               decode_evict=decode == "evict", eos=eos, device=device,
+                                               weight_bytes=weight_bytes, strip=strip, batch_size=batch_size)
+            elif batch_size > 1:
+                done = run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
+                                    decode == "evict", eos, device, weight_bytes, strip)
+            else:
+                done = yield from run_each(eng, task, *part, builder, share_context, context_only, decode == "evict",
+                                           eos, device, weight_bytes, strip)
+            if conv is None:
+                done_turns = [[row] for row in done]
+            for i, turns in zip(members, done_turns):
+                # timings numbered across the (N, B) groups
+                rows[i] = [{**row, "timing_batch": row["timing_batch"] + timed} for row in turns]
+            timed += 1 + max((r["timing_batch"] for turns in done_turns for r in turns), default=-1)
+        return [row for turns in rows for row in turns]
+
+    return loop() if as_jobs else answer_alone(loop())
 
 
 def _chunk_groups(groups: Mapping[int | None, list[int]], chunk_size: ChunkSize, built: Sequence[BuiltPrompt],
@@ -286,7 +297,11 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     budget plus a chunk. ``time_first``: the first group runs every member alone, so each cell has samples timed
     on their own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed
     step costs the cell nothing). ``share=False``, and members with ``batch_size > 1`` (batches do not share
-    steps), run alone on all samples. Rows of a member that replayed or recorded nothing say ``"alone"``."""
+    steps), run alone on all samples. Rows of a member that replayed or recorded nothing say ``"alone"``.
+
+    After the first group, members that do not evict while decoding (``decode="keep"``) decode their tokens after
+    the first in batches with each other (:mod:`kdeval.evals.group_decode`): such rows say ``"shared"`` and have
+    no ``decode_s`` of their own either."""
     from kdeval.keydiff.shared import SharedSteps
 
     samples, built = list(prompts[0]), list(prompts[1])
@@ -301,14 +316,19 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
         return out
     policies = {i: _resolve_policy(members[i].get("policy", "keydiff"), members[i].get("policy_params"))
                 for i in shared_ix}
+    decoder = GroupDecoder(lm.model)
     for g, group in enumerate(groups):
         ids = [samples[j].id for j in group]
-        alone = time_first and g == 0
-        store = None if alone else SharedSteps(
-            policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
-        for i in shared_ix:
-            _run_member(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
-                        prompts, store, ids)
+        if time_first and g == 0:
+            for i in shared_ix:
+                _run_member(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
+                            prompts, None, ids)
+            continue
+        store = SharedSteps(policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
+        loops = {i: run_task(lm, task, prompts=prompts, sample_ids=ids, shared=store, as_jobs=True,
+                             **{**members[i], "policy": policies[i], "policy_params": None}) for i in shared_ix}
+        for i, run in decoder.drive(loops, lambda: (store.recorded, store.replayed)).items():
+            _add_rows(out[i], run.value, run.seconds, run.touched_store or bool(run.batched), run.batched)
     for r in out:
         r.rows.sort(key=lambda row, at={s.id: k for k, s in enumerate(samples)}: at[row["id"]])
     return out
@@ -321,13 +341,23 @@ def _run_member(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, 
     before = (store.recorded, store.replayed) if store is not None else None
     t0 = time.perf_counter()
     rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, shared=store, **kwargs)
-    result.seconds += time.perf_counter() - t0
     took_part = store is not None and (store.recorded, store.replayed) != before
+    _add_rows(result, rows, time.perf_counter() - t0, took_part)
+
+
+def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, took_part: bool,
+              batched: set[str] = frozenset()) -> None:
+    """Add a member's ``rows`` (of ``seconds`` of work) to ``result``: ``execution`` says whether it took part in
+    shared work (then its own figures are empty), timings are numbered after its earlier rows, and the rows
+    whose decoding ran in a batch with other cells' (ids in ``batched``) have no decode time of their own."""
+    result.seconds += seconds
     numbered = 1 + max((r["timing_batch"] for r in result.rows), default=-1)
     for row in rows:
         row.update(execution="shared" if took_part else "alone", timing_batch=row["timing_batch"] + numbered)
         if took_part:
             row.update({c: None for c in OWN_FIGURES})
+        if row["id"] in batched:
+            row.update({c: None for c in BATCHED_FIGURES})
     result.rows.extend(rows)
 
 

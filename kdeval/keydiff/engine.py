@@ -109,20 +109,23 @@ class Engine:
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int | None = None,
                  eos_token_id: int | list[int] | None = None, state: PrefillState | None = None, *,
-                 protect_last: int = 0, decode_evict: bool = True) -> GenerationResult:
+                 protect_last: int = 0, decode_evict: bool = True, prompt_only: bool = False) -> GenerationResult:
         """Prefill ``input_ids [batch, L]`` (after ``state`` if given), then decode greedily.
 
         ``protect_last``: the last ``protect_last`` prompt tokens (the question) are fed after the others
         without eviction and stay protected (:meth:`prefill` with ``evict=False``); 0: every chunk is evicted.
         ``decode_evict``: evict after every generated token (protected tokens stay); ``False``: the cache
         grows by one token per decode step.
+        ``prompt_only``: stop at the first token (none when it is eos or ``max_new_tokens`` is 0), the result's
+        state left as this call leaves it before its first decode step (sized and with room for
+        ``max_new_tokens``), so that the rest can be decoded elsewhere (kdeval/evals/group_decode.py).
         """
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         input_ids = check_ids(self.plan, input_ids, state, max_new)
         check_protect(protect_last, input_ids.shape[1])
         batch, length = input_ids.shape
-        requests = [Request(r, prompt_steps(input_ids[r], self.config.chunk_size, protect_last), max_new)
-                    for r in range(batch)]
+        requests = [Request(r, prompt_steps(input_ids[r], self.config.chunk_size, protect_last),
+                            min(max_new, 1) if prompt_only else max_new) for r in range(batch)]
         memory = PeakMemory(self.plan.device)
         loop = GenerationLoop(requests, eos_ids(eos_token_id), decode_evict, memory, rows_leave=False)
         # a decode step holds one more token than the cache keeps; without eviction each one stays

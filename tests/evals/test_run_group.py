@@ -72,3 +72,31 @@ def test_batched_members_and_share_false_run_alone(tiny):
     assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for g in off for r in g.rows)
     for a, b in zip(grouped, off):
         assert results(a.rows) == results(b.rows)
+
+
+@pytest.fixture(scope="module")
+def varied():
+    """Weights large enough that kept sets change the tokens (the default init repeats one token)."""
+    from kdeval.keydiff.models import load_model
+
+    return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
+
+
+def test_cells_that_keep_while_decoding_decode_together_and_give_their_alone_rows(varied):
+    task = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=2, max_new_tokens=5)
+    prompts = model_prompts(varied, task, max_new_tokens=5)
+    cells = [dict(policy=p, budget=None if p == "full" else budget, chunk_size=chunk, compress=compress,
+                  decode="keep", max_new_tokens=5)
+             for p in ("full", "keydiff", "snapkv", "pyramidkv", "ada", "sink-rerotate")
+             for budget, chunk, compress in ((48, 32, "prompt"), ("25%", "whole", "context"))]
+    cells.append(dict(policy="tova", budget=48, chunk_size=32, decode="evict", max_new_tokens=5))
+    grouped = run_group(varied, task, cells, prompts)
+    for cell, got in zip(cells, grouped):
+        assert results(got.rows) == results(run_task(varied, task, prompts=prompts, **cell)), cell
+    later = {(c["policy"], c["chunk_size"]): g.rows[2:] for c, g in zip(cells, grouped)}  # the second book's
+    assert len({r["prediction"] for g in grouped for r in g.rows}) > 3
+    for (policy, _), rows in later.items():
+        batched = policy not in ("ada", "sink-rerotate", "tova")
+        assert all((r["decode_s"] is None) == batched for r in rows), policy
+        assert all(r["execution"] == "shared" for r in rows if batched), policy
+    assert all(r["decode_s"] is not None for g in grouped for r in g.rows[:2])  # the first book: timed alone

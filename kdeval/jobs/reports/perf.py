@@ -156,14 +156,19 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
 
 
 def timed_note(cell: LoadedCell) -> str:
-    """Which samples the cell's TTFT comes from when some have none: a cell run in a group times its first
-    samples alone and computes the others with prompt steps shared among cells (their rows carry no TTFT)."""
+    """Which samples the cell's TTFT and decode speed come from when some have none: a cell run in a group times
+    its first samples alone and computes the others with prompt steps shared among cells (their rows carry no
+    TTFT), and may decode them in a batch with other cells (their rows carry no decode time)."""
     if cell.samples is None or cell.perf is None:
         return ""
-    n, timed = len(cell.samples), int((~np.isnan(cell.perf["ttft_s"])).sum())
-    if timed == 0 or timed == n:
+    n = len(cell.samples)
+    counts = {what: int((~np.isnan(cell.perf[col])).sum())
+              for what, col in (("TTFT", "ttft_s"), ("decode speed", "decode_s"))}
+    partial = [f"{what} of {k}/{n}" for what, k in counts.items() if 0 < k < n]
+    if not partial:
         return ""
-    return f"TTFT of {timed}/{n} samples, timed alone (the others ran with shared steps)"
+    how = "shared steps" + (", decoded in a batch with other cells" if 0 < counts["decode speed"] < n else "")
+    return f"{' and '.join(partial)} samples, timed alone (the others ran with {how})"
 
 
 def noisy_timing_warning(rows: list[PerfRow], confidence: float) -> str | None:

@@ -187,3 +187,19 @@ def test_which_samples_were_timed_is_said_per_cell_or_once_for_all(store):
     view = speed_view(build_report(idx, ["mixed"], ReportOptions(resamples=0)))
     notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
     assert note not in view.title and note in notes["keydiff"] and note not in notes["full"]
+
+
+def test_a_cell_decoded_in_batches_says_which_samples_its_decode_speed_comes_from(store):
+    from kdeval.jobs.reports.render.views import speed_view
+
+    idx, res = store
+
+    def batched(i):
+        return {**_shared_after(2)(i), "decode_s": 0.3 if i < 2 else None}
+
+    store_run(idx, res, "dec", [FakeCell("full", None, rows=rows([1.0] * 4)),
+                                FakeCell("keydiff", 256, rows=rows([1.0] * 4, extra=batched))])
+    view = speed_view(build_report(idx, ["dec"], ReportOptions(resamples=0)))
+    notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
+    assert ("TTFT of 2/4 and decode speed of 2/4 samples, timed alone (the others ran with shared steps, decoded "
+            "in a batch with other cells)") in notes["keydiff"]
