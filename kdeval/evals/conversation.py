@@ -175,7 +175,7 @@ def run_conversations(eng: Any, task: Task, samples: Sequence[Sample], built: Se
         feeds = {i: _feed(talks[i], t, conv, builder, context_only, decode_evict) for i in active}
         for k in range(0, len(active), batch_size):
             part = active[k : k + batch_size]
-            results = _decode(eng, [talks[i] for i in part], [feeds[i] for i in part], eos, device, decode_evict)
+            results = _decode(eng, [talks[i] for i in part], [feeds[i] for i in part], t, eos, device, decode_evict)
             for i, res in zip(part, results):
                 rows[i].append(_row(task, talks[i], t, feeds[i], res, conv, builder, eng, context_only, strip,
                                     weight_bytes, timing))
@@ -207,11 +207,11 @@ def _feed(d: _Dialogue, t: int, conv: Conversation, builder: PromptBuilder, cont
     return ids, len(question) if context_only else 0
 
 
-def _decode(eng: Any, talks: Sequence[_Dialogue], feeds: Sequence[tuple[list[int], int]], eos: Any, device: Any,
-            decode_evict: bool) -> list[Any]:
-    """Each dialogue's turn answered from (a fork of) its cache: one ``generate`` alone, or one
+def _decode(eng: Any, talks: Sequence[_Dialogue], feeds: Sequence[tuple[list[int], int]], t: int, eos: Any,
+            device: Any, decode_evict: bool) -> list[Any]:
+    """Each dialogue's turn ``t`` answered from (a fork of) its cache: one ``generate`` alone, or one
     ``generate_batch`` (which reads the states and leaves them as they are)."""
-    max_new = [d.sample.max_new_tokens for d in talks]
+    max_new = [d.sample.new_tokens(t) for d in talks]
     if len(talks) > 1:
         return eng.generate_batch([f[0] for f in feeds], max_new_tokens=max_new, eos_token_id=eos,
                                   states=[d.start for d in talks], protect_last=[f[1] for f in feeds],

@@ -146,3 +146,13 @@ def test_bad_conversations_are_refused(lively):
         Conversation(mode="multi-request", answers="own")
     with pytest.raises(EvalError, match="conversation: unknown field 'turns'"):
         Conversation.of({"turns": 2})
+
+
+@pytest.mark.parametrize("mode,batch", [("multi-turn", 1), ("multi-request", 2)])
+def test_each_turn_generates_its_own_length(lively, fixtures_dir, mode, batch):
+    """SCBench's mixed tasks size each turn by its sub-task (summary 800, passkey 15), capped by the run's
+    max_new_tokens: with 20, the turns may generate 20, 15 and 20 tokens."""
+    task = get_task("scbench.summary_with_needles", data_dir=str(fixtures_dir))
+    rows = run_task(lively, task, "keydiff", budget=48, chunk_size=32, max_new_tokens=20, batch_size=batch,
+                    conversation={"mode": mode})
+    assert [(r["turn"], r["generated_tokens"]) for r in rows] == [(1, 20), (2, 15), (3, 20)]
