@@ -28,7 +28,7 @@ def test_tasks_json_lists_everything():
                                                 "choice_eng", "mf", "summary", "repoqa", "summary_with_needles",
                                                 "repoqa_and_kv")}
     mixed = next(d for d in data if d["name"] == "scbench.repoqa_and_kv")
-    assert mixed["metric"] == "repoqa / substring_match, by turn (SCBench's), per turn"
+    assert mixed["metric"] == "repoqa_bleu_match | substring_match by sub-task (SCBench's), per turn"
     trec = next(d for d in data if d["name"] == "longbench.trec")
     assert trec["metric"] == "classification_score" and "THUDM/LongBench" in trec["source"]
 
