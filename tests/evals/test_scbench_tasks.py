@@ -13,6 +13,7 @@ from kdeval.evals.base import DataNotFoundError
 from kdeval.evals.metrics.repoqa import best_needle, repoqa_score, sanitize
 from kdeval.evals.metrics.scbench import math_find, qa_f1_chars, rouge_lsum
 from kdeval.evals.registry import get_task
+from kdeval.evals.runner import aggregate, run_task
 
 ADD = "def add(a, b):\n    return a + b"
 SCALE = "def scale(values, factor):\n    return [v * factor for v in values]"
@@ -131,6 +132,39 @@ def test_repoqa_and_kv_mixes_function_and_key_turns(fixtures_dir):
     assert task.score(f"```python\n{ADD}\n```", fn.references, fn.meta).score == 0.0
     assert get_task("scbench.repoqa_and_kv", data_dir=str(fixtures_dir), max_turns=2).samples()[0].turn_lengths == (
         1024, 80)
+
+
+@pytest.mark.parametrize("lang,code,function", [
+    ("java", "class A {\n  int f(int x) { return x; }\n}", "int f(int x) { return x; }"),
+    ("typescript", "const a = 1;\nfunction f(x: number) { return x; }", "function f(x: number) { return x; }"),
+    ("rust", "use std::io;\nfn f(x: i32) -> i32 { x }", "fn f(x: i32) -> i32 { x }"),
+    ("cpp", "#include <x>\nint f(int x) { return x; }", "int f(int x) { return x; }"),
+    ("go", "package m\nfunc f(x int) int { return x }", "func f(x int) int { return x }"),
+])
+def test_repoqa_finds_the_function_in_every_language(lang, code, function):
+    assert sanitize(f"```{lang}\n{code}\n```", lang) == function
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from kdeval.keydiff.models import load_model
+
+    return load_model("random:llama-tiny")
+
+
+@pytest.mark.parametrize("name", ["qa_chn", "mf", "summary", "repoqa", "summary_with_needles", "repoqa_and_kv"])
+def test_one_multi_turn_run_per_task(tiny, fixtures_dir, name):
+    task = get_task(f"scbench.{name}", data_dir=str(fixtures_dir))
+    rows = run_task(tiny, task, "keydiff", budget=96, chunk_size=32, max_new_tokens=4)
+    assert [(r["id"], r["turn"]) for r in rows] == [(s.id, t) for s in task.samples() for t in range(1, s.turns + 1)]
+    assert all(0.0 <= r["score"] <= 1.0 and r["generated_tokens"] <= 4 for r in rows)
+    summary = aggregate(task, rows)
+    assert summary["n"] == len(rows) and set(summary["by_turn"]) == {f"turn={r['turn']}" for r in rows}
+    if name.endswith(("needles", "and_kv")):
+        assert set(summary["by_subtask"]) == {f"subtask={json.loads(r['meta_json'])['subtask']}" for r in rows}
+    if name.startswith("repoqa"):  # a row can be rescored alone: it carries the repository's functions
+        meta = json.loads(rows[0]["meta_json"])
+        assert meta["lang"] == "python" and [n[0] for n in meta["needles"]] == ["add", "scale"]
 
 
 _CODE = {"repo": "a/b", "lang": "python", "context": "def f():\n    pass\n"}
