@@ -84,9 +84,11 @@ def _options_problem(turn: Turn) -> str | None:
 def _mf_problem(turn: Turn) -> str | None:
     if not _TARGET.search(str(turn["input"])):
         return "input: expected a math-find question naming its target as 'The ... is'"
-    if labels(turn["answer"])[0].strip().lstrip("-").replace(".", "", 1).isdigit():
-        return None
-    return f"answer: expected a number (an int or a float), got {turn['answer']!r}"
+    try:
+        float(labels(turn["answer"])[0])
+    except ValueError:
+        return f"answer: expected a number (an int or a float), got {turn['answer']!r}"
+    return None
 
 
 def _score_repoqa(prediction: str, refs: list[str], meta: Mapping[str, Any]) -> float:
