@@ -83,6 +83,9 @@ class Sample:
         meta: what the metric or the aggregate needs (``all_classes``, ``length``, ``depth``...).
         followups: the later questions on this context, in order (tasks with several questions per context:
             ``suffix`` and ``references`` are turn 1's); empty for one question.
+        turn_lengths: each turn's own generation length where a context's turns differ (SCBench's mixed tasks),
+            each capped by ``max_new_tokens`` (which the prompt reserves room for); empty: every turn
+            ``max_new_tokens``.
     """
 
     id: str
@@ -94,6 +97,7 @@ class Sample:
     use_chat_template: bool = True
     meta: Mapping[str, Any] = field(default_factory=dict)
     followups: tuple[Followup, ...] = ()
+    turn_lengths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -104,6 +108,10 @@ class Sample:
             raise EvalError("Sample.references must be a sequence of strings, not one string")
         object.__setattr__(self, "references", tuple(str(r) for r in self.references))
         object.__setattr__(self, "followups", tuple(self.followups))
+        object.__setattr__(self, "turn_lengths", tuple(int(n) for n in self.turn_lengths))
+        if self.turn_lengths and (len(self.turn_lengths) != self.turns or min(self.turn_lengths) < 1):
+            raise EvalError(f"Sample.turn_lengths: expected {self.turns} lengths >= 1 (one per turn), got "
+                            f"{list(self.turn_lengths)}")
 
     @property
     def turns(self) -> int:
@@ -115,11 +123,18 @@ class Sample:
         (the context, answer prefix and generation length are the sample's)."""
         if not 1 <= t <= self.turns:
             raise EvalError(f"turn: expected 1 .. {self.turns} for sample {self.id!r}, got {t}")
+        lengths = (self.new_tokens(t),) if self.turn_lengths else ()
         if t == 1:
-            return dataclasses.replace(self, followups=())
+            return dataclasses.replace(self, followups=(), turn_lengths=lengths)
         f = self.followups[t - 2]
         return dataclasses.replace(self, suffix=f.suffix, references=f.references,
-                                   meta={**self.meta, **f.meta}, followups=())
+                                   meta={**self.meta, **f.meta}, followups=(), turn_lengths=lengths)
+
+    def new_tokens(self, t: int = 1) -> int:
+        """Tokens turn ``t`` (1-based) may generate: its own length, at most ``max_new_tokens``."""
+        if not 1 <= t <= self.turns:
+            raise EvalError(f"new_tokens: expected a turn in 1 .. {self.turns} for sample {self.id!r}, got {t}")
+        return min(self.turn_lengths[t - 1], self.max_new_tokens) if self.turn_lengths else self.max_new_tokens
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,9 @@ def run_conversations(eng: Any, task: Task, samples: Sequence[Sample], built: Se
         else:
             cut = ((p.n_tokens - 1) // B) * B  # the chunks of one pass over the whole prompt
         talks.append(_Dialogue(s, p, TurnFrame.of(builder, s), prompts, cut))
+    if conv.mode == "multi-turn" and builder.max_context is not None:
+        for d in talks:
+            check_fits(d.sample, d.prompt, d.frame, builder, conv)
     for d in talks:
         if d.cut:
             t0 = time.perf_counter()
@@ -175,7 +178,7 @@ def run_conversations(eng: Any, task: Task, samples: Sequence[Sample], built: Se
         feeds = {i: _feed(talks[i], t, conv, builder, context_only, decode_evict) for i in active}
         for k in range(0, len(active), batch_size):
             part = active[k : k + batch_size]
-            results = _decode(eng, [talks[i] for i in part], [feeds[i] for i in part], eos, device, decode_evict)
+            results = _decode(eng, [talks[i] for i in part], [feeds[i] for i in part], t, eos, device, decode_evict)
             for i, res in zip(part, results):
                 rows[i].append(_row(task, talks[i], t, feeds[i], res, conv, builder, eng, context_only, strip,
                                     weight_bytes, timing))
@@ -189,6 +192,27 @@ def run_conversations(eng: Any, task: Task, samples: Sequence[Sample], built: Se
         if d.start is not None:
             eng.release(d.start)
     return rows
+
+
+def check_fits(sample: Sample, prompt: BuiltPrompt, frame: TurnFrame, builder: PromptBuilder,
+               conv: Conversation) -> None:
+    """Refuse, before anything runs, a multi-turn conversation that cannot fit the model's context: by some turn
+    the tokens fed (the first prompt, then each turn's answer fed back and question) and that turn's new tokens
+    exceed it. With ``answers="own"`` the answers are not known yet and count as empty, so only conversations
+    that fail whatever the model says are refused."""
+    total = len(prompt.ids)
+    for t in range(1, sample.turns + 1):
+        if t > 1:
+            turn = sample.turn(t)
+            answer = "" if conv.answers == "own" else _spaced(sample.answer_prefix, golden_answer(sample.turn(t - 1)))
+            total += (len(builder.encode(answer)) if answer else 0) + len(frame.between) + len(frame.after)
+            total += len(builder.encode(turn.suffix.strip()))
+        if total + sample.new_tokens(t) > builder.max_context:  # type: ignore[operator]
+            raise ContextTooLongError(
+                f"sample {sample.id!r}: its conversation needs at least {total + sample.new_tokens(t)} tokens by "
+                f"turn {t} of {sample.turns} (the first prompt, the answers fed back and the questions, and turn "
+                f"{t}'s {sample.new_tokens(t)} new tokens), more than the model's context of {builder.max_context}; "
+                f"ask fewer turns (the task's turns or max_turns) or use a model with a longer context")
 
 
 def _feed(d: _Dialogue, t: int, conv: Conversation, builder: PromptBuilder, context_only: bool,
@@ -207,11 +231,11 @@ def _feed(d: _Dialogue, t: int, conv: Conversation, builder: PromptBuilder, cont
     return ids, len(question) if context_only else 0
 
 
-def _decode(eng: Any, talks: Sequence[_Dialogue], feeds: Sequence[tuple[list[int], int]], eos: Any, device: Any,
-            decode_evict: bool) -> list[Any]:
-    """Each dialogue's turn answered from (a fork of) its cache: one ``generate`` alone, or one
+def _decode(eng: Any, talks: Sequence[_Dialogue], feeds: Sequence[tuple[list[int], int]], t: int, eos: Any,
+            device: Any, decode_evict: bool) -> list[Any]:
+    """Each dialogue's turn ``t`` answered from (a fork of) its cache: one ``generate`` alone, or one
     ``generate_batch`` (which reads the states and leaves them as they are)."""
-    max_new = [d.sample.max_new_tokens for d in talks]
+    max_new = [d.sample.new_tokens(t) for d in talks]
     if len(talks) > 1:
         return eng.generate_batch([f[0] for f in feeds], max_new_tokens=max_new, eos_token_id=eos,
                                   states=[d.start for d in talks], protect_last=[f[1] for f in feeds],

@@ -2,7 +2,7 @@
 
 Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``ruler.<task>`` (13), ``longbench.<task>`` (21),
 ``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with several questions per context
-``turns.<task>`` (4) and ``scbench.<task>`` (7).
+``turns.<task>`` (4) and ``scbench.<task>`` (13).
 Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle``, ``turns`` and ``scbench`` expand to their tasks (:func:`expand`).
 """
 from __future__ import annotations
@@ -119,11 +119,8 @@ def _specs() -> dict[str, TaskSpec]:
         specs.append(TaskSpec(f"turns.loogle.{t}", "turns", "rouge_l_recall (LooGLE's), a document's questions as turns",
                               f"<data dir>/loogle/{t}.jsonl or hub bigainlco/LooGLE", LooGLETurnsTask,
                               (("subset", t),)))
-    scbench_metric = {"kv": "substring_match", "prefix_suffix": "substring_match", "vt": "share_match",
-                      "passkey": "first_int_match", "qa_eng": "any_upper_match", "many_shot": "any_upper_match",
-                      "choice_eng": "choice_match (letter or option text)"}
-    for t in SCBENCH_TASKS:
-        specs.append(TaskSpec(f"scbench.{t}", "scbench", f"{scbench_metric[t]} (SCBench's), per turn",
+    for t, scb in SCBENCH_TASKS.items():
+        specs.append(TaskSpec(f"scbench.{t}", "scbench", f"{scb.metric} (SCBench's), per turn",
                               f"<data dir>/scbench/scbench_{t}.jsonl (SCBench's released file)", SCBenchTask,
                               (("subset", t),)))
     return {s.name: s for s in specs}

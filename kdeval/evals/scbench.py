@@ -2,75 +2,48 @@
 its released files.
 
 Data: ``<data dir>/scbench/scbench_<task>.jsonl``, SCBench's format: one JSON object per line with ``context``
-(the shared context) and ``multi_turns``, a list of ``{input, answer}`` (``scbench_choice_eng`` also has each
-turn's ``options``, four strings); an ``id`` when present names the sample. Each line is a sample whose turns
-are its questions (``Task.multi_question``): they run as conversations (multi-turn or multi-request,
-:mod:`kdeval.evals.conversation`). SCBench publishes the files on the hub as dataset ``microsoft/SCBench``; its
-own ``eval_utils.py`` downloads them from ``huggingface.co/datasets/microsoft/SCBench/resolve/main/data/``.
-kdeval reads local files only: download them once, then point the data directory at them.
+(the shared context) and ``multi_turns``, a list of ``{input, answer}``, plus each task's own fields:
 
-Prompts: SCBench's multi-turn templates (``multiturn_templates``: the task's instruction, the context, the first
-question) and, for the later turns, its chat-template follow-ups (``multiturn_follow_up_templates_in_chat_tempate``:
-the question alone, ``Question: ...`` for QA and choice); generation lengths: ``DATA_NAME_TO_MAX_NEW_TOKENS``.
-Scores: each task's own (:mod:`kdeval.evals.metrics.scbench`).
+- ``scbench_choice_eng``: each turn's ``options`` (four strings);
+- ``scbench_mf`` (math find): each ``input`` names its target as ``The ... is`` (SCBench builds the question
+  ``What is ...?`` from it), each ``answer`` is a number;
+- ``scbench_repoqa``: the line's ``repo`` and ``lang`` (one of :data:`~kdeval.evals.scbench_specs.LANGUAGES`),
+  each turn's ``name`` (the function asked for; ``answer`` is its code);
+- ``scbench_summary_with_needles``, ``scbench_repoqa_and_kv`` (mixed tasks): each turn's ``task``, its sub-task
+  (``scbench_summary`` / ``scbench_passkey``; ``scbench_repoqa`` / ``scbench_kv``), which sets its score and
+  generation length; ``repoqa_and_kv`` also has ``repo`` and ``lang``, and a ``name`` on its repoqa turns.
+
+An ``id`` when present names the sample. Each line is a sample whose turns are its questions
+(``Task.multi_question``): they run as conversations (multi-turn or multi-request,
+:mod:`kdeval.evals.conversation`).
+
+Offline: SCBench publishes the files as the hub dataset ``microsoft/SCBench``, folder ``data/``, one file per
+task: ``scbench_kv.jsonl``, ``scbench_prefix_suffix.jsonl``, ``scbench_vt.jsonl``, ``scbench_passkey.jsonl``,
+``scbench_qa_eng.jsonl``, ``scbench_qa_chn.jsonl``, ``scbench_choice_eng.jsonl``, ``scbench_many_shot.jsonl``,
+``scbench_mf.jsonl``, ``scbench_summary.jsonl``, ``scbench_repoqa.jsonl``, ``scbench_summary_with_needles.jsonl``,
+``scbench_repoqa_and_kv.jsonl`` (its own ``eval_utils.py`` downloads them from
+``huggingface.co/datasets/microsoft/SCBench/resolve/main/data/<file>``). kdeval reads local files only: on a
+machine with internet access download them once (e.g. ``huggingface-cli download microsoft/SCBench --repo-type
+dataset --include 'data/*'``), copy them to ``<data dir>/scbench/`` and point the data directory at them.
+
+Prompts, lengths and scores: :mod:`kdeval.evals.scbench_specs`. Where kdeval differs from SCBench's chat path:
+a later math-find turn asks ``What is ...?`` of its own question (SCBench's chat path reuses the last turn's), and
+a later summary turn's answer does not start with SCBench's ``This paper`` (kdeval has one answer prefix per
+sample).
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
-from kdeval.evals.base import DataNotFoundError, Followup, Sample, ScoreResult, Task, check_choice, check_positive
-from kdeval.evals.base import group_percent, percent
+from kdeval.evals.base import DataNotFoundError, EvalError, Followup, Sample, ScoreResult, Task, check_choice
+from kdeval.evals.base import check_positive, group_percent, percent
 from kdeval.evals.data import jsonl_objects
-from kdeval.evals.metrics.infinitebench import choice_match, digits_match
-from kdeval.evals.metrics.scbench import any_upper_match, share_match, substring_match
+from kdeval.evals.scbench_specs import LANGUAGES, TASKS, Spec, mf_prefix
 
-_KV = "Extract the value corresponding to the specified key in the JSON object below.\n\n{context}"
-_PASSKEY = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz "
-            "you about the important information.\n\n{context}")
-_QA = "Read the book and answer the question. Be very concise in your answer.\n\n{context}"
-_CHOICE = "Read the book and answer the question.\n\n{context}"
-_QUESTION = "Question: {input}\nAnswer:"
-#: SCBench's first-turn template, spelling kept ("The the")
-_OPTIONS = "Question: {input}\nA. {a}\nB. {b}\nC. {c}\nD. {d}\n\nThe the correct answer is"
-
-
-def _plain(turn: Mapping[str, Any]) -> str:
-    return str(turn["input"])
-
-
-def _qa(turn: Mapping[str, Any]) -> str:
-    return _QUESTION.format(input=turn["input"])
-
-
-def _choice(turn: Mapping[str, Any]) -> str:
-    a, b, c, d = (str(o) for o in turn["options"])
-    return _OPTIONS.format(input=turn["input"], a=a, b=b, c=c, d=d)
-
-
-def _labels(value: Any) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
-
-def _choice_labels(turn: Mapping[str, Any]) -> list[str]:
-    """The answer's text and its letter (what InfiniteBench's En.MC metric matches against)."""
-    labels = _labels(turn["answer"])
-    letters = [("ABCD"[turn["options"].index(x)]) for x in labels if x in turn["options"]]
-    return labels + [x for x in letters if x not in labels]
-
-
-#: task -> (context template, question of a turn, references of a turn, score, max new tokens, turn fields)
-TASKS: dict[str, tuple[str, Callable, Callable, Callable, int, tuple[str, ...]]] = {
-    "kv": (_KV, _plain, lambda t: _labels(t["answer"]), substring_match, 150, ("input", "answer")),
-    "prefix_suffix": ("{context}", _plain, lambda t: _labels(t["answer"]), substring_match, 150, ("input", "answer")),
-    "vt": ("{context}", _plain, lambda t: _labels(t["answer"]), share_match, 30, ("input", "answer")),
-    "passkey": (_PASSKEY, _plain, lambda t: _labels(t["answer"]),
-                lambda p, refs: float(digits_match(p, refs[0])), 15, ("input", "answer")),
-    "qa_eng": (_QA, _qa, lambda t: _labels(t["answer"]), any_upper_match, 40, ("input", "answer")),
-    "many_shot": ("{context}", _plain, lambda t: _labels(t["answer"]), any_upper_match, 10, ("input", "answer")),
-    "choice_eng": (_CHOICE, _choice, _choice_labels, lambda p, refs: float(choice_match(p, refs)), 40,
-                   ("input", "answer", "options")),
-}
+#: the sub-task of the repoqa turns (their ``name`` is the asked function)
+REPOQA = "scbench_repoqa"
 
 
 @dataclass
@@ -96,6 +69,9 @@ class SCBenchTask(Task):
         check_positive("limit", self.limit, allow_none=True)
         check_positive("max_turns", self.max_turns, allow_none=True)
         self.name = f"scbench.{self.subset}"
+        if self.spec.code and importlib.util.find_spec("tree_sitter_languages") is None:
+            raise EvalError(f"{self.name}: its score finds function definitions with tree-sitter; install "
+                            f"tree-sitter-languages (pip install 'kdeval[repoqa]')")
         self.data_files()
 
     @property
@@ -112,43 +88,99 @@ class SCBenchTask(Task):
     def data_source(self) -> str:
         return self.file
 
-    def generation_length(self) -> int:
-        return TASKS[self.subset][4]
+    @property
+    def spec(self) -> Spec:
+        return TASKS[self.subset]
 
-    def _row(self, path: Any, line: int, row: Mapping[str, Any]) -> Sample:
-        template, question, references, _, max_new, fields = TASKS[self.subset]
-        where = f"{self.name}: {path}:{line}"
+    def generation_length(self) -> int:
+        """SCBench's length; a mixed task's longest (each turn generates its own sub-task's)."""
+        spec = self.spec
+        return spec.max_new if isinstance(spec.max_new, int) else max(spec.max_new.values())
+
+    def _check(self, where: str, row: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """The line's turns, after checking the fields the task needs (one line naming the first problem)."""
+        spec = self.spec
         if not isinstance(row.get("context"), str):
             raise DataNotFoundError(f"{where}: field 'context' is missing or not text (expected SCBench rows "
                                     f"{{context, multi_turns: [{{input, answer}}]}})")
+        for f in spec.sample_fields:
+            if not isinstance(row.get(f), str) or not row[f]:
+                raise DataNotFoundError(f"{where}: field '{f}' is missing or not text (expected SCBench's "
+                                        f"scbench_{self.subset} rows {{{', '.join(spec.sample_fields)}, context, "
+                                        f"multi_turns}})")
+        if spec.code and row["lang"] not in LANGUAGES:
+            raise DataNotFoundError(f"{where}: field 'lang': expected one of {', '.join(LANGUAGES)}, got "
+                                    f"{row['lang']!r}")
         turns = row.get("multi_turns")
         if not isinstance(turns, list) or not turns:
             raise DataNotFoundError(f"{where}: field 'multi_turns' is missing or empty (expected a list of "
-                                    f"{{{', '.join(fields)}}})")
+                                    f"{{{', '.join(spec.fields)}}})")
         for k, turn in enumerate(turns):
-            missing = [f for f in fields if not isinstance(turn, dict) or turn.get(f) in (None, "", [])]
+            missing = [f for f in spec.fields if not isinstance(turn, dict) or turn.get(f) in (None, "", [])]
             if missing:
                 raise DataNotFoundError(f"{where}: multi_turns[{k}] has no field '{missing[0]}' (expected "
-                                        f"{{{', '.join(fields)}}})")
-            if "options" in fields and (not isinstance(turn["options"], list) or len(turn["options"]) != 4):
-                raise DataNotFoundError(f"{where}: multi_turns[{k}].options: expected a list of 4 options")
+                                        f"{{{', '.join(spec.fields)}}})")
+            problem = spec.problem(turn)
+            if spec.mixed and turn["task"] not in spec.max_new:
+                problem = f"task: expected one of {', '.join(spec.max_new)}, got {turn['task']!r}"
+            elif self._asks_function(turn) and not turn.get("name"):
+                problem = f"name: a {REPOQA} turn names the function it asks for"
+            if problem:
+                raise DataNotFoundError(f"{where}: multi_turns[{k}].{problem}")
+        return turns
+
+    def _asks_function(self, turn: Mapping[str, Any]) -> bool:
+        return self.subset == "repoqa" or (self.spec.mixed and turn.get("task") == REPOQA)
+
+    def _turn_meta(self, turn: Mapping[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {"subtask": turn["task"]} if self.spec.mixed else {}
+        if self.spec.code:
+            meta["func_name"] = turn["name"] if self._asks_function(turn) else None
+        return meta
+
+    def _row(self, line: int, row: Mapping[str, Any], turns: list[Mapping[str, Any]],
+             needles: Mapping[str, list[list[str]]]) -> Sample:
+        spec = self.spec
         turns = turns[: self.max_turns]
-        prefix = template.format(context=row["context"])
-        follow = tuple(Followup("\n\n" + question(t), tuple(references(t))) for t in turns[1:])
-        return Sample(id=f"{self.name}/{row.get('id', line - 1)}", prefix=prefix, suffix="\n\n" + question(turns[0]),
-                      references=tuple(references(turns[0])), max_new_tokens=max_new, followups=follow)
+        head = {"context": row["context"]}
+        if "{prefix}" in spec.head:
+            head["prefix"] = mf_prefix(turns[0])
+        meta: dict[str, Any] = {}
+        if spec.code:
+            meta = {"repo": row["repo"], "lang": row["lang"], "needles": needles[row["repo"]]}
+        follow = tuple(Followup("\n\n" + spec.turn_question(t, False), tuple(spec.references(t)), self._turn_meta(t))
+                       for t in turns[1:])
+        lengths = tuple(spec.max_new[t["task"]] for t in turns) if spec.mixed else ()
+        return Sample(id=f"{self.name}/{row.get('id', line - 1)}", prefix=spec.head.format(**head),
+                      suffix="\n\n" + spec.turn_question(turns[0], True), references=tuple(spec.references(turns[0])),
+                      max_new_tokens=max(lengths) if lengths else int(spec.max_new),  # type: ignore[arg-type]
+                      meta={**meta, **self._turn_meta(turns[0])}, followups=follow, turn_lengths=lengths)
 
     def samples(self, builder: Any = None) -> list[Sample]:
-        """One sample per line of the file, its turns as the sample's questions."""
+        """One sample per line of the file, its turns as the sample's questions. A repoqa turn is scored against
+        every function the file asks for in the same repository (SCBench's needles)."""
         [(_, path)] = self.data_files()
-        out = [self._row(path, line, row) for line, row in jsonl_objects(path)]
+        lines = [(line, row, self._check(f"{self.name}: {path}:{line}", row)) for line, row in jsonl_objects(path)]
+        needles: dict[str, list[list[str]]] = {}
+        for _, row, turns in lines:
+            for t in turns:
+                if self._asks_function(t):
+                    needles.setdefault(row["repo"], []).append([str(t["name"]), str(t["answer"])])
+        out = [self._row(line, row, turns, needles) for line, row, turns in lines]
         return out[: self.limit] if self.limit is not None else out
 
     def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
-        """The task's own SCBench score (:mod:`kdeval.evals.metrics.scbench`)."""
-        return ScoreResult(score=float(TASKS[self.subset][3](prediction, list(references))))
+        """The task's own SCBench score (a mixed task: the turn's sub-task's), :mod:`kdeval.evals.scbench_specs`."""
+        try:
+            return ScoreResult(score=float(self.spec.score(prediction, list(references), meta)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise EvalError(f"{self.name}: cannot score (meta {sorted(meta)}): {type(e).__name__}: {e}; expected "
+                            f"the fields a row of this task carries") from None
 
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """The score (%), overall and per turn."""
-        return {"score": percent(float(r["score"]) for r in rows), "n": len(rows),
-                "by_turn": group_percent(rows, ["turn"])}
+        """The score (%), overall and per turn; a mixed task's also per sub-task."""
+        out = {"score": percent(float(r["score"]) for r in rows), "n": len(rows),
+               "by_turn": group_percent(rows, ["turn"])}
+        if self.spec.mixed:
+            out["by_subtask"] = group_percent(rows, ["subtask"])
+        return out

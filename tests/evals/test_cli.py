@@ -20,9 +20,15 @@ def test_tasks_json_lists_everything():
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     names = {d["name"] for d in data}
-    assert len(data) == 57 and {"needle", "math500", "phonebook", "ruler.vt", "longbench.lsht", "longbench2", "aime2025",
+    assert len(data) == 63 and {"needle", "math500", "phonebook", "ruler.vt", "longbench.lsht", "longbench2", "aime2025",
                                 "infinitebench.kv_retrieval", "loogle.longdep_qa", "turns.kv", "turns.needles",
                                 "turns.loogle.longdep_qa", "scbench.kv", "scbench.choice_eng"} <= names
+    scbench = {d["name"] for d in data if d["benchmark"] == "scbench"}
+    assert scbench == {f"scbench.{t}" for t in ("kv", "prefix_suffix", "vt", "passkey", "qa_eng", "qa_chn", "many_shot",
+                                                "choice_eng", "mf", "summary", "repoqa", "summary_with_needles",
+                                                "repoqa_and_kv")}
+    mixed = next(d for d in data if d["name"] == "scbench.repoqa_and_kv")
+    assert mixed["metric"] == "repoqa_bleu_match | substring_match by sub-task (SCBench's), per turn"
     trec = next(d for d in data if d["name"] == "longbench.trec")
     assert trec["metric"] == "classification_score" and "THUDM/LongBench" in trec["source"]
 

@@ -146,3 +146,43 @@ def test_bad_conversations_are_refused(lively):
         Conversation(mode="multi-request", answers="own")
     with pytest.raises(EvalError, match="conversation: unknown field 'turns'"):
         Conversation.of({"turns": 2})
+
+
+@pytest.mark.parametrize("mode,batch", [("multi-turn", 1), ("multi-request", 2)])
+def test_each_turn_generates_its_own_length(lively, fixtures_dir, mode, batch):
+    """SCBench's mixed tasks size each turn by its sub-task (summary 800, passkey 15), capped by the run's
+    max_new_tokens: with 20, the turns may generate 20, 15 and 20 tokens."""
+    task = get_task("scbench.summary_with_needles", data_dir=str(fixtures_dir))
+    rows = run_task(lively, task, "keydiff", budget=48, chunk_size=32, max_new_tokens=20, batch_size=batch,
+                    conversation={"mode": mode})
+    assert [(r["turn"], r["generated_tokens"]) for r in rows] == [(1, 20), (2, 15), (3, 20)]
+
+
+def test_a_conversation_longer_than_the_context_is_refused_before_it_runs(lively):
+    """The check counts exactly what the turns feed: the last turn's prompt tokens plus its new tokens fit a
+    context of that size and not one token less."""
+    from kdeval.evals.base import ContextTooLongError
+    from kdeval.evals.conversation import TurnFrame, check_fits
+    from kdeval.keydiff.models import load_model
+
+    task = kv(turns=3)
+    rows = run_task(lively, task, "full", chunk_size=48, max_new_tokens=4)
+    need = rows[-1]["prompt_tokens"] + 4
+    assert need == max(r["prompt_tokens"] + 4 for r in rows)
+    for ctx, fits in ((need, True), (need - 1, False)):
+        builder = PromptBuilder(lively.tokenizer, ctx)
+        sample = dataclasses.replace(task.samples(builder)[0], max_new_tokens=4)
+        prompt = builder.build(sample)
+        assert prompt.ids == builder.build(sample).ids and not prompt.truncated
+        if fits:
+            check_fits(sample, prompt, TurnFrame.of(builder, sample), builder, Conversation())
+            check_fits(sample, prompt, TurnFrame.of(builder, sample), builder, Conversation(answers="own"))
+        else:
+            with pytest.raises(ContextTooLongError, match=f"needs at least {need} tokens by turn 3 of 3"):
+                check_fits(sample, prompt, TurnFrame.of(builder, sample), builder, Conversation())
+    short = load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1,
+                                                                         "max_position_embeddings": need - 1})
+    with pytest.raises(ContextTooLongError, match=r"turn 3 of 3 .* more than the model's context of "
+                                                  rf"{need - 1}; ask fewer turns"):
+        run_task(short, task, "full", chunk_size=48, max_new_tokens=4)
+    assert len(run_task(short, kv(turns=2), "full", chunk_size=48, max_new_tokens=4)) == 2  # two turns still fit
