@@ -95,3 +95,20 @@ def test_chunked_holds_the_bound_and_the_window():
 def test_bad_parameters_are_refused(params, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
         Finch(**params)
+
+
+@pytest.mark.parametrize("compress", ["prompt", "context"])
+def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
+    """Query-aware the window ends the question; query-agnostic it ends the context and the question is fed
+    after the eviction, on top of N (at RoPE positions from N on, the kept keys re-rotated)."""
+    from kdeval.evals.prompting import PromptBuilder
+    from kdeval.evals.registry import get_task
+    from kdeval.evals.runner import build_prompts, run_task
+
+    lm = load_model("random:llama-tiny")
+    task = get_task("phonebook", lengths=[500], num_books=1, questions_per_book=2, max_new_tokens=4)
+    _, prompts = build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))
+    rows = run_task(lm, task, "finch", budget=64, chunk_size=32, compress=compress)
+    for row, p in zip(rows, prompts):
+        assert row["kept_tokens"] == 64 + (len(p.suffix_ids) if compress == "context" else 0)
+        assert row["generated_tokens"] == 4
