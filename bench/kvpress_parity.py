@@ -122,6 +122,10 @@ CASES = [
     dict(id="compactor", ours=("compactor", {"query_window": L}), press=("CompactorPress", {}), n=500, sketch=True,
          rule="same rule, kvpress' defaults (sinks 8 + 4, tiles of 256, blending = the compression ratio) and one "
               "Gaussian sketch; the query window (1000) covers the prompt"),
+    dict(id="finch", ours=("finch", {"window": 64}), press=("FinchPress", {"window_size": 64}), n=500,
+         rule="same rule with the window fixed at the prompt's last 64 tokens (kvpress' window is the question "
+              "after its delimiter token, set here directly; kdeval is not told where a question starts); kept keys "
+              "re-rotated on both sides and compared too"),
 ]
 
 
@@ -195,6 +199,9 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                                            **rest)
         elif name == "KeyRerotationPress":
             press = kvpress.KeyRerotationPress(press=kvpress.StreamingLLMPress(compression_ratio=ratio, **kwargs))
+        elif name == "FinchPress":  # the window the delimiter hook would set, set directly (no delimiter token)
+            press = kvpress.FinchPress(compression_ratio=ratio)
+            press.window_size = kwargs["window_size"]
         else:
             cls = LagKVKeysOnly if name == "LagKVKeysOnly" else getattr(kvpress, name)
             press = cls(compression_ratio=ratio, **kwargs)
@@ -204,8 +211,10 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
 
         def recording(module, hidden_states, keys, values, attentions, kw, compress=compress, kept=kept, press=press):
             k2, v2 = compress(module, hidden_states, keys, values, attentions, kw)
-            if isinstance(press, kvpress.KeyRerotationPress):  # new keys: the kept set is the inner press' top N
-                scores = press.press.score(module, hidden_states, keys, values, attentions, kw)
+            if isinstance(press, (kvpress.KeyRerotationPress, kvpress.FinchPress)):  # new keys: the kept set is
+                # the scores' top N
+                scorer = press.press if isinstance(press, kvpress.KeyRerotationPress) else press
+                scores = scorer.score(module, hidden_states, keys, values, attentions, kw)
                 kept[module.layer_idx] = scores[0].topk(k2.shape[2], dim=-1).indices.sort(-1).values
                 kept_keys[module.layer_idx] = k2[0].clone()
             elif isinstance(press, (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress)):  # nothing removed: the kept
@@ -223,7 +232,9 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
             sketched(getattr(press, "_leverage_press", press))
             torch.randn = seeded_randn
         t0 = time.perf_counter()
-        with torch.no_grad(), press(model_for(case.get("eager", False))):
+        # FinchPress' own context also hooks the embeddings to find its delimiter token: the base press' hooks only
+        hooks = kvpress.presses.base_press.BasePress.__call__ if name == "FinchPress" else type(press).__call__
+        with torch.no_grad(), hooks(press, model_for(case.get("eager", False))):
             model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
         torch.randn = real_randn
         out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0,

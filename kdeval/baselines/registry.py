@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.baselines import (  # noqa: F401  (registration)
-    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, h2o, knorm, lagkv, leverage, pyramidkv,
+    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, lagkv, leverage, pyramidkv,
     random_policy, sink, sink_rerotate, snapkv, tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)

@@ -9,7 +9,8 @@ import sys
 
 BUILTIN = {"full", "keydiff", "keydiff-mean", "keydiff-pairwise", "keydiff-sw", "sink", "tova", "h2o", "snapkv",
            "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate", "pyramidkv",
-           "ada", "ada-keydiff", "ada-snapkv", "criticalkv", "criticaladakv", "cur", "leverage", "compactor"}
+           "ada", "ada-keydiff", "ada-snapkv", "criticalkv", "criticaladakv", "cur", "leverage", "compactor",
+           "finch"}
 
 
 def fresh(code: str) -> dict | list:
