@@ -16,7 +16,7 @@ N, L, QUESTION, NEW = 48, 150, 20, 6
 FIGURES = ("decode_tokens", "peak_kv_tokens", "kept_tokens", "peak_kv_bytes", "kv_cache_bytes", "prompt_tokens",
            "replayed_steps")
 #: decoded alone in place: a re-rotating policy's keys sit at other positions, a head pool is another layout
-ALONE = {"sink-rerotate", "ada", "ada-keydiff", "ada-snapkv", "criticaladakv"}
+ALONE = {"sink-rerotate", "finch", "ada", "ada-keydiff", "ada-snapkv", "criticaladakv"}
 
 
 @pytest.fixture(scope="module")
