@@ -130,6 +130,8 @@ def test_smoke_grid_driver_killed_then_resumed_on_postgres(pg_url, tmp_path):
         assert 0 <= live["heartbeat_age_s"] < DRIVER_STALE_S
         beat = datetime.fromisoformat(live["heartbeat_at"])
         assert abs((datetime.now(timezone.utc) - beat).total_seconds()) < DRIVER_STALE_S
+        # the status calls above can outlast a cell on a busy machine: kill while an attempt surely runs
+        wait_until(lambda: "running" in attempt_states(idx, run_id), 60, "an attempt running")
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
