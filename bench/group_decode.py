@@ -17,6 +17,7 @@ per second, and the ratio to alone. The tokens of every side are checked equal t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -67,7 +68,7 @@ def main() -> None:
     def batched(rows: int) -> tuple[float, list]:
         decoder = GroupDecoder(lm.model, rows_per_batch=rows)
         waiting = [(k, GenerateJob(eng, ids, args.new, [], None, 0, False, "s"),
-                    type(first)(first.tokens, first.stats, first.state.fork()))
+                    dataclasses.replace(first, state=first.state.fork()))
                    for k, (eng, first) in enumerate(zip(engines, firsts))]
         answer, out = {}, {k: Driven() for k in range(len(waiting))}
         t0 = time.perf_counter()

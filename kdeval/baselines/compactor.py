@@ -124,19 +124,9 @@ class Compactor(Policy):
         sketch = gaussian_sketch(self.seed, ctx.layer_idx, keys.shape[1], keys.shape[-1], self.sketch_dimension, pre)
         lev = z_scores(leverage_scores(pre, scored, sketch), scored)
 
-        recent = ctx.queries
-        width = recent.queries.shape[2]
-        w = int(recent.count.max())  # the window is right-aligned: only its last w entries hold queries
-        q_pos = seen.reshape(-1, 1) - w + torch.arange(w, device=keys.device)
-        q_pos = torch.where(recent.valid()[:, width - w:], q_pos.expand(keys.shape[0], w), -1)
+        q, q_pos = ctx.queries.last(seen.reshape(-1, 1))
         q_pos = torch.where(q_pos < end, q_pos, -1)  # the recent tokens' queries take no part
-        rotary = ctx.projections.rotary
-        cos, sin = rotary(torch.empty(0, dtype=pre.dtype, device=keys.device), q_pos.clamp(min=0))
-        q = recent.queries[:, :, width - w:].to(pre.dtype)
-        # imported here, not at the top: grids are validated (this module imported) without transformers
-        from transformers.models.llama.modeling_llama import rotate_half
-
-        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        q = ctx.projections.rotated(q, q_pos)
         attn = tiled_attention(q, q_pos, keys.to(pre.dtype), ctx.positions, scored, self.sink_size_start, end,
                                self.chunk_size)
         attn = attn * ctx.values.to(pre.dtype).norm(dim=-1)

@@ -83,15 +83,10 @@ class Finch(Policy):
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, hk, n, d]`` → ``[b, hk, n]``; the window's own tokens are kept by the engine whatever their
         scores, empty slots score 0."""
-        b = keys.shape[0]
         seen = ctx.seen if isinstance(ctx.seen, torch.Tensor) else torch.tensor(ctx.seen, device=keys.device)
         seen = seen.reshape(-1, 1)  # [b or 1, 1]
         real = ctx.positions < seen.unsqueeze(-1)  # [b, hk, n]
-        recent = ctx.queries
-        width = recent.queries.shape[2]
-        w = int(recent.count.max())  # right-aligned: the last w entries hold queries
-        q_pos = (seen - w + torch.arange(w, device=keys.device)).expand(b, w)
-        q_pos = torch.where(recent.valid()[:, width - w:], q_pos, -1)  # [b, w]
+        q, q_pos = ctx.queries.last(seen)  # [b, hq, w, d], [b, w]
         if self.rerotate:  # RoPE positions are ranks among each head's cached tokens; a query's is the same in
             # every head (the window and all after it are kept), read from head 0
             held = ctx.positions.masked_fill(~real, torch.iinfo(ctx.positions.dtype).max)
@@ -102,11 +97,5 @@ class Finch(Policy):
             q_at, k_rank = q_pos.clamp(min=0), ctx.positions
         q_rank = torch.where(q_pos >= 0, q_at, -1)
         k_rank = torch.where(real, k_rank, -1)
-        dtype = torch.promote_types(keys.dtype, torch.float32)
-        cos, sin = ctx.projections.rotary(torch.empty(0, dtype=dtype, device=keys.device), q_rank.clamp(min=0))
-        # imported here, not at the top: grids are validated (this module imported) without transformers
-        from transformers.models.llama.modeling_llama import rotate_half
-
-        q = recent.queries[:, :, width - w:].to(dtype)
-        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        q = ctx.projections.rotated(q, q_rank)
         return window_votes(q, q_rank, keys, k_rank, self.normalize) * real

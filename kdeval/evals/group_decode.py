@@ -7,8 +7,8 @@ evict after the prompt, ``decode: keep``) runs its prompt alone, up to its first
 ``prompt_only``); the rest of its tokens are decoded in a ragged batch with other such jobs
 (``Engine.generate_batch`` on one engine without eviction), fed the first token, from the state its prompt left.
 Without eviction a decode step reads the kept tokens and attends over them whatever policy chose them, so a
-row gives its cell's tokens and kept set as the cell alone (tests/evals/test_run_group.py checks every kind of
-policy). The jobs that do not qualify are answered alone, in place: decoding that evicts (the policy runs at
+row gives its cell's tokens and kept set as the cell alone (tests/evals/test_group_decode.py checks every
+registered policy). The jobs that do not qualify are answered alone, in place: decoding that evicts (the policy runs at
 every step), a re-rotating policy (its keys sit at other positions), a head pool (AdaKV's layout), a quantized
 store, a model whose attention is not SDPA, one new token.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 

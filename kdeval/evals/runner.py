@@ -310,7 +310,7 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     sharing = [share and m.get("batch_size", 1) == 1 for m in members]
     for i, kwargs in enumerate(members):
         if not sharing[i]:
-            _run_member(out[i], lm, task, kwargs, prompts, None)
+            _run_alone(out[i], lm, task, kwargs, prompts)
     shared_ix = [i for i, yes in enumerate(sharing) if yes]
     if not shared_ix:
         return out
@@ -321,8 +321,8 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
         ids = [samples[j].id for j in group]
         if time_first and g == 0:
             for i in shared_ix:
-                _run_member(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
-                            prompts, None, ids)
+                _run_alone(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
+                           prompts, ids)
             continue
         store = SharedSteps(policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
         loops = {i: run_task(lm, task, prompts=prompts, sample_ids=ids, shared=store, as_jobs=True,
@@ -334,15 +334,12 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     return out
 
 
-def _run_member(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, Any], prompts: Any,
-                store: Any, sample_ids: Sequence[str] | None = None) -> None:
-    """Run one member on ``sample_ids`` (all: ``None``) with ``store`` (``None``: alone); add its rows to
-    ``result``, each saying how it was computed."""
-    before = (store.recorded, store.replayed) if store is not None else None
+def _run_alone(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, Any], prompts: Any,
+               sample_ids: Sequence[str] | None = None) -> None:
+    """Run one member alone on ``sample_ids`` (all: ``None``); add its rows to ``result``."""
     t0 = time.perf_counter()
-    rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, shared=store, **kwargs)
-    took_part = store is not None and (store.recorded, store.replayed) != before
-    _add_rows(result, rows, time.perf_counter() - t0, took_part)
+    rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, **kwargs)
+    _add_rows(result, rows, time.perf_counter() - t0, False)
 
 
 def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, took_part: bool,

@@ -46,6 +46,14 @@ class RecentQueries:
         """``[batch, window]`` True at the entries that hold a query."""
         return right_aligned(self.count, self.queries.shape[2])
 
+    def last(self, seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The entries that hold queries in some row, ``[batch, q_heads, w, head_dim]``, and their absolute positions
+        ``[batch, w]`` (``-1`` where a row holds none), the window ending at ``seen [batch or 1, 1]``."""
+        width = self.queries.shape[2]
+        w = int(self.count.max())  # right-aligned: the last w entries hold queries
+        pos = (seen - w + torch.arange(w, device=self.queries.device)).expand(self.queries.shape[0], w)
+        return self.queries[:, :, width - w:], torch.where(self.valid()[:, width - w:], pos, -1)
+
 
 def right_aligned(count: torch.Tensor, width: int) -> torch.Tensor:
     """``[batch, width]`` True at the last ``count[r]`` entries of each row."""

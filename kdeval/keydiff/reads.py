@@ -60,6 +60,16 @@ class LayerProjections:
         scale = getattr(self.rotary, "attention_scaling", 1.0)
         return (k * cos - rotate_half(k) * sin) / (scale * scale)
 
+    def rotated(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x [b, h, w, d]`` (queries before RoPE) rotated by RoPE at ``positions [b, w]`` (``-1``: none, rotated
+        at 0), as the model rotates its queries: ``[b, h, w, d]``, float32 or wider."""
+        from transformers.models.llama.modeling_llama import rotate_half  # here: see unrotated_keys
+
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = self.rotary(torch.empty(0, dtype=dtype, device=x.device), positions.clamp(min=0))
+        x = x.to(dtype)
+        return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
 
 def layer_projections(model: torch.nn.Module) -> list[LayerProjections]:
     """Every decoder layer's :class:`LayerProjections` (``ValueError`` naming ``model`` when one is missing)."""
