@@ -16,7 +16,9 @@ kvpress pins an older transformers than kdeval, so it runs in its own virtualenv
 cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
 this file is run there with ``--kvpress-side`` (it imports only torch, transformers and kvpress then) and hands
 back the kept positions in a ``torch.save`` file. For the re-rotating case (kvpress' ``KeyRerotationPress``) the
-kept keys themselves are compared too: both sides re-rotate them to positions ``0 .. N-1``.
+kept keys themselves are compared too: both sides re-rotate them to positions ``0 .. N-1``. So are ThinK's
+(``ComposedPress([token press, ThinKPress])``): the kept set is the token press' output, the keys ThinK's, and each
+head's zeroed channels (zero in every kept key) are compared.
 
     python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
     python bench/kvpress_parity.py --print    # prints the table only
