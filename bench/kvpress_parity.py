@@ -16,7 +16,9 @@ kvpress pins an older transformers than kdeval, so it runs in its own virtualenv
 cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
 this file is run there with ``--kvpress-side`` (it imports only torch, transformers and kvpress then) and hands
 back the kept positions in a ``torch.save`` file. For the re-rotating case (kvpress' ``KeyRerotationPress``) the
-kept keys themselves are compared too: both sides re-rotate them to positions ``0 .. N-1``.
+kept keys themselves are compared too: both sides re-rotate them to positions ``0 .. N-1``. So are ThinK's
+(``ComposedPress([token press, ThinKPress])``): the kept set is the token press' output, the keys ThinK's, and each
+head's zeroed channels (zero in every kept key) are compared.
 
     python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
     python bench/kvpress_parity.py --print    # prints the table only
@@ -126,6 +128,15 @@ CASES = [
          rule="same rule with the window fixed at the prompt's last 64 tokens (kvpress' window is the question "
               "after its delimiter token, set here directly; kdeval is not told where a question starts); kept keys "
               "re-rotated on both sides and compared too"),
+    dict(id="think (inner snapkv)", ours=("think", {"inner": SNAPKV_AS_KVPRESS, "key_channel_ratio": 0.5}),
+         press=("ComposedPress", {"presses": [("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                                              ("ThinKPress", {"key_channel_compression_ratio": 0.5})]}), n=500,
+         rule="same rule: SnapKV (kvpress' defaults) keeps the tokens, then ThinK (window 32) zeroes half of each "
+              "head's key channels over the kept keys; kept keys compared too"),
+    dict(id="think (inner keydiff)", ours=("think", {"inner": "keydiff", "key_channel_ratio": 0.5}),
+         press=("ComposedPress", {"presses": [("KeyDiffPress", {}),
+                                              ("ThinKPress", {"key_channel_compression_ratio": 0.5})]}), n=500,
+         rule="same rule around KeyDiff; kept keys compared too"),
 ]
 
 
@@ -199,6 +210,10 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                                            **rest)
         elif name == "KeyRerotationPress":
             press = kvpress.KeyRerotationPress(press=kvpress.StreamingLLMPress(compression_ratio=ratio, **kwargs))
+        elif name == "ComposedPress":  # a token press, then ThinKPress
+            (token, token_kwargs), (think, think_kwargs) = kwargs["presses"]
+            press = kvpress.ComposedPress([getattr(kvpress, token)(compression_ratio=ratio, **token_kwargs),
+                                           getattr(kvpress, think)(**think_kwargs)])
         elif name == "FinchPress":  # the window the delimiter hook would set, set directly (no delimiter token)
             press = kvpress.FinchPress(compression_ratio=ratio)
             press.window_size = kwargs["window_size"]
@@ -227,7 +242,10 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                 kept[module.layer_idx] = match_rows(keys[0], k2[0])
             return k2, v2
 
-        press.compress = recording
+        if name == "ComposedPress":
+            record_composed(press, kept, kept_keys)
+        else:
+            press.compress = recording
         if case.get("sketch"):
             sketched(getattr(press, "_leverage_press", press))
             torch.randn = seeded_randn
@@ -242,14 +260,37 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
     torch.save(out, out_file)
 
 
-def match_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+def match_rows(before: torch.Tensor, after: torch.Tensor, ordered: bool = True) -> torch.Tensor:
     """Per head, the indices of ``after [h, N, d]``'s rows in ``before [h, L, d]`` (exact copies, matched by
-    their bytes) → ``[h, N]`` sorted."""
+    their bytes) → ``[h, N]`` sorted (``ordered=False``: in ``after``'s row order)."""
     rows = []
     for b, a in zip(before.contiguous().numpy(), after.contiguous().numpy()):
         where = {row.tobytes(): i for i, row in enumerate(b)}
-        rows.append(sorted(where[row.tobytes()] for row in a))  # a KeyError: a kept key is no prompt key
+        found = [where[row.tobytes()] for row in a]  # a KeyError: a kept key is no prompt key
+        rows.append(sorted(found) if ordered else found)
     return torch.tensor(rows)
+
+
+def record_composed(press, kept: dict, kept_keys: dict) -> None:
+    """Record a ``ComposedPress([token press, ThinKPress])`` per layer: the token press' kept positions ``[h, N]``
+    and the keys ThinK leaves (zeroed channels) ``[h, N, d]`` in position order."""
+    token, think = press.presses
+    token_compress, think_compress = token.compress, think.compress
+    order: dict[int, torch.Tensor] = {}
+
+    def token_recording(module, hidden_states, keys, values, attentions, kw):
+        k2, v2 = token_compress(module, hidden_states, keys, values, attentions, kw)
+        rows = match_rows(keys[0], k2[0], ordered=False)
+        kept[module.layer_idx], order[module.layer_idx] = rows.sort(-1)
+        return k2, v2
+
+    def think_recording(module, hidden_states, keys, values, attentions, kw):
+        k2, v2 = think_compress(module, hidden_states, keys, values, attentions, kw)
+        index = order[module.layer_idx].unsqueeze(-1).expand(-1, -1, k2.shape[-1])
+        kept_keys[module.layer_idx] = k2[0].gather(1, index).clone()  # ThinK zeroes the cache's keys in place
+        return k2, v2
+
+    token.compress, think.compress = token_recording, think_recording
 
 
 # ---------------------------------------------------------------- kdeval side
@@ -354,6 +395,11 @@ def run(print_only: bool, reuse: str | None) -> None:
             diff = max((a - b).abs().max().item() for a, b in zip(keys, side["keys"]))
             scale = max(b.abs().max().item() for b in side["keys"])
             rule += f" (kept keys differ by at most {diff:.1e}, keys up to {scale:.0f})"
+            zeroed = [((a == 0).all(0), (b == 0).all(0)) for la, lb in zip(keys, side["keys"]) for a, b in zip(la, lb)]
+            if any(b.any() for _, b in zeroed):  # ThinK: each head's zeroed key channels
+                same = sum(torch.equal(a, b) for a, b in zeroed)
+                rule += (f"; zeroed channels identical on {same}/{len(zeroed)} heads "
+                         f"({int(zeroed[0][1].sum())} of {zeroed[0][1].numel()} per head)")
         rows.append((dict(case, rule=rule), got))
     versions = theirs["versions"]
     lines = [
@@ -374,6 +420,8 @@ def run(print_only: bool, reuse: str | None) -> None:
         press, kwargs = case["press"]
         if "press" in kwargs:
             press = f"{press}({kwargs['press'][0]})"
+        elif "presses" in kwargs:
+            press = f"{press}([{', '.join(p for p, _ in kwargs['presses'])}])"
         lines.append(f"| `{case['id']}` | `{press}` | {case['n']} | {got['mean']:.2f} | {got['min']:.1f} | "
                      f"{got['inside']:.2f} | {got['identical']}/{got['heads']} | {got['totals']}/{got['layers']} | "
                      f"{case['rule']} |")

@@ -12,7 +12,7 @@ from typing import Any
 
 from kdeval.baselines import (  # noqa: F401  (registration)
     adakv, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, lagkv, leverage, pyramidkv,
-    random_policy, sink, sink_rerotate, snapkv, tova,
+    random_policy, sink, sink_rerotate, snapkv, think, tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
 from kdeval.keydiff.plan import eager_reasons
@@ -81,6 +81,8 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
         parts.append("the layer's attention projections or RoPE applied to the cached tokens at every eviction")
     if needs.rerotates:
         parts.append("the kept keys re-rotated after every eviction")
+    if needs.edits_kept_keys:
+        parts.append("the kept keys edited after every eviction")
     if needs.shares_heads:
         parts.append("KV heads x the attention compute (one slot pool per layer, same memory)")
     eager = eager_reasons(needs, per_layer_budgets)

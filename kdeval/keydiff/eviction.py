@@ -2,9 +2,11 @@
 
 Per layer, five moves: the layer's context (the keys to score and what the policy reads), the policy observes
 it, how many tokens to free, which (the one selector), commit (compact the layer); a re-rotating policy's kept
-keys are then re-rotated. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts its bytes
-before the commit and quantizes the kept tokens that left the window after it (and after re-rotation), so the
-policy scores the step's incoming keys in full precision and the older ones as stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py);
+keys are then re-rotated, and a policy that edits its kept keys (``PolicyNeeds.edits_kept_keys``, ThinK) edits
+them last, in the rows that freed tokens. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts
+its bytes before the commit and quantizes the kept tokens that left the window after it (all of them again after
+re-rotation or an edit), so the policy scores the step's incoming keys in full precision and the older ones as
+stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py);
 the policy and the plan (budgets, needs) are read here only. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
@@ -41,13 +43,14 @@ class Evictor:
         for idx in range(layout.num_layers):
             if store is not None:
                 store.before_commit(layout, idx)
-            rotated = self._evict_layer(layout, idx, reads)
+            rewritten = self._evict_layer(layout, idx, reads)
             if store is not None:
-                store.settle(layout, idx, requantize=rotated)
+                store.settle(layout, idx, requantize=rewritten)
         reads.done()
 
     def _evict_layer(self, layout: "SlotLayout | RaggedLayout", idx: int, reads: StepReads) -> bool:
-        """Layer ``idx``'s five moves (and re-rotation); whether its kept keys were re-rotated."""
+        """Layer ``idx``'s five moves (and re-rotation, and the policy's edit); whether its kept keys were rewritten
+        (re-rotated or edited)."""
         k = 0
         if self.plan.evicting:
             keys, ctx = layout.context(idx, reads)
@@ -58,8 +61,11 @@ class Evictor:
             return False
         before = ctx.positions.sort(dim=-1).values if self.plan.rerotate else None
         layout.commit(idx, layout.select(idx, keys, ctx, k, self.selector))
-        if before is None:
-            return False
-        kept_keys, kept_positions = layout.kept(idx)
-        rerotate(self.model, kept_keys, kept_positions, before)
-        return True
+        if before is not None:
+            kept_keys, kept_positions = layout.kept(idx)
+            rerotate(self.model, kept_keys, kept_positions, before)
+        edits = self.plan.needs.edits_kept_keys
+        if edits:  # after re-rotation: what the policy edits is what the model reads from now on
+            kept_keys, kept_positions = layout.kept(idx)
+            self.policy.edit_kept_keys(kept_keys, kept_positions, ctx, layout.evicted_rows(idx))
+        return before is not None or edits

@@ -9,7 +9,8 @@ quantized once, and its dequantized values are what every later step's attention
 What a policy scores: the step's incoming tokens in full precision (attention reads them so in the forward that
 writes them, and they are quantized only after eviction, so a token is never quantized just to be dropped) and
 the older kept tokens as they are stored, dequantized (the keys the model's attention reads). A re-rotating
-policy rotates the stored tokens and they are quantized again, as a real store would after rotating them.
+policy rotates the stored tokens and they are quantized again, as a real store would after rotating them; so are
+the keys a policy edits (ThinK's zeroed channels then hold what the store gives for zero, within half a step).
 
 Bytes (:class:`StoredBytes`): per layer, the quantized tokens' payload (``bits`` per number), their groups' scales
 and zeros (per token; under ``kivi`` the live key groups, one pair per channel), and the full-precision tokens at
@@ -106,7 +107,7 @@ class QuantizedStore:
 
     def settle(self, layout: HoldsSlots, idx: int, requantize: bool = False) -> None:
         """After the layer's commit: quantize the kept tokens that crossed the frontier in this step (all
-        quantized ones when ``requantize``: re-rotated keys), in place, and count the layer's stored bytes."""
+        quantized ones when ``requantize``: re-rotated or edited keys), in place, and count the layer's stored bytes."""
         q = self.quant
         before, after = layout.seen_range(idx)
         h = layout.stored(idx)

@@ -8,7 +8,8 @@ one per-layer loop of five moves; an adapter says what each move is in its layou
 - ``excess(idx)``: how many tokens to free (0: keep everything);
 - ``select(idx, keys, ctx, k, selector)``: which (the one selector, kdeval/keydiff/selection.py);
 - ``commit(idx, selection or None)``: compact the layer (``None``: keep everything);
-- ``kept(idx)``: the kept keys and positions, which a re-rotating policy rotates;
+- ``kept(idx)``: the kept keys and positions, which a re-rotating policy rotates and a key-editing one edits;
+- ``evicted_rows(idx)``: after the commit, the batch rows that freed tokens (``None``: every row);
 - ``stored(idx)`` and ``seen_range(idx)``: the layer's held slots and the tokens seen before and after the step,
   which a quantized store (kdeval/keydiff/kvstore.py) quantizes and counts.
 
@@ -111,6 +112,10 @@ class SlotLayout:
     def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, positions, _ = self.cache.layers[idx].view()
         return keys, positions
+
+    def evicted_rows(self, idx: int) -> torch.Tensor | None:
+        """Every row shares the step's positions: all of them freed tokens."""
+        return None
 
     def stored(self, idx: int) -> HeldSlots:
         """The layer's slots in use: the kept ones and, before the commit, the step's."""
@@ -235,6 +240,12 @@ class RaggedLayout:
     def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         layer, n = self.cache.layers[idx], max(self.layer_steps[idx].host_keep)
         return layer.keys[:, :, :n], layer.positions[:, :, :n]
+
+    def evicted_rows(self, idx: int) -> torch.Tensor | None:
+        """``[rows]`` bool: the rows whose real tokens outnumbered their ``keep[r]`` (``None``: every row)."""
+        step = self.layer_steps[idx]
+        freed = [k < n + t for k, n, t in zip(step.host_keep, step.host_n, step.host_t)]
+        return None if all(freed) else torch.tensor(freed, device=step.keep.device)
 
     def stored(self, idx: int) -> HeldSlots:
         """Each row's real slots: before the commit the step's ``[0, M)`` less empty and padding slots, after it

@@ -104,6 +104,7 @@ def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[s
         ("re-rotation", needs.rerotates),
         ("per-layer budgets", per_layer_budgets),  # the static layout gives every layer N slots
         ("a head-shared pool", needs.shares_heads),
+        ("kept keys edited after eviction", needs.edits_kept_keys),
     ) if yes]
 
 
@@ -135,6 +136,9 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
         layer_projections(model)
     if needs.queries is not None or needs.rerotates:
         rotary_embedding(model)
+    if needs.edits_kept_keys and needs.shares_heads:
+        raise ValueError(f"policy: '{policy.name}' edits its kept keys per KV head, which a head-shared pool does "
+                         f"not lay out")
     device = next(model.parameters()).device
     if config.cuda_graphs and device.type != "cuda" and not graph_runner_given:
         raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {device.type})")

@@ -123,6 +123,10 @@ class PolicyNeeds:
     #: every KV head of a layer gets the same scores (TOVA's and ChunkKV's ``heads="all"``): a head-shared pool
     #: (AdaKV) cannot wrap it
     heads_alike: bool = False
+    #: after every commit that frees tokens, :meth:`Policy.edit_kept_keys` rewrites the layer's kept keys in place
+    #: (ThinK zeroes key channels); a batch row that freed nothing is left alone; the step runs eagerly; slot
+    #: layouts and ragged batches, not a head-shared pool
+    edits_kept_keys: bool = False
 
 
 @dataclass
@@ -179,6 +183,14 @@ class Policy:
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [batch, kv_heads, tokens, head_dim]`` → scores ``[batch, kv_heads, tokens]`` (higher = keep)."""
         raise NotImplementedError
+
+    def edit_kept_keys(self, keys: torch.Tensor, positions: torch.Tensor, ctx: ScoreContext,
+                       rows: torch.Tensor | None) -> None:
+        """Under ``PolicyNeeds.edits_kept_keys``: rewrite, in place, the layer's kept ``keys [batch, kv_heads, n,
+        head_dim]`` (a view of the cache's buffers, at ``positions [batch, kv_heads, n]``; slots that hold no token:
+        positions ``>= ctx.seen``, zero keys), right after the commit of an eviction; ``ctx``: the layer's context
+        of that eviction (its ``positions`` and ``keys`` are those before the commit); ``rows [batch]`` bool: the
+        rows that freed tokens in this step (``None``: every row). Default: nothing."""
 
     def params(self) -> dict[str, object]:
         """The policy's parameters as a plain dict (for cell identity and display)."""

@@ -20,8 +20,9 @@ from .oracles import EMULATED, GATHER
 BUDGET, CHUNK, NEW = 24, 16, 12
 LENGTHS = [37, 70, 101, 5, 64, 90, 16]  # a partial last chunk, several chunks, one token short of a chunk, ...
 PARAMS = {"snapkv": {"window": 8},  # the default window (32) is more than the budget
-          "expected-attention": {"query_window": 20}}  # fills up and slides within a request
-POLICIES = ["keydiff", "keydiff-sw", "sink", "sink-rerotate", "tova", "h2o", "snapkv", "knorm", "random",
+          "expected-attention": {"query_window": 20},  # fills up and slides within a request
+          "think": {"inner": {"name": "snapkv", "params": {"window": 8}}, "window": 8}}  # rows edited apart
+POLICIES = ["keydiff", "keydiff-sw", "sink", "sink-rerotate", "tova", "h2o", "snapkv", "knorm", "random", "think",
             "expected-attention", "full"]
 COUNTERS = ("prompt_tokens", "decode_tokens", "peak_kv_tokens", "kept_tokens")
 
