@@ -22,7 +22,7 @@ LENGTHS = [37, 70, 101, 5, 64, 90, 16]  # a partial last chunk, several chunks, 
 PARAMS = {"snapkv": {"window": 8},  # the default window (32) is more than the budget
           "expected-attention": {"query_window": 20}}  # fills up and slides within a request
 POLICIES = ["keydiff", "keydiff-sw", "sink", "sink-rerotate", "tova", "h2o", "snapkv", "knorm", "random",
-            "expected-attention", "full"]
+            "expected-attention", "full", "merging"]
 COUNTERS = ("prompt_tokens", "decode_tokens", "peak_kv_tokens", "kept_tokens")
 
 
