@@ -18,7 +18,8 @@ this file is run there with ``--kvpress-side`` (it imports only torch, transform
 back the kept positions in a ``torch.save`` file. For the re-rotating case (kvpress' ``KeyRerotationPress``) the
 kept keys themselves are compared too: both sides re-rotate them to positions ``0 .. N-1``. So are ThinK's
 (``ComposedPress([token press, ThinKPress])``): the kept set is the token press' output, the keys ThinK's, and each
-head's zeroed channels (zero in every kept key) are compared.
+head's zeroed channels (zero in every kept key) are compared. For the merging cases (``MergingPress``) the kept
+values are compared too, in position order, on the heads whose kept sets agree.
 
     python bench/kvpress_parity.py            # writes the kvpress section of bench/RESULTS.md
     python bench/kvpress_parity.py --print    # prints the table only
@@ -137,6 +138,16 @@ CASES = [
          press=("ComposedPress", {"presses": [("KeyDiffPress", {}),
                                               ("ThinKPress", {"key_channel_compression_ratio": 0.5})]}), n=500,
          rule="same rule around KeyDiff; kept keys compared too"),
+    dict(id="merging", ours=("merging", {"inner": "knorm"}), press=("MergingPress", {"press": ("KnormPress", {})}),
+         n=500, values=True,
+         rule="same rule: KNorm's evicted tokens folded into their most key-similar kept token's value; merged "
+              "values compared too"),
+    dict(id="merging (snapkv, merge_fraction=0.75)",
+         ours=("merging", {"inner": SNAPKV_AS_KVPRESS, "merge_fraction": 0.75}),
+         press=("MergingPress", {"press": ("SnapKVPress", {"window_size": 64, "kernel_size": 5}),
+                                 "merge_fraction": 0.75}), n=500, values=True,
+         rule="same rule around SnapKV (kvpress' defaults), the most similar 75% of each head's evicted tokens "
+              "merged; merged values compared too"),
 ]
 
 
@@ -203,7 +214,7 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
                                        alpha_safeguard=kwargs["alpha_safeguard"])
         elif name == "ChunkKVPress":
             press = kvpress.ChunkKVPress(press=kvpress.KeyDiffPress(compression_ratio=ratio), **kwargs)
-        elif name in ("CriticalKVPress", "CriticalAdaKVPress"):
+        elif name in ("CriticalKVPress", "CriticalAdaKVPress", "MergingPress"):
             inner, inner_kwargs = kwargs["press"]
             rest = {k: v for k, v in kwargs.items() if k != "press"}
             press = getattr(kvpress, name)(press=getattr(kvpress, inner)(compression_ratio=ratio, **inner_kwargs),
@@ -222,10 +233,19 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
             press = cls(compression_ratio=ratio, **kwargs)
         kept: dict[int, torch.Tensor] = {}
         kept_keys: dict[int, torch.Tensor] = {}
+        kept_values: dict[int, torch.Tensor] = {}
         compress = press.compress
 
-        def recording(module, hidden_states, keys, values, attentions, kw, compress=compress, kept=kept, press=press):
+        def recording(module, hidden_states, keys, values, attentions, kw, compress=compress, kept=kept, press=press,
+                      kept_values=kept_values):
             k2, v2 = compress(module, hidden_states, keys, values, attentions, kw)
+            if isinstance(press, kvpress.MergingPress):  # keys untouched: the kept rows found by their keys; the
+                # merged values in position order
+                rows = match_rows(keys[0], k2[0], ordered=False)
+                order = rows.argsort(-1).unsqueeze(-1).expand(-1, -1, v2.shape[-1])
+                kept[module.layer_idx] = rows.sort(-1).values
+                kept_values[module.layer_idx] = v2[0].gather(1, order).clone()
+                return k2, v2
             if isinstance(press, (kvpress.KeyRerotationPress, kvpress.FinchPress)):  # new keys: the kept set is
                 # the scores' top N
                 scorer = press.press if isinstance(press, kvpress.KeyRerotationPress) else press
@@ -256,7 +276,8 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
             model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
         torch.randn = real_randn
         out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0,
-                                    "keys": [kept_keys[i] for i in sorted(kept_keys)]}
+                                    "keys": [kept_keys[i] for i in sorted(kept_keys)],
+                                    "values": [kept_values[i] for i in sorted(kept_values)]}
     torch.save(out, out_file)
 
 
@@ -322,17 +343,17 @@ def prompt_ids(tokenizer) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt").input_ids[:, :L]
 
 
-def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list, list]:
-    """kdeval's kept positions per layer ``[h, N]`` (sorted) and their keys ``[h, N, d]`` in that order, one chunk
-    covering the prompt. A head pool (AdaKV) gives per layer a list of ``h`` sorted position tensors (one per KV
-    head, of its own length) and no keys."""
+def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list, list, list]:
+    """kdeval's kept positions per layer ``[h, N]`` (sorted), their keys ``[h, N, d]`` and values in that order, one
+    chunk covering the prompt. A head pool (AdaKV) gives per layer a list of ``h`` sorted position tensors (one per
+    KV head, of its own length) and no keys nor values."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
 
     name, params = case["ours"]
     policy = get_policy(name, **params)
     state = Engine(lm.model, policy, EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
-    kept, keys = [], []
+    kept, keys, values = [], [], []
     for layer in state.cache.layers:
         if hasattr(layer, "tags"):  # head pool: whose each filled slot is
             tags, positions = layer.tags[0, 0, : layer.slots], layer.positions[0, 0, : layer.slots]
@@ -342,7 +363,27 @@ def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list, list]:
         order = positions[0].argsort(-1)
         kept.append(positions[0].gather(-1, order))
         keys.append(k[0].gather(1, order.unsqueeze(-1).expand(-1, -1, k.shape[-1])))
-    return kept, keys
+        v = layer.values[0, :, : k.shape[2]]
+        values.append(v.gather(1, order.unsqueeze(-1).expand(-1, -1, v.shape[-1])))
+    return kept, keys, values
+
+
+def merged_values_note(kept: list, values: list, side: dict, prompt_cache) -> str:
+    """How the kept values of a merging case compare, on the heads whose kept sets are identical: the largest
+    difference between the two sides, the values' scale, and the share of kept tokens merged into (their value no
+    longer the prompt's)."""
+    diffs, scale, merged, total = [], 0.0, 0, 0
+    for li, (pos, ours, theirs) in enumerate(zip(kept, values, side["values"])):
+        prompt_values = prompt_cache[li].values[0]  # [h, L, d]
+        for h in range(pos.shape[0]):
+            if not torch.equal(pos[h], side["kept"][li][h]):
+                continue
+            diffs.append((ours[h] - theirs[h]).abs().max().item())
+            scale = max(scale, theirs[h].abs().max().item())
+            merged += int((ours[h] != prompt_values[h, pos[h]]).any(-1).sum())
+            total += pos.shape[1]
+    return (f" (merged values differ by at most {max(diffs):.1e} on the {len(diffs)} identical heads, values up to "
+            f"{scale:.1f}; {100 * merged / total:.1f}% of the kept tokens merged into)")
 
 
 def agreement(ours: list, theirs: list) -> dict:
@@ -383,11 +424,12 @@ def run(print_only: bool, reuse: str | None) -> None:
         theirs = torch.load(out)
     t_kvpress = time.perf_counter()
     with torch.no_grad():
-        mine = [layer.keys for layer in lm.model(ids, use_cache=True).past_key_values.layers]
+        prompt_cache = lm.model(ids, use_cache=True).past_key_values.layers
+    mine = [layer.keys for layer in prompt_cache]
     key_diff = max((a - b).abs().max().item() for a, b in zip(mine, theirs["keys"]))
     rows = []
     for case in CASES:
-        kept, keys = ours_kept(lm, ids, case)
+        kept, keys, values = ours_kept(lm, ids, case)
         side = theirs["cases"][case["id"]]
         got = agreement(kept, side["kept"])
         rule = case["rule"]
@@ -400,6 +442,8 @@ def run(print_only: bool, reuse: str | None) -> None:
                 same = sum(torch.equal(a, b) for a, b in zeroed)
                 rule += (f"; zeroed channels identical on {same}/{len(zeroed)} heads "
                          f"({int(zeroed[0][1].sum())} of {zeroed[0][1].numel()} per head)")
+        if case.get("values"):
+            rule += merged_values_note(kept, values, side, prompt_cache)
         rows.append((dict(case, rule=rule), got))
     versions = theirs["versions"]
     lines = [

@@ -1,12 +1,14 @@
 """Eviction after a step: one per-layer loop for every cache layout.
 
 Per layer, five moves: the layer's context (the keys to score and what the policy reads), the policy observes
-it, how many tokens to free, which (the one selector), commit (compact the layer); a re-rotating policy's kept
-keys are then re-rotated, and a policy that edits its kept keys (``PolicyNeeds.edits_kept_keys``, ThinK) edits
-them last, in the rows that freed tokens. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts
-its bytes before the commit and quantizes the kept tokens that left the window after it (all of them again after
-re-rotation or an edit), so the policy scores the step's incoming keys in full precision and the older ones as
-stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py);
+it, how many tokens to free, which (the one selector), commit (compact the layer); a merging policy
+(``PolicyNeeds.merges``) rewrites the kept values from the freed tokens just before the commit (a quantized store
+quantizes again the rewritten values it held quantized); a re-rotating policy's kept keys are then re-rotated, and
+a policy that edits its kept keys (``PolicyNeeds.edits_kept_keys``, ThinK) edits them last, in the rows that freed
+tokens. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts its bytes before the commit and
+quantizes the kept tokens that left the window after it (all of them again after re-rotation or an edit), so the
+policy scores the step's incoming keys in full precision and the older ones as stored. What each move is in a
+layout is the layout adapter's (kdeval/keydiff/layouts.py);
 the policy and the plan (budgets, needs) are read here only. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
@@ -60,7 +62,12 @@ class Evictor:
             layout.commit(idx, None)
             return False
         before = ctx.positions.sort(dim=-1).values if self.plan.rerotate else None
-        layout.commit(idx, layout.select(idx, keys, ctx, k, self.selector))
+        selection = layout.select(idx, keys, ctx, k, self.selector)
+        if self.plan.needs.merges:  # the policy folds the freed tokens into the kept ones' values
+            merged = self.policy.merge(keys, layout.freed(idx, selection, k), ctx)
+            if self.store is not None and merged is not None:
+                self.store.requantize_values(layout, idx, merged)
+        layout.commit(idx, selection)
         if before is not None:
             kept_keys, kept_positions = layout.kept(idx)
             rerotate(self.model, kept_keys, kept_positions, before)

@@ -10,7 +10,8 @@ What a policy scores: the step's incoming tokens in full precision (attention re
 writes them, and they are quantized only after eviction, so a token is never quantized just to be dropped) and
 the older kept tokens as they are stored, dequantized (the keys the model's attention reads). A re-rotating
 policy rotates the stored tokens and they are quantized again, as a real store would after rotating them; so are
-the keys a policy edits (ThinK's zeroed channels then hold what the store gives for zero, within half a step).
+the keys a policy edits (ThinK's zeroed channels then hold what the store gives for zero, within half a step); a
+merging policy's rewritten values are quantized again where they were stored quantized (before the commit).
 
 Bytes (:class:`StoredBytes`): per layer, the quantized tokens' payload (``bits`` per number), their groups' scales
 and zeros (per token; under ``kivi`` the live key groups, one pair per channel), and the full-precision tokens at
@@ -104,6 +105,18 @@ class QuantizedStore:
         """The layer's bytes during the step's forward: the held tokens, the incoming ones in full precision."""
         before, _ = layout.seen_range(idx)
         self._stored(layout.cache).peak[idx] = self._bytes(layout.stored(idx), self.quant.frontier(before))
+
+    def requantize_values(self, layout: HoldsSlots, idx: int, rewritten: torch.Tensor) -> None:
+        """Before the layer's commit: quantize again the values of the ``rewritten [rows, H', m]`` slots (a merging
+        policy's, :meth:`~kdeval.keydiff.policy.Policy.merge`) that were stored quantized (below the frontier
+        before the step); the others are quantized, if at all, when they cross it (:meth:`settle`)."""
+        q = self.quant
+        before, _ = layout.seen_range(idx)
+        h = layout.stored(idx)
+        chosen = rewritten & h.valid.expand_as(h.positions) & (h.positions < q.frontier(before))
+        at = chosen.nonzero(as_tuple=True)
+        if at[0].numel():
+            h.values[at] = per_token_roundtrip(h.values[at], q.group_size, q.bits)
 
     def settle(self, layout: HoldsSlots, idx: int, requantize: bool = False) -> None:
         """After the layer's commit: quantize the kept tokens that crossed the frontier in this step (all

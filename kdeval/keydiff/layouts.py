@@ -7,6 +7,8 @@ one per-layer loop of five moves; an adapter says what each move is in its layou
   (positions, rows, state, and what else the policy reads, kdeval/keydiff/reads.py);
 - ``excess(idx)``: how many tokens to free (0: keep everything);
 - ``select(idx, keys, ctx, k, selector)``: which (the one selector, kdeval/keydiff/selection.py);
+- ``freed(idx, selection, k)``: the selection as a merging policy reads it (:class:`~kdeval.keydiff.policy.Freed`:
+  the values, the freed slots, the kept ones), before the commit;
 - ``commit(idx, selection or None)``: compact the layer (``None``: keep everything);
 - ``kept(idx)``: the kept keys and positions, which a re-rotating policy rotates and a key-editing one edits;
 - ``evicted_rows(idx)``: after the commit, the batch rows that freed tokens (``None``: every row);
@@ -27,7 +29,7 @@ from kdeval.keydiff.attention import RAGGED_IMPL, STATIC_IMPL
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.headpool import HeadPoolCache, HeadTokens, select_across_heads
 from kdeval.keydiff.kvstore import HeldSlots
-from kdeval.keydiff.policy import ScoreContext, held_tokens
+from kdeval.keydiff.policy import Freed, ScoreContext, held_tokens
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask
 from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.selection import Selector
@@ -102,6 +104,13 @@ class SlotLayout:
         empty = self.empty.mask if self.empty is not None else None
         return selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected, empty=empty)
 
+    def freed(self, idx: int, drop: torch.Tensor, k: int) -> Freed:
+        """``drop [b, h, k]``: the freed slots; the kept ones are the rest (the static layout's empty slots too)."""
+        layer = self.cache.layers[idx]
+        values = layer.values[:, :, : layer.view()[0].shape[2]]
+        kept = torch.ones(values.shape[:3], dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
+        return Freed(values, drop, kept)
+
     def commit(self, idx: int, drop: torch.Tensor | None) -> None:
         layer = self.cache.layers[idx]
         if drop is None and self.empty is not None and self.empty.room_slots is not None:
@@ -161,6 +170,9 @@ class PoolLayout(SlotLayout):
         kept = select_across_heads(scores, heads.positions, heads.valid, selector.policy.head_safeguard(budget),
                                    self._keep(idx))
         return heads.kept_slots(kept)
+
+    def freed(self, idx: int, kept: torch.Tensor, k: int) -> Freed:
+        raise ValueError("a head-shared pool does not merge freed tokens (the plan refuses it)")
 
     def commit(self, idx: int, kept: torch.Tensor | None) -> None:
         self.cache.layers[idx].commit(kept)
@@ -226,6 +238,13 @@ class RaggedLayout:
         order = selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected, per_row=True,
                               empty=~step.valid.unsqueeze(1), sorted=True)
         return kept_mask(order, (step.M - step.keep).view(-1, 1, 1), step.M)
+
+    def freed(self, idx: int, kept: torch.Tensor, k: int) -> Freed:
+        """``kept [rows, h, M]``: the kept slots; a row's freed slots first in ``slots``, then (a row that frees
+        fewer than ``k``) kept ones."""
+        step = self.layer_steps[idx]
+        slots = torch.sort((~kept).to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :k]
+        return Freed(self.cache.layers[idx].values[:, :, : step.M], slots, kept)
 
     def commit(self, idx: int, kept: torch.Tensor | None) -> None:
         layer, step = self.cache.layers[idx], self.layer_steps[idx]

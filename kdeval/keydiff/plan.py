@@ -130,6 +130,9 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     budgets = tuple(checked_layer_budgets(policy, config.budget, num_layers)) if evicting else None
     uniform = budgets is None or len(set(budgets)) == 1
     needs = policy.needs() if evicting else PolicyNeeds()
+    if needs.merges and needs.shares_heads:
+        raise ValueError(f"policy: '{policy.name}' merges freed tokens into kept ones, which a head-shared pool "
+                         f"does not do")
     if needs.queries is not None:
         query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
     if needs.projections or needs.hidden_states:

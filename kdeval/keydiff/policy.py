@@ -127,6 +127,37 @@ class PolicyNeeds:
     #: (ThinK zeroes key channels); a batch row that freed nothing is left alone; the step runs eagerly; slot
     #: layouts and ragged batches, not a head-shared pool
     edits_kept_keys: bool = False
+    #: at every eviction, between the selection and the commit, :meth:`Policy.merge` may rewrite the kept tokens'
+    #: values from the freed ones (:class:`Freed`; MergingPress); slot layouts and ragged batches, not a
+    #: head-shared pool
+    merges: bool = False
+
+
+@dataclass
+class Freed:
+    """A layer's eviction before its commit, as :meth:`Policy.merge` sees it (``PolicyNeeds.merges``).
+
+    - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the layer's values beside the scored keys (a view of the
+      cache's buffers: what is written there is what later steps read);
+    - ``slots``: ``[batch, kv_heads, k]`` int64, the slots the step frees, ``k`` the most any row frees;
+    - ``kept``: ``[batch, kv_heads, tokens]`` bool, the slots that stay.
+
+    ``slots`` may name slots that hold no token (the static layout's empty head slots, a ragged batch's empty
+    and padding slots) or, in a ragged batch's rows that free fewer than ``k``, kept ones: :meth:`dropped` tells
+    the real freed tokens."""
+
+    values: torch.Tensor
+    slots: torch.Tensor
+    kept: torch.Tensor
+
+    def real(self, ctx: ScoreContext) -> torch.Tensor:
+        """``[batch, kv_heads, tokens]`` bool: the slots that hold a token (positions below ``ctx.seen``)."""
+        return ctx.positions < ctx.seen
+
+    def dropped(self, ctx: ScoreContext) -> torch.Tensor:
+        """``[batch, kv_heads, k]`` bool: which of ``slots`` hold a token the step drops."""
+        gone = self.real(ctx) & ~self.kept
+        return gone.gather(-1, self.slots)
 
 
 @dataclass
@@ -191,6 +222,13 @@ class Policy:
         positions ``>= ctx.seen``, zero keys), right after the commit of an eviction; ``ctx``: the layer's context
         of that eviction (its ``positions`` and ``keys`` are those before the commit); ``rows [batch]`` bool: the
         rows that freed tokens in this step (``None``: every row). Default: nothing."""
+
+    def merge(self, keys: torch.Tensor, freed: Freed, ctx: ScoreContext) -> torch.Tensor | None:
+        """Under ``PolicyNeeds.merges``: rewrite, in place, the kept slots of ``freed.values`` from the tokens the
+        step frees (``keys [batch, kv_heads, tokens, head_dim]``, as scored); called between the selection and
+        the commit of every eviction. Returns ``[batch, kv_heads, tokens]`` bool, the slots rewritten (a quantized
+        store quantizes those it already held again), or ``None``: none. Default: nothing."""
+        return None
 
     def params(self) -> dict[str, object]:
         """The policy's parameters as a plain dict (for cell identity and display)."""

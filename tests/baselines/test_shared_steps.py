@@ -1,5 +1,5 @@
 """Shared prompt steps (kdeval/keydiff/shared.py): every registered policy gives, through a store other cells fill,
-exactly what it gives alone — tokens, kept positions and keys, per-token state, KV bytes — under both
+exactly what it gives alone — tokens, kept positions, keys and values, per-token state, KV bytes — under both
 protocols, chunked and one-shot; a cell forks at the step it first evicts, not a step later or earlier."""
 import pytest
 import torch
@@ -30,6 +30,7 @@ def assert_same(got, ref) -> None:
         ka, pa, sa = a.view()
         kb, pb, sb = b.view()
         assert torch.equal(pa, pb) and torch.equal(ka, kb)
+        assert torch.equal(a.values[:, :, : ka.shape[2]], b.values[:, :, : kb.shape[2]])  # merging rewrites them
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 

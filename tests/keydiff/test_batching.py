@@ -23,7 +23,7 @@ PARAMS = {"snapkv": {"window": 8},  # the default window (32) is more than the b
           "expected-attention": {"query_window": 20},  # fills up and slides within a request
           "think": {"inner": {"name": "snapkv", "params": {"window": 8}}, "window": 8}}  # rows edited apart
 POLICIES = ["keydiff", "keydiff-sw", "sink", "sink-rerotate", "tova", "h2o", "snapkv", "knorm", "random", "think",
-            "expected-attention", "full"]
+            "expected-attention", "full", "merging"]
 COUNTERS = ("prompt_tokens", "decode_tokens", "peak_kv_tokens", "kept_tokens")
 
 
