@@ -13,7 +13,8 @@ from kdeval.baselines.kvzip import UNSCORED, KVzip
 from kdeval.keydiff import Engine, EngineConfig, load_model
 from kdeval.keydiff.repeat import FIRST, LATER, RepeatPrompt
 
-from ..keydiff.helpers import kept_positions, prompt
+from ..keydiff.helpers import kept_positions, make_engine, prompt
+from ..keydiff.oracles import EMULATED, GATHER
 
 L, HEAD, SINKS, PIECE = 60, 6, 4, 25
 #: a repeat prompt of hand-made ids: a 6-token chat head, the two instructions and a suffix
@@ -230,3 +231,15 @@ def test_described_and_refused_with_one_line():
     eager = load_model("random:llama-tiny", attn_implementation="eager")
     with pytest.raises(ValueError, match=r"^attn_implementation: policy 'kvzip' scores a repeat pass"):
         Engine(eager.model, KVzip(), EngineConfig(budget=8, chunk_size=8))
+
+
+def test_asked_for_graphs_it_runs_eagerly_and_keeps_what_the_gather_store_keeps():
+    lm = load_model("random:llama-tiny", dtype="float64")
+    ids = prompt(70, seed=5)
+    graphs = make_engine(lm.model, KVzip(), budget=24, chunk_size=16, cuda_graphs=True, **EMULATED)
+    gather = make_engine(lm.model, KVzip(), budget=24, chunk_size=16, **GATHER)
+    assert not graphs.plan.use_graphs and "a repeat pass after each evicting prompt step" in graphs.plan.graphs_off
+    got, ref = graphs.generate(ids, max_new_tokens=4), gather.generate(ids, max_new_tokens=4)
+    assert got.tokens == ref.tokens and got.stats.extra_forward_tokens == ref.stats.extra_forward_tokens
+    for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
+        assert torch.equal(a, b)
