@@ -243,3 +243,27 @@ def test_asked_for_graphs_it_runs_eagerly_and_keeps_what_the_gather_store_keeps(
     assert got.tokens == ref.tokens and got.stats.extra_forward_tokens == ref.stats.extra_forward_tokens
     for a, b in zip(kept_positions(got.state), kept_positions(ref.state)):
         assert torch.equal(a, b)
+
+
+def test_a_group_of_cells_gives_each_cell_its_alone_rows():
+    """run_group: kvzip cells replay the prompt forward other cells recorded, run their own repeat pass, and decode
+    (``decode: keep``) in batches with other cells; their rows are their alone rows, extra tokens included."""
+    from kdeval.evals.registry import get_task
+    from kdeval.evals.runner import model_prompts, run_group, run_task
+
+    lm = load_model("random:llama-tiny")
+    task = get_task("needle", lengths=[600], depths=[20, 60, 80], haystack="noise")
+    prompts = model_prompts(lm, task, max_new_tokens=4)
+    cells = [dict(policy=p, budget=b, chunk_size=c, compress="context", decode=d, max_new_tokens=4)
+             for p, b, c, d in (("keydiff", 64, "whole", "keep"), ("kvzip", 64, "whole", "keep"),
+                                ("kvzip", 96, "whole", "evict"), ("kvzip", 64, 32, "keep"))]
+    grouped = run_group(lm, task, cells, prompts)
+    how = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "execution",
+           "replayed_steps"}
+    for cell, got in zip(cells, grouped):
+        alone = run_task(lm, task, prompts=prompts, **cell)
+        assert [{k: v for k, v in r.items() if k not in how} for r in got.rows] == \
+               [{k: v for k, v in r.items() if k not in how} for r in alone], cell
+        if cell["policy"] == "kvzip":
+            assert all(r["extra_forward_tokens"] > 0 for r in got.rows)
+    assert any(r["replayed_steps"] > 0 for r in grouped[1].rows + grouped[2].rows)
