@@ -11,6 +11,9 @@ tokens in all on both sides.
 The AdaKV cases (head-adaptive budgets) keep a different number of tokens per head: kvpress' ``AdaKVPress`` keeps
 every key and records the pruned ones in ``module.masked_key_indices`` (batch, head, position), so its kept set
 per head is the complement; kdeval's per head are the positions of the head pool's slots tagged with that head.
+The KVzip cases run on the prompt opened by the chat template's head (kvpress' pipeline always opens a context so,
+and ``KVzipPress`` leaves those tokens out of its reconstruction); ``KVzipPress`` masks too (its kept set is the
+complement), and its scores themselves (``score_val``) are compared at kdeval's per-head budget.
 
 kvpress pins an older transformers than kdeval, so it runs in its own virtualenv, created once under the kdeval
 cache directory (``pip install kvpress==KVPRESS torch==<this torch>``), from the same safetensors directory;
@@ -148,6 +151,17 @@ CASES = [
                                  "merge_fraction": 0.75}), n=500, values=True,
          rule="same rule around SnapKV (kvpress' defaults), the most similar 75% of each head's evicted tokens "
               "merged; merged values compared too"),
+    dict(id="kvzip", ours=("kvzip", {}), press=("KVzipScores", {}), n=500, chat=True,
+         rule="same rule: kvpress' `KVzipPress` scores (its `score_val`, the 4 sinks raised) cut at the best N per "
+              "KV head, as kdeval keeps; the prompt opens with the chat template's head (as kvpress' pipeline builds "
+              "it), which neither side reconstructs"),
+    dict(id="kvzip vs KVzipPress(layerwise=True)", ours=("kvzip", {}), press=("KVzipPress", {"layerwise": True}),
+         n=500, chat=True,
+         rule="the same scores under other budgets: kvpress keeps a layer's best 3 x N across its KV heads, kdeval N "
+              "per head (its head-shared pool keeps no per-token state); per-head counts differ"),
+    dict(id="kvzip vs KVzipPress (default)", ours=("kvzip", {}), press=("KVzipPress", {}), n=500, chat=True,
+         rule="kvpress' default (`layerwise=False`) keeps the best 30 x 3 x N across all layers and heads; kdeval's "
+              "per-layer budgets are fixed before the first step, so it keeps N per head; layer totals differ"),
 ]
 
 
@@ -166,7 +180,8 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
         def score(self, module, hidden_states, keys, values, attentions, kwargs):
             return super().score(module, hidden_states, keys, keys, attentions, kwargs)
 
-    ids = torch.load(ids_file)
+    prompts = torch.load(ids_file)
+    ids = prompts["plain"]
     models = {}
 
     # The leverage presses draw their Gaussian sketch from the global generator; a case with ``sketch`` draws
@@ -225,6 +240,14 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
             (token, token_kwargs), (think, think_kwargs) = kwargs["presses"]
             press = kvpress.ComposedPress([getattr(kvpress, token)(compression_ratio=ratio, **token_kwargs),
                                            getattr(kvpress, think)(**think_kwargs)])
+        elif name in ("KVzipPress", "KVzipScores"):  # its scores kept before it picks the pruned indices
+            press = kvpress.KVzipPress(compression_ratio=ratio, **kwargs)
+            kvzip_scores: dict[str, torch.Tensor] = {}
+
+            def keep_scores(model, post=press.compress_post, press=press, into=kvzip_scores):
+                into["val"] = press.score_val.clone()  # [layers, 1, heads, L]
+                return post(model)
+            press.compress_post = keep_scores
         elif name == "FinchPress":  # the window the delimiter hook would set, set directly (no delimiter token)
             press = kvpress.FinchPress(compression_ratio=ratio)
             press.window_size = kwargs["window_size"]
@@ -273,8 +296,20 @@ def kvpress_side(model_dir: str, ids_file: str, out_file: str) -> None:
         # FinchPress' own context also hooks the embeddings to find its delimiter token: the base press' hooks only
         hooks = kvpress.presses.base_press.BasePress.__call__ if name == "FinchPress" else type(press).__call__
         with torch.no_grad(), hooks(press, model_for(case.get("eager", False))):
-            model_for(case.get("eager", False))(ids, past_key_values=DynamicCache())
+            model_for(case.get("eager", False))(prompts["chat" if case.get("chat") else "plain"],
+                                                past_key_values=DynamicCache())
         torch.randn = real_randn
+        if name == "KVzipScores":  # the best N per KV head of kvpress' scores (sinks raised as kvpress does)
+            val = kvzip_scores["val"].clone()
+            val[..., : press.n_sink] = float("inf")
+            kept = {i: val[i, 0].topk(case["n"], dim=-1).indices.sort(-1).values for i in range(val.shape[0])}
+        elif name == "KVzipPress":  # nothing removed: the kept set is the unmasked keys
+            n_heads = kvzip_scores["val"].shape[2]
+            for layer in model_for(False).model.layers:
+                _, heads, positions = layer.self_attn.masked_key_indices
+                keep = torch.ones(n_heads, L, dtype=torch.bool)
+                keep[heads, positions] = False
+                kept[layer.self_attn.layer_idx] = [row.nonzero().flatten() for row in keep]
         out["cases"][case["id"]] = {"kept": [kept[i] for i in sorted(kept)], "s": time.perf_counter() - t0,
                                     "keys": [kept_keys[i] for i in sorted(kept_keys)],
                                     "values": [kept_values[i] for i in sorted(kept_values)]}
@@ -335,24 +370,34 @@ def kvpress_python() -> Path:
     return python
 
 
-def prompt_ids(tokenizer) -> torch.Tensor:
+def prompt_ids(tokenizer, chat: bool = False) -> torch.Tensor:
+    """The essays' first ``L`` tokens; ``chat``: the chat template's head (system prompt, user header) first, as
+    kvpress' pipeline opens a context (the KVzip cases: kvpress does not reconstruct those tokens)."""
     from kdeval.evals.data import require_data_file
+    from kdeval.keydiff.repeat import RepeatPrompt
 
     path = require_data_file(None, "haystack/PaulGrahamEssays.json", "It ships in the shared data directory.")
     text = json.loads(path.read_text())["text"]
-    return tokenizer(text, return_tensors="pt").input_ids[:, :L]
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    if not chat:
+        return ids[:, :L]
+    head = torch.tensor([RepeatPrompt.from_tokenizer(tokenizer).head])
+    return torch.cat([head, ids[:, : L - head.shape[1]]], dim=1)
 
 
-def ours_kept(lm, ids: torch.Tensor, case: dict) -> tuple[list, list, list]:
+def ours_kept(lm, ids: torch.Tensor, case: dict, chat_ids: torch.Tensor | None = None) -> tuple[list, list, list]:
     """kdeval's kept positions per layer ``[h, N]`` (sorted), their keys ``[h, N, d]`` and values in that order, one
-    chunk covering the prompt. A head pool (AdaKV) gives per layer a list of ``h`` sorted position tensors (one per
-    KV head, of its own length) and no keys nor values."""
+    chunk covering the prompt (``chat_ids`` for a case with ``chat``). A head pool (AdaKV) gives per layer a list
+    of ``h`` sorted position tensors (one per KV head, of its own length) and no keys nor values."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
+    from kdeval.keydiff.repeat import RepeatPrompt
 
     name, params = case["ours"]
     policy = get_policy(name, **params)
-    state = Engine(lm.model, policy, EngineConfig(budget=case["n"], chunk_size=L)).prefill(ids)
+    repeat = RepeatPrompt.from_tokenizer(lm.tokenizer) if policy.needs().repeat is not None else None
+    state = Engine(lm.model, policy, EngineConfig(budget=case["n"], chunk_size=L), repeat_prompt=repeat).prefill(
+        chat_ids if case.get("chat") else ids)
     kept, keys, values = [], [], []
     for layer in state.cache.layers:
         if hasattr(layer, "tags"):  # head pool: whose each filled slot is
@@ -403,8 +448,8 @@ def run(print_only: bool, reuse: str | None) -> None:
 
     t0 = time.perf_counter()
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")
-    ids = prompt_ids(lm.tokenizer)
-    assert ids.shape[1] == L, f"the essays give {ids.shape[1]} tokens, need {L}"
+    ids, chat_ids = prompt_ids(lm.tokenizer), prompt_ids(lm.tokenizer, chat=True)
+    assert ids.shape[1] == L == chat_ids.shape[1], f"the essays give {ids.shape[1]} tokens, need {L}"
     for case in CASES:
         assert int(L * (1 - (1 - case["n"] / L))) == case["n"], case["id"]
     python = kvpress_python()
@@ -414,7 +459,7 @@ def run(print_only: bool, reuse: str | None) -> None:
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             ids_file = Path(tmp) / "ids.pt"
-            torch.save(ids, ids_file)
+            torch.save({"plain": ids, "chat": chat_ids}, ids_file)
             only = ["--only", *[c["id"] for c in CASES]]
             side = subprocess.run([str(python), __file__, "--kvpress-side", str(smollm2_safetensors_dir()),
                                    str(ids_file), str(out), *only], env={**os.environ, **QUIET}, capture_output=True,
@@ -429,7 +474,7 @@ def run(print_only: bool, reuse: str | None) -> None:
     key_diff = max((a - b).abs().max().item() for a, b in zip(mine, theirs["keys"]))
     rows = []
     for case in CASES:
-        kept, keys, values = ours_kept(lm, ids, case)
+        kept, keys, values = ours_kept(lm, ids, case, chat_ids)
         side = theirs["cases"][case["id"]]
         got = agreement(kept, side["kept"])
         rule = case["rule"]

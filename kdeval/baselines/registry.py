@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.baselines import (  # noqa: F401  (registration)
-    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, lagkv, leverage, merging,
-    pyramidkv, random_policy, sink, sink_rerotate, snapkv, think, tova,
+    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, kvzip, lagkv, leverage,
+    merging, pyramidkv, random_policy, sink, sink_rerotate, snapkv, think, tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
 from kdeval.keydiff.plan import eager_reasons
@@ -88,6 +88,8 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
     if needs.merges:
         parts.append("the freed tokens' key cosines to every cached token and a value merge at every eviction "
                      "(same memory)")
+    if needs.repeat is not None:
+        parts.append("one extra forward over the repeat prompt and the context (2-3x a prefill)")
     eager = eager_reasons(needs, per_layer_budgets)
     if eager:
         parts.append(f"no CUDA graphs ({', '.join(eager)})")

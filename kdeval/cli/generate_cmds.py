@@ -29,6 +29,7 @@ STAT_LABELS: dict[str, tuple[str, str]] = {
     "decode_tokens_per_s": ("decode tok/s", "decode_tok_s"), "peak_kv_tokens": ("peak KV tokens", "peak_kv_tokens"),
     "kept_tokens": ("kept tokens", "peak_kv_tokens"), "kv_cache_bytes": ("KV cache", "peak_kv_bytes"),
     "peak_kv_bytes": ("peak KV cache", "peak_kv_bytes"), "peak_memory_bytes": ("peak memory", "peak_memory_bytes"),  # labelled by its memory_kind
+    "extra_forward_tokens": ("extra forward tokens (in TTFT)", "peak_kv_tokens"),
 }
 
 
@@ -65,7 +66,8 @@ def stats_table(stats: dict[str, Any]) -> Table:
 
     table = Table(show_header=False)
     for key, value in stats.items():
-        if key == "memory_kind" or (key == "replayed_steps" and not value):  # one call shares no steps
+        if key == "memory_kind" or (key in ("replayed_steps", "extra_forward_tokens") and not value):  # one call
+            # shares no steps; only a repeat-pass policy (KVzip) runs extra forwards
             continue
         label, field = STAT_LABELS.get(key, (key, ""))
         if key == "peak_memory_bytes":
@@ -122,6 +124,7 @@ def register(app: typer.Typer) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
         from kdeval.baselines import get_policy
         from kdeval.keydiff import Engine, EngineConfig, load_model
+        from kdeval.keydiff.repeat import RepeatPrompt
 
         with third_party_quiet(verbose):
             with bad_input():
@@ -135,7 +138,8 @@ def register(app: typer.Typer) -> None:
                                       cuda_graphs=graphs, score_precision=score_precision)
                 lm = load_model(model, dtype=dtype, device=device)
                 ids = build_prompt_ids(lm.tokenizer, text, chat)
-                engine = Engine(lm.model, pol, config)
+                repeat = RepeatPrompt.from_tokenizer(lm.tokenizer) if pol.evicts and pol.needs().repeat else None
+                engine = Engine(lm.model, pol, config, repeat_prompt=repeat)
                 result = engine.generate(ids, eos_token_id=lm.eos_token_ids)  # every eos id the model declares
             answer = lm.tokenizer.decode(result.tokens[0], skip_special_tokens=True)
         stats = result.stats.to_dict()

@@ -34,6 +34,7 @@ class EvalRow(TypedDict):
     references: list[str]      # acceptable answers
     score: float               # the task's per-sample score in [0, 1]
     ttft_s: float | None       # time to first token of this generate call (None: computed with shared steps)
+    extra_forward_tokens: int  # tokens of a policy's forwards besides the prompt's (KVzip's repeat pass; in ttft_s)
     timing_batch: int          # rows timed by one generate call share it (and ttft_s): one timing, not several
     decode_s: float            # decoding time
     peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
@@ -75,6 +76,7 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "generated_tokens": int(n_gen),
         "references": list(sample.references),
         "ttft_s": float(stats.get("ttft_s", 0.0)),
+        "extra_forward_tokens": int(stats.get("extra_forward_tokens", 0)),
         "timing_batch": int(timing_batch),
         "decode_s": float(stats.get("decode_s", 0.0)),
         "peak_memory_bytes": int(stats.get("peak_memory_bytes", 0)),

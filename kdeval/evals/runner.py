@@ -191,6 +191,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
+    from kdeval.keydiff.repeat import RepeatPrompt
 
     check_choice("compress", compress, COMPRESS)
     check_choice("decode", decode, DECODE)
@@ -215,6 +216,8 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
     pol = _resolve_policy(policy, policy_params)
+    # a repeat-pass policy's prompt (KVzip): the instruction and chat template of this model's tokenizer
+    repeat = RepeatPrompt.from_tokenizer(lm.tokenizer) if pol.evicts and pol.needs().repeat is not None else None
     groups = _chunk_groups(budget_groups(budget, pol, samples, built, context_only), chunk_size, built,
                            context_only, sizes)
     if chunk_size == WHOLE and not context_only:
@@ -230,7 +233,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         rows: list[list[dict[str, Any]]] = [[] for _ in samples]
         timed = 0  # timings (generate calls) of the (N, B) groups before
         for key, members in groups.items():
-            eng = Engine(lm.model, pol, configs[key])
+            eng = Engine(lm.model, pol, configs[key], repeat_prompt=repeat)
             eng.shared = shared
             part = [samples[i] for i in members], [built[i] for i in members]
             if conv is not None:

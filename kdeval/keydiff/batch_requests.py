@@ -86,9 +86,10 @@ def one_at_a_time(generate: Callable[..., GenerationResult], default_max_new: in
                   max_new_tokens, eos_token_id, states, protect_last,
                   decode_evict: bool) -> list[GenerationResult]:
     """``Engine.generate_batch`` for a policy whose KV heads share a pool of slots (``PolicyNeeds.shares_heads``,
-    kdeval/keydiff/headpool.py): each request by ``Engine.generate``, alone, so each gets exactly its batch-1
-    result (a ragged step over a pool would need every row's own head counts; the batch's throughput is lost,
-    and ``on_batch_step`` is not called)."""
+    kdeval/keydiff/headpool.py) or that runs a repeat pass (``PolicyNeeds.repeat``, KVzip): each request by
+    ``Engine.generate``, alone, so each gets exactly its batch-1 result (a ragged step over a pool would need every
+    row's own head counts, a ragged repeat pass every row's own repeat prompt; the batch's throughput is lost, and
+    ``on_batch_step`` is not called)."""
     starts, max_new, protect = requests(default_max_new, prompts, max_new_tokens, states, protect_last)
     out = []
     for i, prompt in enumerate(prompts):

@@ -28,6 +28,9 @@ runs over one pool of ``H * (N + B)`` slots per layer instead (kdeval/keydiff/he
 
 ``generate`` takes rows of one length that share positions; ``generate_batch`` takes independent requests of
 any lengths, each as it runs alone (kdeval/keydiff/batching.py, kdeval/keydiff/ragged.py).
+
+A policy scored by a repeat pass (``PolicyNeeds.repeat``, KVzip) runs a second forward after every evicting prompt
+step (kdeval/keydiff/repeat.py); ``generate_batch`` then runs its requests one at a time, as for a head pool.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.repeat import RepeatPrompt
 from kdeval.keydiff.shared import SharedSteps
 from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import GraphRunner, Step
@@ -56,7 +60,8 @@ class Engine:
     def __init__(self, model: torch.nn.Module, policy: Policy, config: EngineConfig,
                  on_step: Callable[[PrefillState], None] | None = None,
                  on_batch_step: Callable[[BatchView], None] | None = None, *,
-                 cache_layer: LayerFactory = slot_layer, graph_runner: GraphRunner | None = None):
+                 cache_layer: LayerFactory = slot_layer, graph_runner: GraphRunner | None = None,
+                 repeat_prompt: RepeatPrompt | None = None):
         """``on_step(state)`` runs after every chunk and decode step, once eviction is done (tests, tracing);
         ``on_batch_step(view)`` after every step of :meth:`generate_batch`.
 
@@ -64,12 +69,15 @@ class Engine:
         ``cache_layer(capacity, state_names, static_base, shares_heads, limit)`` makes each layer of every cache
         (default :func:`~kdeval.keydiff.caches.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
         runner of one captured step (default :class:`~kdeval.keydiff.graphs.CapturedStep`, CUDA graphs, which
-        need CUDA); given one, the graph path runs on any device."""
+        need CUDA); given one, the graph path runs on any device.
+
+        ``repeat_prompt``: the token ids of a repeat-pass policy's prompt (KVzip: ``RepeatPrompt.from_tokenizer``,
+        kdeval/keydiff/repeat.py); ``None``: the bare one (the chunk fed again, no instruction or template)."""
         self.model, self.policy, self.config = model, policy, config
         self.on_step, self.on_batch_step = on_step, on_batch_step
         #: everything decided once (budgets, layout, attention function, graphs)
         self.plan = make_plan(model, policy, config, graph_runner_given=graph_runner is not None)
-        self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep)
+        self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep, repeat_prompt)
         #: prompt steps shared with other cells of a group (kdeval/keydiff/shared.py); ``None``: every step is
         #: computed here. Results are the same either way; only the work done differs.
         self.shared: SharedSteps | None = None
@@ -162,6 +170,7 @@ class Engine:
                                       peak_kv_bytes=state.peak_kv_bytes,
                                       decode_tokens=max(len(row.out) for row in requests))
             stats.replayed_steps = state.replayed
+            stats.extra_forward_tokens = state.extra_forward_tokens
             results.append(GenerationResult([row.out for row in requests], stats, state))
 
         loop.run(forward, leave)
@@ -184,7 +193,7 @@ class Engine:
         kept, and finished rows leave the batch (kdeval/keydiff/batching.py). Runs eagerly, also on an
         engine that uses CUDA graphs.
         """
-        if self.plan.shares_heads:
+        if self.plan.shares_heads or self.plan.needs.repeat is not None:  # a pool's mask, a request's repeat pass
             return one_at_a_time(self.generate, self.config.max_new_tokens, prompts, max_new_tokens, eos_token_id,
                                  states, protect_last, decode_evict)
         return generate_batch(self.step, prompts, max_new_tokens, eos_token_id, states, protect_last, decode_evict,
@@ -202,7 +211,7 @@ class Engine:
     def _step(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
               protect: bool = False, prompt: bool = False) -> torch.Tensor:
         """:meth:`Step.run` (a prompt step with :attr:`shared`, when set), then ``on_step``."""
-        logits = self.step.run(state, ids, all_logits, evict, protect, self.shared if prompt else None)
+        logits = self.step.run(state, ids, all_logits, evict, protect, self.shared if prompt else None, prompt)
         if self.on_step is not None:
             self.on_step(state)
         return logits

@@ -34,6 +34,8 @@ def own_attention_reason(needs: PolicyNeeds, per_layer_budgets: bool) -> str | N
         return "keeps a budget per layer, so attention takes each layer's own mask (SDPA)"
     if needs.shares_heads:
         return "shares a layer's slots among its KV heads, whose mask only SDPA takes"
+    if needs.repeat is not None:
+        return "scores a repeat pass by its attention, computed beside SDPA"
     return None
 
 
@@ -105,6 +107,7 @@ def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[s
         ("per-layer budgets", per_layer_budgets),  # the static layout gives every layer N slots
         ("a head-shared pool", needs.shares_heads),
         ("kept keys edited after eviction", needs.edits_kept_keys),
+        ("a repeat pass after each evicting prompt step", needs.repeat is not None),  # host-side pieces
     ) if yes]
 
 

@@ -23,6 +23,7 @@ import torch
 from kdeval.keydiff.attention import AttentionNeed
 from kdeval.keydiff.queries import QueryNeed, RecentQueries
 from kdeval.keydiff.reads import LayerProjections
+from kdeval.keydiff.repeat import RepeatNeed
 
 
 @dataclass
@@ -53,6 +54,9 @@ class ScoreContext:
     - ``budget``: the tokens the layer keeps per KV head, N (its own share under ``layer_budgets``; a head-shared
       pool's average per head), protected ranges not counted; set by the selector before every ``score`` (0
       outside it). Rules whose stages take a fraction of N (CriticalKV) read it.
+    - ``repeat``: ``[batch, kv_heads, n_new]`` float32, the scores of the step's chunk by its repeat pass
+      (``PolicyNeeds.repeat``, kdeval/keydiff/repeat.py) after an evicting prompt step; ``None`` at every other
+      step (decoding, a protected question) and for other policies.
 
     What a policy reads is declared in :class:`PolicyNeeds` and filled in by the engine in every cache layout
     (kdeval/keydiff/reads.py); a new read needs no edit outside the policy's file.
@@ -76,6 +80,7 @@ class ScoreContext:
     hidden_states: torch.Tensor | None = None
     projections: LayerProjections | None = None
     budget: int = 0
+    repeat: torch.Tensor | None = None
     _order: torch.Tensor | None = field(default=None, repr=False)
 
     def position_order(self) -> torch.Tensor:
@@ -131,6 +136,10 @@ class PolicyNeeds:
     #: values from the freed ones (:class:`Freed`; MergingPress); slot layouts and ragged batches, not a
     #: head-shared pool
     merges: bool = False
+    #: after every evicting prompt step, a second forward of a repeat prompt over the cache scores the step's chunk
+    #: (``ScoreContext.repeat``; KVzip, kdeval/keydiff/repeat.py); the step runs eagerly, a ragged batch one request
+    #: at a time; ``None``: none
+    repeat: RepeatNeed | None = None
 
 
 @dataclass

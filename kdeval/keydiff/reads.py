@@ -11,7 +11,8 @@ something new needs no edit outside its own file:
 - ``hidden_states``: ``[batch, t, hidden]``, the step's hidden states as each layer's attention takes them
   (the input of ``q_proj``: after the layer's input norm);
 - ``projections``: the layer's attention projections and the model's RoPE (:class:`LayerProjections`), e.g. to
-  take values through ``W_o`` or the cached keys back to before RoPE.
+  take values through ``W_o`` or the cached keys back to before RoPE;
+- ``repeat``: the scores a repeat pass gave the step's chunk (kdeval/keydiff/repeat_pass.py).
 """
 from __future__ import annotations
 
@@ -123,8 +124,9 @@ class StepReads:
 
     def __init__(self, needs, attention: AttentionCapture | None = None,
                  queries: StepQueries | None = None, hidden_states: dict[int, torch.Tensor] | None = None,
-                 projections: list[LayerProjections] | None = None):
+                 projections: list[LayerProjections] | None = None, repeat: dict[int, torch.Tensor] | None = None):
         self.needs, self.capture, self.queries = needs, attention, queries
+        self.repeat = repeat  # per layer, the step's repeat-pass scores [batch, kv_heads, n_new]
         self.hidden_states = hidden_states if needs.hidden_states else None
         self.projections = projections if needs.projections else None
 
@@ -144,6 +146,8 @@ class StepReads:
             ctx.hidden_states = self.hidden_states[idx]
         if self.projections is not None:
             ctx.projections = self.projections[idx]
+        if self.repeat is not None:
+            ctx.repeat = self.repeat[idx]
 
     def done(self) -> None:
         """Drop the step's captured rows (the capture is reused by the next step's forward)."""

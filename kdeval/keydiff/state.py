@@ -8,6 +8,7 @@ import torch
 
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.policy import add_range, held_tokens
+from kdeval.keydiff.repeat import RepeatProgress
 
 
 @dataclass
@@ -44,6 +45,9 @@ class RunStats:
     memory_kind: str = ""
     #: prompt steps replayed from steps other cells computed alike (kdeval/keydiff/shared.py), not computed here
     replayed_steps: int = 0
+    #: tokens of the forwards a policy runs besides the prompt's and the answer's (KVzip's repeat passes,
+    #: kdeval/keydiff/repeat.py), per row; their time is in ``ttft_s``
+    extra_forward_tokens: int = 0
 
     @classmethod
     def of_run(cls, *, prompt_tokens: int, ttft_s: float, decode_s: float, decode_tokens: int, peak_kv_tokens: int,
@@ -82,6 +86,9 @@ class PrefillState:
     #: (a step that could not be shared ran, or a token was decoded)
     history: str | None = ""
     replayed: int = 0  # prompt steps replayed from a shared store instead of computed (RunStats.replayed_steps)
+    extra_forward_tokens: int = 0  # RunStats.extra_forward_tokens over this state's steps
+    #: a repeat-pass policy's progress (kdeval/keydiff/repeat.py); ``None``: none ran on this state yet
+    repeat: RepeatProgress | None = None
 
     @property
     def n_protected(self) -> int:
@@ -110,6 +117,7 @@ class PrefillState:
             into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
             into.protected, into.peak_kv_bytes = list(self.protected), self.peak_kv_bytes
             into.history, into.replayed = self.history, self.replayed
+            into.extra_forward_tokens, into.repeat = self.extra_forward_tokens, self._repeat_copy()
             into.last_logits = self.last_logits.clone()
             into.chunk_logits = []
             return into
@@ -120,7 +128,11 @@ class PrefillState:
             self.cache.graphs = graphs
         return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps,
                             protected=list(self.protected), peak_kv_bytes=self.peak_kv_bytes, history=self.history,
-                            replayed=self.replayed)
+                            replayed=self.replayed, extra_forward_tokens=self.extra_forward_tokens,
+                            repeat=self._repeat_copy())
+
+    def _repeat_copy(self) -> RepeatProgress | None:
+        return self.repeat.copy() if self.repeat is not None else None
 
     @property
     def logits(self) -> torch.Tensor:

@@ -24,6 +24,8 @@ from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.queries import record_step
 from kdeval.keydiff.reads import StepReads, capturing, layer_projections
+from kdeval.keydiff.repeat import RepeatInput, RepeatPrompt
+from kdeval.keydiff.repeat_pass import RepeatPass
 from kdeval.keydiff.shared import SharedSteps, StepRecord, capture_key, member_capture
 from kdeval.keydiff.state import PrefillState
 from kdeval.keydiff.static import phase
@@ -36,22 +38,25 @@ class Step:
     """Runs the steps of one policy under one plan on one model; its caches are made by :attr:`caches`."""
 
     def __init__(self, model: torch.nn.Module, policy: Policy, plan: Plan, cache_layer: LayerFactory = slot_layer,
-                 graph_runner: GraphRunner = CapturedStep):
-        """``cache_layer``, ``graph_runner``: see ``Engine``."""
+                 graph_runner: GraphRunner = CapturedStep, repeat_prompt: RepeatPrompt | None = None):
+        """``cache_layer``, ``graph_runner``, ``repeat_prompt``: see ``Engine``."""
         self.model, self.policy, self.plan = model, policy, plan
         self.graph_runner = graph_runner
         self.caches = CacheMaker(plan, cache_layer)
         self.evictor = Evictor(model, policy, plan)
         self.projections = layer_projections(model) if plan.needs.projections else None
+        need = plan.needs.repeat
+        self.repeat = RepeatPass(model, need, repeat_prompt or RepeatPrompt()) if need is not None else None
 
     def run(self, state: PrefillState, ids: torch.Tensor, all_logits: bool, evict: bool = True,
-            protect: bool = False, shared: SharedSteps | None = None) -> torch.Tensor:
+            protect: bool = False, shared: SharedSteps | None = None, prompt: bool = False) -> torch.Tensor:
         """One forward of ``ids [batch, t]`` at positions ``seen .. seen + t - 1``, then eviction to the budget
         plus the protected tokens (``evict=False``: none; ``protect``: these tokens become protected); returns
         the logits ``[batch, t or 1, vocab]``.
 
         ``shared``: a store of prompt steps other cells computed alike (kdeval/keydiff/shared.py): a step found
-        there is replayed into this cache instead of computed, one that is not is computed and recorded there."""
+        there is replayed into this cache instead of computed, one that is not is computed and recorded there.
+        ``prompt``: the step feeds prompt tokens (an evicting one runs the policy's repeat pass, when it has one)."""
         t = ids.shape[1]
         if not evict and state.cache.static_base is not None:
             self.caches.make_room(state, t)
@@ -61,17 +66,19 @@ class Step:
         graph = self._graph_for(state, ids, all_logits) if evict else None
         record = shared.find(key, self.plan) if shared is not None else None
         positions = torch.arange(state.seen, state.seen + t, device=self.plan.device) if graph is None else None
+        repeat = self._repeat_input(state, ids, prompt and evict)
         if graph is not None:
             logits = graph.run(self, state.cache, ids, state.seen)
         elif record is not None:
             logits = self.replay_step(state.cache, record, positions, state.seen + t, state.steps, evict,
-                                      tuple(state.protected))
+                                      tuple(state.protected), repeat)
             shared.replayed += 1
             state.replayed += 1
         else:
             recording = (shared, key) if shared is not None and shared.wants(key, state, t) else None
             logits = self.device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits,
-                                      evict=evict, protected=tuple(state.protected), recording=recording)
+                                      evict=evict, protected=tuple(state.protected), recording=recording,
+                                      repeat=repeat)
         state.history = key
         state.peak_kv_bytes = max(state.peak_kv_bytes, state.cache.held_nbytes())
         if protect:
@@ -83,22 +90,24 @@ class Step:
     def device_step(self, cache: BudgetCache, ids: torch.Tensor, positions: torch.Tensor,
                     seen_after: int | torch.Tensor, steps: int, all_logits: bool, evict: bool = True,
                     protected: tuple[tuple[int, int], ...] = (),
-                    recording: tuple[SharedSteps, str] | None = None) -> torch.Tensor:
+                    recording: tuple[SharedSteps, str] | None = None, repeat: RepeatInput | None = None
+                    ) -> torch.Tensor:
         """Forward + eviction of ``ids [batch, t]`` on a batch-1 (or shared-positions) cache with no host
         synchronisation: capturable as one CUDA graph (static layout).
 
         ``positions [t]`` and ``seen_after`` (an int, or a 0-d device tensor under graphs) are the only inputs
         that change from chunk to chunk. ``evict=False`` and ``protected`` (position ranges never evicted, on
         top of the budget) take the eager path only: a dynamic-layout cache. ``recording``: (store, step key) to
-        record this step in (eager only)."""
+        record this step in (eager only); ``repeat``: the step's repeat pass (eager only)."""
         layout = slot_layout(self.plan, cache, positions, seen_after, steps, all_logits, evict, protected)
-        return self.forward(layout, ids, recording)
+        return self.forward(layout, ids, recording, repeat)
 
     def forward(self, layout: SlotLayout | RaggedLayout, ids: torch.Tensor,
-                recording: tuple[SharedSteps, str] | None = None) -> torch.Tensor:
+                recording: tuple[SharedSteps, str] | None = None, repeat: RepeatInput | None = None) -> torch.Tensor:
         """The one forward of a step on any layout: ``ids [batch, t]`` through the model under the layout's inputs
         and attention function, capturing what the policy reads (and, ``recording``, what every member of a
-        shared store reads), then eviction; returns the logits ``[batch, t or 1, vocab]``."""
+        shared store reads), then ``repeat``'s pass, when given, and eviction; returns the logits ``[batch, t or 1,
+        vocab]``."""
         plan = self.plan
         needs = plan.needs
         layout.begin()
@@ -123,11 +132,12 @@ class Step:
                              logits_to_keep=layout.logits_to_keep, **kwargs)
         if store is not None:
             store.store(recording[1], layout.cache, out.logits, captures, queries, hidden)
-        self._evict(layout, capture, queries, hidden)
+        self._evict(layout, capture, queries, hidden, repeat)
         return out.logits
 
     def replay_step(self, cache: BudgetCache, record: StepRecord, positions: torch.Tensor, seen_after: int,
-                    steps: int, evict: bool, protected: tuple[tuple[int, int], ...]) -> torch.Tensor:
+                    steps: int, evict: bool, protected: tuple[tuple[int, int], ...],
+                    repeat: RepeatInput | None = None) -> torch.Tensor:
         """A recorded step instead of its forward (kdeval/keydiff/shared.py): its keys and values written into
         ``cache`` as the model writes them, the policy's reads from the record, then this plan's own eviction;
         returns the recorded logits."""
@@ -138,18 +148,35 @@ class Step:
         hidden = record.hidden_states
         if hidden is not None and self.plan.needs.hidden_states:  # copies: a policy may work on them in place
             hidden = {i: h.clone() for i, h in hidden.items()}
-        self._evict(layout, member_capture(record, self.plan), record.queries, hidden)
+        self._evict(layout, member_capture(record, self.plan), record.queries, hidden, repeat)
         return record.logits.clone()
 
     def _evict(self, layout: SlotLayout | RaggedLayout, capture: AttentionCapture | None,
-               queries: dict[int, torch.Tensor] | None, hidden: dict[int, torch.Tensor] | None) -> None:
-        """Eviction after the step's forward (or replay), with what the policy reads."""
+               queries: dict[int, torch.Tensor] | None, hidden: dict[int, torch.Tensor] | None,
+               repeat: RepeatInput | None = None) -> None:
+        """Eviction after the step's forward (or replay), with what the policy reads (``repeat``: the step's repeat
+        pass, run here over the cache the forward left)."""
         needs = self.plan.needs
         recent = None
         if needs.queries is not None:
             recent = record_step(self.model, needs.queries, layout.cache, queries, layout.query_positions,
                                  layout.seen_after)
-        self.evictor.evict(layout, StepReads(needs, capture, recent, hidden, self.projections))
+        scores = self.repeat.scores(layout.cache, repeat) if repeat is not None and repeat.rows else None
+        self.evictor.evict(layout, StepReads(needs, capture, recent, hidden, self.projections, scores))
+
+    def _repeat_input(self, state: PrefillState, ids: torch.Tensor, evicting_prompt: bool) -> RepeatInput | None:
+        """For a policy with a repeat pass: record ``ids`` as fed and, at an evicting prompt step, its pieces (their
+        tokens counted in ``state.extra_forward_tokens``); else ``None``."""
+        if self.repeat is None:
+            return None
+        if state.repeat is None:
+            state.repeat = self.repeat.progress(ids.shape[0], ids.device)
+        step = None
+        if evicting_prompt:
+            step = self.repeat.prepare(state.repeat, ids, state.seen, state.seen + ids.shape[1])
+            state.extra_forward_tokens += step.tokens
+        state.repeat.fed(ids, self.repeat.need.postfix)
+        return step
 
     def _graph_for(self, state: PrefillState, ids: torch.Tensor, all_logits: bool) -> CapturedStep | None:
         """The captured step for this cache and chunk shape, when graphs apply (static layout); else ``None``."""

@@ -18,10 +18,11 @@ from .oracles import EMULATED, GATHER
 # Policies that run eagerly: those whose scores read the step count, those that read recent queries or
 # re-rotate keys (test_query_policies_run_eagerly, tests/baselines/test_sink_rerotate.py) and those with
 # per-layer budgets (PyramidKV: the static layout gives every layer N slots; tests/baselines/test_pyramidkv.py)
-# or a pool shared by a layer's heads (AdaKV: tests/baselines/test_adakv.py).
+# or a pool shared by a layer's heads (AdaKV: tests/baselines/test_adakv.py), or a repeat pass (KVzip:
+# tests/baselines/test_kvzip.py).
 GRAPH_SAFE = [n for n in policy_names() if n != "full" and not get_policy(n).needs().reads_step
               and get_policy(n).needs().queries is None and not get_policy(n).needs().rerotates
-              and not get_policy(n).needs().shares_heads
+              and not get_policy(n).needs().shares_heads and get_policy(n).needs().repeat is None
               and len(set(get_policy(n).layer_budgets(40, 3))) == 1]
 
 
