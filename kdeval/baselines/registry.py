@@ -16,7 +16,7 @@ from kdeval.baselines import (  # noqa: F401  (registration)
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
 from kdeval.keydiff.plan import eager_reasons
-from kdeval.keydiff.policy import Policy, PolicyNeeds
+from kdeval.keydiff.policy import Policy, PolicyNeeds, unanswered_hook
 from kdeval.keydiff.registry import registered
 from kdeval.names import suggest
 
@@ -162,7 +162,11 @@ def get_policy(name: str, **params: Any) -> Policy:
             raise ValueError(f"{key}: unknown parameter for policy '{name}'{suggest(key, list(fields))} (parameters: {known})")
     coerced = {k: _inner_policy(v, k) if k == "inner" else _coerce(v, hints.get(k), k, name)
                for k, v in params.items()}
-    return cls(**coerced)
+    policy = cls(**coerced)
+    unanswered = unanswered_hook(policy)
+    if unanswered:
+        raise ValueError(f"inner: policy '{name}' cannot wrap a policy that {unanswered} (it would not pass that on)")
+    return policy
 
 
 def describe(name: str) -> PolicyInfo:

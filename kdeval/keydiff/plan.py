@@ -13,7 +13,7 @@ import torch
 
 from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.policy import Policy, PolicyNeeds
+from kdeval.keydiff.policy import Policy, PolicyNeeds, unanswered_hook
 from kdeval.keydiff.quant import KVQuant
 from kdeval.keydiff.queries import query_sources, rotary_embedding
 from kdeval.keydiff.reads import layer_projections
@@ -132,6 +132,9 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     evicting = policy.evicts and config.budget is not None
     budgets = tuple(checked_layer_budgets(policy, config.budget, num_layers)) if evicting else None
     uniform = budgets is None or len(set(budgets)) == 1
+    unanswered = unanswered_hook(policy)
+    if unanswered:
+        raise ValueError(f"policy: '{policy.name}' wraps a policy that {unanswered}, which it does not pass on")
     needs = policy.needs() if evicting else PolicyNeeds()
     if needs.merges and needs.shares_heads:
         raise ValueError(f"policy: '{policy.name}' merges freed tokens into kept ones, which a head-shared pool "

@@ -246,6 +246,23 @@ class Policy:
         return asdict(self)
 
 
+#: A need, the method that answers it and what it does: a wrapper whose inner policy declares the need must answer
+#: it itself, or the engine would call the base class's no-op.
+HOOKS = (("edits_kept_keys", "edit_kept_keys", "edits its kept keys"),
+         ("merges", "merge", "merges values at eviction"))
+
+
+def unanswered_hook(policy: Policy) -> str | None:
+    """What ``policy``'s needs ask the engine to call that its class leaves to :class:`Policy`'s no-op (a wrapper
+    around ThinK or a merging policy that does not pass the call on), in words; ``None`` when every hook is
+    answered."""
+    needs = policy.needs()
+    for flag, method, what in HOOKS:
+        if getattr(needs, flag) and getattr(type(policy), method) is getattr(Policy, method):
+            return what
+    return None
+
+
 def held_tokens(ranges: Sequence[tuple[int, int]]) -> int:
     """Tokens in the protected position ``ranges`` ``[start, end)`` (held on top of the budget)."""
     return sum(end - start for start, end in ranges)

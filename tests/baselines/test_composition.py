@@ -60,3 +60,23 @@ def test_a_grid_composes_policies_and_hashes_the_inner_policys_code():
     assert "policies[0].params.inner.params.pooling: expected 'max' or 'avg', got 'mean'" in str(info.value)
     files = catalog.policy_source_files("ada", {"inner": {"name": "snapkv", "params": {"pooling": "avg"}}})
     assert files == ["baselines/adakv.py", "baselines/snapkv.py"]
+
+
+@pytest.mark.parametrize("wrapper, inner, what", [
+    ("criticalkv", "think", "edits its kept keys"),
+    ("merging", "think", "edits its kept keys"),
+    ("think", "merging", "merges values at eviction"),
+    ("chunkkv", "merging", "merges values at eviction"),
+])
+def test_a_wrapper_that_would_drop_its_inner_policys_edit_is_refused(wrapper, inner, what):
+    """ThinK's key edit and a merging policy's value merge are calls the engine makes on the outer policy: a
+    wrapper that does not pass them on would run its inner policy without them, so it is refused, by name and
+    as an object handed to the engine."""
+    with pytest.raises(ValueError, match=f"^inner: policy '{wrapper}' cannot wrap a policy that {what}"):
+        get_policy(wrapper, inner=inner)
+    from kdeval.baselines.registry import policy_class
+
+    outer = policy_class(wrapper)(inner=get_policy(inner))
+    lm = tiny("random:llama-tiny", 1, "float32")
+    with pytest.raises(ValueError, match=f"^policy: '{wrapper}' wraps a policy that {what}"):
+        Engine(lm.model, outer, EngineConfig(budget=32, chunk_size=16)).prefill(prompt(64, seed=1))
