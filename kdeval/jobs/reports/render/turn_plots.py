@@ -38,7 +38,7 @@ def turn_figure(title: str, rows: list[TurnRow]) -> Figure:
     turns = sorted({r.turn for r in rows})
     ax.set_xticks(turns, [str(t) for t in turns])
     ax.set_ylim(-5, 105)
-    ax.set_xlabel("turn")
+    ax.set_xlabel("turn (error bars: 95% CI of the Δ against the full cache at that turn)", fontsize=8)
     ax.set_ylabel("score (points)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
