@@ -40,8 +40,10 @@ def main() -> None:
     profile.disable()
     wall = time.perf_counter() - t0
     stats = pstats.Stats(profile)
-    seconds = {func[2]: cum for func, (_, _, _, cum, _) in stats.stats.items()
-               if func[2] in ("_run_alone", "drive", "_decode", "replay_step")}
+    seconds = {(file.rsplit("/", 1)[-1], name): cum for (file, _, name), (_, _, _, cum, _) in stats.stats.items()}
+    seconds = {name: seconds.get((file, name), 0.0) for file, name in (
+        ("runner.py", "_run_alone"), ("group_decode.py", "drive"), ("group_decode.py", "_decode"),
+        ("step.py", "replay_step"))}
     alone, shared = seconds.get("_run_alone", 0.0), seconds.get("drive", 0.0)
     print(f"{len(cells)} cells x {args.samples} samples of ~{args.length} tokens, {args.new} new tokens: {wall:.1f} s")
     print(f"  first sample of every cell, timed alone: {alone:.1f} s ({alone / len(cells):.2f} s a cell-sample)")
