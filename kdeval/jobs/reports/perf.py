@@ -156,11 +156,22 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
 
 
 def timed_note(cell: LoadedCell) -> str:
-    """Which samples the cell's TTFT and decode speed come from when some have none: a cell run in a group times
-    its first samples alone and computes the others with prompt steps shared among cells (their rows carry no
-    TTFT), and may decode them in a batch with other cells (their rows carry no decode time)."""
+    """What the cell's TTFT holds beyond its prompt (a repeat pass's extra forward tokens, KVzip's) and which
+    samples its TTFT and decode speed come from when some have none: a cell run in a group times its first samples
+    alone and computes the others with prompt steps shared among cells (their rows carry no TTFT), and may decode
+    them in a batch with other cells (their rows carry no decode time)."""
     if cell.samples is None or cell.perf is None:
         return ""
+    extra = cell.perf.get("extra_forward_tokens")
+    extra = extra[~np.isnan(extra)] if extra is not None else np.array([])
+    repeat = (f"TTFT includes {int(np.median(extra)):,} extra forward tokens a sample (median; a repeat pass)"
+              if extra.size and np.median(extra) > 0 else "")
+    timed = _timed_samples(cell)
+    return "; ".join(part for part in (repeat, timed) if part)
+
+
+def _timed_samples(cell: LoadedCell) -> str:
+    """Which samples were timed alone, in words ("" when every sample or none has its timings)."""
     n = len(cell.samples)
     counts = {what: int((~np.isnan(cell.perf[col])).sum())
               for what, col in (("TTFT", "ttft_s"), ("decode speed", "decode_s"))}

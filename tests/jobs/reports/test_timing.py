@@ -203,3 +203,20 @@ def test_a_cell_decoded_in_batches_says_which_samples_its_decode_speed_comes_fro
     notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
     assert ("TTFT of 2/4 and decode speed of 2/4 samples, timed alone (the others ran with shared steps, decoded "
             "in a batch with other cells)") in notes["keydiff"]
+
+
+def test_a_repeat_pass_is_said_beside_the_ttft_it_is_part_of(store):
+    """KVzip's rows count the repeat pass's extra forward tokens; the speed table says what its TTFT holds (the
+    median over the rows that count them), and says nothing for cells without one."""
+    from kdeval.jobs.reports.render.views import speed_view
+
+    idx, res = store
+    repeat = lambda i: {"ttft_s": 0.9, "extra_forward_tokens": [1880, 1900, 1884][i]}  # noqa: E731
+    store_run(idx, res, "kvz", [FakeCell("full", None, rows=rows([1.0] * 3)),
+                                FakeCell("kvzip", 256, rows=rows([1.0] * 3, extra=repeat)),
+                                FakeCell("keydiff", 256, rows=rows([1.0] * 3, extra=lambda i: {
+                                    "extra_forward_tokens": 0}))])
+    view = speed_view(build_report(idx, ["kvz"], ReportOptions(resamples=0)))
+    notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
+    assert "TTFT includes 1,884 extra forward tokens a sample (median; a repeat pass)" in notes["kvzip"]
+    assert "extra forward" not in notes["keydiff"] + notes["full"] + view.title
