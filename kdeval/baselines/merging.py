@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
+from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import as_policy, register, registered
-from kdeval.names import suggest
+from kdeval.keydiff.registry import register
 
 #: kvpress' epsilon for the key norms and the value-norm ratio
 EPS = 1e-6
@@ -51,6 +51,12 @@ def wrap_reason(policy: Policy) -> str | None:
     if needs.shares_heads:
         return "shares a layer's slots among its KV heads (a head pool does not merge)"
     return None
+
+
+def named_reason(policy: Policy) -> str | None:
+    """:func:`wrap_reason` naming the policy, as the ``inner`` error says it."""
+    why = wrap_reason(policy)
+    return None if why is None else f"policy {policy.name!r} {why}"
 
 
 def row_quantile(x: torch.Tensor, counted: torch.Tensor, q: float) -> torch.Tensor:
@@ -114,7 +120,7 @@ def check_gates(threshold: Any, fraction: Any) -> None:
 
 @register
 @dataclass
-class Merging(Policy):
+class Merging(PassesOn, Policy):
     name = "merging"
     rule = ("an inner policy's evicted tokens folded into their most key-similar kept token's value, weighted by "
             "similarity and relative value norm; keys untouched (kvpress' MergingPress)")
@@ -126,38 +132,11 @@ class Merging(Policy):
 
     def validate(self) -> None:
         check_gates(self.similarity_threshold, self.merge_fraction)
-        inner = as_policy(self.inner)
-        if inner is None or wrap_reason(inner) is not None:
-            known = [n for n, cls in sorted(registered().items()) if wrap_reason(cls()) is None]
-            why = (f"unknown policy {self.inner!r}{suggest(str(self.inner), known)}" if inner is None
-                   else f"policy {inner.name!r} {wrap_reason(inner)}")
-            raise ValueError(f"inner: {why} (policies it can wrap: {', '.join(known)})")
-        self._inner: Policy = inner
-
-    @property
-    def wrapped(self) -> Policy:
-        """The inner policy object (``inner`` built, when given by name)."""
-        return self._inner
+        self._inner: Policy = built_inner(self.inner, named_reason)
 
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, and the merge step at every eviction."""
         return replace(self._inner.needs(), merges=True)
-
-    def n_sink(self) -> int:
-        return self._inner.n_sink()
-
-    def n_recent(self, budget: int) -> int:
-        return self._inner.n_recent(budget)
-
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
-        return self._inner.layer_budgets(budget, num_layers)
-
-    def observe(self, ctx: ScoreContext) -> None:
-        self._inner.observe(ctx)
-
-    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        """The inner policy's scores ``[b, h, n]``: the kept set is its own."""
-        return self._inner.score(keys, ctx)
 
     def merge(self, keys: torch.Tensor, freed: Freed, ctx: ScoreContext) -> torch.Tensor:
         return merge_values(keys, freed, ctx, self.similarity_threshold, self.merge_fraction)

@@ -43,10 +43,10 @@ from typing import Any
 
 import torch
 
+from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.queries import QueryNeed, RecentQueries
-from kdeval.keydiff.registry import as_policy, register, registered
-from kdeval.names import suggest
+from kdeval.keydiff.registry import register
 
 
 def channel_scores(queries: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor, real: torch.Tensor
@@ -94,7 +94,7 @@ def inner_reason(policy: Policy) -> str | None:
 
 @register
 @dataclass
-class ThinK(Policy):
+class ThinK(PassesOn, Policy):
     name = "think"
     rule = ("an inner policy's kept tokens, then each KV head's key_channel_ratio x head_dim key channels of lowest "
             "mean q^2 (last window queries) x mean k^2 zeroed after every eviction, stored at full width (ThinK)")
@@ -110,22 +110,12 @@ class ThinK(Policy):
             raise ValueError(f"key_channel_ratio: must be a number in [0, 1), got {r!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0:
             raise ValueError(f"window: must be an integer > 0, got {self.window!r}")
-        inner = as_policy(self.inner)
-        why = f"unknown policy {self.inner!r}" if inner is None else inner_reason(inner)
-        if why is not None:
-            known = [n for n, cls in sorted(registered().items()) if inner_reason(cls()) is None]
-            hint = suggest(str(self.inner), known) if inner is None else ""
-            raise ValueError(f"inner: {why}{hint} (policies it can wrap: {', '.join(known)})")
+        inner = built_inner(self.inner, inner_reason)
         own = inner.needs().queries
         if own is not None and own.window < self.window:
             raise ValueError(f"window: must be at most the {own.window} queries policy '{inner.name}' keeps, whose "
                              f"query window ThinK shares, got {self.window}")
         self._inner: Policy = inner
-
-    @property
-    def wrapped(self) -> Policy:
-        """The inner policy object (``inner`` built, when given by name)."""
-        return self._inner
 
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, the last ``window`` queries (the inner's window when it keeps one) and RoPE,
@@ -133,22 +123,6 @@ class ThinK(Policy):
         own = self._inner.needs()
         queries = own.queries if own.queries is not None else QueryNeed(self.window, 1)
         return replace(own, queries=queries, projections=True, edits_kept_keys=True)
-
-    def n_sink(self) -> int:
-        return self._inner.n_sink()
-
-    def n_recent(self, budget: int) -> int:
-        return self._inner.n_recent(budget)
-
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
-        return self._inner.layer_budgets(budget, num_layers)
-
-    def observe(self, ctx: ScoreContext) -> None:
-        self._inner.observe(ctx)
-
-    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        """The inner policy's scores ``[b, hk, n]``: ThinK keeps the tokens it keeps."""
-        return self._inner.score(keys, ctx)
 
     def pruned_channels(self, keys: torch.Tensor, positions: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``[b, hk, d]`` bool: the channels to zero in the kept ``keys [b, hk, n, d]`` at ``positions [b, hk, n]``

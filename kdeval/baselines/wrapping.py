@@ -1,0 +1,54 @@
+"""What a policy that wraps another shares: the inner policy built from a name or an object and checked, and the
+calls a wrapper passes on unchanged (sinks, recent window, per-layer budgets, observation, scores).
+
+Shapes as in :mod:`kdeval.keydiff.policy`: ``keys [batch, kv_heads, tokens, head_dim]``, scores ``[batch, kv_heads,
+tokens]``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kdeval.keydiff.policy import Policy, ScoreContext
+from kdeval.keydiff.registry import as_policy, registered
+from kdeval.names import suggest
+
+
+def built_inner(inner: Any, reason: Callable[[Policy], str | None]) -> Policy:
+    """``inner`` (a registered name, at its defaults, or a policy object) as a policy, or ``ValueError`` naming
+    ``inner``: an unknown name (with the nearest known one) or ``reason(policy)``, and the policies it can wrap."""
+    policy = as_policy(inner)
+    why = f"unknown policy {inner!r}" if policy is None else reason(policy)
+    if why is None:
+        return policy
+    known = [n for n, cls in sorted(registered().items()) if reason(cls()) is None]
+    hint = suggest(str(inner), known) if policy is None else ""
+    raise ValueError(f"inner: {why}{hint} (policies it can wrap: {', '.join(known)})")
+
+
+class PassesOn:
+    """A wrapper's calls that its inner policy (``self._inner``) answers as they are."""
+
+    _inner: Policy
+
+    @property
+    def wrapped(self) -> Policy:
+        """The inner policy object (``inner`` built, when given by name)."""
+        return self._inner
+
+    def n_sink(self) -> int:
+        return self._inner.n_sink()
+
+    def n_recent(self, budget: int) -> int:
+        return self._inner.n_recent(budget)
+
+    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
+        return self._inner.layer_budgets(budget, num_layers)
+
+    def observe(self, ctx: ScoreContext) -> None:
+        self._inner.observe(ctx)
+
+    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
+        """The inner policy's scores: the kept set is its own."""
+        return self._inner.score(keys, ctx)
