@@ -24,6 +24,11 @@ def position_hash(positions: torch.Tensor, salt: int) -> torch.Tensor:
     return x.float() / _M
 
 
+def step_salt(seed: int, layer: int, step: int | torch.Tensor) -> int | torch.Tensor:
+    """The hash's salt for one (seed, layer, step); ``step`` may be a tensor (one count per batch row)."""
+    return (seed * 7919 + layer * 104729 + step * 15485863) % _M
+
+
 @register
 @dataclass
 class Random(Policy):
@@ -37,5 +42,4 @@ class Random(Policy):
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         heads = torch.arange(keys.shape[1], device=keys.device).view(1, -1, 1)
-        salt = (self.seed * 7919 + ctx.layer_idx * 104729 + ctx.step * 15485863) % _M
-        return position_hash(ctx.positions + heads * (1 << 40), salt)
+        return position_hash(ctx.positions + heads * (1 << 40), step_salt(self.seed, ctx.layer_idx, ctx.step))

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.baselines import (  # noqa: F401  (registration)
-    adakv, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, kvzip, lagkv, leverage,
-    merging, pyramidkv, random_policy, sink, sink_rerotate, snapkv, think, tova,
+    adakv, cam, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, kvzip, lagkv,
+    leverage, merging, pyramidkv, random_policy, sink, sink_rerotate, snapkv, think, tova,
 )
 from kdeval.keydiff import keydiff  # noqa: F401  (registers keydiff*, full)
 from kdeval.keydiff.plan import eager_reasons

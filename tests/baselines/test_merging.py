@@ -180,10 +180,11 @@ def test_ragged_batch_values_match_alone(params):
             assert torch.equal(pa, pb) and torch.allclose(va, vb, atol=1e-10) and torch.allclose(ka, kb, atol=1e-10)
 
 
-def test_graph_path_equals_eager():
+def assert_graph_path_equals_eager(policy):
+    """The graph path gives the eager path's tokens, kept positions and values (N=40, B=16, float64 tiny)."""
     lm = tiny("random:llama-tiny", 2, "float64")
     ids = prompt(90, seed=6)
-    engines = [make_engine(lm.model, get_policy("merging", merge_fraction=0.75), budget=40, chunk_size=16, **extra)
+    engines = [make_engine(lm.model, policy, budget=40, chunk_size=16, **extra)
                for extra in ({}, {"cuda_graphs": True, **EMULATED})]
     assert [e.plan.use_graphs for e in engines] == [False, True]
     runs = [e.generate(ids, max_new_tokens=4) for e in engines]
@@ -194,8 +195,13 @@ def test_graph_path_equals_eager():
         assert torch.equal(pa, pb) and torch.allclose(va, vb, atol=1e-10)
 
 
-@pytest.mark.parametrize("compress", ["prompt", "context"])
-def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
+def test_graph_path_equals_eager():
+    assert_graph_path_equals_eager(get_policy("merging", merge_fraction=0.75))
+
+
+def assert_runner_holds_the_budget(name, compress):
+    """``name`` through the runner on phonebook (N=64, B=32): each row keeps N (and the question under
+    ``compress: context``) and decodes its 4 tokens."""
     from kdeval.evals.prompting import PromptBuilder
     from kdeval.evals.registry import get_task
     from kdeval.evals.runner import build_prompts, run_task
@@ -203,10 +209,15 @@ def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
     lm = tiny("random:llama-tiny")
     task = get_task("phonebook", lengths=[500], num_books=1, questions_per_book=2, max_new_tokens=4)
     _, prompts = build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))
-    rows = run_task(lm, task, "merging", budget=64, chunk_size=32, compress=compress)
+    rows = run_task(lm, task, name, budget=64, chunk_size=32, compress=compress)
     for row, p in zip(rows, prompts):
         assert row["kept_tokens"] == 64 + (len(p.suffix_ids) if compress == "context" else 0)
         assert row["generated_tokens"] == 4
+
+
+@pytest.mark.parametrize("compress", ["prompt", "context"])
+def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
+    assert_runner_holds_the_budget("merging", compress)
 
 
 @pytest.mark.parametrize("params, message", [

@@ -10,7 +10,7 @@ import sys
 BUILTIN = {"full", "keydiff", "keydiff-mean", "keydiff-pairwise", "keydiff-sw", "sink", "tova", "h2o", "snapkv",
            "knorm", "random", "lagkv", "chunkkv", "expected-attention", "sink-rerotate", "pyramidkv",
            "ada", "ada-keydiff", "ada-snapkv", "criticalkv", "criticaladakv", "cur", "leverage", "compactor",
-           "finch", "think", "merging", "kvzip"}
+           "finch", "think", "merging", "kvzip", "cam"}
 
 
 def fresh(code: str) -> dict | list:
