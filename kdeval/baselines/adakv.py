@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kdeval.baselines.wrapping import PassesOn
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import as_policy, register, registered
 from kdeval.names import suggest
@@ -41,7 +42,7 @@ def per_head_reason(policy: Policy) -> str | None:
 
 @register
 @dataclass
-class AdaKV(Policy):
+class AdaKV(PassesOn, Policy):
     name = "ada"
     rule = "a layer's H x N kept tokens shared among its KV heads by an inner policy's scores (AdaKV)"
 
@@ -64,33 +65,12 @@ class AdaKV(Policy):
                              f"own tokens")
         self._inner: Policy = inner
 
-    @property
-    def wrapped(self) -> Policy:
-        """The inner policy object (``inner`` built, when given by name)."""
-        return self._inner
-
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, over a pool shared by the layer's heads."""
         return replace(self._inner.needs(), shares_heads=True)
 
-    def n_sink(self) -> int:
-        return self._inner.n_sink()
-
-    def n_recent(self, budget: int) -> int:
-        return self._inner.n_recent(budget)
-
     def head_safeguard(self, budget: int) -> int:
         return int(self.alpha_safeguard * budget)
-
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
-        return self._inner.layer_budgets(budget, num_layers)
-
-    def observe(self, ctx: ScoreContext) -> None:
-        self._inner.observe(ctx)
-
-    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        """The inner policy's per-head scores ``[b, H, L]`` over each head's tokens."""
-        return self._inner.score(keys, ctx)
 
 
 @register

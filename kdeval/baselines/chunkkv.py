@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kdeval.baselines.wrapping import PassesOn
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import as_policy, register, registered
 from kdeval.names import suggest
@@ -55,7 +56,7 @@ def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tens
 
 @register
 @dataclass
-class ChunkKV(Policy):
+class ChunkKV(PassesOn, Policy):
     name = "chunkkv"
     rule = "keep whole groups of group_size adjacent tokens, ranked by the mean of an inner policy's scores"
 
@@ -87,28 +88,10 @@ class ChunkKV(Policy):
             raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
         self._inner: Policy = inner
 
-    @property
-    def wrapped(self) -> Policy:
-        """The inner policy object (``inner`` built, when given by name)."""
-        return self._inner
-
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs; a group's tokens share one score, so the edge group is cut by position;
         ``heads="all"`` gives every KV head the same groups."""
         return replace(self._inner.needs(), exact_ties=True, heads_alike=self.heads == "all")
-
-    def n_sink(self) -> int:
-        return self._inner.n_sink()
-
-    def n_recent(self, budget: int) -> int:
-        return self._inner.n_recent(budget)
-
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
-        """The inner policy's allocation (PyramidKV's per-layer budgets are kept, not silently made uniform)."""
-        return self._inner.layer_budgets(budget, num_layers)
-
-    def observe(self, ctx: ScoreContext) -> None:
-        self._inner.observe(ctx)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, h, n, d]`` → the inner scores averaged over each group ``[b, h, n]`` (float32, or float64

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from kdeval.baselines.adakv import AdaKV
+from kdeval.baselines.wrapping import PassesOn
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.reads import LayerProjections
 from kdeval.keydiff.registry import as_policy, register, registered
@@ -101,7 +102,7 @@ class TwoStages:
 
 @register
 @dataclass
-class CriticalKV(TwoStages, Policy):
+class CriticalKV(TwoStages, PassesOn, Policy):
     name = "criticalkv"
     rule = ("keep an inner policy's best first_stage_ratio x N tokens, then the best by inner score x the value's "
             "L1 norm through W_o (CriticalKV)")
@@ -125,26 +126,9 @@ class CriticalKV(TwoStages, Policy):
             raise ValueError(f"inner: {why} (policies it can wrap: {', '.join(known)})")
         self._inner: Policy = inner
 
-    @property
-    def wrapped(self) -> Policy:
-        """The inner policy object (``inner`` built, when given by name)."""
-        return self._inner
-
     def needs(self) -> PolicyNeeds:
         """The inner policy's needs, the cached values and ``W_o``; the weighting differs per head."""
         return replace(self._inner.needs(), values=True, projections=True, heads_alike=False)
-
-    def n_sink(self) -> int:
-        return self._inner.n_sink()
-
-    def n_recent(self, budget: int) -> int:
-        return self._inner.n_recent(budget)
-
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
-        return self._inner.layer_budgets(budget, num_layers)
-
-    def observe(self, ctx: ScoreContext) -> None:
-        self._inner.observe(ctx)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """``keys [b, h, n, d]`` → ``[b, h, n]``: +inf for stage 1's tokens, the weighted inner scores else."""

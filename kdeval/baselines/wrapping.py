@@ -44,6 +44,7 @@ class PassesOn:
         return self._inner.n_recent(budget)
 
     def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
+        """The inner policy's allocation (PyramidKV's per-layer budgets are kept, not silently made uniform)."""
         return self._inner.layer_budgets(budget, num_layers)
 
     def observe(self, ctx: ScoreContext) -> None:

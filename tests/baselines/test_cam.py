@@ -15,7 +15,8 @@ from kdeval.keydiff.policy import Freed, ScoreContext
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, kept_positions, make_engine, prompt, tiny
 from ..keydiff.test_kv_quant import KIVI, PER_TOKEN, assert_stored_quantized
-from .test_merging import assert_graph_path_equals_eager, assert_runner_holds_the_budget, layer_tokens
+from .test_merging import (assert_graph_path_equals_eager, assert_ragged_values_match_alone,
+                           assert_runner_holds_the_budget, layer_tokens)
 
 L, N, B, M = 60, 20, 12, 4
 
@@ -231,16 +232,7 @@ def test_ragged_batch_matches_alone(params):
 
 
 def test_ragged_batch_values_match_alone():
-    lm = tiny("random:llama-tiny", 2, "float64")
-    eng = Engine(lm.model, get_policy("cam", merge_budget=3), EngineConfig(budget=24, chunk_size=16))
-    g = torch.Generator().manual_seed(5)
-    ps = [torch.randint(0, 256, (n,), generator=g) for n in (37, 70, 5)]
-    for ids, got in zip(ps, eng.generate_batch(ps, max_new_tokens=3)):
-        ref = eng.generate(ids.unsqueeze(0), max_new_tokens=3)
-        for la, lb in zip(got.state.cache.layers, ref.state.cache.layers):
-            ka, va, pa = layer_tokens(la)
-            kb, vb, pb = layer_tokens(lb)
-            assert torch.equal(pa, pb) and torch.allclose(va, vb, atol=1e-10) and torch.allclose(ka, kb, atol=1e-10)
+    assert_ragged_values_match_alone(get_policy("cam", merge_budget=3))
 
 
 def test_graph_path_equals_eager():

@@ -59,7 +59,7 @@ def test_a_grid_composes_policies_and_hashes_the_inner_policys_code():
         parse_grid(GRID.replace("INNER", "{name: snapkv, params: {pooling: mean}}"), "grid.yaml")
     assert "policies[0].params.inner.params.pooling: expected 'max' or 'avg', got 'mean'" in str(info.value)
     files = catalog.policy_source_files("ada", {"inner": {"name": "snapkv", "params": {"pooling": "avg"}}})
-    assert files == ["baselines/adakv.py", "baselines/snapkv.py"]
+    assert files == ["baselines/adakv.py", "baselines/snapkv.py", "baselines/wrapping.py"]
 
 
 @pytest.mark.parametrize("wrapper, inner, what", [
