@@ -44,9 +44,11 @@ def test_runs_record_the_package_version_and_cells_their_result_code():
 def test_a_wrapping_policy_hashes_its_inner_policys_code_too():
     from kdeval.cluster import catalog
 
-    assert catalog.policy_source_files("chunkkv") == ["baselines/chunkkv.py", "keydiff/keydiff.py"]
+    assert catalog.policy_source_files("chunkkv") == ["baselines/chunkkv.py", "baselines/wrapping.py",
+                                                      "keydiff/keydiff.py"]
     assert catalog.policy_source_files("chunkkv", {"inner": "snapkv"}) == ["baselines/chunkkv.py",
-                                                                          "baselines/snapkv.py"]
+                                                                          "baselines/snapkv.py",
+                                                                          "baselines/wrapping.py"]
     assert cell_code_version("chunkkv", {"inner": "snapkv"}) != cell_code_version("chunkkv")
 
 
