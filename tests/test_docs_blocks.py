@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,29 @@ def _runnable(page: Path) -> bool:
     return any(b.kind in RUN_KINDS and b.mark is None for b in blocks(page))
 
 
+#: Pages run side by side: a page spends most of its time starting interpreters, Ray and workers, one core each.
+AT_ONCE = 3
+
+
+def _work(page: Path) -> int:
+    """How many runs and processes a page starts, roughly: its longest pages first keep the side-by-side runs even."""
+    text = " ".join(b.text for b in blocks(page) if b.kind in RUN_KINDS and b.mark is None)
+    return sum(text.count(w) for w in ("submit", "nightly", "run_grid", "kdeval "))
+
+
+@pytest.fixture(scope="module")
+def page_runs(request, tmp_path_factory, data_dir):
+    """The pages this session's tests ask for, each run in its own directory, ``AT_ONCE`` at a time, by name."""
+    asked = {item.callspec.params["page"] for item in request.session.items
+             if getattr(item, "originalname", "") == "test_page_blocks_run_as_written"}
+    with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
+        yield {p.name: pool.submit(run_page, p, tmp_path_factory.mktemp(p.stem.replace(".", "_")), data_dir)
+               for p in sorted(asked, key=_work, reverse=True)}
+
+
 @pytest.mark.parametrize("page", [p for p in pages() if _runnable(p)], ids=lambda p: p.name)
-def test_page_blocks_run_as_written(page, tmp_path, data_dir):
-    done = run_page(page, tmp_path, data_dir)
+def test_page_blocks_run_as_written(page, page_runs):
+    done = page_runs[page.name].result()
     assert done.returncode == 0, f"{page.name}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
 
 
