@@ -34,7 +34,8 @@ EXPLANATION = (
     "keys per channel over groups of consecutive positions, values per token) or `per_token` (both per token, as "
     "transformers' QuantizedCache). A policy scores the step's incoming keys in full precision and the older kept "
     "keys as stored, dequantized: the keys attention reads. Tokens are quantized after eviction, so none is "
-    "quantized only to be dropped. peak_kv_bytes counts codes, scales, zeros and the full-precision window.")
+    "quantized only to be dropped. The quantized tokens are kept as a record of packed codes with their scales and "
+    "zeros; peak_kv_bytes is that record's bytes plus the full-precision tokens' (the window, the incoming chunk).")
 
 BITS = (2, 4, 8)
 SCHEMES = ("kivi", "per_token")
