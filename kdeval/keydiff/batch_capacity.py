@@ -4,6 +4,7 @@ over all of the batch's steps, allocated once, and the start states loaded into 
 from __future__ import annotations
 
 from kdeval.keydiff.batch_requests import Row
+from kdeval.keydiff.kvstore import StoredBytes
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.queries import QueryWindow
 from kdeval.keydiff.ragged import RaggedCache
@@ -55,6 +56,10 @@ def load_states(cache: RaggedCache, states: list[PrefillState | None], rows: int
                 yield k, src.values[:, :, : k.shape[2]], p, st
 
         cache.load_row(r, layers())
+        if state.cache.kv_store is not None:  # its quantized tokens' record, as row r's
+            if cache.kv_store is None:
+                cache.kv_store = StoredBytes(len(cache.layers))
+            cache.kv_store.load_row(r, state.cache.kv_store)
 
 
 def ragged_cache(plan: Plan, rows: list[Row], starts: list[PrefillState | None], decode_evict: bool) -> RaggedCache:

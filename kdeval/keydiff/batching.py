@@ -56,6 +56,9 @@ def _row_state(runner: "Step", cache: RaggedCache, r: int, row: Row) -> PrefillS
         layer.load(k, v, p, st)
     out.thawed_from = runner.plan.config.budget if runner.plan.use_graphs else None
     out.rerotated = runner.plan.rerotate
+    if cache.kv_store is not None:  # the row's quantized tokens, as row 0 of a store of its own
+        out.kv_store = cache.kv_store.row(r, [lengths[r] * layer.keys.shape[1]
+                                              for layer, lengths in zip(cache.layers, cache.lengths)])
     if cache.query_window is not None:
         out.query_window = cache.query_window.rows(torch.tensor([r], device=runner.plan.device))
     row.state.cache = out

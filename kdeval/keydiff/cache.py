@@ -159,7 +159,7 @@ class BudgetCache(Cache):
         self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
         self.query_window = None  # the recent queries of a policy with a QueryNeed (kdeval/keydiff/queries.py)
         self.rerotated = False  # its keys sit at contiguous RoPE positions (kdeval/keydiff/rerotation.py)
-        self.kv_store = None  # a quantized store's bytes per layer (kdeval/keydiff/kvstore.py), set by its first step
+        self.kv_store = None  # a quantized store's record and bytes per layer (kdeval/keydiff/kvstore.py)
 
     @property
     def length(self) -> int:
@@ -216,7 +216,7 @@ class BudgetCache(Cache):
 
     def nbytes(self) -> int:
         """Bytes held by the key/value tensors (allocated buffers, not just valid slots), all layers; a quantized
-        store's: what its codes, scales, zeros and full-precision window hold after the last step."""
+        store's: its record's codes, scales and zeros and its full-precision tokens after the last step."""
         if self.kv_store is not None:
             return sum(self.kv_store.held)
         return sum(l.nbytes() for l in self.layers)

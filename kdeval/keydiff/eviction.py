@@ -6,10 +6,10 @@ it, how many tokens to free, which (the one selector), commit (compact the layer
 quantizes again the rewritten values it held quantized); a re-rotating policy's kept keys are then re-rotated, and
 a policy that edits its kept keys (``PolicyNeeds.edits_kept_keys``, ThinK) edits them last, in the rows that freed
 tokens. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts its bytes before the commit and
-quantizes the kept tokens that left the window after it (all of them again after re-rotation or an edit), so the
-policy scores the step's incoming keys in full precision and the older ones as stored. What each move is in a
-layout is the layout adapter's (kdeval/keydiff/layouts.py);
-the policy and the plan (budgets, needs) are read here only. Shapes as in :mod:`kdeval.keydiff.policy`.
+quantizes the kept tokens that left the window after it, into its record of packed codes (all of them again
+after re-rotation or an edit), so the policy scores the step's incoming keys in full precision and the older ones
+as stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py); the policy and the
+plan (budgets, needs) are read here only. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ EXPLANATION = (
     "keys per channel over groups of consecutive positions, values per token) or `per_token` (both per token, as "
     "transformers' QuantizedCache). A policy scores the step's incoming keys in full precision and the older kept "
     "keys as stored, dequantized: the keys attention reads. Tokens are quantized after eviction, so none is "
-    "quantized only to be dropped. peak_kv_bytes counts codes, scales, zeros and the full-precision window.")
+    "quantized only to be dropped. The quantized tokens are kept as a record of packed codes with their scales and "
+    "zeros; peak_kv_bytes is that record's bytes plus the full-precision tokens' (the window, the incoming chunk).")
 
 BITS = (2, 4, 8)
 SCHEMES = ("kivi", "per_token")
@@ -128,18 +129,31 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def scale_zero(lo: torch.Tensor, hi: torch.Tensor, bits: int, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group's ``(scale, zero)`` from its min ``lo`` and max ``hi``, in ``dtype`` (the stored width)."""
+    ct = compute_dtype(dtype)
+    zero = lo.to(dtype)
+    scale = ((hi.to(ct) - zero.to(ct)) / (2**bits - 1)).to(dtype)
+    return scale, zero
+
+
+def codes_of(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """The uint8 codes of ``x`` under the stored ``scale``/``zero`` (broadcast to ``x``)."""
+    levels = 2**bits - 1
+    ct = compute_dtype(x.dtype)
+    s, z = scale.to(ct), zero.to(ct)
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    codes = torch.where(s > 0, torch.round((x.to(ct) - z) / safe), torch.zeros_like(s)).clamp_(0, levels)
+    return codes.to(torch.uint8)
+
+
 def quantize(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes of ``x`` given its groups' ``lo``/``hi`` (min and max, broadcast to ``x``): ``(codes uint8, scale,
     zero)``, scale and zero in ``x.dtype`` (the stored width) and broadcast like ``lo``."""
-    levels = 2**bits - 1
-    ct = compute_dtype(x.dtype)
-    zero = lo.to(x.dtype)
-    scale = ((hi.to(ct) - zero.to(ct)) / levels).to(x.dtype)
-    s, z = scale.to(ct), zero.to(ct)
-    safe = torch.where(s > 0, s, torch.ones_like(s))
-    codes = torch.where(s > 0, torch.round((x.to(ct) - z) / safe), torch.zeros_like(s)).clamp_(0, levels)
-    return codes.to(torch.uint8), scale, zero
+    scale, zero = scale_zero(lo, hi, bits, x.dtype)
+    return codes_of(x, scale, zero, bits), scale, zero
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -148,25 +162,47 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> 
     return (codes.to(ct) * scale.to(ct) + zero.to(ct)).to(scale.dtype)
 
 
-def per_token_roundtrip(x: torch.Tensor, group: int, bits: int) -> torch.Tensor:
-    """``x [..., d]`` quantized per token in groups of ``group`` channels and dequantized."""
+def per_token_quantize(x: torch.Tensor, group: int, bits: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [..., d]`` quantized per token in groups of ``group`` channels: ``(codes [..., d] uint8, scale
+    [..., d / group], zero [..., d / group])``; :func:`per_token_dequantize` inverts it."""
     g = x.unflatten(-1, (x.shape[-1] // group, group))
     codes, scale, zero = quantize(g, g.amin(-1, keepdim=True), g.amax(-1, keepdim=True), bits)
-    return dequantize(codes, scale, zero).flatten(-2)
+    return codes.flatten(-2), scale.squeeze(-1), zero.squeeze(-1)
 
 
-def grouped_roundtrip(x: torch.Tensor, groups: torch.Tensor, bits: int) -> torch.Tensor:
+def per_token_dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """What :func:`per_token_quantize`'s ``(codes, scale, zero)`` stand for, ``[..., d]``."""
+    g = codes.unflatten(-1, (scale.shape[-1], codes.shape[-1] // scale.shape[-1]))
+    return dequantize(g, scale.unsqueeze(-1), zero.unsqueeze(-1)).flatten(-2)
+
+
+def per_token_roundtrip(x: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+    """``x [..., d]`` quantized per token in groups of ``group`` channels and dequantized."""
+    return per_token_dequantize(*per_token_quantize(x, group, bits))
+
+
+def grouped_quantize(x: torch.Tensor, groups: torch.Tensor, bits: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x [k, d]``, each row in group ``groups [k]`` (any integers): every (group, channel) quantized over the rows
-    of its group, and dequantized (KIVI's keys: a group is a KV head's ``G`` consecutive positions)."""
+    of its group (KIVI's keys: a group is a KV head's ``G`` consecutive positions). ``(codes [k, d] uint8, scale
+    [n, d], zero [n, d], ids [n], inverse [k])``: one scale and zero per distinct group ``ids`` (sorted) and
+    channel; row ``i`` dequantizes as ``dequantize(codes[i], scale[inverse[i]], zero[inverse[i]])``."""
     ct = compute_dtype(x.dtype)
-    _, inv = torch.unique(groups, return_inverse=True)
-    n, d = int(inv.max()) + 1 if inv.numel() else 0, x.shape[-1]
+    ids, inv = torch.unique(groups, return_inverse=True)
+    n, d = ids.numel(), x.shape[-1]
     idx = inv.unsqueeze(-1).expand(-1, d)
     xs = x.to(ct)
     lo = torch.full((n, d), torch.finfo(ct).max, dtype=ct, device=x.device).scatter_reduce_(0, idx, xs, "amin")
     hi = torch.full((n, d), -torch.finfo(ct).max, dtype=ct, device=x.device).scatter_reduce_(0, idx, xs, "amax")
-    codes, scale, zero = quantize(x, lo.gather(0, idx), hi.gather(0, idx), bits)
-    return dequantize(codes, scale, zero)
+    scale, zero = scale_zero(lo, hi, bits, x.dtype)
+    return codes_of(x, scale[inv], zero[inv], bits), scale, zero, ids, inv
+
+
+def grouped_roundtrip(x: torch.Tensor, groups: torch.Tensor, bits: int) -> torch.Tensor:
+    """:func:`grouped_quantize`'s rows dequantized, ``[k, d]``."""
+    codes, scale, zero, _, inv = grouped_quantize(x, groups, bits)
+    return dequantize(codes, scale[inv], zero[inv])
 
 
 def per_channel_roundtrip(x: torch.Tensor, groups: torch.Tensor, chosen: torch.Tensor, n_groups: int,

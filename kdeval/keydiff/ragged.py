@@ -76,7 +76,7 @@ class RaggedCache(Cache):
         self.state_names = tuple(state_names)
         self.lengths: list[list[int]] = [[] for _ in range(num_layers)]
         self.query_window = None  # the rows' recent queries, for a policy with a QueryNeed (queries.py)
-        self.kv_store = None  # a quantized store's bytes per layer (kdeval/keydiff/kvstore.py), set by its first step
+        self.kv_store = None  # a quantized store's record and bytes per layer (kdeval/keydiff/kvstore.py)
 
     def load_row(self, row: int, layers) -> None:
         """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows) and set its
@@ -105,6 +105,8 @@ class RaggedCache(Cache):
         for layer in self.layers:
             layer.slot_buffers.select_rows(index)
         self.lengths = [[lengths[r] for r in rows] for lengths in self.lengths]
+        if self.kv_store is not None:  # its record is keyed by row
+            self.kv_store.keep_rows(rows)
         if self.query_window is not None:
             self.query_window = self.query_window.rows(index)
 
