@@ -14,14 +14,8 @@ import time
 from shared_grid import THREADS, depths, grid, members
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--length", type=int, default=1024)
-    ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--new", type=int, default=8)
-    ap.add_argument("--top", type=int, default=25)
-    args = ap.parse_args()
-
+def needle_group(length: int, samples: int, new: int) -> tuple:
+    """SmolLM2 (float32, ``THREADS`` threads), the needle task and its first ``samples`` prompts: a group's inputs."""
     import torch
 
     from kdeval.evals import runner
@@ -30,8 +24,21 @@ def main() -> None:
 
     torch.set_num_threads(THREADS)
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")
-    task = get_task("needle", lengths=[args.length], depths=depths(args.samples), max_new_tokens=args.new)
-    prompts = runner.model_prompts(lm, task, limit=args.samples, max_new_tokens=args.new)
+    task = get_task("needle", lengths=[length], depths=depths(samples), max_new_tokens=new)
+    return lm, task, runner.model_prompts(lm, task, limit=samples, max_new_tokens=new)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--new", type=int, default=8)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+
+    from kdeval.evals import runner
+
+    lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = members(grid("leaderboard", args.length, args.samples, args.new, True))
     profile = cProfile.Profile()
     t0 = time.perf_counter()
