@@ -42,8 +42,8 @@ def waiting_line(p: RunProgress, describe: Callable[[str], str]) -> str | None:
 
 def progress_line(run_id: str, p: RunProgress, now: float | None = None) -> str:
     """One plain line: ``run R: samples 120/1000 (12%), cells 3/40 done, 1 failed, 2 running, ETA 5:10``."""
-    pct = 100 * p.samples_done // p.samples_total if p.samples_total else 100  # floored: 100% only when all are
-    return (f"run {run_id}: samples {p.samples_done}/{p.samples_total} ({pct}%), cells {p.done}/{p.total} done, "
+    pct = 100 * p.samples_finished // p.samples_total if p.samples_total else 100  # floored: 100% only when all are
+    return (f"run {run_id}: samples {p.samples_finished}/{p.samples_total} ({pct}%), cells {p.done}/{p.total} done, "
             f"{p.failed} failed, {p.running} running, ETA {format_eta(p.eta_s(now))}")
 
 
@@ -71,16 +71,16 @@ class PlainProgress:
 
     def update(self, p: RunProgress) -> None:
         now = self.clock()
-        step = int(p.samples_done / p.samples_total / self.step) if p.samples_total else 0
+        step = int(p.samples_finished / p.samples_total / self.step) if p.samples_total else 0
         if self.last_t is None or step > self.last_step or now - self.last_t >= self.every_s:
             self._print(progress_line(self.run_id, p, now))
-            self.last_t, self.last_step, self.last_done = now, step, p.samples_done
+            self.last_t, self.last_step, self.last_done = now, step, p.samples_finished
         if p.waiting and p.waiting != self.last_waiting:
             self._print(waiting_line(p, self.describe))
         self.last_waiting = dict(p.waiting)
 
     def close(self, p: RunProgress | None) -> None:
-        if p is not None and p.samples_done != self.last_done:
+        if p is not None and p.samples_finished != self.last_done:
             self._print(progress_line(self.run_id, p, self.clock()))
 
 
@@ -107,14 +107,14 @@ class RichProgress:
     def update(self, p: RunProgress) -> None:
         now = time.monotonic()
         info = f"cells {p.done}/{p.total} done, {p.failed} failed, {p.running} running"
-        self.bar.update(self.run_task, total=p.samples_total, completed=p.samples_done, info=info,
+        self.bar.update(self.run_task, total=p.samples_total, completed=p.samples_finished, info=info,
                         eta=format_eta(p.eta_s(now)))
         for cid in [c for c in self.cells if c not in p.cells]:
             self.bar.remove_task(self.cells.pop(cid))
         for cid, c in p.cells.items():
             if cid not in self.cells:
                 self.cells[cid] = self.bar.add_task(f"  {escape(c.label)}", total=c.samples_total, info="", eta="?")
-            self.bar.update(self.cells[cid], completed=c.samples_done, info=f"{c.shards_running} shard(s) running",
+            self.bar.update(self.cells[cid], completed=c.samples_finished, info=f"{c.shards_running} shard(s) running",
                             eta=format_eta(p.cell_eta_s(cid, now)))
         if p.waiting and p.waiting != self.last_waiting:
             self.bar.console.print(waiting_line(p, self.describe), markup=False, highlight=False)

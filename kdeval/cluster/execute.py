@@ -180,14 +180,15 @@ class EvalWorkload:
                                **run_arguments(handle, task, grouped=False))
         return _shard_result(rows)
 
-    def run_group(self, handle: Any, tasks: list[CellTask]) -> list[CellResult]:
+    def run_group(self, handle: Any, tasks: list[CellTask],
+                  on_samples: Callable[[int], None] | None = None) -> list[CellResult]:
         """The same shard of several cells that can share (:func:`kdeval.cluster.workload.check_group`) through
         ``runner.run_group``: one result per task, in order, each with the seconds of that cell's own runs.
         The shard holding the cells' first samples times its first context group of each cell alone
         (``time_first``). An error raised by the group fails all of its cells (the driver then runs them
         alone)."""
         if tasks and tasks[0].model_id.startswith(STUB_PREFIX):
-            return StubWorkload().run_group(handle, tasks)
+            return StubWorkload().run_group(handle, tasks, on_samples)
         check_group(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
         from kdeval.evals import runner
@@ -199,7 +200,7 @@ class EvalWorkload:
             return [CellResult(rows=[], summary={}, peak_memory_bytes=None, seconds=0.0) for _ in tasks]
         members = [run_arguments(handle, t, grouped=True) for t in tasks]
         done = runner.run_group(handle, evals_task, members, prompts, share=True,
-                                time_first=first.sample_start == 0)
+                                time_first=first.sample_start == 0, on_samples=on_samples)
         return [_shard_result(m.rows, m.seconds) for m in done]
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from kdeval.cluster.workload import CellResult, CellTask, check_group, shared_rows
 from kdeval.evals.budget import resolve_budget
@@ -79,10 +80,12 @@ class StubWorkload:
             open(marker, "w").close()
         os._exit(1)
 
-    def run_group(self, handle: StubModel, tasks: list[CellTask]) -> list[CellResult]:
+    def run_group(self, handle: StubModel, tasks: list[CellTask],
+                  on_samples: Callable[[int], None] | None = None) -> list[CellResult]:
         """Each task through :meth:`run` in turn (the stub has nothing to share), each result with its own
         seconds and, in a group of several, its rows' ``execution`` set to ``shared``; a task that raises (or
-        crashes) fails the whole group, as a real group's error does."""
+        crashes) fails the whole group, as a real group's error does. Task by task, every member has finished
+        its samples only at the end: ``on_samples`` is called once, then."""
         check_group(tasks)
         out = []
         for task in tasks:
@@ -92,6 +95,8 @@ class StubWorkload:
             if len(tasks) > 1:
                 res.rows = [{**r, "execution": "shared"} for r in res.rows]
             out.append(res)
+        if on_samples is not None and out:
+            on_samples(len(out[0].rows))
         return out
 
     def run(self, handle: StubModel, task: CellTask) -> CellResult:

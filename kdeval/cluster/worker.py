@@ -42,6 +42,7 @@ class CellWorker:
         self.loaded_key: str | None = None
         self.handle: Any = None
         self.model_loads = 0
+        self.group_samples = 0  # samples every cell of the running group has finished
         self.node_id = "local"
         if ray.is_initialized():  # asking outside Ray would start one (cluster mode, token auth) by itself
             try:
@@ -87,10 +88,11 @@ class CellWorker:
         cells together, so one cell's error is the group's) fails every cell of it with that error and
         ``group_error`` set; never raises for the cells' own errors."""
         t0 = time.perf_counter()
+        self.group_samples = 0
         try:
             check_group(tasks)
             self._ensure_model(tasks[0])
-            results = self.workload.run_group(self.handle, tasks)
+            results = self.workload.run_group(self.handle, tasks, self._finished_samples)
             if len(results) != len(tasks):
                 raise RuntimeError(f"run_group: {len(results)} results for {len(tasks)} cells")
         except Exception as exc:  # noqa: BLE001 - reported, not raised
@@ -100,6 +102,15 @@ class CellWorker:
         took = time.perf_counter() - t0
         return [self._done(t, r, r.seconds if r.seconds is not None else took / len(tasks))
                 for t, r in zip(tasks, results)]
+
+    def _finished_samples(self, n: int) -> None:
+        self.group_samples += n
+
+    @ray.method(concurrency_group="probe")
+    def samples_done_in_group(self) -> int:
+        """How many samples every cell of the running (or last) group has finished: what the driver shows while
+        a group runs (it stores them when the group returns). Answered on its own thread, beside the group."""
+        return self.group_samples
 
     def _failed(self, task: CellTask, exc: BaseException, seconds: float) -> CellOutcome:
         oom = _is_oom(exc)
@@ -126,5 +137,6 @@ def worker_actor_class():
     """``CellWorker`` as a Ray actor class (created once, on first use)."""
     global _ACTOR_CLASS
     if _ACTOR_CLASS is None:
-        _ACTOR_CLASS = ray.remote(CellWorker)
+        # cells run one at a time on the default group; the progress probe has a thread of its own
+        _ACTOR_CLASS = ray.remote(concurrency_groups={"probe": 1})(CellWorker)
     return _ACTOR_CLASS

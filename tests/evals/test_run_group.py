@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kdeval.evals.question_runs import context_groups
 from kdeval.evals.registry import get_task
 from kdeval.evals.runner import OWN_FIGURES, model_prompts, run_group, run_task
 
@@ -44,7 +45,9 @@ def test_rows_equal_each_cell_run_alone(tiny, task_args):
     task = get_task(task_args[0], **task_args[1])
     prompts = model_prompts(tiny, task, max_new_tokens=4)
     cells = members()
-    grouped = run_group(tiny, task, cells, prompts)
+    told = []
+    grouped = run_group(tiny, task, cells, prompts, on_samples=told.append)
+    assert told == [len(g) for g in context_groups(prompts[1])] and sum(told) == len(prompts[0])  # as each ends
     for cell, got in zip(cells, grouped):
         alone = run_task(tiny, task, prompts=prompts, **cell)
         assert results(got.rows) == results(alone), cell

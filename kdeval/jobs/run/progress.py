@@ -1,6 +1,8 @@
 """What a running scheduler reports after every event: cells and samples done, per running cell, and ETAs.
 
-Samples count when the shard holding them is stored (a cell of one shard jumps from 0 to all). ETAs come
+Samples count as done when the shard holding them is stored; the samples a running group's cells have all
+finished count as in flight (:mod:`kdeval.jobs.run.group_probe`) until the group returns, and the figures shown
+(``finished``) add them. ETAs come
 from the rate at which this driver's workers computed samples since its first shard started (samples of
 cells found done elsewhere, or of shards reused from an earlier driver, are done but not computed here).
 A running cell's ETA gives it its share of that rate: the fraction of the shards in flight that are its own.
@@ -19,10 +21,15 @@ class CellProgress:
     samples_total: int
     samples_done: int = 0
     shards_running: int = 0
+    samples_in_flight: int = 0  # finished in a running group, not stored yet
+
+    @property
+    def samples_finished(self) -> int:
+        return min(self.samples_done + self.samples_in_flight, self.samples_total)
 
     @property
     def samples_left(self) -> int:
-        return max(self.samples_total - self.samples_done, 0)
+        return max(self.samples_total - self.samples_finished, 0)
 
 
 @dataclass
@@ -37,20 +44,27 @@ class RunProgress:
     samples_total: int = 0  # samples of this session's cells
     samples_done: int = 0  # of which done (computed here, reused, or done by another run)
     samples_computed: int = 0  # of which computed by this driver's workers (the rate behind the ETAs)
+    samples_in_flight: int = 0  # not done: finished by the cells of running groups, stored when a group returns
     computing_since: float | None = None  # time.monotonic() when this driver's first shard started
     cells: dict[str, CellProgress] = field(default_factory=dict)  # cell id -> progress, cells held here
     waiting: dict[str, int] = field(default_factory=dict)  # run id -> cells it holds that this run waits for
 
+    @property
+    def samples_finished(self) -> int:
+        """Samples done, and those finished in running groups: what progress lines show."""
+        return min(self.samples_done + self.samples_in_flight, self.samples_total)
+
     def rate(self, now: float | None = None) -> float | None:
-        """Samples per second computed by this driver's workers (None before the first shard is stored)."""
-        if not self.samples_computed or self.computing_since is None:
+        """Samples per second computed by this driver's workers (None before the first is finished)."""
+        computed = self.samples_computed + self.samples_in_flight
+        if not computed or self.computing_since is None:
             return None
         elapsed = (time.monotonic() if now is None else now) - self.computing_since
-        return self.samples_computed / elapsed if elapsed > 0 else None
+        return computed / elapsed if elapsed > 0 else None
 
     def eta_s(self, now: float | None = None) -> float | None:
         """Seconds until every sample is done at the current rate (0 when none is left; None: no rate yet)."""
-        left = max(self.samples_total - self.samples_done, 0)
+        left = max(self.samples_total - self.samples_finished, 0)
         if not left:
             return 0.0
         rate = self.rate(now)

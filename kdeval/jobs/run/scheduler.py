@@ -59,6 +59,7 @@ from kdeval.cluster.workload import CellOutcome, Workload
 from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.grid.cells import CellSpec, policy_label, protocol_tag
 from kdeval.jobs.run.affinity import WorkerSlot, pick_model
+from kdeval.jobs.run.group_probe import GroupProbes
 from kdeval.jobs.run.groups import group_shard_sizes, share_key, take_group, units_of_work
 from kdeval.jobs.run.holds import Holds
 from kdeval.jobs.run.outcomes import Flight, ShardOutcomes
@@ -139,6 +140,7 @@ class Scheduler(ShardOutcomes):
         self.slots: list[WorkerSlot] = []
         self.starting: dict[Any, WorkerSlot] = {}  # info() ref -> slot not yet ready
         self.flights: dict[Any, list[Flight]] = {}  # one call's ref -> its shards (several: a group)
+        self.probes = GroupProbes()  # how far the running groups have got
         self.held: dict[str, HeldCell] = {}  # cells this driver holds and has not finished
         self.alone: set[tuple[str, int]] = set()  # (cell id, shard) to run by itself: its group was lost or failed
         self.holds = Holds(index, run_id, wait=config.wait_for_held, recheck_s=config.heartbeat_s)
@@ -342,6 +344,7 @@ class Scheduler(ShardOutcomes):
                 else:  # only cells other drivers hold are left: wait for them
                     time.sleep(self.cfg.poll_s)
                 self._check_timeouts()
+                self.probes.poll(self.flights, self.progress, time.monotonic())
                 self._report()
                 now = time.monotonic()
                 if any(s.info is not None for s in self._live()) or not (self._queued() or self.flights):

@@ -70,9 +70,9 @@ class BarrierStub(StubWorkload):
                 raise RuntimeError(f"only {len(os.listdir(self.folder))} of {self.parties} calls ran at once")
             time.sleep(0.05)
 
-    def run_group(self, handle, tasks):
+    def run_group(self, handle, tasks, on_samples=None):
         self._wait(tasks)
-        return super().run_group(handle, tasks)
+        return super().run_group(handle, tasks, on_samples)
 
 
 def test_a_one_task_grid_spreads_over_every_worker(local_ray, paths):
