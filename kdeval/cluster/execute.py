@@ -19,7 +19,7 @@ computing it again), only the rows' ``context_shared`` / ``shared_prefill_s`` an
 rows (:meth:`EvalWorkload.aggregate`).
 
 Groups: :meth:`EvalWorkload.run_group` runs one shard of several cells that can share (the same task instance
-and samples on the same model) through ``runner.run_group``, which computes what the cells compute alike
+and samples on the same model) through ``group_run.run_group``, which computes what the cells compute alike
 once; each cell's rows are those it gets alone, timings aside (``tests/jobs/run/test_real_groups.py``).
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ def default_batch_size(lm: Any, task: CellTask) -> int:
 
 
 def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
-    """``runner.run_task``'s keyword arguments for a cell (also a member of ``runner.run_group``), but the task
+    """``runner.run_task``'s keyword arguments for a cell (also a member of ``group_run.run_group``), but the task
     and its prompts. ``grouped``: the cell runs in a group; sharing work between cells needs the batch-1 path,
     so a cell whose grid left ``batch_size`` unset runs at batch 1 there, not at :func:`default_batch_size`
     (a cell whose grid sets a batch size keeps it)."""
@@ -183,7 +183,7 @@ class EvalWorkload:
     def run_group(self, handle: Any, tasks: list[CellTask],
                   on_samples: Callable[[int], None] | None = None) -> list[CellResult]:
         """The same shard of several cells that can share (:func:`kdeval.cluster.workload.check_group`) through
-        ``runner.run_group``: one result per task, in order, each with the seconds of that cell's own runs.
+        ``group_run.run_group``: one result per task, in order, each with the seconds of that cell's own runs.
         The shard holding the cells' first samples times its first context group of each cell alone
         (``time_first``). An error raised by the group fails all of its cells (the driver then runs them
         alone)."""
@@ -191,7 +191,7 @@ class EvalWorkload:
             return StubWorkload().run_group(handle, tasks, on_samples)
         check_group(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        from kdeval.evals import runner
+        from kdeval.evals import group_run
 
         first = tasks[0]
         evals_task, prompts = task_and_prompts(handle, first)
@@ -199,8 +199,8 @@ class EvalWorkload:
         if not prompts[0]:
             return [CellResult(rows=[], summary={}, peak_memory_bytes=None, seconds=0.0) for _ in tasks]
         members = [run_arguments(handle, t, grouped=True) for t in tasks]
-        done = runner.run_group(handle, evals_task, members, prompts, share=True,
-                                time_first=first.sample_start == 0, on_samples=on_samples)
+        done = group_run.run_group(handle, evals_task, members, prompts, share=True,
+                                   time_first=first.sample_start == 0, on_samples=on_samples)
         return [_shard_result(m.rows, m.seconds) for m in done]
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:

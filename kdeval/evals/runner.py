@@ -30,17 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from kdeval.evals.base import EvalError, Sample, Task, check_choice, check_positive
 from kdeval.evals.budget import Budget, budget_groups
 from kdeval.evals.chunking import WHOLE, ChunkSize, resolve_chunk
 from kdeval.evals.conversation import conversation_prompts, resolve_conversation, run_conversations
 from kdeval.evals.generation_jobs import JobLoop, answer_alone
-from kdeval.evals.group_decode import BATCHED_FIGURES, GroupDecoder
 from kdeval.evals.prompting import BuiltPrompt, PromptBuilder
-from kdeval.evals.question_runs import context_groups, run_batched, run_each
+from kdeval.evals.question_runs import run_batched, run_each
 from kdeval.evals.thinking import THINKING_MODES, thinking_markers
 
 #: ``EngineConfig`` fields a run does not set through ``engine``: budget and chunk size are ``run_task``'s own
@@ -66,7 +64,7 @@ def engine_options() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_ENGINE_OPTIONS)
 
 
-def _resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any:
+def resolve_policy(policy: Any, policy_params: Mapping[str, Any] | None) -> Any:
     if isinstance(policy, str):
         from kdeval.baselines import get_policy
 
@@ -179,15 +177,16 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             markers from ``lm.tokenizer``; :mod:`kdeval.evals.thinking`): rows keep the raw ``prediction`` and
             add the scored ``answer``.
         shared: a :class:`kdeval.keydiff.shared.SharedSteps` of prompt steps shared with other cells
-            (:func:`run_group`); the rows are the same without it (timings aside). Batch 1 only.
+            (:func:`kdeval.evals.group_run.run_group`); the rows are the same without it (timings aside).
+            Batch 1 only.
         conversation: how a task with several questions per context asks them
             (:class:`kdeval.evals.conversation.Conversation` or its fields: ``mode`` ``"multi-turn"`` or
             ``"multi-request"``, ``answers`` ``"golden"`` or ``"own"``); None: multi-turn with golden answers for
             such a task. A one-question task refuses one. Rows then carry ``turn``, ``turns``, ``question``,
             ``answer_fed`` and ``conversation``, in sample then turn order.
         as_jobs: return the run as a loop of the engine calls it makes one sample at a time
-            (:mod:`kdeval.evals.generation_jobs`; :func:`run_group` answers several cells' together) instead of
-            running it; the arguments are checked first either way.
+            (:mod:`kdeval.evals.generation_jobs`; :func:`kdeval.evals.group_run.run_group` answers several
+            cells' together) instead of running it; the arguments are checked first either way.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
@@ -215,7 +214,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     unknown = sorted(set(engine or {}) - set(engine_options()))
     if unknown:
         raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
-    pol = _resolve_policy(policy, policy_params)
+    pol = resolve_policy(policy, policy_params)
     # a repeat-pass policy's prompt (KVzip): the instruction and chat template of this model's tokenizer
     repeat = RepeatPrompt.from_tokenizer(lm.tokenizer) if pol.evicts and pol.needs().repeat is not None else None
     groups = _chunk_groups(budget_groups(budget, pol, samples, built, context_only), chunk_size, built,
@@ -270,124 +269,6 @@ def _chunk_groups(groups: Mapping[int | None, list[int]], chunk_size: ChunkSize,
                 tokens = sizes[i]
             out.setdefault((n, resolve_chunk(chunk_size, tokens)), []).append(i)
     return out
-
-
-@dataclasses.dataclass
-class MemberResult:
-    """One member cell's part of :func:`run_group`: its rows (as :func:`run_task` gives them, plus how each sample
-    was computed) and the seconds spent on its own runs."""
-
-    rows: list[dict[str, Any]]
-    seconds: float
-
-
-#: row columns that measure a run: a sample computed with steps shared among cells has none of its own (its
-#: process peak includes the group's recorded steps, its first token waited on the record)
-OWN_FIGURES = ("ttft_s", "shared_prefill_s", "peak_memory_bytes")
-
-
-def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
-              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]], *, share: bool = True,
-              time_first: bool = True, on_samples: Callable[[int], None] | None = None) -> list[MemberResult]:
-    """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
-    (:mod:`kdeval.keydiff.shared`): ``members[i]`` are :func:`run_task`'s keyword arguments of cell ``i``
-    (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size).
-    Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
-
-    Samples run one context group at a time (consecutive samples on one context:
-    :func:`~kdeval.evals.question_runs.context_groups`), every member
-    on it before the next, so the shared steps held are those of one prompt, at most the members' largest
-    budget plus a chunk. ``time_first``: the first group runs every member alone, so each cell has samples timed
-    on their own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed
-    step costs the cell nothing). ``share=False``, and members with ``batch_size > 1`` (batches do not share
-    steps), run alone on all samples. Rows of a member that replayed or recorded nothing say ``"alone"``.
-
-    After the first group, members that do not evict while decoding (``decode="keep"``) decode their tokens after
-    the first in batches with each other (:mod:`kdeval.evals.group_decode`): such rows say ``"shared"`` and have
-    no ``decode_s`` of their own either.
-
-    ``on_samples(n)``: called once every member has finished the next ``n`` samples (after each context group
-    that the members run together; members that run alone finish theirs first), so a worker can say how far a
-    group has got before it returns."""
-    from kdeval.keydiff.shared import SharedSteps
-
-    told = on_samples or (lambda n: None)
-
-    samples, built = list(prompts[0]), list(prompts[1])
-    out = [MemberResult([], 0.0) for _ in members]
-    groups = list(context_groups(built))
-    sharing = [share and m.get("batch_size", 1) == 1 for m in members]
-    for i, kwargs in enumerate(members):
-        if not sharing[i]:
-            _run_alone(out[i], lm, task, kwargs, prompts)
-    shared_ix = [i for i, yes in enumerate(sharing) if yes]
-    if not shared_ix:
-        told(len(samples))
-        return out
-    policies = {i: _resolve_policy(members[i].get("policy", "keydiff"), members[i].get("policy_params"))
-                for i in shared_ix}
-    decoder = GroupDecoder(lm.model)
-    for g, group in enumerate(groups):
-        ids = [samples[j].id for j in group]
-        if time_first and g == 0:
-            for i in shared_ix:
-                _run_alone(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
-                           prompts, ids)
-            told(len(group))
-            continue
-        store = SharedSteps(policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
-        loops = {i: run_task(lm, task, prompts=prompts, sample_ids=ids, shared=store, as_jobs=True,
-                             **{**members[i], "policy": policies[i], "policy_params": None}) for i in shared_ix}
-        for i, run in decoder.drive(loops, lambda: (store.recorded, store.replayed)).items():
-            _add_rows(out[i], run.value, run.seconds, run.touched_store or bool(run.batched), run.batched)
-        told(len(group))
-    for r in out:
-        r.rows.sort(key=lambda row, at={s.id: k for k, s in enumerate(samples)}: at[row["id"]])
-    return out
-
-
-def _run_alone(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, Any], prompts: Any,
-               sample_ids: Sequence[str] | None = None) -> None:
-    """Run one member alone on ``sample_ids`` (all: ``None``); add its rows to ``result``."""
-    t0 = time.perf_counter()
-    rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, **kwargs)
-    _add_rows(result, rows, time.perf_counter() - t0, False)
-
-
-def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, took_part: bool,
-              batched: set[str] = frozenset()) -> None:
-    """Add a member's ``rows`` (of ``seconds`` of work) to ``result``: ``execution`` says whether it took part in
-    shared work (then its own figures are empty), timings are numbered after its earlier rows, and the rows
-    whose decoding ran in a batch with other cells' (ids in ``batched``) have no decode time of their own."""
-    result.seconds += seconds
-    numbered = 1 + max((r["timing_batch"] for r in result.rows), default=-1)
-    for row in rows:
-        row.update(execution="shared" if took_part else "alone", timing_batch=row["timing_batch"] + numbered)
-        if took_part:
-            row.update({c: None for c in OWN_FIGURES})
-        if row["id"] in batched:
-            row.update({c: None for c in BATCHED_FIGURES})
-    result.rows.extend(rows)
-
-
-def _most_held(members: Sequence[Mapping[str, Any]], policies: Mapping[int, Any], which: Sequence[int],
-               samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> int:
-    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.shared.SharedSteps`'s bound): the
-    largest budget + chunk any evicting member resolves for these samples (0 when no member evicts: no member
-    forks, so nothing is worth recording)."""
-    most = 0
-    for i in which:
-        m = members[i]
-        if not policies[i].evicts or m.get("budget") is None:
-            continue
-        context_only = m.get("compress", "prompt") == "context"
-        part = [samples[j] for j in group], [built[j] for j in group]
-        for n, idx in budget_groups(m["budget"], policies[i], *part, context_only).items():
-            for j in idx:
-                p = part[1][j]
-                b = resolve_chunk(m.get("chunk_size", 128), len(p.prefix_ids) if context_only else p.n_tokens)
-                most = max(most, n + b)
-    return most
 
 
 def aggregate(task: Task, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

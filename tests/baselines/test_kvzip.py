@@ -249,7 +249,8 @@ def test_a_group_of_cells_gives_each_cell_its_alone_rows():
     """run_group: kvzip cells replay the prompt forward other cells recorded, run their own repeat pass, and decode
     (``decode: keep``) in batches with other cells; their rows are their alone rows, extra tokens included."""
     from kdeval.evals.registry import get_task
-    from kdeval.evals.runner import model_prompts, run_group, run_task
+    from kdeval.evals.group_run import run_group
+    from kdeval.evals.runner import model_prompts, run_task
 
     lm = load_model("random:llama-tiny")
     task = get_task("needle", lengths=[600], depths=[20, 60, 80], haystack="noise")

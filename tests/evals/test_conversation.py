@@ -12,7 +12,8 @@ from kdeval.evals.base import EvalError, Task
 from kdeval.evals.conversation import Conversation
 from kdeval.evals.prompting import PromptBuilder
 from kdeval.evals.registry import get_task
-from kdeval.evals.runner import build_prompts, run_group, run_task
+from kdeval.evals.group_run import run_group
+from kdeval.evals.runner import build_prompts, run_task
 
 #: row fields a run's timing or the way it was computed changes; the rest must be equal
 TIMING = {"ttft_s", "decode_s", "timing_batch", "peak_memory_bytes", "shared_prefill_s", "execution",

@@ -7,7 +7,8 @@ import pytest
 
 from kdeval.evals.question_runs import context_groups
 from kdeval.evals.registry import get_task
-from kdeval.evals.runner import OWN_FIGURES, model_prompts, run_group, run_task
+from kdeval.evals.group_run import OWN_FIGURES, run_group
+from kdeval.evals.runner import model_prompts, run_task
 
 #: what may differ between a cell run in a group and alone: its timings and how it was computed
 NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "execution",
