@@ -181,7 +181,7 @@ class EvalWorkload:
         return _shard_result(rows)
 
     def run_group(self, handle: Any, tasks: list[CellTask],
-                  on_samples: Callable[[int], None] | None = None) -> list[CellResult]:
+                  on_samples: Callable[[int, int], None] | None = None) -> list[CellResult]:
         """The same shard of several cells that can share (:func:`kdeval.cluster.workload.check_group`) through
         ``group_run.run_group``: one result per task, in order, each with the seconds of that cell's own runs.
         The shard holding the cells' first samples times its first context group of each cell alone

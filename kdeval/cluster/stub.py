@@ -81,11 +81,10 @@ class StubWorkload:
         os._exit(1)
 
     def run_group(self, handle: StubModel, tasks: list[CellTask],
-                  on_samples: Callable[[int], None] | None = None) -> list[CellResult]:
+                  on_samples: Callable[[int, int], None] | None = None) -> list[CellResult]:
         """Each task through :meth:`run` in turn (the stub has nothing to share), each result with its own
         seconds and, in a group of several, its rows' ``execution`` set to ``shared``; a task that raises (or
-        crashes) fails the whole group, as a real group's error does. Task by task, every member has finished
-        its samples only at the end: ``on_samples`` is called once, then."""
+        crashes) fails the whole group, as a real group's error does. ``on_samples(i, n)`` as each task ends."""
         check_group(tasks)
         out = []
         for task in tasks:
@@ -95,8 +94,8 @@ class StubWorkload:
             if len(tasks) > 1:
                 res.rows = [{**r, "execution": "shared"} for r in res.rows]
             out.append(res)
-        if on_samples is not None and out:
-            on_samples(len(out[0].rows))
+            if on_samples is not None:
+                on_samples(len(out) - 1, len(res.rows))
         return out
 
     def run(self, handle: StubModel, task: CellTask) -> CellResult:

@@ -42,7 +42,7 @@ class CellWorker:
         self.loaded_key: str | None = None
         self.handle: Any = None
         self.model_loads = 0
-        self.group_samples = 0  # samples every cell of the running group has finished
+        self.group_samples: list[int] = []  # samples each cell of the running group has finished
         self.node_id = "local"
         if ray.is_initialized():  # asking outside Ray would start one (cluster mode, token auth) by itself
             try:
@@ -88,7 +88,7 @@ class CellWorker:
         cells together, so one cell's error is the group's) fails every cell of it with that error and
         ``group_error`` set; never raises for the cells' own errors."""
         t0 = time.perf_counter()
-        self.group_samples = 0
+        self.group_samples = [0] * len(tasks)
         try:
             check_group(tasks)
             self._ensure_model(tasks[0])
@@ -103,14 +103,15 @@ class CellWorker:
         return [self._done(t, r, r.seconds if r.seconds is not None else took / len(tasks))
                 for t, r in zip(tasks, results)]
 
-    def _finished_samples(self, n: int) -> None:
-        self.group_samples += n
+    def _finished_samples(self, i: int, n: int) -> None:
+        self.group_samples[i] += n
 
     @ray.method(concurrency_group="probe")
-    def samples_done_in_group(self) -> int:
-        """How many samples every cell of the running (or last) group has finished: what the driver shows while
-        a group runs (it stores them when the group returns). Answered on its own thread, beside the group."""
-        return self.group_samples
+    def samples_done_in_group(self) -> list[int]:
+        """How many samples each cell of the running (or last) group has finished, in the group's task order:
+        what the driver shows while a group runs (it stores them when the group returns). Answered on its own
+        thread, beside the group."""
+        return list(self.group_samples)
 
     def _failed(self, task: CellTask, exc: BaseException, seconds: float) -> CellOutcome:
         oom = _is_oom(exc)

@@ -5,8 +5,8 @@ needs), ``run(handle, task) -> CellResult`` (run the task's shard of the cell: s
 ``[sample_start, sample_stop)`` of its first ``samples``), ``run_group(handle, tasks, on_samples) -> [CellResult]`` (the
 same shard of several cells that can share: same model, task instance, samples and generation length, any
 policy, budget, chunk size, engine options and protocol; one result per task, in order, each with the seconds
-spent on that cell's own runs; raising fails the whole group; ``on_samples(n)``, when given, is called as every
-member finishes ``n`` more samples) and ``aggregate(task, rows) -> summary`` (the
+spent on that cell's own runs; raising fails the whole group; ``on_samples(i, n)``, when given, is called as
+task ``i`` finishes ``n`` more samples) and ``aggregate(task, rows) -> summary`` (the
 cell's headline numbers from all its stored rows; the driver calls it once every shard is done). The worker
 actor calls ``load`` only when the model changes, so a model is loaded once per (worker, model).
 :class:`kdeval.cluster.execute.EvalWorkload` runs real evaluations; :class:`kdeval.cluster.stub.StubWorkload`
@@ -147,6 +147,6 @@ class Workload(Protocol):
     def run(self, handle: Any, task: CellTask) -> CellResult: ...
 
     def run_group(self, handle: Any, tasks: list[CellTask],
-                  on_samples: Callable[[int], None] | None = None) -> list[CellResult]: ...
+                  on_samples: Callable[[int, int], None] | None = None) -> list[CellResult]: ...
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]: ...

@@ -33,7 +33,7 @@ OWN_FIGURES = ("ttft_s", "shared_prefill_s", "peak_memory_bytes")
 
 def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
               prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]], *, share: bool = True,
-              time_first: bool = True, on_samples: Callable[[int], None] | None = None) -> list[MemberResult]:
+              time_first: bool = True, on_samples: Callable[[int, int], None] | None = None) -> list[MemberResult]:
     """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
     (:mod:`kdeval.keydiff.shared`): ``members[i]`` are :func:`run_task`'s keyword arguments of cell ``i``
     (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size).
@@ -51,12 +51,12 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     the first in batches with each other (:mod:`kdeval.evals.group_decode`): such rows say ``"shared"`` and have
     no ``decode_s`` of their own either.
 
-    ``on_samples(n)``: called once every member has finished the next ``n`` samples (after each context group
-    that the members run together; members that run alone finish theirs first), so a worker can say how far a
-    group has got before it returns."""
+    ``on_samples(i, n)``: member ``i`` has finished ``n`` more samples (a member running alone on all samples,
+    once; in the timed first context group, as each member's own run ends; after it, every member of a context
+    group at once, as they decode together), so a worker can say how far a group has got before it returns."""
     from kdeval.keydiff.shared import SharedSteps
 
-    told = on_samples or (lambda n: None)
+    told = on_samples or (lambda i, n: None)
 
     samples, built = list(prompts[0]), list(prompts[1])
     out = [MemberResult([], 0.0) for _ in members]
@@ -65,9 +65,9 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     for i, kwargs in enumerate(members):
         if not sharing[i]:
             _run_alone(out[i], lm, task, kwargs, prompts)
+            told(i, len(samples))
     shared_ix = [i for i, yes in enumerate(sharing) if yes]
     if not shared_ix:
-        told(len(samples))
         return out
     policies = {i: resolve_policy(members[i].get("policy", "keydiff"), members[i].get("policy_params"))
                 for i in shared_ix}
@@ -78,14 +78,15 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
             for i in shared_ix:
                 _run_alone(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
                            prompts, ids)
-            told(len(group))
+                told(i, len(group))
             continue
         store = SharedSteps(policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
         loops = {i: run_task(lm, task, prompts=prompts, sample_ids=ids, shared=store, as_jobs=True,
                              **{**members[i], "policy": policies[i], "policy_params": None}) for i in shared_ix}
         for i, run in decoder.drive(loops, lambda: (store.recorded, store.replayed)).items():
             _add_rows(out[i], run.value, run.seconds, run.touched_store or bool(run.batched), run.batched)
-        told(len(group))
+        for i in shared_ix:
+            told(i, len(group))
     for r in out:
         r.rows.sort(key=lambda row, at={s.id: k for k, s in enumerate(samples)}: at[row["id"]])
     return out

@@ -47,8 +47,10 @@ def test_rows_equal_each_cell_run_alone(tiny, task_args):
     prompts = model_prompts(tiny, task, max_new_tokens=4)
     cells = members()
     told = []
-    grouped = run_group(tiny, task, cells, prompts, on_samples=told.append)
-    assert told == [len(g) for g in context_groups(prompts[1])] and sum(told) == len(prompts[0])  # as each ends
+    grouped = run_group(tiny, task, cells, prompts, on_samples=lambda i, n: told.append((i, n)))
+    sizes = [len(g) for g in context_groups(prompts[1])]
+    # the timed first context group member by member, as each ends; every later group for all members at once
+    assert told == [(i, n) for n in sizes for i in range(len(cells))]
     for cell, got in zip(cells, grouped):
         alone = run_task(tiny, task, prompts=prompts, **cell)
         assert results(got.rows) == results(alone), cell
@@ -67,7 +69,9 @@ def test_batched_members_and_share_false_run_alone(tiny):
     cells = [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=3),
              dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4),
              dict(policy="tova", budget=64, chunk_size=32, max_new_tokens=4)]
-    grouped = run_group(tiny, task, cells, prompts, time_first=False)
+    told = []
+    grouped = run_group(tiny, task, cells, prompts, time_first=False, on_samples=lambda i, n: told.append((i, n)))
+    assert told[0] == (0, 3) and sorted(told[1:]) == [(1, 1), (1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]
     assert [r["execution"] for r in grouped[0].rows] == ["alone"] * 3
     assert grouped[0].rows[0]["timing_batch"] == grouped[0].rows[2]["timing_batch"]  # one batch of three
     assert [r["execution"] for r in grouped[2].rows] == ["shared"] * 3  # tova replays what snapkv recorded

@@ -1,4 +1,4 @@
-"""How far a running group has got: the driver asks each worker running a group how many samples every cell of
+"""How far a running group has got: the driver asks each worker running a group how many samples each cell of
 it has finished (:meth:`kdeval.cluster.worker.CellWorker.samples_done_in_group`), at most every ``every_s``,
 never waiting for the answer; the answers are the in-flight counts of :class:`RunProgress` (a group's rows are
 stored only when it returns, so a group of 40 cells would otherwise show 0% until it ends)."""
@@ -15,7 +15,7 @@ class GroupProbes:
         self.every_s = every_s
         self.asked: dict[Any, Any] = {}  # probe ref -> the group call's ref
         self.last: dict[Any, float] = {}  # group call's ref -> when its worker was last asked
-        self.finished: dict[Any, int] = {}  # group call's ref -> samples its cells have all finished
+        self.finished: dict[Any, list[int]] = {}  # group call's ref -> samples each of its cells has finished
 
     def poll(self, flights: dict[Any, list], progress: RunProgress, now: float) -> None:
         """Take the answers that came, ask again where due, and set ``progress``'s in-flight counts from the
@@ -27,7 +27,7 @@ class GroupProbes:
             for probe in ready:
                 call = self.asked.pop(probe)
                 try:
-                    self.finished[call] = int(ray.get(probe, timeout=0))
+                    self.finished[call] = [int(n) for n in ray.get(probe, timeout=0)]
                 except Exception:  # noqa: BLE001 - a lost worker: its group's own outcome says so
                     pass
         waiting = set(self.asked.values())
@@ -41,8 +41,8 @@ class GroupProbes:
         for cell in progress.cells.values():
             cell.samples_in_flight = 0
         progress.samples_in_flight = 0
-        for call, n in self.finished.items():
-            for f in flights[call]:
+        for call, counts in self.finished.items():
+            for f, n in zip(flights[call], counts):  # a group's flights are in its tasks' order
                 k = min(n, f.shard.samples)
                 if f.shard.cell.id in progress.cells:
                     progress.cells[f.shard.cell.id].samples_in_flight += k

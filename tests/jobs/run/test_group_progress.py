@@ -25,16 +25,19 @@ resources: {workers: 1, cpus_per_worker: 0.5}
 
 @dataclass(frozen=True)
 class HalfwayStub(StubWorkload):
-    """Every cell of the group finishes half of its samples, says so, and takes ``pause_s`` over the rest."""
+    """Every cell of the group but ``full`` finishes half of its samples, says so, and takes ``pause_s`` over
+    the rest."""
 
     pause_s: float = 3.0
 
     def run_group(self, handle, tasks, on_samples=None):
-        half = len(range(tasks[0].samples)[tasks[0].shard_slice]) // 2
-        on_samples(half)
+        half = {i: 0 if t.policy == "full" else len(range(t.samples)[t.shard_slice]) // 2 for i, t in enumerate(tasks)}
+        for i, n in half.items():
+            on_samples(i, n)
         time.sleep(self.pause_s)
         out = super().run_group(handle, tasks)
-        on_samples(len(out[0].rows) - half)
+        for i, res in enumerate(out):
+            on_samples(i, len(res.rows) - half[i])
         return out
 
 
@@ -42,9 +45,11 @@ def test_a_running_group_shows_the_samples_its_cells_finished(local_ray, paths):
     idx, run_id, plan = new_run(paths["db"], paths["results"], GRID)
     seen = []
     out = service.execute_run(idx, run_id, workload=HalfwayStub(), on_progress=lambda p: seen.append(
-        (p.samples_done, p.samples_in_flight, p.samples_finished, sorted(c.samples_finished for c in p.cells.values()))))
+        (p.samples_done, p.samples_in_flight, p.samples_finished,
+         sorted((" full " in c.label, c.samples_finished) for c in p.cells.values()))))
     assert (out.done, out.failed) == (5, 0)
-    assert (0, 20, 20, [4] * 5) in seen, seen  # 5 cells x 4 samples finished, none stored yet
+    halfway = (0, 16, 16, [(False, 4)] * 4 + [(True, 0)])  # 4 cells x 4 samples finished (not full's), none stored
+    assert halfway in seen, seen
     assert seen[-1][:3] == (40, 0, 40)  # stored: nothing left in flight
     finished = [s[2] for s in seen]
     assert finished == sorted(finished)  # never counted twice, never backwards
