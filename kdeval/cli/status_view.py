@@ -21,7 +21,7 @@ from kdeval.jobs.run.groups import execution_label
 from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, to_jsonable
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
-LABEL_WIDTH = 16  # "[query-agnostic]" stays whole
+LABEL_WIDTH = 17  # "[query-agnostic]", "[kivi-8b-g32-w32]" stay whole
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
 SHORT_COLUMNS = ("cell", "N/B", "state", "s")
 
@@ -69,16 +69,27 @@ def runs_table(index: RunIndex) -> Table:
     return t
 
 
-def _headline(summary: dict | None, sep: str = " ") -> str:
-    """The cell's headline numbers (scalar metrics, not counts, latencies or nested tables), joined by ``sep``."""
+def _headline(summary: dict | None, most: int = 3) -> str:
+    """The cell's first ``most`` headline numbers (scalar metrics, not counts, latencies or nested tables): the
+    task's own headline comes first (``score``, ``contains``)."""
     if not summary:
         return ""
     skip = ("n", "grid", "shared_rows")
-    eq = "=" if sep == " " else " "  # one a line: "rouge_l_recall 52.50" folds between name and value, never in a number
+    eq = "=" if most > 1 else " "  # alone on its line, "rouge_l_recall 52.50" may fold between name and value
     vals = [f"{k}{eq}{v:.2f}" if isinstance(v, float) else f"{k}{eq}{v}" for k, v in summary.items()
             if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
             and not k.endswith("_bytes")]
-    return sep.join(vals[:3])
+    return " ".join(vals[:most])
+
+
+def _common_suffix(tasks: list[str]) -> tuple[str, str]:
+    """What every task label of a run ends with (``needle@1024#s0``, ``ruler.vt@1024#s0``): the length and the
+    seed, each "" where the labels differ in it, so that the heading says them once."""
+    seeds = {t[t.rfind("#s"):] if "#s" in t else "" for t in tasks}
+    seed = seeds.pop() if len(seeds) == 1 else ""
+    lengths = {t.removesuffix(seed)[t.rfind("@"):] if "@" in t else "" for t in tasks}
+    length = lengths.pop() if len(lengths) == 1 else ""
+    return length, seed
 
 
 def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
@@ -92,11 +103,17 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     one_model = len(models) == 1
     title = (f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)} — "
              f"{counts_line(run.counts)}")
+    tasks = sorted({c.task for c in cells})
+    one_task = len(tasks) == 1  # then the task, or else the length and seed all share, is said under the table
+    length, seed = _common_suffix(tasks)
+    shared = ", ".join(([tasks[0].removesuffix(seed).removesuffix(length)] if one_task else [])
+                       + ([f"{length[1:]} tokens"] if length else []) + ([f"seed {seed[2:]}"] if seed else []))
     wide = width >= 110
     # narrow: columns 2 spaces apart and no edges, so that the score column keeps room for one metric a line
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False) if wide else Table(box=box.SIMPLE_HEAD, show_edge=False,
                                                                       padding=(0, 1, 0, 0))
-    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B", "task", "state"] + (
+    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B"] + ([] if one_task else ["task"]) + [
+        "state"] + (
         ["worker@node"] if wide else []) + ["s"]
     # the label reports and progress print: two settings of one policy must not read the same
     labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + protocol_tag(c.spec)
@@ -104,19 +121,25 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     # a label folds between its words ("keydiff [query-agnostic]"); a long parameter list folds where it must
     longest = min(max((len(w) for label in labels.values() for w in label.split()), default=0), LABEL_WIDTH)
     for col in cols:  # short fixed texts stay on one line, so that the score column keeps its width
+        # narrow, the policy column is set, not a minimum: rich's collapse would shrink it below a minimum it then
+        # restores, and crop the table's right edge (the score) to fit
+        policy = {"width" if not wide else "min_width": longest} if col == "policy" else {}
         t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
-                     min_width=longest if col == "policy" else None)
-    t.add_column("score / error", overflow="fold", ratio=1)
+                     **policy)
+    t.add_column("score / error", overflow="fold")
     for c in cells:
-        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary, " " if wide else "\n")
+        # narrow: the task's headline metric only (all of them in `--json` or a wider terminal)
+        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary, 3 if wide else 1)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         state = " ".join(filter(None, [state, execution_label(c.summary, c.n_rows)]))  # "done shared": in a group
         nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
-        row = [c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb, c.task, state] + (
+        row = [c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb] + (
+            [] if one_task else [c.task.removesuffix(seed).removesuffix(length)]) + [state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
         t.add_row(*row)
-    parts = [Text(title, style="bold"), t] + ([Text(caption)] if caption else [])
+    said = [Text(f"{'task' if one_task else 'every task'}: {shared}")] if shared else []
+    parts = [Text(title, style="bold"), t] + said + ([Text(caption)] if caption else [])
     return Group(*parts)
 
 

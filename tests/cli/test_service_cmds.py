@@ -148,8 +148,10 @@ def test_ray_job_spec_ships_the_grid_and_runs_submit_on_the_head(paths):
 
 
 def test_status_at_80_columns_keeps_run_ids_and_numbers_whole(store):
-    """A user's 80-column terminal: the runs table shows a run id on one line (it is what they type next), and a
-    cell's metrics stand one a line, a name folding away from its value but never a number cut in two."""
+    """A user's 80-column terminal: the runs table shows a run id on one line (it is what they type next); a
+    cell shows its task's headline metric, its name folding away from its value but never a number cut (rich
+    cropped the table's right edge when a long policy label and task met: ``score 10`` for 100.00); the length
+    and seed every task shares are said once, in the heading. A wide terminal shows every metric."""
     import subprocess
     import sys
 
@@ -158,26 +160,32 @@ def test_status_at_80_columns_keeps_run_ids_and_numbers_whole(store):
 
     idx, res = store
     run_id = "20261202-091030-dc4afc"
-    summary = {"score": 0.0, "contains": 0.0, "rouge_l_recall": 52.5, "shared_rows": 3}
-    store_run(idx, res, run_id, [FakeCell("full", None, rows=rows([1.0] * 3), summary=summary),
-                                 FakeCell("keydiff", "25%", rows=rows([1.0] * 3), summary=summary)],
-              name="my-shared-check")
+    summary = {"score": 100.0, "contains": 0.0, "rouge_l_recall": 52.5, "shared_rows": 3}
+    store_run(idx, res, run_id, [
+        FakeCell("full", None, rows=rows([1.0] * 3), summary=summary),
+        FakeCell("keydiff", "25%", rows=rows([1.0] * 3), summary=summary),
+        FakeCell("snapkv", 128, params={"window": 32}, task="ruler.niah_single_1", rows=rows([1.0] * 3),
+                 summary=summary)], name="my-shared-check")
     db = str(res.parent / "index.sqlite")  # the store fixture's index
     idx.close()
 
-    def status(*args: str) -> list[str]:
+    def status(*args: str, columns: int = 80) -> list[str]:
         r = subprocess.run([sys.executable, "-m", "kdeval.cli.app", "status", *args, "--db", db],
-                           capture_output=True, text=True, env=user_env(COLUMNS="80"), timeout=120)
+                           capture_output=True, text=True, env=user_env(COLUMNS=str(columns)), timeout=120)
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
-        assert max(len(ln) for ln in lines) <= 80, r.stdout
+        assert max(len(ln) for ln in lines) <= columns, r.stdout
         return lines
 
     runs = status()
     assert any(run_id in ln and "my-shared-check" in ln for ln in runs), "\n".join(runs)
     cells = status(run_id)
     text = "\n".join(cells)
-    assert sum("done shared" in ln for ln in cells) == 2, text
-    assert sum(ln.rstrip().endswith("score 0.00") for ln in cells) == 2, text
-    assert sum(ln.strip() == "contains 0.00" for ln in cells) == 2, text
-    assert sum(ln.strip() == "52.50" or ln.rstrip().endswith("rouge_l_recall 52.50") for ln in cells) == 2, text
+    assert "every task: 1024 tokens, seed 0" in text and "#s0" not in text and "@1024" not in text, text
+    assert sum("done shared" in ln for ln in cells) == 3, text
+    whole = [ln.rstrip().endswith("score 100.00") for ln in cells]
+    folded = [a.rstrip().endswith("score") and b.strip().endswith("100.00") for a, b in zip(cells, cells[1:])]
+    assert sum(whole) + sum(folded) == 3, text
+    assert "snapkv(window=32)" in text and "contains" not in text, text  # the headline only
+    wide = "\n".join(status(run_id, columns=160))
+    assert wide.count("contains=0.00") == 3 and wide.count("rouge_l_recall=52.50") == 3, wide

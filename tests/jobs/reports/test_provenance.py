@@ -87,4 +87,4 @@ def test_cells_without_provenance_are_listed_blank_and_not_counted(store):
     assert full.device == "" and full.source_hash == ""
     [(_, known), (blank, unknown)] = combinations(rep.provenance)
     assert len(known) == 2 and set(blank.values()) == {""} and [r.policy for r in unknown] == ["full"]
-    assert '<td class="txt">-</td>' * 8 + '<td class="txt">full needle@1024#s0 (run r1)</td>' in render_html(rep, [])
+    assert '<td class="txt">-</td>' * 8 + '<td class="txt fold">full needle@1024#s0 (run r1)</td>' in render_html(rep, [])

@@ -134,6 +134,14 @@ def fields_view(name: str, rows: list[Any]) -> TableView:
 
 
 # ------------------------------------------------------------------ HTML tables
+def _cell_class(column: Column) -> str:
+    """A cell's CSS classes as :class:`Column` says it reads: ``num``; ``txt key`` (whole on one line), ``txt fold``
+    (a long word may break anywhere) or ``txt`` (wraps at spaces)."""
+    if column.numeric:
+        return "num"
+    return "txt key" if column.key else "txt fold" if column.fold else "txt"
+
+
 def html_table(view: TableView, *, source: str | None = None, css_class: str = "") -> str:
     """A view as ``<table data-table=...>``: readable headers and cells (numbers right-aligned, class ``num``),
     each row's state as its class and, with ``source`` (the report table the rows come from), the raw row
@@ -146,8 +154,7 @@ def html_table(view: TableView, *, source: str | None = None, css_class: str = "
         raw = ""
         if source is not None:
             raw = f' data-row="{html.escape(json.dumps(dataclasses.asdict(view.raw[i]), ensure_ascii=False))}"'
-        tds = "".join(f'<td class="{"num" if c.numeric else "txt"}">{html.escape(x)}</td>'
-                      for c, x in zip(view.columns, cells))
+        tds = "".join(f'<td class="{_cell_class(c)}">{html.escape(x)}</td>' for c, x in zip(view.columns, cells))
         body.append(f'<tr class="{state}"{raw}>{tds}</tr>')
     return (f'<table data-table="{html.escape(name)}" class="{css_class}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")

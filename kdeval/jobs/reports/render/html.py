@@ -38,7 +38,8 @@ thead th { position: sticky; top: 0; z-index: 1; background: #f6f8fa; border-bot
            font-weight: 600; white-space: nowrap; }
 .num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .txt { text-align: left; }
-td.txt { max-width: 36em; overflow-wrap: anywhere; }
+td.txt { max-width: 36em; overflow-wrap: break-word; } td.key { white-space: nowrap; }
+td.fold { overflow-wrap: anywhere; }
 tbody tr:hover td { background: #f6f8fa; }
 tr.failed td, tr.missing td { background: #ffebe9; } tr.partial td { background: #fff8c5; }
 tr.pending td, tr.running td { color: #8c959f; }
