@@ -92,6 +92,44 @@ def _common_suffix(tasks: list[str]) -> tuple[str, str]:
     return length, seed
 
 
+def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) -> list[int] | None:
+    """Each column's text width so that the table's texts take at most ``room`` characters a line, chosen here
+    because rich's own collapse shrinks a column below its minimum and then crops the table's right edge. Short
+    columns keep their texts whole on one line, the score column its every metric (``rouge_l_recall=52.50``), a
+    policy its words up to :data:`LABEL_WIDTH` (the task, model and policy fold inside a word where the room is
+    short); what is left goes to the task, the policy, then the score column, up to what their texts need. None
+    when even that does not fit (rich then folds as it can)."""
+    def words(i: int, texts: list[str]) -> int:
+        return max([len(w) for w in cols[i].split()] + [len(w) for x in texts for w in x.split()])
+
+    natural = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(cols)]
+    least = []
+    for i, col in enumerate(cols):
+        if col in SHORT_COLUMNS:
+            least.append(natural[i])
+        elif col == "score / error":
+            least.append(words(i, metrics))
+        else:  # policy, task, model: a word folds past LABEL_WIDTH
+            least.append(min(words(i, [r[i] for r in rows]), LABEL_WIDTH))
+    widths = list(least)
+    spare = room - sum(widths)
+    for col in ("task", "model", "policy"):  # too narrow: these fold inside a word first, down to 8
+        if spare < 0 and col in cols:
+            i = cols.index(col)
+            give = min(-spare, max(widths[i] - 8, 0))
+            widths[i] -= give
+            spare += give
+    if spare < 0:
+        return None
+    for col in ("task", "policy", "score / error", "model"):
+        if col in cols:
+            i = cols.index(col)
+            grow = min(spare, natural[i] - widths[i])
+            widths[i] += grow
+            spare -= grow
+    return widths
+
+
 def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     """One run: a heading with per-state counts, one row per cell (worker@node when ``width`` allows, time,
     score or error), the driver's message. Columns fold instead of cutting what a user types next (ids,
@@ -109,34 +147,31 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     shared = ", ".join(([tasks[0].removesuffix(seed).removesuffix(length)] if one_task else [])
                        + ([f"{length[1:]} tokens"] if length else []) + ([f"seed {seed[2:]}"] if seed else []))
     wide = width >= 110
-    # narrow: columns 2 spaces apart and no edges, so that the score column keeps room for one metric a line
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False) if wide else Table(box=box.SIMPLE_HEAD, show_edge=False,
-                                                                      padding=(0, 1, 0, 0))
     cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B"] + ([] if one_task else ["task"]) + [
-        "state"] + (
-        ["worker@node"] if wide else []) + ["s"]
+        "state"] + (["worker@node"] if wide else []) + ["s", "score / error"]
     # the label reports and progress print: two settings of one policy must not read the same
     labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + protocol_tag(c.spec)
               for c in cells}
-    # a label folds between its words ("keydiff [query-agnostic]"); a long parameter list folds where it must
-    longest = min(max((len(w) for label in labels.values() for w in label.split()), default=0), LABEL_WIDTH)
-    for col in cols:  # short fixed texts stay on one line, so that the score column keeps its width
-        # narrow, the policy column is set, not a minimum: rich's collapse would shrink it below a minimum it then
-        # restores, and crop the table's right edge (the score) to fit
-        policy = {"width" if not wide else "min_width": longest} if col == "policy" else {}
-        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
-                     **policy)
-    t.add_column("score / error", overflow="fold")
+    rows, metrics = [], []
     for c in cells:
         # narrow: the task's headline metric only (all of them in `--json` or a wider terminal)
         detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary, 3 if wide else 1)
+        if c.state != CellState.FAILED.value:
+            metrics.append(detail)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         state = " ".join(filter(None, [state, execution_label(c.summary, c.n_rows)]))  # "done shared": in a group
         nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
-        row = [c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb] + (
+        rows.append([c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb] + (
             [] if one_task else [c.task.removesuffix(seed).removesuffix(length)]) + [state] + (
-            [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""]
+            [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""])
+    pad = 1
+    widths = _fit(cols, rows, metrics, width - pad * len(cols) - (len(cols) - 1))
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, pad, 0, 0))
+    for i, col in enumerate(cols):
+        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
+                     width=widths[i] if widths else None)
+    for row in rows:
         t.add_row(*row)
     said = [Text(f"{'task' if one_task else 'every task'}: {shared}")] if shared else []
     parts = [Text(title, style="bold"), t] + said + ([Text(caption)] if caption else [])
