@@ -164,10 +164,10 @@ def timed_note(cell: LoadedCell) -> str:
         return ""
     extra = cell.perf.get("extra_forward_tokens")
     extra = extra[~np.isnan(extra)] if extra is not None else np.array([])
-    repeat = (f"TTFT includes {int(np.median(extra)):,} extra forward tokens a sample (median; a repeat pass)"
+    repeat = (f"TTFT includes {int(np.median(extra)):,} extra forward tokens a sample (median, from a repeat pass)"
               if extra.size and np.median(extra) > 0 else "")
     timed = _timed_samples(cell)
-    return "; ".join(part for part in (repeat, timed) if part)
+    return "; ".join(part for part in (repeat, timed) if part)  # the parts hold no "; " (the speed view splits)
 
 
 def _timed_samples(cell: LoadedCell) -> str:

@@ -189,6 +189,22 @@ def test_which_samples_were_timed_is_said_per_cell_or_once_for_all(store):
     assert note not in view.title and note in notes["keydiff"] and note not in notes["full"]
 
 
+def test_a_note_most_cells_share_is_numbered_and_said_once_under_the_table(store):
+    """Three shared cells and one run alone (a head pool never shares): the shared cells' timing note is "[1]" in
+    their rows and said whole in the caption; the alone cell has none."""
+    from kdeval.jobs.reports.render.views import speed_view
+
+    idx, res = store
+    note = "TTFT of 1/4 samples, timed alone (the others ran with shared steps)"
+    store_run(idx, res, "most", [FakeCell(p, b, rows=rows([1.0] * 4, extra=_shared_after(1)))
+                                 for p, b in (("full", None), ("keydiff", 256), ("snapkv", 256))]
+              + [FakeCell("ada", 256, rows=rows([1.0] * 4))])
+    view = speed_view(build_report(idx, ["most"], ReportOptions(resamples=0)))
+    notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
+    assert notes["keydiff"] == notes["snapkv"] == "[1]" and notes["full"] == "reference; [1]", notes
+    assert notes["ada"] == "" and f"[1] {note}" in view.caption and note not in view.title
+
+
 def test_a_cell_decoded_in_batches_says_which_samples_its_decode_speed_comes_from(store):
     from kdeval.jobs.reports.render.views import speed_view
 
@@ -218,5 +234,5 @@ def test_a_repeat_pass_is_said_beside_the_ttft_it_is_part_of(store):
                                     "extra_forward_tokens": 0}))])
     view = speed_view(build_report(idx, ["kvz"], ReportOptions(resamples=0)))
     notes = {raw.policy: r[-1] for r, raw in zip(view.rows, view.raw)}
-    assert "TTFT includes 1,884 extra forward tokens a sample (median; a repeat pass)" in notes["kvzip"]
+    assert "TTFT includes 1,884 extra forward tokens a sample (median, from a repeat pass)" in notes["kvzip"]
     assert "extra forward" not in notes["keydiff"] + notes["full"] + view.title

@@ -13,6 +13,7 @@ column whose value is the same on every row (one model, one chunk size) moves in
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,13 +212,21 @@ def speed_view(report: Report) -> TableView:
     cols = shared.columns() + [Column("task", key=True), Column("n", numeric=True), Column("TTFT s", numeric=True),
                                Column("TTFT ×", numeric=True), Column("decode tok/s", numeric=True),
                                Column("tok/s ×", numeric=True), Column("note", fold=True)]
-    # which samples were timed: said once in the title when every cell says the same
-    timed = {p.timed_note for p in rows}
-    common = timed.pop() if len(timed) == 1 else ""
+    # a note every cell has (which samples were timed, "too noisy to rank ...") is said once in the title, each
+    # of its parts on its own: every cell but the reference may share a part the reference cannot have
+    parts = {id(p): [x for x in [p.speed_note, *p.timed_note.split("; ")] if x] for p in rows}
+    compared = [p for p in rows if not _is_reference(report, p)]
+    everyone = _common_parts([parts[id(p)] for p in rows])
+    but_reference = [x for x in _common_parts([parts[id(p)] for p in compared]) if x not in everyone] \
+        if len(compared) > 1 and len(compared) < len(rows) else []
+    said = set(everyone) | set(but_reference)
+    # a part many (not all) cells have is numbered, and said once under the table
+    counts = Counter(x for p in rows for x in parts[id(p)] if x not in said)
+    marks = {x: f"[{k}]" for k, x in enumerate((x for x, n in counts.items() if n >= FOOTNOTE_AT), start=1)}
     body = []
     for p in rows:
         note = _join("" if p.state == State.OK else p.state, "reference" if _is_reference(report, p) else "",
-                     p.speed_note, "" if common else p.timed_note)
+                     *[marks.get(x, x) for x in parts[id(p)] if x not in said])
         body.append(shared.cells(p) + [p.task, str(p.n), text(p.ttft_median_s, "ttft_median_s"),
                                        _ratio(p.ttft_ratio, p.ttft_ratio_low, p.ttft_ratio_high, p.n_paired),
                                        text(p.decode_tok_s, "decode_tok_s"),
@@ -225,8 +234,21 @@ def speed_view(report: Report) -> TableView:
                                        note])
     title = (f"speed per cell vs {_reference(report)}{shared.suffix()} (medians over samples; × = this / "
              f"reference over the paired samples, {int(report.meta.confidence * 100)}% bootstrap CI)"
-             + (f"; every cell: {common}" if common else ""))
-    return TableView("speed", title, cols, body, [p.state for p in rows], list(rows), legend(body))
+             + (f"; every cell: {'; '.join(everyone)}" if everyone else "")
+             + (f"; every cell but the reference: {'; '.join(but_reference)}" if but_reference else ""))
+    caption = "; ".join([x for x in (legend(body),) if x] + [f"{m} {x}" for x, m in marks.items()])
+    return TableView("speed", title, cols, body, [p.state for p in rows], list(rows), caption)
+
+
+#: a speed note that this many cells share (not all) is numbered in the rows and said once in the caption
+FOOTNOTE_AT = 3
+
+
+def _common_parts(notes: list[list[str]]) -> list[str]:
+    """The parts every one of ``notes`` has, in the first's order (none for fewer than two notes)."""
+    if len(notes) < 2:
+        return []
+    return [x for x in notes[0] if all(x in n for n in notes[1:])]
 
 
 def _peak_header(rows: list[PerfRow]) -> tuple[str, bool]:
