@@ -1,5 +1,5 @@
 """Where a chunked group's time goes: the paper-shaped grid (bench/shared_grid.py's ``paper``: full and six policies
-at three budgets, one chunk size, ``compress: prompt``) through ``evals.runner.run_group`` in this process, three
+at three budgets, one chunk size, ``compress: prompt``) through ``evals.group_run.run_group`` in this process, three
 ways over the same samples, one after another:
 
 - shared (members at batch 1, as ``kdeval submit`` runs a group), under cProfile: the first sample of every cell
@@ -23,7 +23,7 @@ from shared_grid import grid, members
 from shared_profile import needle_group
 
 #: (file, function) whose cumulative seconds the shared side reports
-PARTS = {"first sample of every cell, timed alone": ("runner.py", "_run_alone"),
+PARTS = {"first sample of every cell, timed alone": ("group_run.py", "_run_alone"),
          "later samples, shared (drive)": ("group_decode.py", "drive"),
          "  replayed steps": ("step.py", "replay_step"),
          "  every model forward of a step (both parts)": ("step.py", "forward"),
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
 
-    from kdeval.evals import runner
+    from kdeval.evals import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = paper_cells(args.length, args.new, args.samples)
@@ -53,13 +53,13 @@ def main() -> None:
     profile = cProfile.Profile()
     t0 = time.perf_counter()
     profile.enable()
-    runner.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
+    group_run.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
     profile.disable()
     shared = time.perf_counter() - t0
     walls = {}
     for batch in (8, 1):
         t0 = time.perf_counter()
-        runner.run_group(lm, task, [{**c, "batch_size": batch} for c in cells], prompts, share=False)
+        group_run.run_group(lm, task, [{**c, "batch_size": batch} for c in cells], prompts, share=False)
         walls[batch] = time.perf_counter() - t0
 
     stats = pstats.Stats(profile)

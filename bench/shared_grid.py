@@ -146,7 +146,7 @@ def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
 
 
 def members(spec: dict) -> list[dict]:
-    """The grid's cells as ``evals.runner.run_group`` members (``--in-process``)."""
+    """The grid's cells as ``evals.group_run.run_group`` members (``--in-process``)."""
     protocols = spec["protocol"] if isinstance(spec["protocol"], list) else [spec["protocol"]]
     out = []
     for proto in protocols:
@@ -163,7 +163,7 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     on a CPU (batch 8), in this process, no Ray; and the number of cells."""
     import torch
 
-    from kdeval.evals import runner
+    from kdeval.evals import group_run, runner
     from kdeval.evals.registry import get_task
     from kdeval.keydiff import load_model
 
@@ -173,10 +173,10 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     prompts = runner.model_prompts(lm, task, limit=samples, max_new_tokens=new)
     cells = members(grid(name, length, samples, new, True))
     t0 = time.perf_counter()
-    runner.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
+    group_run.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
     shared = time.perf_counter() - t0
     t0 = time.perf_counter()
-    runner.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
+    group_run.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
     return shared, time.perf_counter() - t0, len(cells)
 
 
@@ -217,7 +217,7 @@ def main() -> None:
     ap.add_argument("--no-kvpress", action="store_true", help="kdeval's sides only")
     ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
     ap.add_argument("--in-process", action="store_true",
-                    help="kdeval only, through evals.runner.run_group in this process (no Ray, no model load timed)")
+                    help="kdeval only, through evals.group_run.run_group in this process (no Ray, no model load timed)")
     ap.add_argument("--kvpress-side", nargs=2, metavar=("MODEL_DIR", "REQUEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kvpress_side:

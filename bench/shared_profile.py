@@ -1,4 +1,4 @@
-"""Where one shared group's time goes: ``evals.runner.run_group`` over the leaderboard grid's cells (as
+"""Where one shared group's time goes: ``evals.group_run.run_group`` over the leaderboard grid's cells (as
 bench/shared_grid.py builds them), in this process, under cProfile; prints the seconds of the first sample's
 alone-timed runs, of the shared samples (their prompt steps and their batched decoding) and the top functions.
 
@@ -36,20 +36,20 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
 
-    from kdeval.evals import runner
+    from kdeval.evals import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = members(grid("leaderboard", args.length, args.samples, args.new, True))
     profile = cProfile.Profile()
     t0 = time.perf_counter()
     profile.enable()
-    runner.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
+    group_run.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
     profile.disable()
     wall = time.perf_counter() - t0
     stats = pstats.Stats(profile)
     seconds = {(file.rsplit("/", 1)[-1], name): cum for (file, _, name), (_, _, _, cum, _) in stats.stats.items()}
     seconds = {name: seconds.get((file, name), 0.0) for file, name in (
-        ("runner.py", "_run_alone"), ("group_decode.py", "drive"), ("group_decode.py", "_decode"),
+        ("group_run.py", "_run_alone"), ("group_decode.py", "drive"), ("group_decode.py", "_decode"),
         ("step.py", "replay_step"))}
     alone, shared = seconds.get("_run_alone", 0.0), seconds.get("drive", 0.0)
     print(f"{len(cells)} cells x {args.samples} samples of ~{args.length} tokens, {args.new} new tokens: {wall:.1f} s")
