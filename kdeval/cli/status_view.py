@@ -84,7 +84,7 @@ def _headline(summary: dict | None, most: int = 3) -> str:
 
 def _common_suffix(tasks: list[str]) -> tuple[str, str]:
     """What every task label of a run ends with (``needle@1024#s0``, ``ruler.vt@1024#s0``): the length and the
-    seed, each "" where the labels differ in it, so that the heading says them once."""
+    seed, each "" where the labels differ in it, so that the line under the table says them once."""
     seeds = {t[t.rfind("#s"):] if "#s" in t else "" for t in tasks}
     seed = seeds.pop() if len(seeds) == 1 else ""
     lengths = {t.removesuffix(seed)[t.rfind("@"):] if "@" in t else "" for t in tasks}
@@ -165,9 +165,9 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
         rows.append([c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb] + (
             [] if one_task else [c.task.removesuffix(seed).removesuffix(length)]) + [state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""])
-    pad = 1
-    widths = _fit(cols, rows, metrics, width - pad * len(cols) - (len(cols) - 1))
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, pad, 0, 0))
+    # each column pads one space on its right, and one separator stands between columns
+    widths = _fit(cols, rows, metrics, width - len(cols) - (len(cols) - 1))
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for i, col in enumerate(cols):
         t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
                      width=widths[i] if widths else None)

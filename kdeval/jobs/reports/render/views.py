@@ -214,19 +214,18 @@ def speed_view(report: Report) -> TableView:
                                Column("tok/s ×", numeric=True), Column("note", fold=True)]
     # a note every cell has (which samples were timed, "too noisy to rank ...") is said once in the title, each
     # of its parts on its own: every cell but the reference may share a part the reference cannot have
-    parts = {id(p): [x for x in [p.speed_note, *p.timed_note.split("; ")] if x] for p in rows}
-    compared = [p for p in rows if not _is_reference(report, p)]
-    everyone = _common_parts([parts[id(p)] for p in rows])
-    but_reference = [x for x in _common_parts([parts[id(p)] for p in compared]) if x not in everyone] \
-        if len(compared) > 1 and len(compared) < len(rows) else []
+    parts = [[x for x in [p.speed_note, *p.timed_note.split("; ")] if x] for p in rows]
+    compared = [n for p, n in zip(rows, parts) if not _is_reference(report, p)]
+    everyone = _common_parts(parts)
+    but_reference = [x for x in _common_parts(compared) if x not in everyone] if len(compared) < len(rows) else []
     said = set(everyone) | set(but_reference)
     # a part many (not all) cells have is numbered, and said once under the table
-    counts = Counter(x for p in rows for x in parts[id(p)] if x not in said)
+    counts = Counter(x for n in parts for x in n if x not in said)
     marks = {x: f"[{k}]" for k, x in enumerate((x for x, n in counts.items() if n >= FOOTNOTE_AT), start=1)}
     body = []
-    for p in rows:
+    for p, own in zip(rows, parts):
         note = _join("" if p.state == State.OK else p.state, "reference" if _is_reference(report, p) else "",
-                     *[marks.get(x, x) for x in parts[id(p)] if x not in said])
+                     *[marks.get(x, x) for x in own if x not in said])
         body.append(shared.cells(p) + [p.task, str(p.n), text(p.ttft_median_s, "ttft_median_s"),
                                        _ratio(p.ttft_ratio, p.ttft_ratio_low, p.ttft_ratio_high, p.n_paired),
                                        text(p.decode_tok_s, "decode_tok_s"),
