@@ -97,7 +97,7 @@ def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) 
     because rich's own collapse shrinks a column below its minimum and then crops the table's right edge. Short
     columns keep their texts whole on one line, the score column its every metric (``rouge_l_recall=52.50``), a
     policy its words up to :data:`LABEL_WIDTH` (the task, model and policy fold inside a word where the room is
-    short); what is left goes to the task, the policy, then the score column, up to what their texts need. None
+    short); what is left goes to the task, the score, then the policy column, up to what their texts need. None
     when even that does not fit (rich then folds as it can)."""
     def words(i: int, texts: list[str]) -> int:
         return max([len(w) for w in cols[i].split()] + [len(w) for x in texts for w in x.split()])
@@ -121,7 +121,7 @@ def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) 
             spare += give
     if spare < 0:
         return None
-    for col in ("task", "policy", "score / error", "model"):
+    for col in ("task", "score / error", "policy", "model"):
         if col in cols:
             i = cols.index(col)
             grow = min(spare, natural[i] - widths[i])
