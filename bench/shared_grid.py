@@ -159,8 +159,9 @@ def members(spec: dict) -> list[dict]:
 
 
 def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, float, int]:
-    """Seconds of ``run_group`` shared (members at batch 1) and of every member alone as ``kdeval submit`` runs it
-    on a CPU (batch 8), in this process, no Ray; and the number of cells."""
+    """Seconds of ``run_group`` shared and of every member alone as ``kdeval submit`` runs them on a CPU (batch
+    unset: alone at 8; shared, chunked members fork then batch at 8, one-shot members at 1), in this process, no
+    Ray; and the number of cells."""
     import torch
 
     from kdeval.evals import group_run, runner
@@ -173,7 +174,7 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     prompts = runner.model_prompts(lm, task, limit=samples, max_new_tokens=new)
     cells = members(grid(name, length, samples, new, True))
     t0 = time.perf_counter()
-    group_run.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
+    group_run.run_group(lm, task, [{**c, "batch_size": None} for c in cells], prompts, batch_size=8)
     shared = time.perf_counter() - t0
     t0 = time.perf_counter()
     group_run.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)

@@ -132,13 +132,14 @@ def default_batch_size(lm: Any, task: CellTask) -> int:
 
 def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
     """``runner.run_task``'s keyword arguments for a cell (also a member of ``group_run.run_group``), but the task
-    and its prompts. ``grouped``: the cell runs in a group; sharing work between cells needs the batch-1 path,
-    so a cell whose grid left ``batch_size`` unset runs at batch 1 there, not at :func:`default_batch_size`
-    (a cell whose grid sets a batch size keeps it)."""
-    if task.batch_size is not None:
+    and its prompts. ``grouped``: the cell runs in a group, where a ``batch_size`` the grid left unset stays
+    ``None`` for ``group_run.run_group`` to choose (a chunked cell forks then batches at
+    :func:`default_batch_size`, a one-shot cell shares its whole steps at batch 1); a cell whose grid sets a batch
+    size keeps it."""
+    if task.batch_size is not None or grouped:
         batch = task.batch_size
     else:
-        batch = 1 if grouped else default_batch_size(lm, task)
+        batch = default_batch_size(lm, task)
     return dict(policy=task.policy, policy_params=task.policy_params, budget=task.budget,
                 chunk_size=task.chunk_size, engine=task.engine, max_new_tokens=task.max_new_tokens,
                 compress=task.compress, decode=task.decode, thinking=task.thinking, batch_size=batch,
@@ -200,7 +201,8 @@ class EvalWorkload:
             return [CellResult(rows=[], summary={}, peak_memory_bytes=None, seconds=0.0) for _ in tasks]
         members = [run_arguments(handle, t, grouped=True) for t in tasks]
         done = group_run.run_group(handle, evals_task, members, prompts, share=True,
-                                   time_first=first.sample_start == 0, on_samples=on_samples)
+                                   time_first=first.sample_start == 0,
+                                   batch_size=default_batch_size(handle, first), on_samples=on_samples)
         return [_shard_result(m.rows, m.seconds) for m in done]
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:

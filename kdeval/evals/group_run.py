@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from kdeval.evals.base import Sample, Task
 from kdeval.evals.budget import budget_groups
-from kdeval.evals.chunking import resolve_chunk
+from kdeval.evals.chunking import WHOLE, resolve_chunk
+from kdeval.evals.conversation import resolve_conversation
 from kdeval.evals.group_decode import BATCHED_FIGURES, GroupDecoder
 from kdeval.evals.prompting import BuiltPrompt
 from kdeval.evals.question_runs import context_groups
@@ -33,63 +34,117 @@ OWN_FIGURES = ("ttft_s", "shared_prefill_s", "peak_memory_bytes")
 
 def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
               prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]], *, share: bool = True,
-              time_first: bool = True, on_samples: Callable[[int, int], None] | None = None) -> list[MemberResult]:
+              time_first: bool = True, batch_size: int = 1,
+              on_samples: Callable[[int, int], None] | None = None) -> list[MemberResult]:
     """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
     (:mod:`kdeval.keydiff.shared`): ``members[i]`` are :func:`run_task`'s keyword arguments of cell ``i``
-    (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size).
-    Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
+    (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size,
+    conversation). Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
 
-    Samples run one context group at a time (consecutive samples on one context:
-    :func:`~kdeval.evals.question_runs.context_groups`), every member
-    on it before the next, so the shared steps held are those of one prompt, at most the members' largest
-    budget plus a chunk. ``time_first``: the first group runs every member alone, so each cell has samples timed
-    on their own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed
-    step costs the cell nothing). ``share=False``, and members with ``batch_size > 1`` (batches do not share
-    steps), run alone on all samples. Rows of a member that replayed or recorded nothing say ``"alone"``.
+    A member's ``batch_size`` None is chosen here: ``batch_size`` for a chunked member of a task with one question
+    per context, else 1. Members at batch 1 run one context group at a time (consecutive samples on one context:
+    :func:`~kdeval.evals.question_runs.context_groups`), every member on it before the next. Members in batches
+    run a window of context groups at a time (as many samples as the largest batch): each sample's steps up to
+    the member's fork are replayed from (or recorded in) its context's store at batch 1, the rest of its prompt
+    and its decoding run in the member's batches (fork-then-batch:
+    :func:`~kdeval.evals.question_runs.run_batched`). The steps held are those of the window's prompts, per
+    prompt at most the members' largest budget plus a chunk (a batch alone holds as many caches of that size).
+    ``time_first``: the first context group runs every member alone, so each cell has samples timed on their
+    own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed step costs the
+    cell nothing). Windows end where a run alone's batches end but for the first (the timed group is a batch of
+    its own), so a row there may share its batch with other samples than alone: its ``kv_cache_bytes`` and
+    ``peak_kv_bytes``, the row's share of its batch's buffers, are then those of its batch, like its timings. ``share=False``, and members in
+    batches on a task of several questions per context, run alone on all samples. A row whose sample's steps this
+    member neither replayed nor recorded says ``"alone"``.
 
-    After the first group, members that do not evict while decoding (``decode="keep"``) decode their tokens after
-    the first in batches with each other (:mod:`kdeval.evals.group_decode`): such rows say ``"shared"`` and have
-    no ``decode_s`` of their own either.
+    After the first group, members at batch 1 that do not evict while decoding (``decode="keep"``) decode their
+    tokens after the first in batches with each other (:mod:`kdeval.evals.group_decode`): such rows say
+    ``"shared"`` and have no ``decode_s`` of their own either.
 
     ``on_samples(i, n)``: member ``i`` has finished ``n`` more samples (a member running alone on all samples,
-    once; in the timed first context group, as each member's own run ends; after it, every member of a context
-    group at once, as they decode together), so a worker can say how far a group has got before it returns."""
+    once; in the timed first context group, as each member's own run ends; after it, a member in batches as its
+    run of a window ends, the members at batch 1 of a context group at once, as they decode together), so a
+    worker can say how far a group has got before it returns."""
     from kdeval.keydiff.shared import SharedSteps
 
     told = on_samples or (lambda i, n: None)
 
     samples, built = list(prompts[0]), list(prompts[1])
     out = [MemberResult([], 0.0) for _ in members]
-    groups = list(context_groups(built))
-    sharing = [share and m.get("batch_size", 1) == 1 for m in members]
+    members = [{**m, "batch_size": _batch_size(task, m, batch_size)} for m in members]
+    stepwise = [i for i, m in enumerate(members) if share and m["batch_size"] == 1]
+    windowed = [i for i, m in enumerate(members) if share and m["batch_size"] > 1
+                and resolve_conversation(task, m.get("conversation")) is None]
+    sharing = sorted(stepwise + windowed)
     for i, kwargs in enumerate(members):
-        if not sharing[i]:
+        if i not in sharing:
             _run_alone(out[i], lm, task, kwargs, prompts)
             told(i, len(samples))
-    shared_ix = [i for i, yes in enumerate(sharing) if yes]
-    if not shared_ix:
+    if not sharing:
         return out
     policies = {i: resolve_policy(members[i].get("policy", "keydiff"), members[i].get("policy_params"))
-                for i in shared_ix}
+                for i in sharing}
+    resolved = {i: {**members[i], "policy": policies[i], "policy_params": None} for i in sharing}
+    groups, timed = list(context_groups(built)), 0
+    if time_first and groups:
+        ids = [samples[j].id for j in groups[0]]
+        for i in sharing:
+            _run_alone(out[i], lm, task, resolved[i], prompts, ids)
+            told(i, len(ids))
+        groups, timed = groups[1:], len(ids)
     decoder = GroupDecoder(lm.model)
-    for g, group in enumerate(groups):
-        ids = [samples[j].id for j in group]
-        if time_first and g == 0:
-            for i in shared_ix:
-                _run_alone(out[i], lm, task, {**members[i], "policy": policies[i], "policy_params": None},
-                           prompts, ids)
-                told(i, len(group))
+    width = max((members[i]["batch_size"] for i in windowed), default=1)
+    for window in _windows(groups, width, timed):
+        stores = [SharedSteps(policies.values(), _most_held(members, policies, sharing, samples, built, group))
+                  for group in window]
+        ids = [[samples[j].id for j in group] for group in window]
+        by_id = {sid: store for group_ids, store in zip(ids, stores) for sid in group_ids}
+        every_id = [sid for group_ids in ids for sid in group_ids]
+        for i in windowed:
+            before = [(s.recorded, s.replayed) for s in stores]
+            t0 = time.perf_counter()
+            rows = run_task(lm, task, prompts=prompts, sample_ids=every_id, shared=by_id, **resolved[i])
+            touched = {sid for group_ids, s, b in zip(ids, stores, before) if (s.recorded, s.replayed) != b
+                       for sid in group_ids}
+            _add_rows(out[i], rows, time.perf_counter() - t0, touched)
+            told(i, len(every_id))
+        if not stepwise:
             continue
-        store = SharedSteps(policies.values(), _most_held(members, policies, shared_ix, samples, built, group))
-        loops = {i: run_task(lm, task, prompts=prompts, sample_ids=ids, shared=store, as_jobs=True,
-                             **{**members[i], "policy": policies[i], "policy_params": None}) for i in shared_ix}
-        for i, run in decoder.drive(loops, lambda: (store.recorded, store.replayed)).items():
-            _add_rows(out[i], run.value, run.seconds, run.touched_store or bool(run.batched), run.batched)
-        for i in shared_ix:
-            told(i, len(group))
+        for group_ids, store in zip(ids, stores):
+            loops = {i: run_task(lm, task, prompts=prompts, sample_ids=group_ids, shared=store, as_jobs=True,
+                                 **resolved[i]) for i in stepwise}
+            for i, run in decoder.drive(loops, lambda: (store.recorded, store.replayed)).items():
+                took_part = run.touched_store or bool(run.batched)
+                _add_rows(out[i], run.value, run.seconds, set(group_ids) if took_part else set(), run.batched)
+            for i in stepwise:
+                told(i, len(group_ids))
     for r in out:
         r.rows.sort(key=lambda row, at={s.id: k for k, s in enumerate(samples)}: at[row["id"]])
     return out
+
+
+def _batch_size(task: Task, member: Mapping[str, Any], default: int) -> int:
+    """The batch size a member runs at: its own, or when it sets none (``None``) ``default`` for a chunked cell
+    of a one-question task (it forks then batches) and 1 for the rest (they share whole steps at batch 1)."""
+    if member.get("batch_size", 1) is not None:
+        return member.get("batch_size", 1)
+    chunked = member.get("chunk_size", 128) != WHOLE
+    return default if chunked and resolve_conversation(task, member.get("conversation")) is None else 1
+
+
+def _windows(groups: Sequence[list[int]], width: int, before: int = 0) -> list[list[list[int]]]:
+    """Consecutive context groups taken together, a window closing once the samples so far (``before`` of them
+    ahead of ``groups``) reach a multiple of ``width``: the windows' batches are then those of a run alone, but
+    the first, wherever context groups allow."""
+    windows: list[list[list[int]]] = []
+    count, bound = before, before
+    for group in groups:
+        if count >= bound:
+            windows.append([])
+            bound = (count // width + 1) * width
+        windows[-1].append(group)
+        count += len(group)
+    return windows
 
 
 def _run_alone(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, Any], prompts: Any,
@@ -97,17 +152,19 @@ def _run_alone(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, A
     """Run one member alone on ``sample_ids`` (all: ``None``); add its rows to ``result``."""
     t0 = time.perf_counter()
     rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, **kwargs)
-    _add_rows(result, rows, time.perf_counter() - t0, False)
+    _add_rows(result, rows, time.perf_counter() - t0, set())
 
 
-def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, took_part: bool,
-              batched: set[str] = frozenset()) -> None:
-    """Add a member's ``rows`` (of ``seconds`` of work) to ``result``: ``execution`` says whether it took part in
-    shared work (then its own figures are empty), timings are numbered after its earlier rows, and the rows
-    whose decoding ran in a batch with other cells' (ids in ``batched``) have no decode time of their own."""
+def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, shared: Collection[str],
+              batched: Collection[str] = frozenset()) -> None:
+    """Add a member's ``rows`` (of ``seconds`` of work) to ``result``: ``execution`` says whether the row's
+    sample took part in shared work (ids in ``shared``; then its own figures are empty), timings are numbered
+    after the member's earlier rows, and the rows whose decoding ran in a batch with other cells' (ids in
+    ``batched``) have no decode time of their own."""
     result.seconds += seconds
     numbered = 1 + max((r["timing_batch"] for r in result.rows), default=-1)
     for row in rows:
+        took_part = row["id"] in shared
         row.update(execution="shared" if took_part else "alone", timing_batch=row["timing_batch"] + numbered)
         if took_part:
             row.update({c: None for c in OWN_FIGURES})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from itertools import groupby
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -64,30 +64,36 @@ def shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], sha
 
 def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
                  builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
-                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int,
-                 strip: tuple[str, str] | None) -> list[dict[str, Any]]:
+                 decode_evict: bool, eos: Any, device: Any, weight_bytes: int, strip: tuple[str, str] | None,
+                 stores: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """:func:`~kdeval.evals.runner.run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is prefilled once;
     its questions are rows continuing from that state (read, not forked) and it goes back to the engine once
-    the last of them has run."""
+    the last of them has run.
+
+    ``stores``: sample id -> the :class:`~kdeval.keydiff.shared.SharedSteps` of its context, filled by the other
+    cells of a group (:func:`kdeval.evals.group_run.run_group`). A shared context is then prefilled through its
+    store; a sample of its own replays (or records) its prompt steps there up to this cell's fork
+    (``Engine.prefill_shared``, at batch 1) and the rest of its prompt runs in the batch from that state. The rows
+    are the same either way (timings aside); ``replayed_steps`` counts each row's replayed steps."""
     rows: list[dict[str, Any] | None] = [None] * len(samples)
     batches = [0]  # generate_batch calls so far: each call's rows share one timing
-    queue: list[tuple[int, Any, bool, float]] = []  # (sample, start state, shared, shared prefill seconds)
-    waiting: list[tuple[int, Any]] = []  # (last sample, state) of contexts not yet released
+    queue: list[tuple[int, Any, bool, float, Any]] = []  # (sample, start state, shared, its seconds, ids to feed)
+    waiting: list[tuple[int, Any]] = []  # (last sample, state) of start states not yet released
 
     def flush() -> None:
         if not queue:
             return
         res = eng.generate_batch(
-            [list(built[i].suffix_ids) if shared else built[i].ids for i, _, shared, _ in queue],
-            max_new_tokens=[samples[i].max_new_tokens for i, _, _, _ in queue], eos_token_id=eos,
-            states=[state for _, state, _, _ in queue],
-            protect_last=[len(built[i].suffix_ids) if context_only else 0 for i, _, _, _ in queue],
+            [ids for *_, ids in queue], max_new_tokens=[samples[i].max_new_tokens for i, *_ in queue],
+            eos_token_id=eos, states=[state for _, state, *_ in queue],
+            protect_last=[len(built[i].suffix_ids) if context_only else 0 for i, *_ in queue],
             decode_evict=decode_evict)
-        for (i, _, shared, shared_s), r in zip(queue, res):
+        for (i, state, shared, shared_s, _), r in zip(queue, res):
             gen = r.tokens[0]
-            rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), r.stats.to_dict(), shared,
-                           shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
-                           eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
+            stats = {**r.stats.to_dict(), "replayed_steps": state.replayed if state is not None else 0}
+            rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), stats, shared,
+                                 shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
+                                 eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
         batches[0] += 1
         done = queue[-1][0]
         queue.clear()
@@ -95,12 +101,20 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
             eng.release(waiting.pop(0)[1])
 
     for group in context_groups(built):
+        eng.shared = stores[samples[group[0]].id] if stores else None
         shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)
         if shared:
             waiting.append((group[-1], state))
         for i in group:
-            queue.append((i, state, shared, shared_s))
+            start, ids = state, list(built[i].suffix_ids) if shared else built[i].ids
+            if not shared and eng.shared is not None:
+                start = eng.prefill_shared(torch.tensor([ids], device=device),
+                                           len(built[i].suffix_ids) if context_only else 0)
+                waiting.append((i, start))
+                start, ids = (start, ids[start.seen:]) if start.seen else (None, ids)
+            queue.append((i, start, shared, shared_s, ids))
             if len(queue) == batch_size:
                 flush()
+        eng.shared = None
     flush()
     return rows  # type: ignore[return-value]

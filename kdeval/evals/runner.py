@@ -176,9 +176,11 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
         thinking: ``"keep"`` (score the whole generation) or ``"strip"`` (score what follows the thinking block,
             markers from ``lm.tokenizer``; :mod:`kdeval.evals.thinking`): rows keep the raw ``prediction`` and
             add the scored ``answer``.
-        shared: a :class:`kdeval.keydiff.shared.SharedSteps` of prompt steps shared with other cells
-            (:func:`kdeval.evals.group_run.run_group`); the rows are the same without it (timings aside).
-            Batch 1 only.
+        shared: prompt steps shared with other cells (:func:`kdeval.evals.group_run.run_group`): at batch 1 a
+            :class:`kdeval.keydiff.shared.SharedSteps`, in batches a mapping of each sample's id to the store of
+            its context (each sample's steps up to the cell's fork come from there, the rest runs in the batch:
+            :func:`kdeval.evals.question_runs.run_batched`). The rows are the same without it (timings aside).
+            A task of several questions per context shares at batch 1 only.
         conversation: how a task with several questions per context asks them
             (:class:`kdeval.evals.conversation.Conversation` or its fields: ``mode`` ``"multi-turn"`` or
             ``"multi-request"``, ``answers`` ``"golden"`` or ``"own"``); None: multi-turn with golden answers for
@@ -225,15 +227,17 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
     eos = getattr(lm, "eos_token_ids", None) or lm.tokenizer.eos_token_id
     device = next(lm.model.parameters()).device
     weight_bytes = model_weight_bytes(lm.model)
-    if shared is not None and batch_size > 1:
-        raise EvalError("shared: steps are shared at batch_size 1 only")
+    batched = batch_size > 1
+    if shared is not None and (isinstance(shared, Mapping) != batched or (conv is not None and batched)):
+        raise EvalError("shared: a SharedSteps at batch_size 1, a mapping of sample ids to SharedSteps in batches "
+                        "(not for a task of several questions per context)")
 
     def loop() -> JobLoop[list[dict[str, Any]]]:
         rows: list[list[dict[str, Any]]] = [[] for _ in samples]
         timed = 0  # timings (generate calls) of the (N, B) groups before
         for key, members in groups.items():
             eng = Engine(lm.model, pol, configs[key], repeat_prompt=repeat)
-            eng.shared = shared
+            eng.shared = None if batch_size > 1 else shared
             part = [samples[i] for i in members], [built[i] for i in members]
             if conv is not None:
                 done_turns = run_conversations(eng, task, *part, builder, conv, context_only=context_only,
@@ -241,7 +245,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
                                                weight_bytes=weight_bytes, strip=strip, batch_size=batch_size)
             elif batch_size > 1:
                 done = run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
-                                    decode == "evict", eos, device, weight_bytes, strip)
+                                   decode == "evict", eos, device, weight_bytes, strip, stores=shared)
             else:
                 done = yield from run_each(eng, task, *part, builder, share_context, context_only, decode == "evict",
                                            eos, device, weight_bytes, strip)

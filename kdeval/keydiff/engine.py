@@ -49,7 +49,7 @@ from kdeval.keydiff.memory import PeakMemory
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.repeat import RepeatPrompt
-from kdeval.keydiff.shared import SharedSteps
+from kdeval.keydiff.shared import SharedSteps, undiverged
 from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import GraphRunner, Step
 
@@ -112,6 +112,34 @@ class Engine:
             if collect_logits:
                 state.chunk_logits.append(logits.float().cpu())
             state.last_logits = logits[:, -1, :]
+        return state
+
+    @torch.inference_mode()
+    def prefill_shared(self, input_ids: torch.Tensor, protect_last: int = 0) -> PrefillState:
+        """The steps of the prompt ``input_ids [1, L]`` that :attr:`shared` replays or records, up to this cell's
+        fork: chunks of ``B`` from the first token, each fed while the state has evicted nothing and the store
+        serves it or would record it, the first that evicts included. Stops before the prompt's last token and
+        before the protected question (``protect_last`` tokens), so the rest is a prompt of its own:
+        ``generate_batch([ids[state.seen:]], states=[state], protect_last=...)`` then gives what ``generate``
+        gives the whole prompt (the same chunks, from the same state). Returns the state (``seen``: how far it
+        got, 0 when nothing was shared), its ``peak_kv_bytes`` left at 0: the batch it continues in allocates
+        the row's buffers (a batch-1 cache's figure is not the batch's)."""
+        if self.shared is None or input_ids.shape[0] != 1:
+            raise ValueError("prefill_shared: needs a shared store (Engine.shared) and one prompt [1, L]")
+        length = input_ids.shape[1]
+        check_protect(protect_last, length)
+        state = self.new_state(1, length)
+        split = length - protect_last  # the chunks of what is evicted end here (decoding.prompt_steps)
+        end = min(split, length - 1)  # the last token, or the question, stay for the caller
+        B = self.config.chunk_size
+        for s in range(0, end, B):
+            ids = input_ids[:, s : min(s + B, split)]
+            if s + ids.shape[1] > end or not self.shared.serves_next(self.plan, state, ids):
+                break
+            self.prefill(ids, state)
+            if not undiverged(state):  # this cell's first eviction: its own steps from here
+                break
+        state.peak_kv_bytes = 0
         return state
 
     @torch.inference_mode()

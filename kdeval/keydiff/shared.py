@@ -146,6 +146,12 @@ class SharedSteps:
             return False
         return self.max_tokens is None or state.seen + t <= self.max_tokens
 
+    def serves_next(self, plan: "Plan", state: "PrefillState", ids: torch.Tensor) -> bool:
+        """Whether the step of ``ids [1, t]`` after ``state`` would be replayed from this store or recorded in it
+        (``Engine.prefill_shared`` feeds a cell's steps while they are)."""
+        key = self.step_key(plan, state, ids)
+        return self.find(key, plan) is not None or self.wants(key, state, ids.shape[1])
+
     def recording_capture(self, plan: "Plan") -> tuple[AttentionCapture | MultiCapture | None, dict]:
         """The capture a recording forward passes (every member's rows for a plan whose output SDPA gives; its
         own need for a fused plan) and the captures by :data:`CaptureKey`."""

@@ -1,6 +1,6 @@
 """The worker's group unit without Ray: ``CellWorker.run_group`` gives one outcome per cell (its own rows,
 seconds and provenance), a group's error fails every cell of it as a group error, and the real workload's
-run_task arguments of a cell (batch 1 in a group unless the grid sets a batch size)."""
+run_task arguments of a cell (in a group a batch size the grid left unset is left to ``run_group``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,13 +47,13 @@ def test_an_error_raised_by_the_group_fails_every_cell_as_a_group_error():
     assert all(o.group_error and "cannot share" in o.error for o in outs)
 
 
-def test_a_cell_in_a_group_runs_at_batch_1_unless_its_grid_sets_one():
+def test_a_cell_in_a_group_leaves_an_unset_batch_size_to_run_group():
     import torch
 
     lm = SimpleNamespace(model=torch.nn.Linear(2, 2))  # on the CPU: the default batch is 8 for SDPA
     task = _tasks()[1]
     assert run_arguments(lm, task, grouped=False)["batch_size"] == 8
-    assert run_arguments(lm, task, grouped=True)["batch_size"] == 1
+    assert run_arguments(lm, task, grouped=True)["batch_size"] is None
     four = dataclasses.replace(task, batch_size=4)
     assert [run_arguments(lm, four, grouped=g)["batch_size"] for g in (True, False)] == [4, 4]
     args = run_arguments(lm, task, grouped=True)

@@ -1,6 +1,6 @@
 """run_group: several cells of one task on the same samples, with the prompt steps they compute alike computed
-once, give every cell the rows it gets alone (timings aside), say which samples were timed alone, and leave
-batched members and ``share=False`` alone."""
+once, give every cell the rows it gets alone (timings aside), say which samples were timed alone; members in
+batches fork then batch, ``share=False`` and batched members of a conversation run alone."""
 from __future__ import annotations
 
 import pytest
@@ -22,8 +22,8 @@ def tiny():
     return load_model("random:llama-tiny")
 
 
-def results(rows):
-    return [{k: v for k, v in r.items() if k not in NOT_RESULTS} for r in rows]
+def results(rows, also=()):
+    return [{k: v for k, v in r.items() if k not in NOT_RESULTS and k not in also} for r in rows]
 
 
 def members():
@@ -63,23 +63,67 @@ def test_rows_equal_each_cell_run_alone(tiny, task_args):
     assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for r in rows["ada"])  # a head pool never shares
 
 
-def test_batched_members_and_share_false_run_alone(tiny):
+def batch_members():
+    """Cells in batches and at batch 1: ``None`` is left to run_group (a chunked cell batches, one-shot does not)."""
+    return [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=3),
+            dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4, batch_size=None),
+            dict(policy="tova", budget=64, chunk_size=32, max_new_tokens=4),
+            dict(policy="keydiff", budget="25%", chunk_size="whole", compress="context", max_new_tokens=4,
+                 batch_size=None),
+            dict(policy="full", budget=None, chunk_size=32, max_new_tokens=4, batch_size=2)]
+
+
+def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied):
     task = get_task("needle", lengths=[600], depths=[20, 50, 80], haystack="noise")
-    prompts = model_prompts(tiny, task, max_new_tokens=4)
-    cells = [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=3),
-             dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4),
-             dict(policy="tova", budget=64, chunk_size=32, max_new_tokens=4)]
+    prompts = model_prompts(varied, task, max_new_tokens=4)
+    cells = batch_members()
     told = []
-    grouped = run_group(tiny, task, cells, prompts, time_first=False, on_samples=lambda i, n: told.append((i, n)))
-    assert told[0] == (0, 3) and sorted(told[1:]) == [(1, 1), (1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]
-    assert [r["execution"] for r in grouped[0].rows] == ["alone"] * 3
-    assert grouped[0].rows[0]["timing_batch"] == grouped[0].rows[2]["timing_batch"]  # one batch of three
-    assert [r["execution"] for r in grouped[2].rows] == ["shared"] * 3  # tova replays what snapkv recorded
-    assert all(r["replayed_steps"] == 3 for r in grouped[2].rows)  # chunks of 32 up to the first over N=64
-    off = run_group(tiny, task, cells, prompts, share=False)
+    grouped = run_group(varied, task, cells, prompts, time_first=False, batch_size=3,
+                        on_samples=lambda i, n: told.append((i, n)))
+    # the members in batches (0, 1, 4) over the one window of three samples, then those at batch 1 sample by sample
+    assert told == [(0, 3), (1, 3), (4, 3)] + [(2, 1), (3, 1)] * 3
+    sizes = [3, 3, 1, 1, 2]
+    for cell, size, got in zip(cells, sizes, grouped):
+        alone = run_task(varied, task, prompts=prompts, **{**cell, "batch_size": size})
+        assert results(got.rows) == results(alone), cell
+        assert [r["execution"] for r in got.rows] == ["shared"] * 3, cell
+    by = {i: g.rows for i, g in enumerate(grouped)}
+    assert {r["timing_batch"] for r in by[0]} == {0}  # keydiff's three forks continue in one batch
+    assert [r["timing_batch"] for r in by[4]] == [0, 0, 1]
+    # keydiff recorded chunks of 32 up to its first over N=64; snapkv, tova and the full cache (up to the store's
+    # bound of 64 + 32 tokens) replay those three
+    assert [r["replayed_steps"] for r in by[0]] == [0] * 3
+    assert all(r["replayed_steps"] == 3 for i in (1, 2, 4) for r in by[i])
+    assert all(r[c] is None for g in grouped for r in g.rows for c in OWN_FIGURES)
+    off = run_group(varied, task, cells, prompts, share=False, batch_size=3)
     assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for g in off for r in g.rows)
     for a, b in zip(grouped, off):
         assert results(a.rows) == results(b.rows)
+
+
+def test_members_in_batches_share_a_context_and_time_the_first_alone(varied):
+    task = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=2, max_new_tokens=4)
+    prompts = model_prompts(varied, task, max_new_tokens=4)
+    cells = [{**c, "compress": "context"} for c in batch_members()]
+    grouped = run_group(varied, task, cells, prompts, batch_size=3)
+    # the first book is timed in a batch of its own: a row's share of its batch's K/V buffers is its batch's
+    share = ("kv_cache_bytes", "peak_kv_bytes")
+    for cell, size, got in zip(cells, [3, 3, 1, 1, 2], grouped):
+        alone = run_task(varied, task, prompts=prompts, **{**cell, "batch_size": size})
+        assert results(got.rows, share) == results(alone, share), cell
+        assert [r["execution"] for r in got.rows] == ["alone"] * 2 + ["shared"] * 2, cell  # the first book alone
+    assert all(r["replayed_steps"] > 0 for r in grouped[1].rows[2:])
+
+
+def test_members_in_batches_on_a_conversation_run_alone(varied):
+    task = get_task("turns.kv", lengths=[300], turns=2, repeats=1, kind="numbers")
+    prompts = model_prompts(varied, task, max_new_tokens=4)
+    cells = [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=2),
+             dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4, batch_size=None)]
+    grouped = run_group(varied, task, cells, prompts, time_first=False, batch_size=3)
+    assert all(r["execution"] == "alone" for r in grouped[0].rows)
+    for cell, size, got in zip(cells, [2, 1], grouped):
+        assert results(got.rows) == results(run_task(varied, task, prompts=prompts, **{**cell, "batch_size": size}))
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +152,11 @@ def test_cells_that_keep_while_decoding_decode_together_and_give_their_alone_row
         assert all((r["decode_s"] is None) == batched for r in rows), policy
         assert all(r["execution"] == "shared" for r in rows if batched), policy
     assert all(r["decode_s"] is not None for g in grouped for r in g.rows[:2])  # the first book: timed alone
+
+
+def test_windows_end_where_batches_alone_end():
+    from kdeval.evals.group_run import _windows
+
+    assert _windows([[1], [2], [3], [4]], 2, before=1) == [[[1]], [[2], [3]], [[4]]]  # alone: [0 1] [2 3] [4]
+    assert _windows([[0, 1], [2, 3], [4, 5]], 3) == [[[0, 1], [2, 3]], [[4, 5]]]  # a context is never split
+    assert _windows([[0], [1], [2]], 1) == [[[0]], [[1]], [[2]]]

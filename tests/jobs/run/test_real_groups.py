@@ -2,9 +2,9 @@
 rows of the same cells run alone (``execution: {share: false}``), timings aside: several policies, chunked and
 one-shot, both protocols, a task whose questions share a context (phonebook), two sample shards.
 
-Both grids run at batch 1: a grid that leaves the batch size unset runs a cell alone at the worker's default (8
-on a CPU) and in a group at 1 (sharing needs the batch-1 path), and a batch's rows give ``peak_kv_bytes`` as the
-row's share of the batch's cache, which is not batch 1's figure (:func:`kdeval.evals.runner.run_task`)."""
+The first grids run at batch 1, where every figure but timings is the same; the last leaves the batch size unset
+(chunked cells fork then batch at the worker's default), where a row's ``kv_cache_bytes`` and ``peak_kv_bytes``
+are its share of its batch's buffers (:func:`kdeval.evals.runner.run_task`) and its batch is not always alone's."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("kdeval.evals.runner")
 
 from kdeval.jobs.run import service  # noqa: E402
-from tests.support.helpers import cell_rows, new_run  # noqa: E402
+from tests.support.helpers import HOW_COMPUTED, cell_rows, new_run  # noqa: E402
 
 GRID = """
 name: tiny-real-groups
@@ -48,3 +48,40 @@ def test_real_cells_in_groups_equal_the_cells_run_alone(local_ray, paths):
         shared, one = cell_rows(idx, cell.id), cell_rows(idx1, cell.id)
         differ = sorted({k for a, b in zip(shared, one) for k in a.keys() | b.keys() if a.get(k) != b.get(k)})
         assert len(shared) == len(one) == 3 and not differ, (cell.policy, cell.chunk_size, cell.task, differ)
+
+
+BATCHED = """
+name: tiny-batched-groups
+models: [random:llama-tiny]
+policies: [full, snapkv, keydiff]
+budgets: [96]
+chunk_sizes: [64]
+tasks:
+  - {{name: needle, lengths: [512], samples: 3, params: {{haystack: noise, depths: [10, 50, 90]}}}}
+generation: {{max_new_tokens: 3}}
+resources: {{workers: 1}}
+execution: {{share: {share}}}
+"""
+
+
+def test_chunked_cells_at_the_default_batch_fork_then_batch(local_ray, paths):
+    """A grid that leaves the batch size unset runs chunked cells at the worker's default (8 on a CPU) shared or
+    not; in a group each sample's steps up to a cell's fork are replayed, the rest run in the cell's batch. The
+    timed first sample is a batch of its own, so the rows' shares of their batch's K/V buffers differ from a run
+    alone's batch of three (how a row was computed, like timings)."""
+    idx, run_id, plan = new_run(paths["db"], paths["results"], BATCHED.format(share="true"))
+    assert service.execute_run(idx, run_id).done == 3
+    alone = paths["tmp"] / "alone"
+    idx1, run1, _ = new_run(alone / "index.sqlite", alone / "results", BATCHED.format(share="false"))
+    assert service.execute_run(idx1, run1).done == 3
+    drop = HOW_COMPUTED | {"kv_cache_bytes", "peak_kv_bytes"}
+    for cell in idx.run_cells(run_id):
+        rows = idx.read_cell_table(cell.id).to_pylist()
+        assert [r["execution"] for r in rows] == ["alone", "shared", "shared"], cell.policy
+        assert rows[1]["timing_batch"] == rows[2]["timing_batch"] != rows[0]["timing_batch"]  # one batch after
+        assert cell_rows(idx, cell.id, drop) == cell_rows(idx1, cell.id, drop), cell.policy
+    replayed = {c.policy: [r["replayed_steps"] for r in idx.read_cell_table(c.id).to_pylist()]
+                for c in idx.run_cells(run_id)}
+    assert sum(sum(v[1:]) for v in replayed.values()) >= 2 * 2  # two cells replay each later sample's first chunks
+    idx.close()
+    idx1.close()
