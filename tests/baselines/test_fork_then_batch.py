@@ -38,9 +38,9 @@ def stores() -> list[SharedSteps]:
 def forked(eng, ids, trunks, protect):
     """Each prompt replayed (or recorded) to its fork through its own store, then the rests in one batch."""
     states = []
-    for x, store in zip(ids, trunks):
+    for x, store, p in zip(ids, trunks, protect):
         eng.shared = store
-        states.append(eng.prefill_shared(x.unsqueeze(0), protect))
+        states.append(eng.prefill_shared(x.unsqueeze(0), p))
     eng.shared = None
     rests = [x[s.seen:] for x, s in zip(ids, states)]
     return states, eng.generate_batch(rests, max_new_tokens=NEW, states=states, protect_last=protect)
@@ -64,15 +64,15 @@ def assert_rows_same(got, ref) -> None:
             assert sa.keys() == sb.keys() and all(close(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("protect", [0, QUESTION])  # the paper's protocol, kvpress's (the question kept)
-def test_every_policy_forked_then_batched_equals_its_batch_alone(lm, protect):
+def test_every_policy_forked_then_batched_equals_its_batch_alone(lm):
     ids = prompts()
+    protect = [QUESTION, 0, QUESTION]  # kvpress's protocol (the question kept) beside the paper's, in one batch
     trunks = stores()
     full = make_engine(lm.model, get_policy("full"), budget=None, chunk_size=B)
     states, _ = forked(full, ids, trunks, protect)  # `full` records each prompt's trunk, up to the bound
-    # chunks of 16 while the store's bound (2N + B = 112) holds; under kvpress's protocol the third context
-    # (101 tokens) ends in a chunk of 5, its question left for the batch
-    ends = [112, 112, 112] if protect == 0 else [112, 112, 101]
+    # chunks of 16 while the store's bound (2N + B = 112) holds; the third context (101 tokens, its question
+    # protected) ends in a chunk of 5, its question left for the batch
+    ends = [112, 112, 101]
     assert [s.seen for s in states] == ends
     shared = {}
     for policy in POLICIES:
@@ -100,8 +100,8 @@ def test_a_fork_one_chunk_late_is_caught(lm, monkeypatch):
     ids = prompts()
     eng = make_engine(lm.model, get_policy("keydiff"), budget=N, chunk_size=B)
     trunks = stores()
-    forked(make_engine(lm.model, get_policy("full"), budget=None, chunk_size=B), ids, trunks, 0)
-    states, got = forked(eng, ids, trunks, 0)
+    forked(make_engine(lm.model, get_policy("full"), budget=None, chunk_size=B), ids, trunks, [0] * 3)
+    states, got = forked(eng, ids, trunks, [0] * 3)
     assert [s.seen for s in states] == [80] * 3  # one chunk past the fork at 64
     with pytest.raises(AssertionError):
         assert_rows_same(got, eng.generate_batch(ids, max_new_tokens=NEW))
