@@ -11,7 +11,7 @@ and every model forward by kind (prompt step or decode step, batch 1 or more, re
 Budgets and chunk scale with ``--length`` so a cell forks at the chunk it forks at in the 2K grid (N = L/8, L/4,
 L/2 and B = L/16: chunk 3, 5 and 9 of 16).
 
-    KDEVAL_DATA_DIR=../shared/data python bench/chunked_profile.py --length 2048 --samples 8 --new 16
+    KDEVAL_DATA_DIR=../shared/data python bench/chunked_profile.py --length 1024 --samples 8 --new 16
 """
 from __future__ import annotations
 
@@ -25,60 +25,68 @@ from shared_profile import needle_group
 
 
 class Timers:
-    """Seconds and calls per label; ``phase`` prefixes the forward labels (timed alone, shared, or alone)."""
+    """Seconds and calls per label; ``phase`` names the part of the run a forward belongs to (its label's prefix)."""
 
     def __init__(self):
-        self.seconds = collections.Counter()
-        self.calls = collections.Counter()
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
         self.phase = "shared"
+        self.originals: dict[tuple[object, str], object] = {}
 
-    def wrap(self, owner, name: str, label):
-        """Replace ``owner.name`` by a timed call; ``label(*args)`` names the call (a string, or a callable)."""
-        original = getattr(owner, name)
+    def wrap(self, owner, name: str, label, phase: str | None = None) -> None:
+        """Replace ``owner.name`` by a timed call: ``label`` names it (a string, or a callable of the call's
+        arguments); ``phase``, when given, is :attr:`phase` while the call runs."""
+        original = self.originals.setdefault((owner, name), getattr(owner, name))
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
             key = label(*args, **kwargs) if callable(label) else label
+            before, self.phase = self.phase, phase or self.phase
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[key] += time.perf_counter() - t0
                 self.calls[key] += 1
+                self.phase = before
 
         setattr(owner, name, timed)
-        return original
+
+    def unwrap(self, owner, name: str) -> None:
+        setattr(owner, name, self.originals.pop((owner, name)))
+
+    def take(self) -> list[tuple[str, float, int]]:
+        """(label, seconds, calls) of everything timed so far, sorted by label; the counters start again."""
+        out = [(k, self.seconds[k], self.calls[k]) for k in sorted(self.seconds)]
+        self.seconds.clear()
+        self.calls.clear()
+        return out
 
 
-def install(timers: Timers):
-    """Put the wrappers in place; returns what puts ``group_run._run_alone`` back."""
+def install(timers: Timers) -> None:
+    """Time the timed-alone samples (a group's ``_run_alone``), the steps up to each fork, the batched rest, and
+    every forward by kind."""
     from kdeval.evals import group_run
     from kdeval.keydiff.engine import Engine
     from kdeval.keydiff.step import Step
 
-    run_alone = group_run._run_alone
-
-    def alone(*args, **kwargs):
-        timers.phase = "timed alone"
-        t0 = time.perf_counter()
-        try:
-            return run_alone(*args, **kwargs)
-        finally:
-            timers.seconds["first sample of every cell, timed alone"] += time.perf_counter() - t0
-            timers.calls["first sample of every cell, timed alone"] += 1
-            timers.phase = "shared"
-
-    group_run._run_alone = alone
     def forward_kind(step, layout, ids, recording=None, repeat=None):
         kind = "prompt" if ids.shape[1] > 1 else "decode"
         rec = ", recording" if recording is not None else ""
         return f"{timers.phase}: {kind} forward, batch {'1' if ids.shape[0] == 1 else '>1'}{rec}"
 
+    timers.wrap(group_run, "_run_alone", "first sample of every cell, timed alone", phase="timed alone")
     timers.wrap(Step, "forward", forward_kind)
     timers.wrap(Step, "replay_step", "shared: replayed steps")
     timers.wrap(Engine, "prefill_shared", lambda *a, **k: f"{timers.phase}: steps up to the fork, batch 1")
     timers.wrap(Engine, "generate_batch", lambda *a, **k: f"{timers.phase}: Engine.generate_batch")
-    return lambda: setattr(group_run, "_run_alone", run_alone)
+
+
+def paper_cells(length: int, new: int, samples: int) -> list[dict]:
+    """The paper grid's members with budgets and chunk scaled to ``length`` (the 2K grid's fork points)."""
+    spec = grid("paper", length, samples, new, True)
+    spec.update(budgets=[length // 8, length // 4, length // 2], chunk_sizes=[length // 16])
+    return members(spec)
 
 
 def main() -> None:
@@ -91,35 +99,28 @@ def main() -> None:
     from kdeval.evals import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
-    spec = grid("paper", args.length, args.samples, args.new, True)
-    spec.update(budgets=[args.length // 8, args.length // 4, args.length // 2], chunk_sizes=[args.length // 16])
-    cells = members(spec)
+    cells = paper_cells(args.length, args.new, args.samples)
     n = len(cells) * args.samples
 
     timers = Timers()
-    restore = install(timers)
+    install(timers)
     t0 = time.perf_counter()
     group_run.run_group(lm, task, [{**c, "batch_size": None} for c in cells], prompts, batch_size=8)
-    shared = time.perf_counter() - t0
-    shared_parts = dict(timers.seconds), dict(timers.calls)
-    timers.seconds.clear()
-    timers.calls.clear()
-    restore()
+    shared = time.perf_counter() - t0, timers.take()
+    timers.unwrap(group_run, "_run_alone")  # alone, every sample runs through it: not the timed samples
     timers.phase = "alone"
     t0 = time.perf_counter()
     group_run.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
-    alone = time.perf_counter() - t0
+    alone = time.perf_counter() - t0, timers.take()
 
     print(f"{len(cells)} cells x {args.samples} samples of ~{args.length} tokens, N = {args.length // 8}/"
           f"{args.length // 4}/{args.length // 2}, B = {args.length // 16}, {args.new} new tokens ({n} cell-samples)")
     print("| part | seconds | calls |\n|---|---:|---:|")
-    print(f"| **shared** (fork, then batch 8) | {shared:.1f} | |")
-    for parts in (shared_parts, (dict(timers.seconds), dict(timers.calls))):
-        for label in sorted(parts[0]):
-            print(f"| {label} | {parts[0][label]:.1f} | {parts[1][label]} |")
-        if parts is shared_parts:
-            print(f"| **alone** (batch 8) | {alone:.1f} | |")
-    print(f"alone / shared: {alone / shared:.2f}x")
+    for side, how, (wall, parts) in (("shared", "fork, then batch 8", shared), ("alone", "batch 8", alone)):
+        print(f"| **{side}** ({how}) | {wall:.1f} | |")
+        for label, seconds, calls in parts:
+            print(f"| {label} | {seconds:.1f} | {calls} |")
+    print(f"alone / shared: {alone[0] / shared[0]:.2f}x")
 
 
 if __name__ == "__main__":
