@@ -1,17 +1,21 @@
 """Where a chunked group's time goes: the paper-shaped grid (bench/shared_grid.py's ``paper``: full and six policies
-at three budgets, one chunk size, ``compress: prompt``) through ``evals.group_run.run_group`` in this process, as a
-CPU worker runs it (batch size unset: a chunked member forks, then batches at 8), then every cell alone at batch 8
-(what ``execution: {share: false}`` runs on a CPU) over the same samples, one after the other.
+at three budgets, one chunk size, ``compress: prompt``), or with ``--grid mixed`` the mixed one (one-shot and chunked
+cells at the leaderboard's three shares, ``compress: context``), through ``evals.group_run.run_group`` in this
+process, as a CPU worker runs it (batch size unset: a chunked member forks, then batches at 8; a one-shot member
+shares whole steps at batch 1), then every cell alone at batch 8 (what ``execution: {share: false}`` runs on a CPU)
+over the same samples, one after the other.
 
 The shared side is timed by wrappers around a few calls (no cProfile: its per-call cost would weigh on the
 engine's many small calls): the first sample of every cell run alone (the timed samples), each sample's steps up to
 its fork (``Engine.prefill_shared``, batch 1: recorded or replayed), the batched rest (``Engine.generate_batch``),
-and every model forward by kind (prompt step or decode step, batch 1 or more, recording or not) with its count.
+the decoding of cells together (``GroupDecoder._decode``), and every model forward by kind (prompt step or decode
+step, batch 1 or more, recording or not) with its count.
 
-Budgets and chunk scale with ``--length`` so a cell forks at the chunk it forks at in the 2K grid (N = L/8, L/4,
-L/2 and B = L/16: chunk 3, 5 and 9 of 16).
+Budgets and chunk scale with ``--length`` so a cell forks at the chunk it forks at in the 2K grid (paper: N = L/8,
+L/4, L/2 and B = L/16, chunk 3, 5 and 9 of 16; mixed: shares of the prompt and B = L/16).
 
     KDEVAL_DATA_DIR=../shared/data python bench/chunked_profile.py --length 1024 --samples 8 --new 16
+    KDEVAL_DATA_DIR=../shared/data python bench/chunked_profile.py --grid mixed --length 1024 --samples 8 --new 16
 """
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ def install(timers: Timers) -> None:
     """Time the timed-alone samples (a group's ``_run_alone``), the steps up to each fork, the batched rest, and
     every forward by kind."""
     from kdeval.evals import group_run
+    from kdeval.evals.group_decode import GroupDecoder
     from kdeval.keydiff.engine import Engine
     from kdeval.keydiff.step import Step
 
@@ -80,6 +85,7 @@ def install(timers: Timers) -> None:
     timers.wrap(Step, "replay_step", "shared: replayed steps")
     timers.wrap(Engine, "prefill_shared", lambda *a, **k: f"{timers.phase}: steps up to the fork, batch 1")
     timers.wrap(Engine, "generate_batch", lambda *a, **k: f"{timers.phase}: Engine.generate_batch")
+    timers.wrap(GroupDecoder, "_decode", lambda *a, **k: f"{timers.phase}: cells decoded together")
 
 
 def paper_cells(length: int, new: int, samples: int) -> list[dict]:
@@ -89,17 +95,26 @@ def paper_cells(length: int, new: int, samples: int) -> list[dict]:
     return members(spec)
 
 
+def mixed_cells(length: int, new: int, samples: int) -> list[dict]:
+    """The mixed grid's members (one-shot and chunked at the leaderboard's shares, query-agnostic) with the chunk
+    scaled to ``length`` (the 2K grid's fork points)."""
+    spec = grid("mixed", length, samples, new, True)
+    spec.update(chunk_sizes=["whole", length // 16])
+    return members(spec)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--grid", choices=["paper", "mixed"], default="paper")
     args = ap.parse_args()
 
     from kdeval.evals import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
-    cells = paper_cells(args.length, args.new, args.samples)
+    cells = (paper_cells if args.grid == "paper" else mixed_cells)(args.length, args.new, args.samples)
     n = len(cells) * args.samples
 
     timers = Timers()
@@ -113,8 +128,10 @@ def main() -> None:
     group_run.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
     alone = time.perf_counter() - t0, timers.take()
 
-    print(f"{len(cells)} cells x {args.samples} samples of ~{args.length} tokens, N = {args.length // 8}/"
-          f"{args.length // 4}/{args.length // 2}, B = {args.length // 16}, {args.new} new tokens ({n} cell-samples)")
+    budgets = "/".join(str(b) for b in dict.fromkeys(c["budget"] for c in cells if c["budget"] is not None))
+    chunks = "/".join(str(b) for b in dict.fromkeys(c["chunk_size"] for c in cells))
+    print(f"{args.grid} grid: {len(cells)} cells x {args.samples} samples of ~{args.length} tokens, N = {budgets}, "
+          f"B = {chunks}, {args.new} new tokens ({n} cell-samples)")
     print("| part | seconds | calls |\n|---|---:|---:|")
     for side, how, (wall, parts) in (("shared", "fork, then batch 8", shared), ("alone", "batch 8", alone)):
         print(f"| **{side}** ({how}) | {wall:.1f} | |")
