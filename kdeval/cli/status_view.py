@@ -139,8 +139,10 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     caption = driver_caption(run) or run.message
     models = sorted({c.model for c in cells})
     one_model = len(models) == 1
-    title = (f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)} — "
-             f"{counts_line(run.counts)}")
+    head = f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)}"
+    counts = counts_line(run.counts)
+    # too wide for one line: the counts go on their own line rather than wrap in the middle of the list
+    title = f"{head} — {counts}" if len(head) + 3 + len(counts) <= width else f"{head}\n{counts}"
     tasks = sorted({c.task for c in cells})
     one_task = len(tasks) == 1  # then the task, or else the length and seed all share, is said under the table
     length, seed = _common_suffix(tasks)

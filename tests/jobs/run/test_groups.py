@@ -48,6 +48,11 @@ def test_cells_of_one_task_run_as_one_group_call_per_shard(local_ray, paths, app
     st = CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])], env={"COLUMNS": "200"})
     assert st.exit_code == 0 and st.output.count("done shared") == 5, st.output
     assert "shared_rows" not in st.output  # a count, not a headline score
+    narrow = CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])], env={"COLUMNS": "80"})
+    lines = narrow.output.splitlines()
+    assert narrow.exit_code == 0 and max(map(len, lines)) <= 80, narrow.output
+    # a heading too wide for 80 columns puts its counts on their own line, whole
+    assert narrow.output.count("done shared") == 5 and "pending 0  running 0  done 5  failed 0" in lines, lines
 
 
 def test_share_false_runs_each_cell_alone_with_the_same_rows(local_ray, paths):
