@@ -130,6 +130,16 @@ def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) 
     return widths
 
 
+def _common_tag(cells: list, tags: dict[str, str]) -> str:
+    """The protocol tag (:func:`protocol_tag`) of every cell that has one, when they all share it and the cells
+    without one hold no budget (``full``, whose rows no protocol changes): then the line under the table says it
+    once instead of every row; else ""."""
+    said = {tags[c.id] for c in cells if tags[c.id]}
+    if len(said) != 1 or any(not tags[c.id] and c.grid_budget is not None for c in cells):
+        return ""
+    return said.pop()
+
+
 def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     """One run: a heading with per-state counts, one row per cell (worker@node when ``width`` allows, time,
     score or error), the driver's message. Columns fold instead of cutting what a user types next (ids,
@@ -152,7 +162,9 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B"] + ([] if one_task else ["task"]) + [
         "state"] + (["worker@node"] if wide else []) + ["s", "score / error"]
     # the label reports and progress print: two settings of one policy must not read the same
-    labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + protocol_tag(c.spec)
+    tags = {c.id: protocol_tag(c.spec) for c in cells}
+    common = _common_tag(cells, tags)
+    labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + ("" if common else tags[c.id])
               for c in cells}
     rows, metrics = [], []
     for c in cells:
@@ -176,6 +188,9 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     for row in rows:
         t.add_row(*row)
     said = [Text(f"{'task' if one_task else 'every task'}: {shared}")] if shared else []
+    if common:
+        budgetless = any(not tags[c.id] for c in cells)
+        said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common.strip()[1:-1]}"))
     parts = [Text(title, style="bold"), t] + said + ([Text(caption)] if caption else [])
     return Group(*parts)
 

@@ -24,6 +24,10 @@ from kdeval.jobs.reports.model import ContrastRow, State, stored
 from kdeval.jobs.reports.samples import LoadedCell, Samples, paired_delta
 
 
+#: the setting of a cost-of-chunking row of a cell without a budget (``full``), under any protocol
+NOTHING_EVICTED = "nothing evicted (any protocol)"
+
+
 def protocol_of(cell: LoadedCell) -> tuple[str, str]:
     """(compress, decode) of a cell (the defaults, ``prompt``/``evict``, when its spec has none)."""
     p = (cell.view.spec or {}).get("protocol") or {}
@@ -99,8 +103,9 @@ def cost_of_chunking(cells: Iterable[LoadedCell], **boot: Any) -> list[ContrastR
         if not whole:
             continue
         for chunk in sorted(ch for ch in by_chunk if not is_whole(ch)):
-            rows.append(contrast_row(dict(model=model, policy=policy, budget=budget, task=task,
-                                          setting=COMPRESS_NAMES.get(compress, compress) + _decode_note(decode),
+            # a cell without a budget evicts nothing: no protocol changes its rows (its spec holds the default)
+            setting = NOTHING_EVICTED if budget is None else COMPRESS_NAMES.get(compress, compress) + _decode_note(decode)
+            rows.append(contrast_row(dict(model=model, policy=policy, budget=budget, task=task, setting=setting,
                                           a_label=f"B={chunk}", b_label=chunk_text(0)),
                                      by_chunk[chunk], whole, **boot))
     return rows

@@ -122,3 +122,29 @@ def test_status_at_80_columns_folds_a_protocol_label_between_words(paths):
     assert max(len(ln) for ln in lines) <= 80
     assert sum("[query-agnostic]" in ln for ln in lines) == 4, r.stdout
     assert not any("[query-agno" in ln and "[query-agnostic]" not in ln for ln in lines), r.stdout
+
+
+def test_status_says_a_protocol_every_budgeted_cell_shares_once_under_the_table(paths):
+    """One protocol for the whole run: the rows read as bare policies and the line under the table names the
+    protocol once; ``full`` (no budget, no tag) does not stop it. Two protocols keep the tag on every row."""
+    import io
+
+    from rich.console import Console
+
+    from kdeval.cli.status_view import status_table
+
+    from tests.support.helpers import new_run
+
+    def printed(protocol: str) -> list[str]:
+        idx, run_id, _ = new_run(paths["db"], paths["results"], GRID.format(protocol=protocol))
+        buf = io.StringIO()
+        Console(file=buf, width=80, markup=False).print(status_table(idx, run_id, 80))
+        idx.close()
+        return buf.getvalue().splitlines()
+
+    one = printed(AGNOSTIC)
+    assert not any("[query-agnostic]" in ln for ln in one), one
+    assert sum(ln.strip() == "every cell with a budget: query-agnostic" for ln in one) == 1, one
+    assert sum(" keydiff " in ln for ln in one) == 4 and max(len(ln) for ln in one) <= 80
+    both = printed(f"[{AWARE}, {AGNOSTIC}]")
+    assert sum("[query-agnostic]" in ln for ln in both) == 4 and not any("every cell" in ln for ln in both), both

@@ -44,6 +44,8 @@ def test_cost_of_chunking_rows(report):
     assert (r.a_kv_bytes, r.b_kv_bytes) == (2**20, 2**22)
     assert r.a_ttft_s == pytest.approx(0.515) and r.b_ttft_s == pytest.approx(0.265)
     assert by[("full", "B=64")].delta == 0.0
+    # full holds no budget: no protocol changes it, and its row does not claim the default one
+    assert by[("full", "B=64")].setting == "nothing evicted (any protocol)"
 
 
 def test_query_dependence_rows(report):
