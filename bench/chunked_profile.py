@@ -7,7 +7,8 @@ over the same samples, one after the other.
 
 The shared side is timed by wrappers around a few calls (no cProfile: its per-call cost would weigh on the
 engine's many small calls): the first sample of every cell run alone (the timed samples), each sample's steps up to
-its fork (``Engine.prefill_shared``, batch 1: recorded or replayed), the batched rest (``Engine.generate_batch``),
+its fork (``Engine.prefill_shared``, batch 1: recorded or replayed), the trunks recorded in one batch before them
+(``Engine.record_shared``), the batched rest (``Engine.generate_batch``),
 the decoding of cells together (``GroupDecoder._decode``), and every model forward by kind (prompt step or decode
 step, batch 1 or more, recording or not) with its count.
 
@@ -83,6 +84,7 @@ def install(timers: Timers) -> None:
     timers.wrap(group_run, "_run_alone", "first sample of every cell, timed alone", phase="timed alone")
     timers.wrap(Step, "forward", forward_kind)
     timers.wrap(Step, "replay_step", "shared: replayed steps")
+    timers.wrap(Engine, "record_shared", lambda *a, **k: f"{timers.phase}: trunks recorded in one batch")
     timers.wrap(Engine, "prefill_shared", lambda *a, **k: f"{timers.phase}: steps up to the fork, batch 1")
     timers.wrap(Engine, "generate_batch", lambda *a, **k: f"{timers.phase}: Engine.generate_batch")
     timers.wrap(GroupDecoder, "_decode", lambda *a, **k: f"{timers.phase}: cells decoded together")

@@ -44,8 +44,9 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     A member's ``batch_size`` None is chosen here: ``batch_size`` for a chunked member of a task with one question
     per context, else 1. Members at batch 1 run one context group at a time (consecutive samples on one context:
     :func:`~kdeval.evals.question_runs.context_groups`), every member on it before the next. Members in batches
-    run a window of context groups at a time (as many samples as the largest batch): each sample's steps up to
-    the member's fork are replayed from (or recorded in) its context's store at batch 1, the rest of its prompt
+    run a window of context groups at a time (as many samples as the largest batch): the first member records the
+    window's trunks as rows of one batch (``Engine.record_shared``), each sample's steps up to the member's fork
+    are replayed from (or what is left recorded in) its context's store at batch 1, the rest of its prompt
     and its decoding run in the member's batches (fork-then-batch:
     :func:`~kdeval.evals.question_runs.run_batched`). The steps held are those of the window's prompts, per
     prompt at most the members' largest budget plus a chunk (a batch alone holds as many caches of that size).
@@ -65,8 +66,6 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     once; in the timed first context group, as each member's own run ends; after it, a member in batches as its
     run of a window ends, the members at batch 1 of a context group at once, as they decode together), so a
     worker can say how far a group has got before it returns."""
-    from kdeval.keydiff.shared import SharedSteps
-
     told = on_samples or (lambda i, n: None)
 
     samples, built = list(prompts[0]), list(prompts[1])
@@ -95,7 +94,7 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     decoder = GroupDecoder(lm.model)
     width = max((members[i]["batch_size"] for i in windowed), default=1)
     for window in _windows(groups, width, timed):
-        stores = [SharedSteps(policies.values(), _most_held(members, policies, sharing, samples, built, group))
+        stores = [_store(policies.values(), _most_held(members, policies, sharing, samples, built, group))
                   for group in window]
         ids = [[samples[j].id for j in group] for group in window]
         by_id = {sid: store for group_ids, store in zip(ids, stores) for sid in group_ids}
@@ -173,21 +172,30 @@ def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, 
     result.rows.extend(rows)
 
 
+def _store(policies: Any, bounds: dict[int, int]) -> Any:
+    """A shared store for one context group, bounded per chunk size by ``bounds`` (:func:`_most_held`)."""
+    from kdeval.keydiff.shared import SharedSteps
+
+    return SharedSteps(policies, max(bounds.values(), default=0), chunk_bounds=bounds)
+
+
 def _most_held(members: Sequence[Mapping[str, Any]], policies: Mapping[int, Any], which: Sequence[int],
-               samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> int:
-    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.shared.SharedSteps`'s bound): the
-    largest budget + chunk any evicting member resolves for these samples (0 when no member evicts: no member
-    forks, so nothing is worth recording)."""
-    most = 0
+               samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> dict[int, int]:
+    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.shared.SharedSteps`'s bounds), per
+    chunk size the members resolve for these samples: the largest budget + chunk of the evicting members of that
+    chunk size (0 where none evicts: no member forks there, so nothing is worth recording)."""
+    most: dict[int, int] = {}
+    part = [samples[j] for j in group], [built[j] for j in group]
     for i in which:
         m = members[i]
+        context_only = m.get("compress", "prompt") == "context"
+        chunks = [resolve_chunk(m.get("chunk_size", 128), len(p.prefix_ids) if context_only else p.n_tokens)
+                  for p in part[1]]
+        for b in chunks:
+            most.setdefault(b, 0)
         if not policies[i].evicts or m.get("budget") is None:
             continue
-        context_only = m.get("compress", "prompt") == "context"
-        part = [samples[j] for j in group], [built[j] for j in group]
         for n, idx in budget_groups(m["budget"], policies[i], *part, context_only).items():
             for j in idx:
-                p = part[1][j]
-                b = resolve_chunk(m.get("chunk_size", 128), len(p.prefix_ids) if context_only else p.n_tokens)
-                most = max(most, n + b)
+                most[chunks[j]] = max(most[chunks[j]], n + chunks[j])
     return most

@@ -62,6 +62,18 @@ def shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], sha
     return True, state, time.perf_counter() - t0
 
 
+def record_trunks(eng: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt], lone: Sequence[list[int]],
+                  batch_size: int, context_only: bool, stores: Mapping[str, Any], device: Any) -> None:
+    """The shared steps of the samples that prefill no shared context (the groups ``lone``), recorded in their
+    stores ``batch_size`` prompts at a time (``Engine.record_shared``), before each sample replays them."""
+    todo = [i for group in lone for i in group]
+    for at in range(0, len(todo), batch_size):
+        part = todo[at : at + batch_size]
+        eng.record_shared([torch.tensor(built[i].ids, device=device) for i in part],
+                          [stores[samples[i].id] for i in part],
+                          [len(built[i].suffix_ids) if context_only else 0 for i in part])
+
+
 def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
                  builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
                  decode_evict: bool, eos: Any, device: Any, weight_bytes: int, strip: tuple[str, str] | None,
@@ -72,8 +84,10 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
 
     ``stores``: sample id -> the :class:`~kdeval.keydiff.shared.SharedSteps` of its context, filled by the other
     cells of a group (:func:`kdeval.evals.group_run.run_group`). A shared context is then prefilled through its
-    store; a sample of its own replays (or records) its prompt steps there up to this cell's fork
-    (``Engine.prefill_shared``, at batch 1) and the rest of its prompt runs in the batch from that state. The rows
+    store; the samples of their own have their trunks recorded there ``batch_size`` at a time
+    (:func:`record_trunks`) unless another cell did, then each replays (or records what is left of) its prompt
+    steps there up to this cell's fork (``Engine.prefill_shared``, at batch 1) and the rest of its prompt runs in
+    the batch from that state. The rows
     are the same either way (timings aside); ``replayed_steps`` counts each row's replayed steps."""
     rows: list[dict[str, Any] | None] = [None] * len(samples)
     batches = [0]  # generate_batch calls so far: each call's rows share one timing
@@ -100,6 +114,9 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
         while waiting and waiting[0][0] <= done:
             eng.release(waiting.pop(0)[1])
 
+    if stores:
+        record_trunks(eng, samples, built, [g for g in context_groups(built) if not (share_context and len(g) > 1)],
+                      batch_size, context_only, stores, device)
     for group in context_groups(built):
         eng.shared = stores[samples[group[0]].id] if stores else None
         shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)

@@ -52,6 +52,7 @@ from kdeval.keydiff.repeat import RepeatPrompt
 from kdeval.keydiff.shared import SharedSteps, undiverged
 from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import GraphRunner, Step
+from kdeval.keydiff.trunk import record_trunks
 
 
 class Engine:
@@ -141,6 +142,14 @@ class Engine:
                 break
         state.peak_kv_bytes = 0
         return state
+
+    def record_shared(self, prompts: Sequence[torch.Tensor], stores: Sequence[SharedSteps],
+                      protect_last: Sequence[int]) -> int:
+        """Record in one batch the shared steps that :meth:`prefill_shared` would record one prompt at a time:
+        ``prompts[i]`` (token ids ``[L_i]``) into ``stores[i]``, its protected question ``protect_last[i]`` tokens
+        (kdeval/keydiff/trunk.py). :meth:`prefill_shared` then replays them. Returns the chunks recorded per
+        prompt (0: none)."""
+        return record_trunks(self.step, prompts, stores, protect_last)
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int | None = None,

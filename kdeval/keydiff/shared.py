@@ -24,13 +24,15 @@ the budget): those run every step themselves.
 
 Bound: a step is recorded only while the tokens held after it are at most ``max_tokens`` (the group's largest
 budget plus a chunk), so the store holds at most that many tokens per layer and KV head for one prompt; a cell
-that never evicts (``full``) runs its later steps itself. Call :meth:`SharedSteps.clear` between prompts.
+that never evicts (``full``) runs its later steps itself. ``chunk_bounds`` narrows it per chunk size: a step of
+chunk size B only ever serves cells of that B (its shape is in its key), so it is worth recording only up to
+their largest budget plus B. Call :meth:`SharedSteps.clear` between prompts.
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import torch
 
@@ -109,14 +111,17 @@ class SharedSteps:
 
     ``policies``: every member's policy, so that a recording captures what each of them reads;
     ``max_tokens``: record a step only while the tokens held after it are at most this many (``None``: no
-    bound)."""
+    bound); ``chunk_bounds``: the same per chunk size, for steps of cells of that chunk size (a size it does not
+    name: ``max_tokens``)."""
 
-    def __init__(self, policies: Iterable[Policy], max_tokens: int | None = None):
+    def __init__(self, policies: Iterable[Policy], max_tokens: int | None = None,
+                 chunk_bounds: Mapping[int, int] | None = None):
         needs = [p.needs() for p in policies if p.evicts]
         self.attention = list(dict.fromkeys(n.attention for n in needs if n.attention is not None))
         self.queries = any(n.queries is not None for n in needs)
         self.hidden_states = any(n.hidden_states for n in needs)
         self.max_tokens = max_tokens
+        self.chunk_bounds = dict(chunk_bounds or {})
         self.records: dict[str, StepRecord] = {}
         #: steps replayed and recorded since the store was made
         self.replayed = 0
@@ -131,26 +136,29 @@ class SharedSteps:
         sig = forward_signature(plan)
         if sig is None or state.history is None or not undiverged(state):
             return None
-        h = hashlib.sha256(state.history.encode())
-        h.update(f"|{sig}|{state.seen}|{tuple(ids.shape)}|".encode())
-        h.update(ids.detach().to("cpu", torch.int64).numpy().tobytes())
-        return h.hexdigest()
+        return next_history(state.history, sig, state.seen, ids)
 
     def find(self, key: str | None, plan: "Plan") -> StepRecord | None:
         rec = self.records.get(key) if key is not None else None
         return rec if rec is not None and rec.serves(plan) else None
 
-    def wants(self, key: str | None, state: "PrefillState", t: int) -> bool:
-        """Whether to record the step about to run (shareable, and within the bound)."""
+    def bound(self, chunk: int | None = None) -> int | None:
+        """The most tokens held after a recorded step of a cell of chunk size ``chunk`` (``None``: no bound)."""
+        return self.chunk_bounds.get(chunk, self.max_tokens) if chunk is not None else self.max_tokens
+
+    def wants(self, key: str | None, state: "PrefillState", t: int, chunk: int | None = None) -> bool:
+        """Whether to record the step about to run (shareable, and within the bound of a cell of chunk size
+        ``chunk``)."""
         if key is None or key in self.records:
             return False
-        return self.max_tokens is None or state.seen + t <= self.max_tokens
+        bound = self.bound(chunk)
+        return bound is None or state.seen + t <= bound
 
     def serves_next(self, plan: "Plan", state: "PrefillState", ids: torch.Tensor) -> bool:
         """Whether the step of ``ids [1, t]`` after ``state`` would be replayed from this store or recorded in it
         (``Engine.prefill_shared`` feeds a cell's steps while they are)."""
         key = self.step_key(plan, state, ids)
-        return self.find(key, plan) is not None or self.wants(key, state, ids.shape[1])
+        return self.find(key, plan) is not None or self.wants(key, state, ids.shape[1], plan.config.chunk_size)
 
     def recording_capture(self, plan: "Plan") -> tuple[AttentionCapture | MultiCapture | None, dict]:
         """The capture a recording forward passes (every member's rows for a plan whose output SDPA gives; its
@@ -174,15 +182,36 @@ class SharedSteps:
     def store(self, key: str, cache: BudgetCache, logits: torch.Tensor, captures: dict,
               queries: dict[int, torch.Tensor] | None, hidden_states: dict[int, torch.Tensor] | None = None) -> None:
         """Record the step just run on ``cache`` (its chunk still pending, before eviction)."""
-        keys, values = [], []
-        for layer in cache.layers:
-            lo, hi = layer.length, layer.length + layer.pending
-            keys.append(layer.keys[:, :, lo:hi].clone())
-            values.append(layer.values[:, :, lo:hi].clone())
-        rows = {k: {i: r.clone() for i, r in cap.by_layer.items()} for k, cap in captures.items()}
-        copies = lambda d: {i: x.clone() for i, x in d.items()} if d is not None else None  # noqa: E731
-        self.records[key] = StepRecord(keys, values, logits.clone(), rows, copies(queries), copies(hidden_states))
+        self.keep(key, record_of(cache, logits, captures, queries, hidden_states))
+
+    def keep(self, key: str, record: StepRecord) -> None:
+        """Hold ``record`` as the step whose history is ``key``."""
+        self.records[key] = record
         self.recorded += 1
+
+
+def next_history(history: str, signature: str, seen: int, ids: torch.Tensor) -> str:
+    """The history of a state (``history``, ``seen`` tokens) after feeding ``ids [batch, t]`` under a forward of
+    ``signature`` (:func:`forward_signature`): the key its step is recorded and found under."""
+    h = hashlib.sha256(history.encode())
+    h.update(f"|{signature}|{seen}|{tuple(ids.shape)}|".encode())
+    h.update(ids.detach().to("cpu", torch.int64).numpy().tobytes())
+    return h.hexdigest()
+
+
+def record_of(cache: BudgetCache, logits: torch.Tensor, captures: dict, queries: dict[int, torch.Tensor] | None,
+              hidden_states: dict[int, torch.Tensor] | None, row: int | None = None) -> StepRecord:
+    """Copies of what the step just run on ``cache`` wrote (its chunk still pending) and what the member policies
+    read, of every batch row (``row``: of that one only, as a batch-1 step would have recorded it)."""
+    pick = (lambda x: x.clone()) if row is None else (lambda x: x[row : row + 1].clone())  # noqa: E731
+    keys, values = [], []
+    for layer in cache.layers:
+        lo, hi = layer.length, layer.length + layer.pending
+        keys.append(pick(layer.keys[:, :, lo:hi]))
+        values.append(pick(layer.values[:, :, lo:hi]))
+    rows = {k: {i: pick(r) for i, r in cap.by_layer.items()} for k, cap in captures.items()}
+    copies = lambda d: {i: pick(x) for i, x in d.items()} if d is not None else None  # noqa: E731
+    return StepRecord(keys, values, pick(logits), rows, copies(queries), copies(hidden_states))
 
 
 def undiverged(state: "PrefillState") -> bool:

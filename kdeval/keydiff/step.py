@@ -75,7 +75,8 @@ class Step:
             shared.replayed += 1
             state.replayed += 1
         else:
-            recording = (shared, key) if shared is not None and shared.wants(key, state, t) else None
+            wanted = shared is not None and shared.wants(key, state, t, self.plan.config.chunk_size)
+            recording = (shared, key) if wanted else None
             logits = self.device_step(state.cache, ids, positions, state.seen + t, state.steps, all_logits,
                                       evict=evict, protected=tuple(state.protected), recording=recording,
                                       repeat=repeat)

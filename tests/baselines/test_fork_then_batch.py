@@ -89,6 +89,30 @@ def test_every_policy_forked_then_batched_equals_its_batch_alone(lm):
     assert shared["ada", N] == ([0] * 3, [0] * 3)  # a head-shared pool never shares a step
 
 
+def test_trunks_recorded_in_one_batch_serve_every_policy_its_batch_alone(lm):
+    """``Engine.record_shared`` records the three prompts' trunks as rows of one forward per chunk: the full chunks
+    every prompt records (6: the third context's protected question ends its trunk at 101 tokens), each row under
+    the key its batch-1 step has. Every policy replayed from them (its later chunks recorded at batch 1) gives
+    its batch alone."""
+    ids = prompts()
+    protect = [QUESTION, 0, QUESTION]
+    trunks = stores()
+    full = make_engine(lm.model, get_policy("full"), budget=None, chunk_size=B)
+    assert full.record_shared(ids, trunks, protect) == 6
+    assert [t.recorded for t in trunks] == [6] * 3 and [t.replayed for t in trunks] == [0] * 3
+    assert full.record_shared(ids, trunks, protect) == 0  # recorded already: nothing runs twice
+    states, got = forked(full, ids, trunks, protect)  # replays the six, records the rest of each trunk at batch 1
+    assert [t.replayed for t in trunks] == [6] * 3 and [t.recorded for t in trunks] == [7, 7, 7]
+    assert_rows_same(got, full.generate_batch(ids, max_new_tokens=NEW, protect_last=protect))
+    for policy in POLICIES:
+        eng = make_engine(lm.model, get_policy(policy), budget=2 * N, chunk_size=B)
+        before = [t.replayed for t in trunks]
+        states, got = forked(eng, ids, trunks, protect)
+        assert_rows_same(got, eng.generate_batch(ids, max_new_tokens=NEW, protect_last=protect))
+        if policy == "keydiff":  # its fork at step 7: six steps from the batch, the seventh from full's record
+            assert [t.replayed - b for t, b in zip(trunks, before)] == [7, 7, 7]
+
+
 def test_a_fork_one_chunk_late_is_caught(lm, monkeypatch):
     """Feeding one more replayed chunk after the first eviction would hand the cell keys of a state it no longer
     holds: the equality above then fails (this guards where prefill_shared stops)."""

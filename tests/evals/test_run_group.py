@@ -7,6 +7,7 @@ import pytest
 
 from kdeval.evals.question_runs import context_groups
 from kdeval.evals.registry import get_task
+from kdeval.evals import group_run
 from kdeval.evals.group_run import OWN_FIGURES, run_group
 from kdeval.evals.runner import model_prompts, run_task
 
@@ -73,11 +74,12 @@ def batch_members():
             dict(policy="full", budget=None, chunk_size=32, max_new_tokens=4, batch_size=2)]
 
 
-def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied):
+def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied, monkeypatch):
     task = get_task("needle", lengths=[600], depths=[20, 50, 80], haystack="noise")
     prompts = model_prompts(varied, task, max_new_tokens=4)
     cells = batch_members()
-    told = []
+    told, made = [], []
+    monkeypatch.setattr(group_run, "_store", lambda *a, real=group_run._store: made.append(real(*a)) or made[-1])
     grouped = run_group(varied, task, cells, prompts, time_first=False, batch_size=3,
                         on_samples=lambda i, n: told.append((i, n)))
     # the members in batches (0, 1, 4) over the one window of three samples, then those at batch 1 sample by sample
@@ -90,10 +92,11 @@ def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied):
     by = {i: g.rows for i, g in enumerate(grouped)}
     assert {r["timing_batch"] for r in by[0]} == {0}  # keydiff's three forks continue in one batch
     assert [r["timing_batch"] for r in by[4]] == [0, 0, 1]
-    # keydiff recorded chunks of 32 up to its first over N=64; snapkv, tova and the full cache (up to the store's
-    # bound of 64 + 32 tokens) replay those three
-    assert [r["replayed_steps"] for r in by[0]] == [0] * 3
-    assert all(r["replayed_steps"] == 3 for i in (1, 2, 4) for r in by[i])
+    # keydiff, the first member in batches, recorded the three samples' chunks of 32 as one batch up to the bound
+    # of the cells of B = 32 (64 + 32 tokens; the one-shot cell's bound is its own), then replayed them as snapkv,
+    # tova and the full cache do
+    assert [s.recorded for s in made] == [3 + 1] * 3  # and the one-shot cell its context's forward
+    assert all(r["replayed_steps"] == 3 for i in (0, 1, 2, 4) for r in by[i])
     assert all(r[c] is None for g in grouped for r in g.rows for c in OWN_FIGURES)
     off = run_group(varied, task, cells, prompts, share=False, batch_size=3)
     assert all(r["execution"] == "alone" and r["replayed_steps"] == 0 for g in off for r in g.rows)

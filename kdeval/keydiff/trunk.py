@@ -1,0 +1,87 @@
+"""The shared steps of several prompts recorded in one batch: each prompt's trunk (its steps up to the bound of
+its store, kdeval/keydiff/shared.py) is fed as rows of one forward per chunk instead of one batch-1 forward per
+prompt and chunk, and each row's part of the forward is recorded in that prompt's store, under the key its
+batch-1 step has. ``Engine.prefill_shared`` then replays those steps into every cell, the recording cell too.
+
+Rows share positions: chunk ``k`` of every prompt is its tokens ``[kB, (k + 1)B)``, fed at those positions over a
+cache that holds every token before them (nothing is evicted while recording), so a row computes what its prompt's
+batch-1 step computes, up to the last bits a batch's shapes move (as a batch alone does,
+tests/keydiff/test_batching.py). The batch feeds the full chunks every prompt records (the fewest of them); a
+prompt's later steps are recorded at batch 1 by ``Engine.prefill_shared``, as before.
+
+While it runs, the batch's cache holds every row's trunk beside the stores' copies: twice the trunk of each prompt
+(at most the largest budget plus a chunk per layer and KV head).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from kdeval.keydiff.shared import SharedSteps, forward_signature, next_history, record_of
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.plan import Plan
+    from kdeval.keydiff.step import Step
+
+
+class RowRecording:
+    """What a recording forward (``Step.forward``) stores into: batch row ``r`` recorded in ``stores[r]`` under
+    ``keys[r]``. Every store serves the same member policies (one group's), so the first says what to capture."""
+
+    def __init__(self, stores: Sequence[SharedSteps], keys: Sequence[str]):
+        self.stores, self.keys = list(stores), list(keys)
+        self.queries, self.hidden_states = self.stores[0].queries, self.stores[0].hidden_states
+
+    def recording_capture(self, plan: "Plan"):
+        return self.stores[0].recording_capture(plan)
+
+    def store(self, key: str | None, cache, logits: torch.Tensor, captures: dict, queries, hidden_states) -> None:
+        for r, (store, row_key) in enumerate(zip(self.stores, self.keys)):
+            store.keep(row_key, record_of(cache, logits, captures, queries, hidden_states, row=r))
+
+
+def batchable(plan: "Plan") -> bool:
+    """Whether this plan's recording forwards can run as rows of one batch: SDPA's output (captured rows beside
+    it), a dynamic slot cache, no quantized store and no re-rotation (what the cache holds is then what was fed)."""
+    sig = forward_signature(plan)
+    return sig is not None and sig.startswith("sdpa|") and plan.kv_quant is None and not plan.rerotate
+
+
+def full_chunks(length: int, protect_last: int, chunk: int, bound: int | None) -> int:
+    """How many full chunks of a prompt of ``length`` tokens ``Engine.prefill_shared`` feeds before its last token
+    and its protected question, and a store of ``bound`` (``SharedSteps.bound``) records."""
+    end = min(length - protect_last, length - 1)
+    n = end // chunk
+    return n if bound is None else min(n, bound // chunk)
+
+
+@torch.inference_mode()
+def record_trunks(step: "Step", prompts: Sequence[torch.Tensor], stores: Sequence[SharedSteps],
+                  protect_last: Sequence[int]) -> int:
+    """Record, in one batch, the full chunks that each of ``prompts`` (token ids ``[L_i]``, one per store) would
+    record one at a time (module docstring); returns the chunks recorded per prompt (0: nothing done: fewer than two
+    prompts to record, a plan that cannot batch them, or their first step already recorded)."""
+    plan = step.plan
+    if not batchable(plan):
+        return 0
+    sig, B = forward_signature(plan), plan.config.chunk_size
+    first = [next_history("", sig, 0, p[:B].unsqueeze(0)) for p in prompts]
+    todo = [r for r, (s, key) in enumerate(zip(stores, first)) if key not in s.records]
+    if len(todo) < 2:
+        return 0
+    count = min(full_chunks(prompts[r].shape[0], protect_last[r], B, stores[r].bound(B)) for r in todo)
+    if count == 0:
+        return 0
+    ids = torch.stack([prompts[r][: count * B] for r in todo])  # [rows, count * B]
+    state = step.caches.new_state(len(todo), count * B)
+    step.caches.make_room(state, count * B)
+    histories = [""] * len(todo)
+    for k in range(count):
+        s = k * B
+        chunk = ids[:, s : s + B]
+        histories = [next_history(h, sig, s, chunk[i : i + 1]) for i, h in enumerate(histories)]
+        positions = torch.arange(s, s + B, device=plan.device)
+        step.device_step(state.cache, chunk, positions, s + B, k, False, evict=False,
+                         recording=(RowRecording([stores[r] for r in todo], histories), None))
+    return count
