@@ -5,7 +5,8 @@ prompt's full cache.
 Runs ``evals.group_run.run_group`` in this process over bench/shared_grid.py's cells (``leaderboard``: one-shot,
 both protocols, three shares; ``paper``: chunked at N = L/8, L/4, L/2 with B = L/16, the 2K grid's fork points),
 batch size unset as ``kdeval submit`` leaves it on a CPU, and watches every ``SharedSteps`` alive at once after
-each recorded step.
+each record it keeps. Not counted: while a window's trunks are recorded as one batch (kdeval/keydiff/trunk.py),
+its batch cache holds their keys and values a second time.
 
     KDEVAL_DATA_DIR=../shared/data python bench/group_memory.py --grid leaderboard --length 1024 --samples 2
     KDEVAL_DATA_DIR=../shared/data python bench/group_memory.py --grid paper --length 1024 --samples 9
@@ -49,14 +50,14 @@ def main() -> None:
 
     live: weakref.WeakSet = weakref.WeakSet()
     peak = {"total": 0, "stores": 0, "parts": {}}
-    made, stored = SharedSteps.__init__, SharedSteps.store
+    made, kept = SharedSteps.__init__, SharedSteps.keep
 
     def init(self, *a, **k):
         made(self, *a, **k)
         live.add(self)
 
-    def store(self, *a, **k):
-        stored(self, *a, **k)
+    def keep(self, *a, **k):  # every record lands here: a batch-1 step's and a batch-recorded trunk's rows
+        kept(self, *a, **k)
         parts: dict[str, int] = {}
         for s in live:
             for rec in s.records.values():
@@ -66,7 +67,7 @@ def main() -> None:
         if total > peak["total"]:
             peak.update(total=total, stores=sum(1 for s in live if s.records), parts=parts)
 
-    SharedSteps.__init__, SharedSteps.store = init, store
+    SharedSteps.__init__, SharedSteps.keep = init, keep
     group_run.run_group(lm, task, [{**c, "batch_size": None} for c in cells], prompts, batch_size=8)
 
     cfg = lm.model.config

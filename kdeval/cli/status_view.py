@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kdeval.evals.chunking import chunk_text
-from kdeval.jobs.grid.cells import policy_label, protocol_tag
+from kdeval.jobs.grid.cells import policy_label, protocol_parts, protocol_tag
 from kdeval.jobs.run.drivers import driver_alive, driver_gone, last_log_line, launch_gone
 from kdeval.jobs.run.groups import execution_label
 from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, to_jsonable
@@ -130,14 +130,13 @@ def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) 
     return widths
 
 
-def _common_tag(cells: list, tags: dict[str, str]) -> str:
-    """The protocol tag (:func:`protocol_tag`) of every cell that has one, when they all share it and the cells
-    without one hold no budget (``full``, whose rows no protocol changes): then the line under the table says it
-    once instead of every row; else ""."""
-    said = {tags[c.id] for c in cells if tags[c.id]}
-    if len(said) != 1 or any(not tags[c.id] and c.grid_budget is not None for c in cells):
-        return ""
-    return said.pop()
+def _common_protocol(cells: list) -> str:
+    """The protocol words (:func:`protocol_parts`) of every cell that has some, when they all share them and the
+    cells without any hold no budget (``full``, whose rows no protocol changes): then the line under the table says
+    them once instead of every row's tag; else ""."""
+    said = {", ".join(protocol_parts(c.spec)) for c in cells}
+    budgeted = {", ".join(protocol_parts(c.spec)) for c in cells if c.grid_budget is not None}
+    return budgeted.pop() if len(budgeted) == 1 and said <= budgeted | {""} else ""
 
 
 def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
@@ -162,10 +161,9 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B"] + ([] if one_task else ["task"]) + [
         "state"] + (["worker@node"] if wide else []) + ["s", "score / error"]
     # the label reports and progress print: two settings of one policy must not read the same
-    tags = {c.id: protocol_tag(c.spec) for c in cells}
-    common = _common_tag(cells, tags)
-    labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {}) + ("" if common else tags[c.id])
-              for c in cells}
+    common = _common_protocol(cells)
+    labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {})
+              + ("" if common else protocol_tag(c.spec)) for c in cells}
     rows, metrics = [], []
     for c in cells:
         # narrow: the task's headline metric only (all of them in `--json` or a wider terminal)
@@ -189,8 +187,8 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
         t.add_row(*row)
     said = [Text(f"{'task' if one_task else 'every task'}: {shared}")] if shared else []
     if common:
-        budgetless = any(not tags[c.id] for c in cells)
-        said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common.strip()[1:-1]}"))
+        budgetless = any(not protocol_parts(c.spec) for c in cells)
+        said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common}"))
     parts = [Text(title, style="bold"), t] + said + ([Text(caption)] if caption else [])
     return Group(*parts)
 

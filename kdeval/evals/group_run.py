@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from kdeval.evals.base import Sample, Task
 from kdeval.evals.budget import budget_groups
@@ -16,6 +16,9 @@ from kdeval.evals.group_decode import BATCHED_FIGURES, GroupDecoder
 from kdeval.evals.prompting import BuiltPrompt
 from kdeval.evals.question_runs import context_groups
 from kdeval.evals.runner import resolve_policy, run_task
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.shared import SharedSteps
 
 
 @dataclasses.dataclass
@@ -172,7 +175,7 @@ def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, 
     result.rows.extend(rows)
 
 
-def _store(policies: Any, bounds: dict[int, int]) -> Any:
+def _store(policies: Iterable[Any], bounds: dict[int, int]) -> "SharedSteps":
     """A shared store for one context group, bounded per chunk size by ``bounds`` (:func:`_most_held`)."""
     from kdeval.keydiff.shared import SharedSteps
 

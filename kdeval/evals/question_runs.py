@@ -51,22 +51,28 @@ def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[Bu
     return rows
 
 
+def shares_context(group: Sequence[int], share_context: bool) -> bool:
+    """Whether a context group's questions continue from one prefill of its context (more than one question on it,
+    ``share_context`` on)."""
+    return share_context and len(group) > 1
+
+
 def shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], share_context: bool,
                     device: Any) -> tuple[bool, Any, float]:
     """(shared, state, seconds): a group of questions on one context prefills that context once (compressed
     as the engine's policy says); a lone sample, or ``share_context=False``, prefills nothing here."""
-    if not (share_context and len(group) > 1):
+    if not shares_context(group, share_context):
         return False, None, 0.0
     t0 = time.perf_counter()
     state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
     return True, state, time.perf_counter() - t0
 
 
-def record_trunks(eng: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt], lone: Sequence[list[int]],
-                  batch_size: int, context_only: bool, stores: Mapping[str, Any], device: Any) -> None:
-    """The shared steps of the samples that prefill no shared context (the groups ``lone``), recorded in their
+def _record_trunks(eng: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt], share_context: bool,
+                   batch_size: int, context_only: bool, stores: Mapping[str, Any], device: Any) -> None:
+    """The shared steps of the samples that prefill no shared context (:func:`shares_context`), recorded in their
     stores ``batch_size`` prompts at a time (``Engine.record_shared``), before each sample replays them."""
-    todo = [i for group in lone for i in group]
+    todo = [i for group in context_groups(built) if not shares_context(group, share_context) for i in group]
     for at in range(0, len(todo), batch_size):
         part = todo[at : at + batch_size]
         eng.record_shared([torch.tensor(built[i].ids, device=device) for i in part],
@@ -85,7 +91,7 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
     ``stores``: sample id -> the :class:`~kdeval.keydiff.shared.SharedSteps` of its context, filled by the other
     cells of a group (:func:`kdeval.evals.group_run.run_group`). A shared context is then prefilled through its
     store; the samples of their own have their trunks recorded there ``batch_size`` at a time
-    (:func:`record_trunks`) unless another cell did, then each replays (or records what is left of) its prompt
+    (:func:`_record_trunks`) unless another cell did, then each replays (or records what is left of) its prompt
     steps there up to this cell's fork (``Engine.prefill_shared``, at batch 1) and the rest of its prompt runs in
     the batch from that state. The rows
     are the same either way (timings aside); ``replayed_steps`` counts each row's replayed steps."""
@@ -115,8 +121,7 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
             eng.release(waiting.pop(0)[1])
 
     if stores:
-        record_trunks(eng, samples, built, [g for g in context_groups(built) if not (share_context and len(g) > 1)],
-                      batch_size, context_only, stores, device)
+        _record_trunks(eng, samples, built, share_context, batch_size, context_only, stores, device)
     for group in context_groups(built):
         eng.shared = stores[samples[group[0]].id] if stores else None
         shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)

@@ -52,7 +52,7 @@ from kdeval.keydiff.repeat import RepeatPrompt
 from kdeval.keydiff.shared import SharedSteps, undiverged
 from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import GraphRunner, Step
-from kdeval.keydiff.trunk import record_trunks
+from kdeval.keydiff.trunk import record_trunks, trunk_end
 
 
 class Engine:
@@ -131,7 +131,7 @@ class Engine:
         check_protect(protect_last, length)
         state = self.new_state(1, length)
         split = length - protect_last  # the chunks of what is evicted end here (decoding.prompt_steps)
-        end = min(split, length - 1)  # the last token, or the question, stay for the caller
+        end = trunk_end(length, protect_last)  # the last token, or the question, stay for the caller
         B = self.config.chunk_size
         for s in range(0, end, B):
             ids = input_ids[:, s : min(s + B, split)]

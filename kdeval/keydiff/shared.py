@@ -142,11 +142,11 @@ class SharedSteps:
         rec = self.records.get(key) if key is not None else None
         return rec if rec is not None and rec.serves(plan) else None
 
-    def bound(self, chunk: int | None = None) -> int | None:
+    def bound(self, chunk: int) -> int | None:
         """The most tokens held after a recorded step of a cell of chunk size ``chunk`` (``None``: no bound)."""
-        return self.chunk_bounds.get(chunk, self.max_tokens) if chunk is not None else self.max_tokens
+        return self.chunk_bounds.get(chunk, self.max_tokens)
 
-    def wants(self, key: str | None, state: "PrefillState", t: int, chunk: int | None = None) -> bool:
+    def wants(self, key: str | None, state: "PrefillState", t: int, chunk: int) -> bool:
         """Whether to record the step about to run (shareable, and within the bound of a cell of chunk size
         ``chunk``)."""
         if key is None or key in self.records:

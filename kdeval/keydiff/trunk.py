@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from kdeval.keydiff.shared import SharedSteps, forward_signature, next_history, record_of
+from kdeval.keydiff.state import PrefillState
 
 if TYPE_CHECKING:
     from kdeval.keydiff.plan import Plan
@@ -41,18 +42,25 @@ class RowRecording:
             store.keep(row_key, record_of(cache, logits, captures, queries, hidden_states, row=r))
 
 
-def batchable(plan: "Plan") -> bool:
-    """Whether this plan's recording forwards can run as rows of one batch: SDPA's output (captured rows beside
-    it), a dynamic slot cache, no quantized store and no re-rotation (what the cache holds is then what was fed)."""
+def batch_signature(plan: "Plan") -> str | None:
+    """The forward signature of this plan's steps when its recording forwards can run as rows of one batch: SDPA's
+    output (captured rows beside it), a dynamic slot cache, no quantized store and no re-rotation (what the cache
+    holds is then what was fed); else ``None``."""
     sig = forward_signature(plan)
-    return sig is not None and sig.startswith("sdpa|") and plan.kv_quant is None and not plan.rerotate
+    ok = sig is not None and sig.startswith("sdpa|") and plan.kv_quant is None and not plan.rerotate
+    return sig if ok else None
+
+
+def trunk_end(length: int, protect_last: int) -> int:
+    """Where the shared steps of a prompt of ``length`` tokens end: before its last token and before its protected
+    question (``protect_last`` tokens), which ``Engine.prefill_shared`` leaves to the batch it continues in."""
+    return min(length - protect_last, length - 1)
 
 
 def full_chunks(length: int, protect_last: int, chunk: int, bound: int | None) -> int:
-    """How many full chunks of a prompt of ``length`` tokens ``Engine.prefill_shared`` feeds before its last token
-    and its protected question, and a store of ``bound`` (``SharedSteps.bound``) records."""
-    end = min(length - protect_last, length - 1)
-    n = end // chunk
+    """How many full chunks of a prompt of ``length`` tokens ``Engine.prefill_shared`` feeds (:func:`trunk_end`) and
+    a store of ``bound`` (``SharedSteps.bound``) records."""
+    n = trunk_end(length, protect_last) // chunk
     return n if bound is None else min(n, bound // chunk)
 
 
@@ -63,20 +71,19 @@ def record_trunks(step: "Step", prompts: Sequence[torch.Tensor], stores: Sequenc
     record one at a time (module docstring); returns the chunks recorded per prompt (0: nothing done: fewer than two
     prompts to record, a plan that cannot batch them, or their first step already recorded)."""
     plan = step.plan
-    if not batchable(plan):
+    sig, B = batch_signature(plan), plan.config.chunk_size
+    if sig is None:
         return 0
-    sig, B = forward_signature(plan), plan.config.chunk_size
-    first = [next_history("", sig, 0, p[:B].unsqueeze(0)) for p in prompts]
-    todo = [r for r, (s, key) in enumerate(zip(stores, first)) if key not in s.records]
-    if len(todo) < 2:
-        return 0
-    count = min(full_chunks(prompts[r].shape[0], protect_last[r], B, stores[r].bound(B)) for r in todo)
-    if count == 0:
+    fresh = PrefillState.history  # what a new state's history is (a dataclass default)
+    todo = [r for r, p in enumerate(prompts)
+            if next_history(fresh, sig, 0, p[:B].unsqueeze(0)) not in stores[r].records]
+    count = min((full_chunks(prompts[r].shape[0], protect_last[r], B, stores[r].bound(B)) for r in todo), default=0)
+    if len(todo) < 2 or count == 0:
         return 0
     ids = torch.stack([prompts[r][: count * B] for r in todo])  # [rows, count * B]
     state = step.caches.new_state(len(todo), count * B)
     step.caches.make_room(state, count * B)
-    histories = [""] * len(todo)
+    histories = [fresh] * len(todo)
     for k in range(count):
         s = k * B
         chunk = ids[:, s : s + B]

@@ -52,13 +52,8 @@ def policy_label(name: str, params: dict[str, Any]) -> str:
     return f"{name}(" + ",".join(f"{k}={value(params[k])}" for k in sorted(params)) + ")" if params else name
 
 
-def protocol_tag(spec: dict[str, Any] | None, conversation: bool = True) -> str:
-    """What a policy label gets for a protocol other than the default query-aware one with decode eviction,
-    for a quantized store (``" [kivi-4b-g32-w128]"``) and for a conversation other than multi-turn with golden
-    answers (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``,
-    ``" [multi-request]"``, ``" [own answers]"``, ... ("" for the defaults), so the cells of a run holding several
-    stay apart in reports, status and progress. ``conversation=False``: the protocol and store only (reports mark
-    the conversation on the task instead)."""
+def protocol_parts(spec: dict[str, Any] | None, conversation: bool = True) -> list[str]:
+    """The words of :func:`protocol_tag` (``["query-agnostic", "decode keep"]``; none for the defaults)."""
     p = (spec or {}).get("protocol") or {}
     parts = [COMPRESS_NAMES[p["compress"]]] if p.get("compress", "prompt") != "prompt" else []
     parts += [f"decode {p['decode']}"] if p.get("decode", "evict") != "evict" else []
@@ -66,6 +61,17 @@ def protocol_tag(spec: dict[str, Any] | None, conversation: bool = True) -> str:
     c = ((spec or {}).get("conversation") or {}) if conversation else {}
     parts += ["multi-request"] if c.get("mode") == "multi-request" else []
     parts += ["own answers"] if c.get("answers") == "own" else []
+    return parts
+
+
+def protocol_tag(spec: dict[str, Any] | None, conversation: bool = True) -> str:
+    """What a policy label gets for a protocol other than the default query-aware one with decode eviction,
+    for a quantized store (``" [kivi-4b-g32-w128]"``) and for a conversation other than multi-turn with golden
+    answers (``spec``: a cell's spec as stored): ``" [query-agnostic]"``, ``" [decode keep]"``,
+    ``" [multi-request]"``, ``" [own answers]"``, ... ("" for the defaults), so the cells of a run holding several
+    stay apart in reports, status and progress. ``conversation=False``: the protocol and store only (reports mark
+    the conversation on the task instead)."""
+    parts = protocol_parts(spec, conversation)
     return f" [{', '.join(parts)}]" if parts else ""
 
 

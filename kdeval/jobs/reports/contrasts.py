@@ -104,7 +104,8 @@ def cost_of_chunking(cells: Iterable[LoadedCell], **boot: Any) -> list[ContrastR
             continue
         for chunk in sorted(ch for ch in by_chunk if not is_whole(ch)):
             # a cell without a budget evicts nothing: no protocol changes its rows (its spec holds the default)
-            setting = NOTHING_EVICTED if budget is None else COMPRESS_NAMES.get(compress, compress) + _decode_note(decode)
+            protocol = COMPRESS_NAMES.get(compress, compress) + _decode_note(decode)
+            setting = NOTHING_EVICTED if budget is None else protocol
             rows.append(contrast_row(dict(model=model, policy=policy, budget=budget, task=task, setting=setting,
                                           a_label=f"B={chunk}", b_label=chunk_text(0)),
                                      by_chunk[chunk], whole, **boot))
