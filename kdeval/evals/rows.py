@@ -41,6 +41,8 @@ class EvalRow(TypedDict):
     memory_kind: str           # what peak_memory_bytes is: "process_rss" or "cuda_max_allocated"
     peak_kv_tokens: int        # most tokens held in the KV cache per layer
     peak_kv_bytes: int         # most bytes of K/V tensors the cache had allocated during the call, all layers
+    windowed_kv_bytes: int     # of the cache's bytes at the end, the windowed layers' (sliding/chunked: not the policy's)
+    layer_kinds: str           # the model's layers by kind ("18 layers: 3 full, 15 sliding 512"; "": all full)
     model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
     resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
@@ -83,6 +85,8 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "memory_kind": str(stats.get("memory_kind", "")),
         "peak_kv_tokens": int(stats.get("peak_kv_tokens", 0)),
         "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
+        "windowed_kv_bytes": int(stats.get("windowed_kv_bytes", 0)),
+        "layer_kinds": str(stats.get("layer_kinds", "")),
         "model_weight_bytes": int(weight_bytes),
         "kept_tokens": int(stats.get("kept_tokens", 0)),
         "resolved_budget": budget,

@@ -23,6 +23,12 @@ POOL_IMPL = "kdeval_pool"
 HALF = (torch.float16, torch.bfloat16)  # the dtypes whose captured logits are computed in their own precision
 
 
+def has_sinks(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention has learned sink logits (GPT-OSS's ``sinks``): a model transformers runs only
+    in eager or flex attention, whose attention the engine's own functions compute exactly, sinks included."""
+    return any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in model.modules())
+
+
 @dataclass(frozen=True)
 class AttentionNeed:
     """Which queries of each chunk to capture: ``last`` (1), ``window`` (last ``window``), ``all``."""
@@ -72,10 +78,12 @@ class AttentionCapture:
         return self.need.kind == "all" and query.shape[2] > 1 and not self.half_logits(query)
 
     def probabilities(self, query: torch.Tensor, key: torch.Tensor, scaling: float, w: int,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+               mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Softmax rows of the last ``w`` queries over all ``m`` keys: ``[b, kv_heads, group, w, m]``, at least
         float32 (half-precision models are scored in float32). ``mask [1 or b, 1, t, m]`` (True: visible)
-        replaces the default "all keys, causal within the chunk" when given."""
+        replaces the default "all keys, causal within the chunk" when given. ``sinks [q_heads]``: the model's
+        learned sink logits (GPT-OSS), one more entry of each softmax row that no key holds: the rows then sum
+        to less than one, as the model's own probabilities do."""
         b, hq, t, d = query.shape
         hk, m = key.shape[1], key.shape[2]
         if self.half_logits(query):
@@ -95,20 +103,24 @@ class AttentionCapture:
             row_slot = torch.arange(m - w, m, device=key.device).unsqueeze(-1)
             hidden = torch.arange(m, device=key.device).unsqueeze(0) > row_slot  # [w, m]
             logits = logits.masked_fill(hidden, float("-inf"))
-        return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        if sinks is None:
+            return torch.softmax(logits, dim=-1, dtype=dtype)
+        sink = sinks.to(logits.dtype).view(1, hk, hq // hk, 1, 1).expand(*logits.shape[:-1], 1)
+        return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1, dtype=dtype)[..., :-1]
 
     def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
-               mask: torch.Tensor | None = None) -> None:
+               mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> None:
         """``query [b, q_heads, t, d]``, ``key [b, kv_heads, m, d]``: the chunk is the last ``t`` of ``m`` keys."""
-        probs = self.probabilities(query, key, scaling, self.need.rows(query.shape[2]), mask)
+        probs = self.probabilities(query, key, scaling, self.need.rows(query.shape[2]), mask, sinks)
         self.by_layer[layer_idx] = probs.sum(dim=3)
 
     def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+               scaling: float, mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """For ``all`` rows: the chunk's attention output ``[b, t, q_heads, d]`` from the same probabilities the
         policy records, so the chunk's scores are not computed twice (once fused, once here)."""
         b, hq, t, d = query.shape
-        probs = self.probabilities(query, key, scaling, t, mask)  # [b, hk, g, t, m]
+        probs = self.probabilities(query, key, scaling, t, mask, sinks)  # [b, hk, g, t, m]
         self.by_layer[layer_idx] = probs.sum(dim=3)
         out = torch.matmul(probs, value.to(probs.dtype).unsqueeze(2))  # [b, hk, g, t, d_v]
         return out.reshape(b, hq, t, -1).transpose(1, 2).contiguous().to(query.dtype)

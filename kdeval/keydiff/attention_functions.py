@@ -27,12 +27,13 @@ import contextlib
 from typing import Iterator
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.keydiff.attention import (CAPTURE_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL,
-                                      AttentionCapture)
+                                      AttentionCapture, has_sinks)
 
 
 def capture_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -53,6 +54,33 @@ def capture_attention_forward(module, query, key, value, attention_mask, dropout
     return out
 
 
+def sdpa_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA of ``query [b, hq, t, d]`` over ``key``/``value [b, hk, m, d]`` (grouped heads as they are) →
+    ``[b, hq, t, d_v]``. ``mask [1 or b, 1, t, m]`` (True: visible); ``None``: all keys, causal within the chunk
+    (the last ``t`` keys). ``sinks [hq]``: the model's learned sink logits (GPT-OSS), one more softmax entry per
+    query head that no value holds: expressed as a zero key and value whose additive bias is the sink logit."""
+    t, m = query.shape[2], key.shape[2]
+    gqa = key.shape[1] != query.shape[1]
+    if sinks is None:
+        if mask is None:
+            mask = causal_lower_right(t, m) if t > 1 else None
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                                enable_gqa=gqa)
+    if mask is None:
+        mask = (torch.arange(m, device=key.device) <= torch.arange(t, device=key.device).view(-1, 1) + m - t
+                ).view(1, 1, t, m)
+    hq = query.shape[1]
+    bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
+    sink = sinks.to(query.dtype).view(1, hq, 1, 1).expand(mask.shape[0], hq, t, 1)
+    bias = torch.cat([bias.expand(-1, hq, -1, -1), sink], dim=-1)
+    zero_key, zero_value = key.new_zeros(*key.shape[:2], 1, key.shape[3]), value.new_zeros(*value.shape[:2], 1,
+                                                                                           value.shape[3])
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, torch.cat([key, zero_key], dim=2), torch.cat([value, zero_value], dim=2), attn_mask=bias,
+        scale=scale, enable_gqa=gqa)
+
+
 def ragged_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """A ragged batch: SDPA under the engine's mask ``[b, 1, t, m]`` (``query [b, hq, t, d]``, ``key``/``value
     [b, hk, m, d]``), and the rows a ``kdeval_capture`` asks for under the same mask; returns ``[b, t, hq, d]``.
@@ -62,15 +90,15 @@ def ragged_attention_forward(module, query, key, value, attention_mask, dropout=
     the layers keep budgets of their own and so hold different numbers of slots) replaces the mask."""
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
     layer_masks = kwargs.pop("kdeval_layer_masks", None)
+    sinks = kwargs.pop("s_aux", None)  # GPT-OSS's learned sink logits [q_heads]
     if layer_masks is not None:
         attention_mask = layer_masks[module.layer_idx]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if capture is not None and capture.fuses_output(query):
-        return capture.attend(module.layer_idx, query, key, value, scale, attention_mask), None
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scale,
-                                                           enable_gqa=key.shape[1] != query.shape[1])
+        return capture.attend(module.layer_idx, query, key, value, scale, attention_mask, sinks), None
+    out = sdpa_attend(query, key, value, attention_mask, scale, sinks)
     if capture is not None:
-        capture.record(module.layer_idx, query, key, scale, attention_mask)
+        capture.record(module.layer_idx, query, key, scale, attention_mask, sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -106,7 +134,8 @@ def attention_implementation(model: torch.nn.Module, impl: str | None) -> Iterat
         return
     config = model.config
     before = config._attn_implementation
-    if before not in ("sdpa", SDPA_IMPL, CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL):
+    if before not in ("sdpa", SDPA_IMPL, CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL) and not (
+            before == "eager" and has_sinks(model)):
         raise ValueError(
             f"attn_implementation: the engine's own attention functions run on SDPA; the model uses {before!r}"
         )

@@ -11,15 +11,14 @@ from kdeval.keydiff.ragged import RaggedCache
 from kdeval.keydiff.state import PrefillState
 
 
-def layer_capacity(evicting: bool, rows: list[Row], lengths: list[int], decode_evict: bool,
-                   budget: int | None) -> int:
-    """Slots a layer that keeps ``budget`` can need: over the batch's steps, the most a row holds before the
-    step (where the step's columns land) plus the step's widest row (a row's ``j``-th step runs in the batch's
-    ``j``-th forward)."""
+def layer_capacity(plan: Plan, idx: int, rows: list[Row], lengths: list[int], decode_evict: bool) -> int:
+    """Slots layer ``idx`` can need: over the batch's steps, the most a row holds before the step (where the
+    step's columns land) plus the step's widest row (a row's ``j``-th step runs in the batch's ``j``-th forward);
+    what a row holds after each step is the plan's one keep rule (:meth:`Plan.keep`)."""
     base: list[int] = []  # per forward: the most a row holds before it
     width: list[int] = []  # per forward: its widest row
     for row, n in zip(rows, lengths):
-        held = row.state.n_protected
+        held, seen = row.state.n_protected, row.state.seen
         steps = [(ids.shape[0], ev, pr) for ids, ev, pr in row.steps]
         steps += [(1, decode_evict, False)] * max(row.max_new - 1, 0)
         for j, (t, ev, pr) in enumerate(steps):
@@ -27,7 +26,8 @@ def layer_capacity(evicting: bool, rows: list[Row], lengths: list[int], decode_e
                 base.append(0)
                 width.append(1)
             base[j], width[j] = max(base[j], n), max(width[j], t)
-            n = min(budget + held, n + t) if evicting and ev else n + t
+            seen += t
+            n = plan.keep(idx, n, t, seen, ev, held)
             held += t if pr else 0
     return max(b + w for b, w in zip(base, width))
 
@@ -69,10 +69,10 @@ def ragged_cache(plan: Plan, rows: list[Row], starts: list[PrefillState | None],
     budgets = plan.budgets or [None] * plan.num_layers
     cache.lengths = [[s.cache.layers[i].length if s is not None else 0 for s in starts] for i in range(len(budgets))]
     capacity: dict = {}
-    for layer, budget, lengths in zip(cache.layers, budgets, cache.lengths):
-        key = (budget, tuple(lengths))
+    for idx, (layer, budget, lengths) in enumerate(zip(cache.layers, budgets, cache.lengths)):
+        key = (budget, plan.kind(idx), tuple(lengths))
         if key not in capacity:
-            capacity[key] = layer_capacity(plan.evicting, rows, lengths, decode_evict, budget)
+            capacity[key] = layer_capacity(plan, idx, rows, lengths, decode_evict)
         layer.capacity = capacity[key]
     if any(s is not None for s in starts):
         load_states(cache, starts, len(rows), plan.needs.queries.window if plan.needs.queries is not None else None)

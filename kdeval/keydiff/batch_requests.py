@@ -64,7 +64,7 @@ def batch_rows(plan: Plan, prompts: Sequence, max_new_tokens, states, protect_la
     their start states: each prompt's ids on the device, its steps, its generation length, its counters."""
     starts, max_new, protect = requests(plan.config.max_new_tokens, prompts, max_new_tokens, states, protect_last)
     ids = [as_ids(p, i) for i, p in enumerate(prompts)]
-    if model_attention not in ("sdpa", RAGGED_IMPL):
+    if model_attention not in ("sdpa", RAGGED_IMPL) and not (plan.sinks and model_attention == "eager"):
         raise ValueError(f"prompts: a batch of requests runs on SDPA with a padding mask; the model uses "
                          f"{model_attention!r} (load it with attn_implementation='sdpa', or send one request at a time)")
     rows: list[Row] = []

@@ -86,11 +86,6 @@ class _Batch:
         self.results: list[GenerationResult | None] = [None] * len(rows)
         self.share = 0  # the rows' share of the K/V buffers' bytes after the last step
 
-    def _keep(self, row: Row, n: int, t: int, evict: bool, budget: int | None) -> int:
-        if not (self.runner.plan.evicting and evict):
-            return n + t
-        return min(budget + row.state.n_protected, n + t)
-
     def _geometries(self, rows: list[Row], t: list[int], feeds: list[Feed]) -> list[RaggedStep]:
         """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row (layers whose rows hold and keep
         the same counts share one)."""
@@ -98,8 +93,9 @@ class _Batch:
         seen = [row.state.seen for row in rows]
         by_counts: dict = {}
         out = []
-        for lengths, budget in zip(self.cache.lengths, eng.plan.budgets or [None] * eng.plan.num_layers):
-            keep = [self._keep(row, a, b, f[1], budget) for row, a, b, f in zip(rows, lengths, t, feeds)]
+        for idx, lengths in enumerate(self.cache.lengths):
+            keep = [eng.plan.keep(idx, a, b, s + b, f[1], row.state.n_protected)
+                    for row, a, b, s, f in zip(rows, lengths, t, seen, feeds)]
             key = (tuple(lengths), tuple(keep))
             if key not in by_counts:
                 by_counts[key] = RaggedStep(list(lengths), t, keep, seen, eng.plan.device, eng.plan.rerotate)
@@ -157,6 +153,10 @@ class _Batch:
                               peak_kv_tokens=row.state.peak_kv_tokens,
                               kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
                               kv_cache_bytes=self.share, peak_kv_bytes=row.state.peak_kv_bytes)
+            plan = self.runner.plan
+            stats.windowed_kv_bytes = sum(layer.nbytes() for i, layer in enumerate(self.cache.layers)
+                                          if plan.trims(i)) // len(rows)
+            stats.layer_kinds = plan.layer_kinds_label()
             state = _row_state(self.runner, self.cache, r, row)
             self.results[row.index] = GenerationResult([list(row.out)], stats, state)
         stay = [r for r in range(len(rows)) if r not in finished]

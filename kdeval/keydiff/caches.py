@@ -55,10 +55,11 @@ class CacheMaker:
         B = plan.config.chunk_size
         if plan.use_graphs:  # the static layout: N + B slots, whatever the call
             cap = [b + B for b in plan.budgets]
-        elif plan.evicting:  # a budget plus a chunk, or less when the call feeds fewer tokens (B past the prompt)
-            cap = [min(b + B, tokens) if tokens else b + B for b in plan.budgets]
-        else:  # what the call will hold, when it says (a chunk size past the prompt allocates nothing)
-            cap = [tokens or B] * plan.num_layers
+        else:
+            # an evicting (or windowed) layer: its limit plus a chunk, or less when the call feeds fewer tokens (B
+            # past the prompt); a layer that keeps everything: what the call will hold, when it says
+            limits = [plan.layer_limit(i) for i in range(plan.num_layers)]
+            cap = [(tokens or B) if lim is None else min(lim + B, tokens) if tokens else lim + B for lim in limits]
         cache = self.new_cache(cap, plan.config.budget if plan.use_graphs else None)
         return PrefillState(cache, 0, torch.empty(0))
 
@@ -69,9 +70,11 @@ class CacheMaker:
         pooled = plan.shares_heads
         names = () if pooled else plan.needs.token_state
         B = plan.config.chunk_size
-        limits = [b + B for b in plan.budgets] if plan.evicting else [None] * len(capacities)
+        limits = [None if lim is None else lim + B for lim in map(plan.layer_limit, range(len(capacities)))]
         layers = [self.cache_layer(cap, names, static_base, pooled, lim) for cap, lim in zip(capacities, limits)]
         cache = (HeadPoolCache if pooled else BudgetCache)(layers, names, static_base)
+        if plan.windowed:  # windowed and full layers hold different counts, whatever their slots
+            cache.uniform = False
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = plan.rerotate
         return cache

@@ -138,7 +138,7 @@ class Engine:
             if s + ids.shape[1] > end or not self.shared.serves_next(self.plan, state, ids):
                 break
             self.prefill(ids, state)
-            if not undiverged(state):  # this cell's first eviction: its own steps from here
+            if not undiverged(state, self.plan):  # this cell's first eviction: its own steps from here
                 break
         state.peak_kv_bytes = 0
         return state
@@ -208,6 +208,9 @@ class Engine:
                                       decode_tokens=max(len(row.out) for row in requests))
             stats.replayed_steps = state.replayed
             stats.extra_forward_tokens = state.extra_forward_tokens
+            stats.windowed_kv_bytes = sum(layer.nbytes() for i, layer in enumerate(state.cache.layers)
+                                          if self.plan.trims(i))
+            stats.layer_kinds = self.plan.layer_kinds_label()
             results.append(GenerationResult([row.out for row in requests], stats, state))
 
         loop.run(forward, leave)

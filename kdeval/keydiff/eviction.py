@@ -54,6 +54,10 @@ class Evictor:
         """Layer ``idx``'s five moves (and re-rotation, and the policy's edit); whether its kept keys were rewritten
         (re-rotated or edited)."""
         k = 0
+        if self.plan.trims(idx):  # a windowed layer keeps what the model sees next, whatever the policy
+            k = layout.excess(idx)
+            layout.commit(idx, layout.window_selection(idx, k) if k else None)
+            return False
         if self.plan.evicting:
             keys, ctx = layout.context(idx, reads)
             self.policy.observe(ctx)

@@ -81,6 +81,26 @@ class SlotLayout:
         out = {"position_ids": rope.unsqueeze(0).expand(batch, self.t)}
         if self.mask is not None:
             out["attention_mask"] = self.mask
+        if self.plan.windowed:
+            out["kdeval_layer_masks"] = self._window_masks()
+        return out
+
+    def _window_masks(self) -> list[torch.Tensor | None]:
+        """Per layer, a windowed layer's mask ``[1, 1, t, n + t]`` (True: visible) over its ``n`` cached tokens
+        and the step's, by position (:meth:`LayerKind.visible`); ``None`` for a full layer (all of the cache,
+        causal within the step). Layers of one kind hold the same positions: one mask serves them all."""
+        q = self.positions.view(-1, 1)
+        out, made = [], {}
+        for idx, layer in enumerate(self.cache.layers):
+            kind = self.plan.kind(idx)
+            if not kind.windowed:
+                out.append(None)
+                continue
+            if (kind, layer.length) not in made:
+                cached = layer.positions[0, 0, : layer.length] if layer.length else self.positions[:0]
+                k = torch.cat([cached, self.positions]).view(1, -1)
+                made[kind, layer.length] = ((k <= q) & kind.visible(k, q)).view(1, 1, self.t, -1)
+            out.append(made[kind, layer.length])
         return out
 
     # ---------------------------------------------------------------- eviction, per layer
@@ -94,11 +114,17 @@ class SlotLayout:
 
     def excess(self, idx: int) -> int:
         layer = self.cache.layers[idx]
-        keep = self.plan.budgets[idx] + self.held
-        if self.empty is not None and self.empty.room_slots is not None:
-            return 0  # the chunk moves into the empty head slots (commit)
-        m = keep + self.t if self.empty is not None else layer.length + layer.pending
-        return m - keep if self.evict and m > keep else 0
+        if self.empty is not None:  # the static layout: N + t slots scored, the empty ones freed first
+            if self.empty.room_slots is not None:
+                return 0  # the chunk moves into the empty head slots (commit)
+            return self.t if self.evict else 0
+        n, t = layer.length, layer.pending
+        return n + t - self.plan.keep(idx, n, t, self.seen_after, self.evict, self.held)
+
+    def window_selection(self, idx: int, k: int) -> torch.Tensor:
+        """A windowed layer's ``k`` oldest slots ``[b, h, k]`` (every row and head holds the same positions)."""
+        _, positions, _ = self.cache.layers[idx].view()
+        return positions.topk(k, dim=-1, largest=False).indices
 
     def select(self, idx: int, keys: torch.Tensor, ctx: ScoreContext, k: int, selector: Selector) -> torch.Tensor:
         empty = self.empty.mask if self.empty is not None else None
@@ -214,9 +240,19 @@ class RaggedLayout:
         step = self.layer_steps[0]
         masks = {id(s): s.mask() for s in self.layer_steps}
         out = {"position_ids": step.position_ids, "attention_mask": masks[id(step)]}
-        if len(masks) > 1:
-            out["kdeval_layer_masks"] = [masks[id(s)] for s in self.layer_steps]
+        if len(masks) > 1 or self.plan.windowed:
+            out["kdeval_layer_masks"] = [self._window_mask(idx, masks[id(s)]) if self.plan.trims(idx)
+                                         else masks[id(s)] for idx, s in enumerate(self.layer_steps)]
         return out
+
+    def _window_mask(self, idx: int, mask: torch.Tensor) -> torch.Tensor:
+        """A windowed layer's step mask: ``mask [rows, 1, T, M]`` and what its kind lets each query see, by the
+        positions of the row's cached slots and of the step's (a padding query still sees its own slot)."""
+        step, kind = self.layer_steps[idx], self.plan.kind(idx)
+        cached = self.cache.layers[idx].positions[:, 0, : step.base] if step.base else step.cache_positions[:, 0, :0]
+        k = torch.cat([cached, step.cache_positions[:, 0]], dim=-1).unsqueeze(1)  # [rows, 1, M]
+        q = step.cache_positions[:, 0].unsqueeze(-1)  # [rows, T, 1]
+        return mask & kind.visible(k, q).unsqueeze(1)
 
     def context(self, idx: int, reads: StepReads) -> tuple[torch.Tensor, ScoreContext]:
         layer, step = self.cache.layers[idx], self.layer_steps[idx]
@@ -238,6 +274,13 @@ class RaggedLayout:
         order = selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected, per_row=True,
                               empty=~step.valid.unsqueeze(1), sorted=True)
         return kept_mask(order, (step.M - step.keep).view(-1, 1, 1), step.M)
+
+    def window_selection(self, idx: int, k: int) -> torch.Tensor:
+        """A windowed layer's kept slots ``[rows, h, M]``: each row's real slots from the oldest position its next
+        query sees on."""
+        step, layer = self.layer_steps[idx], self.cache.layers[idx]
+        first = self.plan.kind(idx).first_kept(step.seen_after)  # [rows, 1, 1]
+        return step.valid.unsqueeze(1) & (layer.positions[:, :, : step.M] >= first)
 
     def freed(self, idx: int, kept: torch.Tensor, k: int) -> Freed:
         """``kept [rows, h, M]``: the kept slots; a row's freed slots first in ``slots``, then (a row that frees

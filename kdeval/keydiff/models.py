@@ -25,6 +25,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
+from kdeval.keydiff.layer_kinds import unknown_layer_types
 from kdeval.keydiff.random_models import RANDOM_CONFIGS, random_model_names
 from kdeval.names import RANDOM_PREFIX
 
@@ -43,6 +44,10 @@ _UNSUPPORTED_TYPES = {
     "zamba": "hybrid Mamba/attention layers",
     "zamba2": "hybrid Mamba/attention layers",
     "bamba": "hybrid Mamba/attention layers",
+    # FalconAttention computes attention in its own code (its own SDPA call, or eager code that adds the mask to the
+    # scores), never through transformers' attention interface: the engine's masks and attention rows never reach it
+    "falcon": "its attention never runs through transformers' attention interface, so the engine can neither mask "
+              "a batch's rows nor read attention",
     "deepseek_v2": "multi-head latent attention (MLA) caches compressed latents, not keys",
     "deepseek_v3": "multi-head latent attention (MLA) caches compressed latents, not keys",
 }
@@ -91,21 +96,10 @@ def check_supported(config: PretrainedConfig, name: str = "model") -> None:
         raise UnsupportedModelError(f"{name}: model_type '{model_type}' is not supported: {_UNSUPPORTED_TYPES[model_type]}")
     if getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None):
         raise UnsupportedModelError(f"{name}: multi-head latent attention (MLA) is not supported: the cache holds latents, not keys")
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        other = sorted({t for t in layer_types if t != "full_attention"})
-        if other:
-            raise UnsupportedModelError(
-                f"{name}: layer types {other} are not supported: every layer must be full attention "
-                "(sliding-window or hybrid layers keep a different number of tokens per layer)"
-            )
-    window = getattr(config, "sliding_window", None)
-    context = getattr(config, "max_position_embeddings", None) or 0
-    if getattr(config, "use_sliding_window", True) and window and window < context:
-        raise UnsupportedModelError(
-            f"{name}: sliding-window attention is not supported (sliding_window={window} < context {context}): "
-            "the model would hide cached tokens the budget keeps"
-        )
+    unknown = unknown_layer_types(config)
+    if unknown:
+        raise UnsupportedModelError(f"{name}: layer types {unknown} are not supported: the engine evicts from "
+                                    "attention layers (full, sliding-window or chunked) only")
     if not hasattr(config, "num_attention_heads"):
         raise UnsupportedModelError(f"{name}: config has no num_attention_heads; not a standard attention model")
 
@@ -124,7 +118,7 @@ def _load_random(kind: str, dtype: torch.dtype, attn: str, seed: int, overrides:
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, **params,
     )
     check_supported(config, f"{RANDOM_PREFIX}{kind}")
-    config._attn_implementation = attn
+    config._attn_implementation = runnable_attention(config, attn)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -202,6 +196,15 @@ def resolve_attn_implementation(requested: str | None) -> str:
     raise ValueError(f"attn_implementation: expected 'sdpa', 'flash_attention_2' or 'eager', got {requested!r}")
 
 
+def runnable_attention(config: PretrainedConfig, attn: str) -> str:
+    """``attn``, or ``eager`` for an architecture transformers runs in no SDPA (GPT-OSS, whose attention sinks the
+    engine's own SDPA-based attention computes: kdeval/keydiff/attention_functions.py)."""
+    if attn != "sdpa":
+        return attn
+    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    return "eager" if cls is not None and not getattr(cls, "_supports_sdpa", True) else attn
+
+
 #: ``dtype="auto"``: the precision a model's checkpoint declares (on CPU always float32).
 AUTO_DTYPE = "auto"
 
@@ -254,7 +257,7 @@ def load_model(
         torch_dtype = resolve_dtype(dtype, config, device)
         # trust_remote_code stays off: only architectures transformers ships are loaded.
         model = AutoModelForCausalLM.from_pretrained(
-            source, revision=revision, dtype=torch_dtype, attn_implementation=attn
+            source, revision=revision, dtype=torch_dtype, attn_implementation=runnable_attention(config, attn)
         )
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
         model.eval()

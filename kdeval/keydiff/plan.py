@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL
+from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL, has_sinks
 from kdeval.keydiff.config import EngineConfig
+from kdeval.keydiff.layer_kinds import LayerKind, describe, layer_kinds
 from kdeval.keydiff.policy import Policy, PolicyNeeds, unanswered_hook
 from kdeval.keydiff.quant import KVQuant
 from kdeval.keydiff.queries import query_sources, rotary_embedding
@@ -25,9 +26,14 @@ if TYPE_CHECKING:
 SDPA_FAMILY = ("sdpa", SDPA_IMPL, CAPTURE_IMPL, STATIC_IMPL, RAGGED_IMPL, POOL_IMPL)
 
 
-def own_attention_reason(needs: PolicyNeeds, per_layer_budgets: bool) -> str | None:
+def own_attention_reason(needs: PolicyNeeds, per_layer_budgets: bool, windowed: bool = False, sinks: bool = False
+                         ) -> str | None:
     """Why a policy with ``needs`` runs under one of the engine's SDPA-based attention functions whatever
     the model's own implementation, or ``None`` when the model's attention serves (score-only policies)."""
+    if windowed:
+        return "runs a model with windowed layers, whose masks by position only the engine's attention takes"
+    if sinks:
+        return "runs a model with attention sinks, which the engine's attention computes"
     if needs.attention is not None:
         return f"reads attention rows ({needs.attention.rows_label()}), computed beside SDPA"
     if per_layer_budgets:
@@ -69,6 +75,48 @@ class Plan:
     graphs_off: str | None
     #: how kept tokens are stored (kdeval/keydiff/quant.py, kdeval/keydiff/kvstore.py); ``None``: full width
     kv_quant: KVQuant | None = None
+    #: each layer's kind (kdeval/keydiff/layer_kinds.py): windowed layers keep what the model sees, the policy
+    #: evicts the full-attention ones (empty: every layer full)
+    kinds: tuple[LayerKind, ...] = ()
+    #: the model's attention has learned sink logits (GPT-OSS): the engine's attention computes them, also for a
+    #: model loaded with eager attention (transformers runs such a model in no SDPA)
+    sinks: bool = False
+
+    @property
+    def windowed(self) -> bool:
+        """Some layer is windowed (sliding or chunked attention): a hybrid model."""
+        return any(k.windowed for k in self.kinds)
+
+    def layer_kinds_label(self) -> str:
+        """The layers by kind in words (``"18 layers: 3 full, 15 sliding 512"``); empty for a model of full layers
+        only."""
+        return describe(self.kinds) if self.windowed else ""
+
+    def kind(self, idx: int) -> LayerKind:
+        return self.kinds[idx] if self.kinds else LayerKind()
+
+    def trims(self, idx: int) -> bool:
+        """Layer ``idx`` is windowed: cut to what the model sees after every step, whatever the policy."""
+        return self.kind(idx).windowed
+
+    def layer_limit(self, idx: int) -> int | None:
+        """The most tokens layer ``idx`` holds between evicting steps (``None``: it grows)."""
+        kind = self.kind(idx)
+        if kind.windowed:
+            return kind.most_kept()
+        return self.budgets[idx] if self.evicting else None
+
+    def keep(self, idx: int, n: int, t: int, seen_after: int, evict: bool, held: int) -> int:
+        """The one keep rule: the tokens layer ``idx`` holds after a step of ``t`` tokens after ``n`` held, with
+        ``seen_after`` tokens then processed; ``evict``: the step evicts; ``held``: protected tokens on top of
+        the budget. A windowed layer keeps what the next query sees, whatever the step; a full layer its budget
+        plus ``held`` when the policy evicts, else everything."""
+        kind = self.kind(idx)
+        if kind.windowed:
+            return min(n + t, kind.kept_count(seen_after))
+        if self.evicting and evict:
+            return min(self.budgets[idx] + held, n + t)
+        return n + t
 
     @property
     def rerotate(self) -> bool:
@@ -111,10 +159,15 @@ def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[s
     ) if yes]
 
 
-def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str, quantized: bool = False
-                ) -> str | None:
+def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str, quantized: bool = False,
+                windowed: bool = False, sinks: bool = False) -> str | None:
     """Why the graph path cannot run this policy, or ``None``."""
-    reasons = (["nothing is evicted"] if not evicting else []) + eager_reasons(needs, not uniform)
+    per_layer = not uniform and not windowed and not sinks
+    reasons = (["nothing is evicted"] if not evicting else []) + eager_reasons(needs, per_layer)
+    if windowed:  # the static layout gives every layer N slots
+        reasons.append("windowed layers")
+    if sinks:
+        reasons.append("attention sinks")
     if quantized:  # the tokens to quantize each step are found on the host
         reasons.append("a quantized KV store")
     if model_attention not in SDPA_FAMILY:
@@ -130,12 +183,18 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     cfg = model.config
     num_layers = cfg.num_hidden_layers
     evicting = policy.evicts and config.budget is not None
-    budgets = tuple(checked_layer_budgets(policy, config.budget, num_layers)) if evicting else None
-    uniform = budgets is None or len(set(budgets)) == 1
+    kinds = layer_kinds(cfg)
+    windowed = any(k.windowed for k in kinds)
+    sinks = has_sinks(model)
+    budgets = _layer_budgets(policy, config.budget, kinds) if evicting else None
+    # windowed layers and sinks take the engine's own attention, whose masks go by position
+    uniform = not windowed and not sinks and (budgets is None or len(set(budgets)) == 1)
     unanswered = unanswered_hook(policy)
     if unanswered:
         raise ValueError(f"policy: '{policy.name}' wraps a policy that {unanswered}, which it does not pass on")
     needs = policy.needs() if evicting else PolicyNeeds()
+    if windowed:
+        _check_windowed(policy.name, needs)
     if needs.merges and needs.shares_heads:
         raise ValueError(f"policy: '{policy.name}' merges freed tokens into kept ones, which a head-shared pool "
                          f"does not do")
@@ -152,16 +211,18 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     if config.cuda_graphs and device.type != "cuda" and not graph_runner_given:
         raise ValueError(f"cuda_graphs: needs a CUDA device (the model is on {device.type})")
     model_attention = cfg._attn_implementation
-    why = own_attention_reason(needs, not uniform)
-    if why is not None and model_attention not in SDPA_FAMILY:
+    why = own_attention_reason(needs, not uniform, windowed, sinks)
+    if why is not None and model_attention not in SDPA_FAMILY and not (sinks and model_attention == "eager"):
         raise ValueError(f"attn_implementation: policy '{policy.name}' {why}; the model uses {model_attention!r} "
                          f"(load it with attn_implementation='sdpa')")
+    if why is not None:
+        _check_reach(model, policy.name, why)
     step_attention = (POOL_IMPL if needs.shares_heads else STATIC_IMPL if not uniform
                       else CAPTURE_IMPL if needs.attention is not None
                       else SDPA_IMPL if model_attention in SDPA_FAMILY else None)
     wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
     quant = config.kv_quant
-    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None) if wanted else None
+    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None, windowed, sinks) if wanted else None
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     if quant is not None:
         quant.check_head_dim(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
@@ -169,7 +230,41 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
                 uniform=uniform, num_layers=num_layers, group=cfg.num_attention_heads // heads,
                 max_context=int(getattr(cfg, "max_position_embeddings", 0) or 0), device=device,
                 model_attention=model_attention, step_attention=step_attention, use_graphs=wanted and off is None,
-                graphs_off=off, kv_quant=quant)
+                graphs_off=off, kv_quant=quant, kinds=kinds, sinks=sinks)
+
+
+def _layer_budgets(policy: Policy, n: int, kinds: tuple[LayerKind, ...]) -> tuple[int, ...]:
+    """Each layer's keep count under budget ``n``: the policy's allocation of ``n`` over the full-attention
+    layers (``n`` is tokens per full-attention layer and KV head), and each windowed layer's window."""
+    full = [i for i, k in enumerate(kinds) if not k.windowed]
+    shares = iter(checked_layer_budgets(policy, n, len(full)) if full else [])
+    return tuple(k.most_kept() if k.windowed else next(shares) for k in kinds)
+
+
+def _check_reach(model: torch.nn.Module, policy_name: str, why: str) -> None:
+    """Refuse (``ValueError`` naming ``policy``) a run whose policy hands the engine's attention functions keywords
+    (``why``) on a model whose layers drop them on the way, or never call those functions
+    (kdeval/keydiff/reach.py)."""
+    from kdeval.keydiff.reach import attention_reach  # here: the plan is also read where transformers is not loaded
+
+    reach = attention_reach(model)
+    name = type(model).__name__
+    if not reach.attention_runs_ours:
+        raise ValueError(f"policy: '{policy_name}' {why}; {name} computes attention in its own code, not through "
+                         f"transformers' attention interface")
+    if not reach.keywords_arrive:
+        raise ValueError(f"policy: '{policy_name}' {why}; {name}'s layers drop the forward's keyword arguments "
+                         f"before attention, so the engine's attention never gets them")
+
+
+def _check_windowed(name: str, needs: PolicyNeeds) -> None:
+    """Refuse (``ValueError`` naming ``policy``) what the engine does not run beside windowed layers."""
+    why = ("shares a layer's slots among its KV heads" if needs.shares_heads
+           else "re-rotates its kept keys to contiguous positions, which windowed layers do not share"
+           if needs.rerotates else "scores a repeat pass" if needs.repeat is not None else None)
+    if why:
+        raise ValueError(f"policy: '{name}' {why}; not supported on a model with windowed (sliding or chunked) "
+                         f"attention layers")
 
 
 def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None", max_new: int = 0) -> torch.Tensor:

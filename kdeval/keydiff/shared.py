@@ -134,7 +134,7 @@ class SharedSteps:
     def step_key(self, plan: "Plan", state: "PrefillState", ids: torch.Tensor) -> str | None:
         """The history ``state`` will have after feeding ``ids [batch, t]`` (``None``: not shareable)."""
         sig = forward_signature(plan)
-        if sig is None or state.history is None or not undiverged(state):
+        if sig is None or state.history is None or not undiverged(state, plan):
             return None
         return next_history(state.history, sig, state.seen, ids)
 
@@ -214,14 +214,14 @@ def record_of(cache: BudgetCache, logits: torch.Tensor, captures: dict, queries:
     return StepRecord(keys, values, pick(logits), rows, copies(queries), copies(hidden_states))
 
 
-def undiverged(state: "PrefillState") -> bool:
-    """Whether ``state``'s cache evicted nothing so far: a dynamic slot cache whose every layer holds every token
-    seen (what the full cache holds)."""
+def undiverged(state: "PrefillState", plan: "Plan") -> bool:
+    """Whether ``state``'s cache evicted nothing so far: a dynamic slot cache whose every layer holds what the
+    full cache holds (every token seen; a windowed layer its window, cut alike in every cell)."""
     cache = state.cache
     if not isinstance(cache, BudgetCache) or cache.static_base is not None:
         return False
-    return all(type(layer) is SlotLayer and layer.length == state.seen and not layer.pending
-               for layer in cache.layers)
+    return all(type(layer) is SlotLayer and not layer.pending and layer.length == (
+        plan.kind(i).kept_count(state.seen) if plan.trims(i) else state.seen) for i, layer in enumerate(cache.layers))
 
 
 def member_capture(record: StepRecord, plan: "Plan") -> AttentionCapture | None:

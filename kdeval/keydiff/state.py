@@ -48,6 +48,11 @@ class RunStats:
     #: tokens of the forwards a policy runs besides the prompt's and the answer's (KVzip's repeat passes,
     #: kdeval/keydiff/repeat.py), per row; their time is in ``ttft_s``
     extra_forward_tokens: int = 0
+    #: of ``kv_cache_bytes``, the windowed layers' (sliding or chunked attention: kept as the model sees them,
+    #: not by the policy; 0 on a model without them)
+    windowed_kv_bytes: int = 0
+    #: the model's layers by kind (``"18 layers: 3 full, 15 sliding 512"``): the budget is per full layer
+    layer_kinds: str = ""
 
     @classmethod
     def of_run(cls, *, prompt_tokens: int, ttft_s: float, decode_s: float, decode_tokens: int, peak_kv_tokens: int,

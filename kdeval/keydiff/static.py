@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from kdeval.keydiff.attention import STATIC_IMPL, AttentionCapture
-from kdeval.keydiff.attention_functions import no_mask
+from kdeval.keydiff.attention_functions import no_mask, sdpa_attend
 
 
 def static_visible(row, slot, cached, budget: int):
@@ -70,8 +70,18 @@ def static_attention_forward(module, query, key, value, attention_mask, dropout=
     mask tensor).
     """
     capture: AttentionCapture | None = kwargs.pop("kdeval_capture", None)
+    layer_masks = kwargs.pop("kdeval_layer_masks", None)  # a dynamic cache's windowed layers (layouts.py)
+    sinks = kwargs.pop("s_aux", None)  # GPT-OSS's learned sink logits [q_heads]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     b, hq, t, d = query.shape
+    window = layer_masks[module.layer_idx] if layer_masks is not None and attention_mask is None else None
+    if window is not None or sinks is not None:  # a windowed layer's mask by position, or the model's sinks
+        if capture is not None and capture.fuses_output(query):
+            return capture.attend(module.layer_idx, query, key, value, scale, window, sinks), None
+        out = sdpa_attend(query, key, value, window, scale, sinks).transpose(1, 2).contiguous()
+        if capture is not None:
+            capture.record(module.layer_idx, query, key, scale, window, sinks)
+        return out, None
     rows = None if attention_mask is None else attention_mask[:, :, :t]  # one query head's rows [1, 1, t, N + t]
     if capture is not None and capture.fuses_output(query):
         return capture.attend(module.layer_idx, query, key, value, scale, rows), None

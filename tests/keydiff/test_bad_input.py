@@ -42,17 +42,20 @@ def test_policy_parameters_validated():
     assert get_policy("keydiff", window_fraction="0.25").window_fraction == 0.25
 
 
-def test_sliding_window_model_refused_before_weights_load():
-    with pytest.raises(UnsupportedModelError, match=r"sliding"):
-        load_model("random:qwen2-tiny", overrides={"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0})
+def test_a_sliding_window_model_loads_with_its_windowed_layers():
+    from kdeval.keydiff.layer_kinds import layer_kinds
+
+    lm = load_model("random:qwen2-tiny", overrides={"use_sliding_window": True, "sliding_window": 64,
+                                                    "max_window_layers": 1})
+    kinds = layer_kinds(lm.model.config)
+    assert [k.label() for k in kinds] == ["full"] + ["sliding 64"] * (len(kinds) - 1)
 
 
 @pytest.mark.parametrize("model_type,kwargs,reason", [
     ("mamba", {}, "no KV cache"),
     ("deepseek_v3", {"num_hidden_layers": 2}, "latent attention"),
-    ("gemma2", {"num_hidden_layers": 2}, "layer types"),
+    ("qwen3_next", {"num_hidden_layers": 4}, r"layer types \['linear_attention'\] are not supported"),
     ("t5", {}, "encoder-decoder"),
-    ("mistral", {}, "sliding_window=4096"),
 ])
 def test_unsupported_architectures(model_type, kwargs, reason):
     config = AutoConfig.for_model(model_type, **kwargs)
@@ -64,3 +67,5 @@ def test_supported_architectures_pass():
     for model_type in ("llama", "qwen2"):
         check_supported(AutoConfig.for_model(model_type), model_type)
     check_supported(AutoConfig.for_model("mistral", sliding_window=None), "mistral")
+    for model_type in ("mistral", "gemma2", "gemma3_text", "cohere2", "gpt_oss", "llama4_text"):  # windowed layers
+        check_supported(AutoConfig.for_model(model_type, num_hidden_layers=2), model_type)

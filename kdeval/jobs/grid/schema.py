@@ -257,9 +257,10 @@ class GridSpec(_Strict):
                             "cell's id).")
     models: list[ModelSpec] = Field(min_length=1, description="Models; a bare string is the model's `id`.")
     policies: list[PolicySpec] = Field(min_length=1, description="Policies; a bare string is the policy's `name`.")
-    budgets: list[BudgetValue] = Field(default_factory=list, description="N: tokens kept per layer and KV head, "
-                                       "or a share of each prompt (`25%`). Each value once; may be empty when "
-                                       "every policy is `full`.")
+    budgets: list[BudgetValue] = Field(default_factory=list, description="N: tokens kept per full-attention layer and KV "
+                                       "head (a model's sliding-window or chunked layers keep their window: "
+                                       "`kdeval models`), or a share of each prompt (`25%`). Each value once; may "
+                                       "be empty when every policy is `full`.")
     chunk_sizes: list[ChunkValue] = Field(min_length=1, description="B: prompt tokens per chunk, or `whole` "
                                           "(one chunk of all that is compressed: one-shot). Each value once.")
     tasks: list[TaskSpec] = Field(min_length=1, description="Tasks; a bare string is the task's `name`.")
