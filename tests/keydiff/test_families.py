@@ -13,14 +13,19 @@ Every check runs and the test fails once, listing each (policy, check) that fail
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from kdeval.baselines import get_policy
+from kdeval.cli.app import app
 from kdeval.keydiff import models
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
-from kdeval.keydiff.families import FAMILIES
+from kdeval.keydiff import family_status as status_module
+from kdeval.keydiff.families import FAMILIES, WINDOW, family
 from kdeval.keydiff.family_status import family_status
 from kdeval.keydiff.layer_kinds import layer_kinds
 from kdeval.keydiff.models import UnsupportedModelError, load_model
@@ -166,3 +171,28 @@ def test_family(family, dtype, monkeypatch):
     for name in POLICIES:
         failures += _policy_checks(model, kinds, dtype, name)
     assert not failures, f"{family.name} ({dtype}):\n" + "\n".join(failures)
+
+
+def test_the_table_lists_at_least_35_families_each_loadable_by_a_name_of_its_own():
+    assert len(FAMILIES) >= 35
+    assert len({f.key for f in FAMILIES}) == len({f.random_kind for f in FAMILIES}) == len(FAMILIES)
+    assert family("llama").random_kind == "llama-tiny"  # the suite's own tiny models are rows of the table
+
+
+def test_kdeval_models_says_what_the_engine_checks_say(monkeypatch):
+    """The status is computed: refuse Llama in the engine's check and `kdeval models` says so; accept every
+    config and the hybrids read as kept whole with their windows."""
+    def check(config, name="model"):
+        if config.model_type == "llama":
+            raise UnsupportedModelError(f"{name}: refused for this test")
+
+    monkeypatch.setattr(status_module, "check_supported", check)
+    res = CliRunner().invoke(app, ["models", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["family"]: r for r in json.loads(res.output)}
+    assert list(rows) == [f.name for f in FAMILIES]
+    assert rows["Llama"]["status"] == "refused: refused for this test"
+    assert rows["Gemma 3"]["status"] == f"runs; 2 of 3 layers windowed (sliding {WINDOW}), kept whole"
+    assert rows["Gemma 3"]["layers"] == f"3 layers: 1 full, 2 sliding {WINDOW}"
+    assert rows["Llama 4 (chunked attention)"]["status"] == f"runs; 1 of 2 layers windowed (chunked {WINDOW}), kept whole"
+    assert rows["Qwen3"]["status"] == "runs"
