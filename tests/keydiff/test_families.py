@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 
 from kdeval.baselines import get_policy
 from kdeval.cli.app import app
+from kdeval.keydiff import family_status as status_module
 from kdeval.keydiff import models
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
-from kdeval.keydiff import family_status as status_module
 from kdeval.keydiff.families import FAMILIES, WINDOW, family
 from kdeval.keydiff.family_status import family_status
 from kdeval.keydiff.layer_kinds import layer_kinds
@@ -36,16 +36,18 @@ from .helpers import kept_positions
 N, B, LENGTH, NEW = 32, 16, 200, 4
 POLICIES = ("keydiff", "snapkv", "tova", "pyramidkv")
 
-#: Chunked vs one pass, the largest logit difference allowed, as a share of the largest logit. float32: only the
-#: summation order of attention over other key blocks differs (~1e-7 relative). bfloat16: every layer's output
-#: is rounded to 8 bits of mantissa (2**-8 ~ 0.4% relative) after attention sums over a different set of keys,
-#: and two layers compound it; measured up to ~2% of the largest logit on these models, allowed 6%. Greedy tokens
-#: are compared only in float32: two logits within bfloat16's rounding can swap the argmax.
-LOGIT_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.06}
+#: Chunked vs one pass, and a batch row vs alone in bfloat16: the largest logit difference allowed, as a share of
+#: the largest logit. float32: only the summation order over other key blocks differs; measured at most 7e-7 on
+#: these models (hybrids included), allowed 1e-5. bfloat16: every layer's output is rounded to 8 bits of mantissa
+#: (2**-8 ~ 0.4%) after attention sums over other key blocks (another chunking, another padding), and the layers
+#: compound it; measured at most 0.4% (chunked) and 0.55% (batch) on full-attention families and 1.1% on the
+#: 3-layer hybrids, allowed 3%: a dtype error is far larger, and a wrong mask shows in float32's exact checks.
+#: Greedy tokens are compared only in float32: two logits within bfloat16's rounding can swap the argmax.
+LOGIT_TOLERANCE = {"float32": 1e-5, "bfloat16": 0.03}
 #: Whether a batch of two must give each row's tokens and kept positions exactly as alone. bfloat16: padding
 #: changes the shapes SDPA reduces over, so a near-tie between two keys' scores may break the other way; the
-#: first row's last prompt logits are compared within LOGIT_TOLERANCE instead (the second row's alone run, for
-#: time: its dtype paths are the first's).
+#: first row's last prompt logits are compared within LOGIT_TOLERANCE instead (the second row's alone run is left
+#: out, for time: it takes the first's dtype paths).
 BATCH_EXACT = {"float32": True, "bfloat16": False}
 
 #: Families that fail a check today, each with why (issue 56 item 4); strict: one that passes fails the suite.
