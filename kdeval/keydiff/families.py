@@ -106,7 +106,7 @@ FAMILIES: tuple[Family, ...] = (
                                                  max_position_embeddings=131072)),  # its YaRN scales 4K by 32
     Family("Mistral (sliding window)", "mistral-sliding", "mistral", dict(sliding_window=WINDOW)),
     Family("Ministral", "ministral", "ministral", dict(sliding_window=WINDOW, layer_types=[_SLIDING, _FULL])),
-    Family("Qwen2 (use_sliding_window)", "qwen2-sliding", "qwen2", dict(use_sliding_window=True, sliding_window=WINDOW,
+    Family("Qwen2 (sliding window)", "qwen2-sliding", "qwen2", dict(use_sliding_window=True, sliding_window=WINDOW,
                                                                         max_window_layers=1)),
     Family("Llama 4 (chunked attention)", "llama4", "llama4_text", dict(
         attention_chunk_size=WINDOW, intermediate_size_mlp=128, num_local_experts=2, num_experts_per_tok=1,
