@@ -7,9 +7,9 @@ import json
 import typer
 
 #: what a status means, said once under the table and on the reference page
-STATUS_NOTE = ("runs: the policy evicts every full-attention layer to the budget N. Windowed layers (sliding window, Llama 4's "
-               "attention chunks) keep exactly what the model attends to and are never evicted by the policy; "
-               "`budget` counts tokens per full-attention layer and KV head. refused: the engine raises "
+STATUS_NOTE = ("runs: the policy evicts every full-attention layer to the budget N. Windowed layers (sliding "
+               "window, Llama 4's attention chunks) keep exactly what the model attends to and are never evicted by "
+               "the policy; `budget` counts tokens per full-attention layer and KV head. refused: the engine raises "
                "UnsupportedModelError before any weight loads. Each family loads as the tiny random model named "
                "beside it, and tests/keydiff/test_families.py proves every one that runs.")
 

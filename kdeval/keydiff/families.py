@@ -38,7 +38,8 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 @dataclass(frozen=True)
 class Family:
     """One decoder family: ``name`` as people say it, ``key`` (its random model is ``random:<key>-tiny``),
-    transformers' ``model_type`` and the config keywords on top of :data:`BASE` (:data:`DROP`: leave that key of :data:`BASE` out)."""
+    transformers' ``model_type`` and the config keywords on top of :data:`BASE` (:data:`DROP`: leave that key of
+    :data:`BASE` out)."""
 
     name: str
     key: str
@@ -94,8 +95,8 @@ FAMILIES: tuple[Family, ...] = (
                                               num_kv_heads=2)),
     # ---- hybrids: sliding-window (or chunked) layers beside full ones
     Family("Gemma 2", "gemma2", "gemma2", dict(sliding_window=WINDOW, query_pre_attn_scalar=16)),
-    Family("Gemma 3", "gemma3", "gemma3_text", dict(sliding_window=WINDOW, query_pre_attn_scalar=16, num_hidden_layers=3,
-                                                     layer_types=[_SLIDING, _SLIDING, _FULL])),
+    Family("Gemma 3", "gemma3", "gemma3_text", dict(sliding_window=WINDOW, query_pre_attn_scalar=16,
+                                                     num_hidden_layers=3, layer_types=[_SLIDING, _SLIDING, _FULL])),
     Family("Cohere 2", "cohere2", "cohere2", dict(sliding_window=WINDOW, num_hidden_layers=3,
                                                   layer_types=[_SLIDING, _SLIDING, _FULL])),
     Family("EXAONE 4", "exaone4", "exaone4", dict(sliding_window=WINDOW, num_hidden_layers=3,

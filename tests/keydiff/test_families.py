@@ -135,7 +135,8 @@ def _policy_checks(model, kinds, dtype: str, name: str) -> list[str]:
             if BATCH_EXACT[dtype]:
                 if alone.tokens[0] != both[r].tokens[0]:
                     failures.append(f"{name}: batch row {r} tokens {both[r].tokens[0]} != alone {alone.tokens[0]}")
-                if any(not torch.equal(a, b) for a, b in zip(kept_positions(alone.state), kept_positions(both[r].state))):
+                pairs = zip(kept_positions(alone.state), kept_positions(both[r].state))
+                if any(not torch.equal(a, b) for a, b in pairs):
                     failures.append(f"{name}: batch row {r} keeps other positions than alone")
             else:
                 why = _close(both[r].state.last_logits, alone.state.last_logits, LOGIT_TOLERANCE[dtype])
@@ -196,5 +197,6 @@ def test_kdeval_models_says_what_the_engine_checks_say(monkeypatch):
     assert rows["Llama"]["status"] == "refused: refused for this test"
     assert rows["Gemma 3"]["status"] == f"runs; 2 of 3 layers windowed (sliding {WINDOW}), kept whole"
     assert rows["Gemma 3"]["layers"] == f"3 layers: 1 full, 2 sliding {WINDOW}"
-    assert rows["Llama 4 (chunked attention)"]["status"] == f"runs; 1 of 2 layers windowed (chunked {WINDOW}), kept whole"
+    llama4 = rows["Llama 4 (chunked attention)"]["status"]
+    assert llama4 == f"runs; 1 of 2 layers windowed (chunked {WINDOW}), kept whole"
     assert rows["Qwen3"]["status"] == "runs"
