@@ -34,7 +34,7 @@ def generated(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["grid.md", "policies.md", "tasks.md"])
+@pytest.mark.parametrize("name", ["grid.md", "policies.md", "tasks.md", "models.md"])
 def test_committed_page_is_up_to_date(name, generated):
     problem = stale(DOCS, name, (generated / name).read_text(encoding="utf-8"))
     assert problem is None, problem
@@ -50,7 +50,7 @@ def test_a_stale_or_missing_page_names_the_command(tmp_path):
 
 def test_pages_have_no_double_blank_lines_and_every_grid_field_a_meaning():
     pages = reference.pages()
-    assert sorted(pages) == ["grid.md", "policies.md", "tasks.md"]
+    assert sorted(pages) == ["grid.md", "models.md", "policies.md", "tasks.md"]
     for name, text in pages.items():
         assert "\n\n\n" not in text, name
     rows = [r for r in pages["grid.md"].splitlines() if r.startswith("| `")]

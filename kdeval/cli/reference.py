@@ -2,7 +2,8 @@
 
 ``python -m kdeval.cli.reference [DIR]`` (``make docs``) writes ``grid.md`` (every grid and nightly field from
 the pydantic models: type, default, constraints, meaning), ``policies.md`` (the policy registry: rule,
-parameters, extra cost) and ``tasks.md`` (the task registry: benchmark, metric, data source, parameters).
+parameters, extra cost), ``tasks.md`` (the task registry: benchmark, metric, data source, parameters) and
+``models.md`` (the family table: each decoder family, its random model, layer kinds and status).
 A test compares the committed pages with :func:`pages` and names this command when they differ.
 """
 from __future__ import annotations
@@ -182,9 +183,23 @@ def tasks_page() -> str:
             "samples: N, params: {...}}`.\n\n" + "\n".join(rows) + "\n")
 
 
+def models_page() -> str:
+    """Every decoder family of the family table with its status, as ``kdeval models`` prints it."""
+    from kdeval.cli.models_cmds import STATUS_NOTE, family_rows
+
+    rows = family_rows()
+    table = ["| family | model_type | random model | layers | status |", "|---|---|---|---|---|"]
+    table += [f"| {r['family']} | `{r['model_type']}` | `{r['random model']}` | {r['layers']} | {_cell(r['status'])} |"
+              for r in rows]
+    return (HEADER.format(cmd=REGENERATE, source="the family table (`kdeval models`)")
+            + f"# Models\n\n{len(rows)} decoder families of transformers, each as a tiny random config; the status "
+            "comes from the engine's own checks of that config.\n\n" + "\n".join(table) + f"\n\n{STATUS_NOTE}\n")
+
+
 def pages() -> dict[str, str]:
     """File name -> content of every generated reference page."""
-    return {"grid.md": grid_page(), "policies.md": policies_page(), "tasks.md": tasks_page()}
+    return {"grid.md": grid_page(), "policies.md": policies_page(), "tasks.md": tasks_page(),
+            "models.md": models_page()}
 
 
 def main(argv: list[str]) -> int:

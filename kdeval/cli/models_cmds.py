@@ -1,0 +1,60 @@
+"""`kdeval models`: every decoder family the engine is tested on (kdeval/keydiff/families.py), with its layer
+kinds and what the engine does with it, as the engine's own checks say (kdeval/keydiff/family_status.py)."""
+from __future__ import annotations
+
+import json
+
+import typer
+
+#: what a status means, said once under the table and on the reference page
+STATUS_NOTE = ("runs: the policy evicts every full-attention layer to the budget N. Windowed layers (sliding "
+               "window, Llama 4's attention chunks) keep exactly what the model attends to and are never evicted by "
+               "the policy; `budget` counts tokens per full-attention layer and KV head. refused: the engine raises "
+               "UnsupportedModelError before any weight loads. Each family loads as the tiny random model named "
+               "beside it, and tests/keydiff/test_families.py proves every one that runs.")
+
+
+def family_rows() -> list[dict[str, str]]:
+    """One row per family, in the table's order: name, model_type, random model, layers, status."""
+    from kdeval.keydiff.family_status import family_statuses
+    from kdeval.names import RANDOM_PREFIX
+
+    return [{"family": s.family.name, "model_type": s.family.model_type,
+             "random model": RANDOM_PREFIX + s.family.random_kind, "layers": s.layers, "status": s.text()}
+            for s in family_statuses()]
+
+
+def _layers(text: str) -> str:
+    """``"1 full, 2 sliding 48"`` from :func:`~kdeval.keydiff.layer_kinds.describe`'s ``"3 layers: 1 full, ..."``."""
+    return text.split(": ", 1)[-1]
+
+
+def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List every decoder family the engine is tested on, with its layer kinds and status.
+
+    The status comes from the engine's own checks of each family's tiny config: runs, runs with its windowed
+    layers kept whole, or refused and why."""
+    from kdeval.cli.generate_cmds import third_party_quiet
+
+    with third_party_quiet():
+        rows = family_rows()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+
+    from kdeval.jobs.reports.render.layout import Column, TableView, render
+
+    view = TableView("models", f"{len(rows)} decoder families (a grid names the random model as printed)",
+                     [Column("family"), Column("model_type", key=True), Column("random model", key=True),
+                      Column("layers"), Column("status", fold=True)],
+                     [[r["family"], r["model_type"], r["random model"], _layers(r["layers"]), r["status"]]
+                      for r in rows])
+    console = Console()
+    console.print(render(view, console.width))
+    console.print(STATUS_NOTE, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `models` to the main app."""
+    app.command("models")(models_cmd)
