@@ -51,15 +51,8 @@ LOGIT_TOLERANCE = {"float32": 1e-5, "bfloat16": 0.03}
 BATCH_EXACT = {"float32": True, "bfloat16": False}
 
 #: Families that fail a check today, each with why (issue 56 item 4); strict: one that passes fails the suite.
-KNOWN_FAILURES = {
-    "stablelm": "snapkv, tova, pyramidkv crash: StableLmDecoderLayer.forward does not pass **kwargs on to self_attn, "
-                "so the kdeval_capture keyword never reaches the attention function and no row is captured",
-    "nemotron": "snapkv, tova, pyramidkv crash: NemotronDecoderLayer.forward does not pass **kwargs on to self_attn "
-                "(as StableLM)",
-    "falcon": "snapkv, tova, pyramidkv crash and keydiff's batch of two differs from alone: FalconAttention never "
-              "calls transformers' attention interface (its own SDPA, or eager code that adds the ragged batch's "
-              "boolean mask to the scores as numbers) and FalconModel drops **kwargs",
-}
+#: families whose checks fail today, with why (strict: the suite fails once they pass); none
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True, scope="module")
