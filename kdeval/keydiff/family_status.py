@@ -75,6 +75,9 @@ def family_status(family: Family) -> FamilyStatus:
     if kinds is None:
         return FamilyStatus(family, REFUSED, unread, None)
     windowed = [k for k in kinds if k.windowed]
+    if getattr(config, "kv_lora_rank", None):  # the engine's plan checks the attention's expand_kv itself
+        return FamilyStatus(family, RUNS, "latent (MLA) rows: a token's latent and rotary key evicted together; "
+                                          "policies that read values or queries refused", kinds)
     if not windowed:
         return FamilyStatus(family, RUNS, "", kinds)
     spans = ", ".join(sorted({k.label() for k in windowed}))

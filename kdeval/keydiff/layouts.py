@@ -41,6 +41,15 @@ if TYPE_CHECKING:
 Ranges = tuple[tuple[int, int], ...]
 
 
+def scored_keys(plan: "Plan", keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The keys a policy scores: the cached ones ``[b, h, n, d]``; under MLA (``plan.latent``) each token's whole
+    cached row, its latent and its shared rotary key side by side (a copy ``[b, 1, n, rank + rope]``): the part of
+    every head's key that carries the token's position, so one token id at two positions scores apart."""
+    if not plan.latent:
+        return keys
+    return torch.cat([keys, values[:, :, : keys.shape[2]]], dim=-1)
+
+
 class SlotLayout:
     """A step of ``t`` tokens at absolute ``positions [t]`` on a slot cache (every row the same positions).
 
@@ -110,7 +119,7 @@ class SlotLayout:
         keys, positions, state = layer.view()
         ctx = ScoreContext(idx, positions, self.seen_after, self.t, reads.attention(idx), state, self.steps)
         reads.fill(ctx, lambda: layer.values[:, :, : keys.shape[2]])
-        return keys, ctx
+        return scored_keys(self.plan, keys, layer.values), ctx
 
     def excess(self, idx: int) -> int:
         layer = self.cache.layers[idx]
@@ -259,7 +268,7 @@ class RaggedLayout:
         keys, positions, state = layer.view(step.M)
         ctx = ScoreContext(idx, positions, step.seen_after, step.T, reads.attention(idx), state, self.steps)
         reads.fill(ctx, lambda: layer.values[:, :, : step.M])
-        return keys, ctx
+        return scored_keys(self.plan, keys, layer.values), ctx
 
     def excess(self, idx: int) -> int:
         step = self.layer_steps[idx]

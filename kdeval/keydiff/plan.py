@@ -81,6 +81,10 @@ class Plan:
     #: the model's attention has learned sink logits (GPT-OSS): the engine's attention computes them, also for a
     #: model loaded with eager attention (transformers runs such a model in no SDPA)
     sinks: bool = False
+    #: multi-head latent attention (DeepSeek-V2/V3): each layer caches one "head" per token, its compressed latent
+    #: (as the keys) and its shared rotary key (as the values), expanded per head after the cache read; evicting a
+    #: token drops both, and a policy scores the latents (its captured rows fold every query head onto that one)
+    latent: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -160,7 +164,7 @@ def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[s
 
 
 def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str, quantized: bool = False,
-                windowed: bool = False, sinks: bool = False) -> str | None:
+                windowed: bool = False, sinks: bool = False, latent: bool = False) -> str | None:
     """Why the graph path cannot run this policy, or ``None``."""
     per_layer = not uniform and not windowed and not sinks
     reasons = (["nothing is evicted"] if not evicting else []) + eager_reasons(needs, per_layer)
@@ -168,6 +172,8 @@ def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attenti
         reasons.append("windowed layers")
     if sinks:
         reasons.append("attention sinks")
+    if latent:
+        reasons.append("latent (MLA) rows")
     if quantized:  # the tokens to quantize each step are found on the host
         reasons.append("a quantized KV store")
     if model_attention not in SDPA_FAMILY:
@@ -186,6 +192,7 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     kinds = layer_kinds(cfg)
     windowed = any(k.windowed for k in kinds)
     sinks = has_sinks(model)
+    latent = caches_latents(model)
     budgets = _layer_budgets(policy, config.budget, kinds) if evicting else None
     # windowed layers and sinks take the engine's own attention, whose masks go by position
     uniform = not windowed and not sinks and (budgets is None or len(set(budgets)) == 1)
@@ -195,6 +202,8 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     needs = policy.needs() if evicting else PolicyNeeds()
     if windowed:
         _check_windowed(policy.name, needs)
+    if latent:
+        _check_latent(policy.name, needs, config)
     if needs.merges and needs.shares_heads:
         raise ValueError(f"policy: '{policy.name}' merges freed tokens into kept ones, which a head-shared pool "
                          f"does not do")
@@ -222,15 +231,19 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
                       else SDPA_IMPL if model_attention in SDPA_FAMILY else None)
     wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
     quant = config.kv_quant
-    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None, windowed, sinks) if wanted else None
+    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None, windowed, sinks, latent
+                      ) if wanted else None
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if latent:  # one latent row a token: every query head reads it
+        heads = 1
     if quant is not None:
         quant.check_head_dim(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     return Plan(config=config, policy_name=policy.name, needs=needs, evicting=evicting, budgets=budgets,
                 uniform=uniform, num_layers=num_layers, group=cfg.num_attention_heads // heads,
                 max_context=int(getattr(cfg, "max_position_embeddings", 0) or 0), device=device,
                 model_attention=model_attention, step_attention=step_attention, use_graphs=wanted and off is None,
-                graphs_off=off, kv_quant=quant, kinds=kinds, sinks=sinks)
+                graphs_off=off, kv_quant=quant, kinds=kinds, sinks=sinks,
+                latent=latent)
 
 
 def _layer_budgets(policy: Policy, n: int, kinds: tuple[LayerKind, ...]) -> tuple[int, ...]:
@@ -255,6 +268,32 @@ def _check_reach(model: torch.nn.Module, policy_name: str, why: str) -> None:
     if not reach.keywords_arrive:
         raise ValueError(f"policy: '{policy_name}' {why}; {name}'s layers drop the forward's keyword arguments "
                          f"before attention, so the engine's attention never gets them")
+
+
+def caches_latents(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention caches compressed latents and expands them per head after the cache read
+    (multi-head latent attention: transformers' ``expand_kv``)."""
+    return any(callable(getattr(m, "expand_kv", None)) for m in model.modules())
+
+
+#: what a policy may read that an MLA cache does not hold as such
+_LATENT_REFUSED = (("values", "reads the cached values"), ("hidden_states", "reads the layer's hidden states"),
+                   ("projections", "reads the layer's attention projections"),
+                   ("queries", "scores with the layer's queries and keys"), ("rerotates", "re-rotates its kept keys"),
+                   ("shares_heads", "shares a layer's slots among its KV heads"),
+                   ("edits_kept_keys", "edits key channels"), ("merges", "merges freed values into kept ones"),
+                   ("repeat", "scores a repeat pass"))
+
+
+def _check_latent(name: str, needs: PolicyNeeds, config: EngineConfig) -> None:
+    """Refuse (``ValueError`` naming ``policy`` or ``kv_quant``) what an MLA cache cannot serve: its rows are one
+    latent and one shared rotary key a token, not per-head keys and values."""
+    for flag, what in _LATENT_REFUSED:
+        if getattr(needs, flag) not in (None, False):
+            raise ValueError(f"policy: '{name}' {what}, which a multi-head latent attention (MLA) cache does not hold "
+                             f"(it keeps one compressed latent and one shared rotary key a token)")
+    if config.kv_quant is not None:
+        raise ValueError("kv_quant: a multi-head latent attention (MLA) cache is not quantized by the engine")
 
 
 def _check_windowed(name: str, needs: PolicyNeeds) -> None:

@@ -124,15 +124,22 @@ class StepReads:
 
     def __init__(self, needs, attention: AttentionCapture | None = None,
                  queries: StepQueries | None = None, hidden_states: dict[int, torch.Tensor] | None = None,
-                 projections: list[LayerProjections] | None = None, repeat: dict[int, torch.Tensor] | None = None):
+                 projections: list[LayerProjections] | None = None, repeat: dict[int, torch.Tensor] | None = None,
+                 fold_heads: bool = False):
+        """``fold_heads``: the cache holds one row a token for every query head (MLA): the captured rows of the
+        ``q_heads`` heads become one KV head's group."""
         self.needs, self.capture, self.queries = needs, attention, queries
+        self.fold_heads = fold_heads
         self.repeat = repeat  # per layer, the step's repeat-pass scores [batch, kv_heads, n_new]
         self.hidden_states = hidden_states if needs.hidden_states else None
         self.projections = projections if needs.projections else None
 
     def attention(self, idx: int) -> torch.Tensor | None:
         """Layer ``idx``'s captured rows ``[batch, kv_heads, group, slots]`` (``None``: the policy reads none)."""
-        return self.capture.by_layer.get(idx) if self.capture is not None else None
+        rows = self.capture.by_layer.get(idx) if self.capture is not None else None
+        if rows is not None and self.fold_heads:  # MLA: every query head reads the layer's one latent row
+            rows = rows.reshape(rows.shape[0], 1, -1, rows.shape[-1])
+        return rows
 
     def fill(self, ctx, values: Callable[[], torch.Tensor]) -> None:
         """Give ``ctx`` (its layer's context) what the policy reads besides keys, positions, rows and state;

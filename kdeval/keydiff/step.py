@@ -163,7 +163,8 @@ class Step:
             recent = record_step(self.model, needs.queries, layout.cache, queries, layout.query_positions,
                                  layout.seen_after)
         scores = self.repeat.scores(layout.cache, repeat) if repeat is not None and repeat.rows else None
-        self.evictor.evict(layout, StepReads(needs, capture, recent, hidden, self.projections, scores))
+        self.evictor.evict(layout, StepReads(needs, capture, recent, hidden, self.projections, scores,
+                                             fold_heads=self.plan.latent))
 
     def _repeat_input(self, state: PrefillState, ids: torch.Tensor, evicting_prompt: bool) -> RepeatInput | None:
         """For a policy with a repeat pass: record ``ids`` as fed and, at an evicting prompt step, its pieces (their

