@@ -32,6 +32,8 @@ from kdeval.jobs.reports.perf import perf_row
 from kdeval.jobs.reports.samples import LoadedCell, paired_delta, task_name
 
 ORDERS = ("score", "delta")
+#: How a row's ``ref_note`` starts when its full cache ran in another run by other (or unrecorded) code.
+OTHER_CODE = "paired with the full cache of another run computed by other code"
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,9 @@ def choose_reference(cell: LoadedCell, gathered: Gathered) -> tuple[LoadedCell |
     if same:
         return same[0], f"paired with the full cache of another run, same checkout{several}"
     ref = max(candidates, key=lambda c: (c.view.finished_at is not None, c.view.finished_at or 0))
-    code = _source(ref) or code_of(ref) or "unrecorded code"
-    return ref, f"paired with the full cache of another run, computed by code {code[:12]}{several}"
+    if _source(ref) and _source(cell):
+        return ref, f"{OTHER_CODE}: code {_source(ref)[:12]}, this cell {_source(cell)[:12]}{several}"
+    return ref, f"{OTHER_CODE}: code not recorded{several}"
 
 
 def _row(cell: LoadedCell, gathered: Gathered, options: LeaderboardOptions, variants: dict[str, str]) -> LeaderboardRow:
@@ -250,12 +253,12 @@ def build_leaderboard(index: Any, filters: Filters = Filters(),
     rows = rank_rows(rows, options.order, keys)
     warnings = []
     if variants:
-        warnings.append(f"{len(variants)} rows share their configuration with cells computed by other code or "
+        warnings.append(f"{len(variants)} row(s) share their configuration with cells computed by other code or "
                         f"settings: each is its own row (never merged), its 'variant' says what differs")
-    foreign = [r for r in rows if "computed by code" in r.ref_note]
+    foreign = [r for r in rows if r.ref_note.startswith(OTHER_CODE)]
     if foreign:
-        warnings.append(f"{len(foreign)} rows are paired with a full cache of another run computed by other code "
-                        f"(see ref_note): their Δ mixes code versions")
+        warnings.append(f"{len(foreign)} row(s) are paired with a full cache of another run whose code differs or "
+                        f"was not recorded (see ref_note): their Δ may mix code versions")
     meta = LeaderboardMeta(
         filters={k: list(v) for k, v in vars(filters).items() if v}, order=options.order,
         runs=len(gathered.runs), cells=len(rows), resamples=options.resamples, seed=options.seed,

@@ -70,8 +70,8 @@ def test_a_full_cache_of_other_code_is_flagged(store):
     store_run(idx, res, "ra", [FakeCell("full", None, rows=rows([1.0] * 4), provenance=provenance(source_hash="aaa"))])
     store_run(idx, res, "rb", [FakeCell("snapkv", 64, rows=rows([1.0] * 4), provenance=provenance(source_hash="bbb"))])
     board = build_leaderboard(idx, Filters(), OPT)
-    assert "computed by code aaa" in _only(board, "snapkv").ref_note
-    assert any("mixes code versions" in w for w in board.meta.warnings)
+    assert "other code: code aaa, this cell bbb" in _only(board, "snapkv").ref_note
+    assert any("may mix code versions" in w for w in board.meta.warnings)
 
 
 def test_keys_pair_only_within_length_seed_and_chunk(store):
