@@ -17,10 +17,9 @@ from rich.console import Console
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
 
-out = Console()
 err = Console(stderr=True)
 
-#: Where ``--format html`` writes without ``--out`` (``kdeval report`` and the nightly history point at it).
+#: Where ``--format html`` writes without ``--out`` (``kdeval report`` points at it).
 DEFAULT_DIR = Path(".kdeval") / "leaderboard"
 FORMATS = ("table", "md", "csv", "json", "html")
 
@@ -33,6 +32,17 @@ def parse_formats(text: str) -> list[str]:
         raise ValueError(f"--format: unknown format {bad[0] if bad else text!r}; expected one or more of "
                          f"{', '.join(FORMATS)} (comma-separated)")
     return names
+
+
+def where_line(db: Optional[str]) -> str:
+    """Where the leaderboard of the whole index is (``kdeval report`` ends with this line): the page when one was
+    written to the default place, else the command that writes it."""
+    page = DEFAULT_DIR / "leaderboard.html"
+    flags = f" --db {db}" if db else ""
+    if page.is_file():
+        return f"leaderboard (every run of the index): {page}; `kdeval leaderboard{flags} --format html` refreshes it"
+    return (f"leaderboard (every run of the index): `kdeval leaderboard{flags}`; with --format html it is written to "
+            f"{page}")
 
 
 def _say(console: Console, line: str) -> None:
@@ -84,6 +94,7 @@ def leaderboard(
     if to_stdout:
         sys.stdout.write({"md": views.to_markdown, "csv": views.to_csv, "json": views.to_json}[files[0]](board))
         raise typer.Exit(EXIT_OK)
+    out = Console()  # made here, not at import: it follows the terminal's width of this call
     if "table" in fmts:
         _say(out, views.summary_line(board))
         for view in views.table_views(board, long=False):

@@ -76,3 +76,18 @@ def test_formats_to_stdout_and_to_files(db, tmp_path):
     assert "**m — needle@1024#s0, B=64 (ranked by score)**" in (tmp_path / "lb" / "leaderboard.md").read_text()
     res = _run(["--db", db, "--format", "table,md"])
     assert res.exit_code == 2 and "--out DIR is needed" in res.output
+
+
+def test_report_says_where_the_leaderboard_is(db, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["report", "r1", "--db", db, "--resamples", "0"])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())  # the line wraps at the terminal's width
+    assert flat.endswith(f"leaderboard (every run of the index): `kdeval leaderboard --db {db}`; with --format html it "
+                    f"is written to .kdeval/leaderboard/leaderboard.html")
+    assert _run(["--db", db, "--format", "html"]).exit_code == 0  # the default place
+    res = CliRunner().invoke(app, ["report", "r1", "--db", db, "--resamples", "0"])
+    flat = " ".join(res.output.split())
+    assert flat.endswith(f"leaderboard (every run of the index): .kdeval/leaderboard/leaderboard.html; "
+                         f"`kdeval leaderboard --db {db} --format html` refreshes it")
+    assert (tmp_path / ".kdeval" / "leaderboard" / "leaderboard.html").is_file()
