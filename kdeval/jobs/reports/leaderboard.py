@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kdeval.evals.budget import Budget
+from kdeval.evals.budget import Budget, budget_order
 from kdeval.jobs.reports.leaderboard_cells import (Filters, Gathered, gather, is_reference, kv_quant_label,
                                                    protocol_label)
 from kdeval.jobs.reports.model import State, stored
@@ -176,7 +176,7 @@ def choose_reference(cell: LoadedCell, gathered: Gathered) -> tuple[LoadedCell |
         return ref, (f"paired with the full cache of a run that holds both{several}" if several else "")
     same = [c for c in candidates if _source(c) and _source(c) == _source(cell)]
     if same:
-        return same[0], f"paired with the full cache of another run, same checkout{several}"
+        return same[0], f"paired with the full cache of another run, same checkout{several}" if several else ""
     ref = max(candidates, key=lambda c: (c.view.finished_at is not None, c.view.finished_at or 0))
     if _source(ref) and _source(cell):
         return ref, f"{OTHER_CODE}: code {_source(ref)[:12]}, this cell {_source(cell)[:12]}{several}"
@@ -227,7 +227,7 @@ def rank_rows(rows: list[LeaderboardRow], order: str, instance_keys: dict[str, t
     out = []
     for key in sorted(groups):
         members = sorted(groups[key], key=lambda r: (value(r) is None, -(value(r) or 0.0), r.policy,
-                                                     str(r.budget), r.chunk, r.cell))
+                                                     budget_order(r.budget), r.chunk, r.cell))
         previous, rank = None, 0
         for i, r in enumerate(members, 1):
             v = value(r)

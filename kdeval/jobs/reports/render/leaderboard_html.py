@@ -110,7 +110,8 @@ def board_table(board: Leaderboard) -> tuple[str, list[str]]:
     heads = [c[0] for c in table[0]]
     same = [j for j, h in enumerate(heads) if h in CONSTANT and len({row[j][2] for row in table}) == 1]
     shared = [f"{heads[j]}={table[0][j][2] if table[0][j][2] != '-' else 'none'}" for j in same]
-    keep = [j for j in range(len(heads)) if j not in same]
+    empty = [j for j, h in enumerate(heads) if h == "note" and not any(row[j][2] for row in table)]
+    keep = [j for j in range(len(heads)) if j not in same and j not in empty]
     head = "".join(f'<th class="{"num" if table[0][j][1] else "txt"}" scope="col">{html.escape(heads[j])}</th>'
                    for j in keep)
     body = []

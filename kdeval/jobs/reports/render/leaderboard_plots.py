@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from kdeval.evals.budget import is_share
 from kdeval.jobs.reports.leaderboard import LeaderboardRow
@@ -60,6 +61,9 @@ def task_figure(title: str, rows: list[LeaderboardRow]) -> bytes:
                    label=label if r.policy == FULL else None)
     if points:
         right.set_xscale("log")
+        right.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        right.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
+        right.margins(x=0.15)
     right.set_xlabel("peak KV-cache MiB (log)")
     right.set_title("score vs KV-cache bytes (up and left is better)", fontsize=9)
     for ax in (left, right):
@@ -69,7 +73,7 @@ def task_figure(title: str, rows: list[LeaderboardRow]) -> bytes:
     if handles[0]:
         left.legend(fontsize=7, loc="best")
     if right.get_legend_handles_labels()[0]:
-        right.legend(fontsize=7, loc="lower right")
+        right.legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _png(fig)
