@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kdeval.jobs.grid.cells import store_label
 from kdeval.jobs.reports.model import FULL
-from kdeval.jobs.reports.samples import LoadedCell, benchmark_of, load_cell, task_name
+from kdeval.jobs.reports.samples import LoadedCell, benchmark_of, load_cell, slot_of, task_name
 from kdeval.jobs.run.drivers import driver_alive
 from kdeval.names import suggest
 from kdeval.storage import CellState, CellView, RunIndex, RunView
@@ -115,8 +115,9 @@ def _task_words(view: CellView) -> set[str]:
     return {name, view.task, benchmark_of(name)}
 
 
-def _policy_words(cell: LoadedCell) -> set[str]:
-    return {cell.view.policy, cell.slot.policy}
+def _policy_words(view: CellView) -> set[str]:
+    """What ``--policy`` may name a cell by: its policy's name and its label (``snapkv(window=32)``)."""
+    return {view.policy, slot_of(view).policy}
 
 
 def _protocol_ok(view: CellView, wanted: tuple[str, ...]) -> bool:
@@ -174,10 +175,9 @@ def gather(index: RunIndex, filters: Filters = Filters(), results_dir: str | Pat
         if not candidate:
             continue
         cell = None
-        if shown_view(view):
+        if shown_view(view) and (not filters.policies or _policy_words(view) & set(filters.policies)):
             cell = load_cell(view, runs_of[view.id][0], results_dir)
-            if not filters.policies or _policy_words(cell) & set(filters.policies):
-                cells.append(cell)
+            cells.append(cell)
         if view.policy == FULL:
             cell = cell or load_cell(view, runs_of[view.id][0], results_dir)
             if is_reference(cell):
