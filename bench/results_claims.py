@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kdeval.jobs.reports.leaderboard import Leaderboard, LeaderboardRow
+from kdeval.jobs.reports.render.units import MIN_CI_SAMPLES
 from kdeval.jobs.reports.samples import Samples, paired_delta, task_of_label
 
 BASELINES = ("tova", "snapkv", "h2o", "sink")
 REASONING = ("math500", "aime2025")
 SUPPORTED, CONTRADICTED, UNRESOLVED, UNTESTED = "supported", "contradicted", "not resolved", "not tested"
+#: Fewer pairs than this and a margin decides nothing (the reports' † threshold).
+MIN_PAIRS = MIN_CI_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,8 @@ def _paired(claim: int, where: str, compared: str, a: LeaderboardRow, b: Leaderb
     detail = f"{_side(a)}; {_side(b)}"
     if d.ci is None:
         return Finding(claim, where, compared, detail=detail + "; no samples pair")
-    return Finding(claim, where, compared, d.ci.estimate, d.ci.low, d.ci.high, d.paired.n, detail,
-                   _verdict(d.ci.low, d.ci.high))
+    verdict = _verdict(d.ci.low, d.ci.high) if d.paired.n >= MIN_PAIRS else f"{UNRESOLVED} (fewer than {MIN_PAIRS} pairs)"
+    return Finding(claim, where, compared, d.ci.estimate, d.ci.low, d.ci.high, d.paired.n, detail, verdict)
 
 
 def claim_keydiff_vs_baselines(board: Leaderboard, samples: Callable[[str], Samples], **boot) -> list[Finding]:
@@ -131,13 +134,15 @@ CLAIMS = {1: "Under chunked prefill (B = 128) KeyDiff keeps scores near the full
 def overall(claim: int, findings: list[Finding]) -> str:
     """One verdict per claim: supported / contradicted where every deciding finding agrees, else mixed, or not
     tested when none decides it."""
-    deciding = [f.verdict for f in findings if f.claim == claim and f.verdict in (SUPPORTED, CONTRADICTED,
-                                                                                    UNRESOLVED)]
+    deciding = [UNRESOLVED if f.verdict.startswith(UNRESOLVED) and "retrieval" not in f.verdict else f.verdict
+                for f in findings if f.claim == claim and "retrieval" not in f.verdict and f.verdict != UNTESTED]
     if not deciding:
         return UNTESTED
     if set(deciding) == {SUPPORTED}:
         return SUPPORTED
     if set(deciding) == {CONTRADICTED}:
         return CONTRADICTED
+    if set(deciding) == {UNRESOLVED}:
+        return UNRESOLVED
     counts = ", ".join(f"{deciding.count(v)} {v}" for v in (SUPPORTED, CONTRADICTED, UNRESOLVED) if v in deciding)
     return f"mixed ({counts})"

@@ -71,7 +71,7 @@ def _md_findings(findings: list[Finding]) -> list[str]:
         lines += ["", f"### {claim}. {text}: **{overall(claim, findings)}**", ""]
         mine = [f for f in findings if f.claim == claim]
         if not mine:
-            lines.append("No cell of these runs tests it (see what is left undone below).")
+            lines.append("No cell of these runs tests it (see what this page does not test, below).")
             continue
         lines += ["| where | compared | margin [95% CI] | n | each side | verdict |", "|---|---|---:|---:|---|---|"]
         for f in mine:
@@ -143,8 +143,16 @@ def main(argv: list[str] | None = None) -> None:
         slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{model}-{task}")
         (assets / f"{slug}.png").write_bytes(task_figure(f"{model} — {task}", rows))
         lines += ["", f"![{model} {task}: score vs budget and vs KV bytes]({assets.name}/{slug}.png)"]
+    computed = sum((index.get_cell(r.cell).duration_s or 0.0) for r in board.rows)
+    lines += ["", "## What this page does not test", "",
+              "- Claim 3 needs a reasoning task: SmolLM2-135M cannot solve MATH-500, so the grids pair KeyDiff with "
+              "a sliding window against plain KeyDiff on retrieval only (shown, not counted); "
+              "`examples/paper/math500.yaml` is the paper-sized check on a GPU.",
+              "- A second real model (Gemma-3-270M or Qwen2.5-0.5B): a grid for it joins `examples/paper-claims/` "
+              "once kdeval loads those models offline; this command takes every grid given."]
     lines += ["", "## How this page was made", "", f"- command: `{command}`",
-              f"- wall time: {(time.monotonic() - started) / 60:.1f} min in all; " + "; ".join(walls),
+              f"- wall time: {(time.monotonic() - started) / 60:.1f} min in all; " + "; ".join(walls)
+              + f"; the cells' own compute time (cells reused from earlier runs included): {computed / 60:.1f} min",
               f"- machine: {machine()}", f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"page: {args.out}")

@@ -74,3 +74,13 @@ def test_claims_are_decided_by_paired_margins(store):
     assert overall(1, first) == SUPPORTED and overall(3, [window]) == "not tested"
     flipped = [type(f)(**{**f.__dict__, "verdict": CONTRADICTED}) for f in first[:1]] + first[1:]
     assert overall(1, flipped) == "mixed (1 supported, 1 contradicted)"
+
+
+def test_a_margin_from_few_pairs_decides_nothing(store):
+    idx, res = store
+    store_run(idx, res, "r", [FakeCell("full", None, rows=rows([1.0] * 4)), FakeCell("keydiff", 64, rows=rows([1.0] * 4)),
+                              FakeCell("sink", 64, rows=rows([0.0] * 4))])
+    board = build_leaderboard(idx, Filters(), LeaderboardOptions(resamples=50))
+    [f] = claim_keydiff_vs_baselines(board, lambda c: load_cell(idx.get_cell(c), "r").samples, resamples=50, seed=0,
+                                     confidence=0.95)
+    assert f.margin == 100.0 and f.verdict == "not resolved (fewer than 10 pairs)" and overall(1, [f]) == UNRESOLVED
