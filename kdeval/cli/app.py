@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("service_cmds", "Finish a run: retry failed and lost cells, never recompute done ones."),
     "rescore": ("service_cmds", "Recompute every stored prediction's score with the current metric code."),
     "report": ("report_cmds", "Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."),
+    "leaderboard": ("leaderboard_cmds", "Every done cell of the index, one row per cell id, ranked, with Δ vs the full cache "
+                                        "paired across runs."),
     "nightly": ("nightly_cmds", "Run (or resume) the grid, compare it with the last passing nightly, exit 1 on a regression."),
     "index": ("index_cmds", "Rebuild the index from a results directory: runs, cells and summaries (not attempt "
                             "history)."),

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index  # storage: SQLAlchemy and pyarrow, no torch or Ray
+from kdeval.cli.leaderboard_cmds import where_line
 from kdeval.storage import RunIndex
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def report(
             target = out_dir or Path(".kdeval") / "reports" / rep.meta.runs[0]
             for name, path in write_report(rep, target, files).items():
                 out.print(f"{name}: {path}", highlight=False, markup=False)
+        out.print(where_line(db), highlight=False, markup=False)
     raise typer.Exit(EXIT_FAILED if rep.n_incomplete_cells else EXIT_OK)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kdeval.jobs.nightly.history_page import write_history_page
+from kdeval.jobs.reports.render.leaderboard_output import PAGE as LEADERBOARD_PAGE
 from kdeval.jobs.nightly.spec import NightlyFile, NightlySpec
 from kdeval.jobs.run.drivers import driver_alive
 from kdeval.storage import RunIndex, RunState
@@ -70,4 +71,5 @@ def write_history(nightly_file: NightlyFile, out_dir: Path, report_dir: str | Pa
     """``kdeval nightly history``: the history page of a nightly file's grid, written to ``out_dir``."""
     root = Path(report_dir or nightly_file.spec.report_dir)
     mine = [e for e in read_history(root) if e.get("grid") == nightly_file.grid.name]
-    return write_history_page(mine, out_dir, f"kdeval nightly {nightly_file.grid.name}: history")
+    return write_history_page(mine, out_dir, f"kdeval nightly {nightly_file.grid.name}: history",
+                              root / LEADERBOARD_PAGE)

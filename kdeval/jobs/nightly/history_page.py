@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 from collections import defaultdict
 from pathlib import Path
 from statistics import median
@@ -156,10 +157,15 @@ def _nights_table(entries: list[dict[str, Any]]) -> list[str]:
     return rows + ["</table>"]
 
 
-def history_html(entries: list[dict[str, Any]], title: str) -> str:
-    """The page for ``entries`` (``history.jsonl`` lines of one grid, oldest first)."""
+def history_html(entries: list[dict[str, Any]], title: str, leaderboard: str | None = None) -> str:
+    """The page for ``entries`` (``history.jsonl`` lines of one grid, oldest first); ``leaderboard``: the link to
+    the leaderboard of the grid's models and tasks (relative to the page), None when there is none."""
     parts = ["<!doctype html><html><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    if leaderboard is not None:
+        parts.append(f"<p><a id='leaderboard' href='{html.escape(leaderboard, quote=True)}'>Leaderboard</a>: every "
+                     "done cell of the index for this grid's models and tasks, from any run, with Δ against the "
+                     "full cache paired by sample id.</p>")
     if not entries:
         return "".join(parts) + "<p>No nights recorded yet.</p></body></html>"
     last = entries[-1]
@@ -179,11 +185,15 @@ def history_html(entries: list[dict[str, Any]], title: str) -> str:
     return "\n".join(parts)
 
 
-def write_history_page(entries: list[dict[str, Any]], out_dir: Path, title: str) -> Path:
-    """Write :func:`history_html` to ``out_dir/history.html`` (through a temp file); returns its path."""
+def write_history_page(entries: list[dict[str, Any]], out_dir: Path, title: str,
+                       leaderboard: Path | None = None) -> Path:
+    """Write :func:`history_html` to ``out_dir/history.html`` (through a temp file); returns its path.
+    ``leaderboard``: the leaderboard page to link to, when it exists."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / PAGE
     tmp = out_dir / f".{PAGE}.tmp"
-    tmp.write_text(history_html(entries, title), encoding="utf-8")
+    link = (Path(os.path.relpath(Path(leaderboard).absolute(), out_dir.absolute())).as_posix()
+            if leaderboard is not None and Path(leaderboard).is_file() else None)
+    tmp.write_text(history_html(entries, title, link), encoding="utf-8")
     tmp.replace(path)
     return path

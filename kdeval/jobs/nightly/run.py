@@ -42,6 +42,7 @@ from kdeval.jobs.nightly.env import cell_salt, night_environment
 from kdeval.jobs.nightly.gate import GateResult, bad_cells, gate, threshold_for
 from kdeval.jobs.nightly.history import append_history, choose_baseline, read_history, run_to_resume
 from kdeval.jobs.nightly.history_page import write_history_page
+from kdeval.jobs.nightly.leaderboard_page import write_leaderboard
 from kdeval.jobs.nightly.notify import run_on_fail
 from kdeval.jobs.nightly.record import data_digests, perf_points, series_key, tracked_points
 from kdeval.jobs.nightly.spec import NightlyFile, NightlySpec
@@ -175,7 +176,10 @@ def run_nightly(
         _write_json(files["gate"], summary)
     append_history(out_root, summary)
     mine = [e for e in read_history(out_root) if e.get("grid") == nf.grid.name]
-    files["history"] = write_history_page(mine, out_root, f"kdeval nightly {nf.grid.name}: history")
+    board = write_leaderboard(index, nf, out_root)
+    if board is not None:
+        files["leaderboard"] = board
+    files["history"] = write_history_page(mine, out_root, f"kdeval nightly {nf.grid.name}: history", board)
     return NightlyOutcome(run=run_id, resumed=resumed, gate=result, report=rep, files=files, report_dir=run_dir,
                           summary=summary)
 

@@ -293,6 +293,15 @@ def _read_done(cell: LoadedCell, results_dir: str | Path | None) -> None:
     cell.memory_kind = memory_kind_of(table)
 
 
+def load_cell(view: CellView, run_id: str, results_dir: str | Path | None = None) -> LoadedCell:
+    """One cell of run ``run_id`` placed by its slot, with its samples when it is done, readable and intact."""
+    cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view) + conversation_tag(view.spec),
+                      error=view.error_line or "")
+    if view.state == CellState.DONE.value:
+        _read_done(cell, results_dir)
+    return cell
+
+
 def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None,
              cache: dict[str, LoadedCell] | None = None) -> list[LoadedCell]:
     """Every cell of a run, in grid order, with the samples of the done ones.
@@ -306,10 +315,7 @@ def load_run(index: RunIndex, run_id: str, results_dir: str | Path | None = None
         if hit is not None:
             cells.append(dataclasses.replace(hit, run=run_id))
             continue
-        cell = LoadedCell(run=run_id, slot=slot_of(view), view=view, task=task_name(view) + conversation_tag(view.spec),
-                          error=view.error_line or "")
-        if view.state == CellState.DONE.value:
-            _read_done(cell, results_dir)
+        cell = load_cell(view, run_id, results_dir)
         if cache is not None:
             cache[view.id] = cell
         cells.append(cell)

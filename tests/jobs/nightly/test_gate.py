@@ -134,6 +134,11 @@ def test_run_nightly_end_to_end_baseline_and_regression(tmp_path, monkeypatch):
     assert third.gate.baseline == first.run and third.gate.passed
     history = [json.loads(x) for x in (tmp_path / "reports" / "history.jsonl").read_text().splitlines()]
     assert [h["passed"] for h in history] == [True, False, True]
+    # the leaderboard beside the history: every night's cells (three code versions, never merged), linked
+    board = (tmp_path / "reports" / "leaderboard.html").read_text()
+    assert third.files["leaderboard"] == tmp_path / "reports" / "leaderboard.html"
+    assert board.count('data-row="') == 3 * len(first.report.perf) and "night2" in board
+    assert "<a id='leaderboard' href='leaderboard.html'>" in (tmp_path / "reports" / "history.html").read_text()
 
 
 def test_run_nightly_resumes_an_unfinished_run(tmp_path):

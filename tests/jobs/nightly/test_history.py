@@ -88,6 +88,10 @@ nightly:
     assert ok.exit_code == 0, ok.output
     page = (tmp_path / "page" / "history.html").read_text()
     assert page.count("<tr>") == 1 + 5 and "run-9" not in page  # this grid's nights only
+    assert "id='leaderboard'" not in page  # no nightly has written a leaderboard yet
+    (tmp_path / "reports" / "leaderboard.html").write_text("<html></html>")
+    assert run(app, ["nightly", "history", str(grid), "--out", str(tmp_path / "page")]).exit_code == 0
+    assert "href='../reports/leaderboard.html'" in (tmp_path / "page" / "history.html").read_text()
     no_out = run(app, ["nightly", "history", str(grid)])
     assert no_out.exit_code == 2 and "--out is required" in no_out.output
     no_grid = run(app, ["nightly", "history", "--out", str(tmp_path / "x")])
