@@ -33,6 +33,7 @@ from kdeval.jobs.grid.load import load_grid
 from kdeval.jobs.run import service
 from kdeval.jobs.run.drivers import describe_driver
 from kdeval.jobs.run.progress import RunProgress
+from kdeval.shown import shown
 from kdeval.storage import TERMINAL_RUN_STATES, IndexStorageError, RunIndex, RunState
 
 # Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
@@ -60,7 +61,7 @@ def _check_address(address: Optional[str]) -> None:
 def _run_or_exit(index: RunIndex, ref: str):
     run = index.get_run(ref)
     if run is None:
-        err.print(f"error: no run '{ref}' (or the prefix is ambiguous); see `kdeval ls`")
+        err.print(f"error: no run '{shown(ref)}' (or the prefix is ambiguous); see `kdeval ls`")
         raise typer.Exit(EXIT_BAD_INPUT)
     return run
 
