@@ -30,6 +30,7 @@ from kdeval.cluster.raysetup import AddressError, is_job_server
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
 from kdeval.jobs.grid.errors import GridError
 from kdeval.jobs.grid.load import load_grid
+from kdeval.jobs.grid.prompt_fit import check_prompts
 from kdeval.jobs.run import service
 from kdeval.jobs.run.drivers import describe_driver
 from kdeval.jobs.run.progress import RunProgress
@@ -155,11 +156,12 @@ def submit(
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
     try:
         grid, text = load_grid(grid_file)
-        if dry_run:  # a dry run never creates the index
-            index = open_index(db, write=False) if missing_index(db) is None else None
-            p = service.plan(index, grid) if index else service.RunPlan(**vars(service.expand_grid(grid)), done=set())
-        else:
-            p = None
+        index = open_index(db, write=False) if dry_run and missing_index(db) is None else None
+        if index is not None:  # a dry run never creates the index
+            p = service.plan(index, grid)  # which probes the prompts too
+        else:  # the prompts a model cannot take refused before the index is opened (service.plan probes them too)
+            p = service.RunPlan(**vars(service.expand_grid(grid)), done=set()) if dry_run else None
+            check_prompts(grid)
     except GridError as e:
         err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
