@@ -3,7 +3,8 @@
 Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish: also when the index failed
 during the run — disk full, read-only, connection lost — said in one line naming the index and the cause, and
 when the driver could not join its cluster within --connect-timeout, said in one line naming the address and
-the cause), 2 bad input (an invalid grid, an unknown run, an unusable --db or --results-dir); an invalid grid writes
+the cause, and when the results directory became unwritable mid-run, said in one line naming --results-dir; no
+attempt is spent again on it), 2 bad input (an invalid grid, an unknown run, an unusable --db or --results-dir); an invalid grid writes
 nothing.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kdeval.jobs.grid.load import load_grid
 from kdeval.jobs.grid.prompt_fit import check_prompts
 from kdeval.jobs.run import service
 from kdeval.jobs.run.drivers import describe_driver
+from kdeval.jobs.run.outcomes import ResultsDirError
 from kdeval.jobs.run.progress import RunProgress
 from kdeval.shown import shown
 from kdeval.storage import TERMINAL_RUN_STATES, IndexStorageError, RunIndex, RunState
@@ -102,6 +104,11 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     except IndexStorageError as e:
         err.print(f"error: {e}; {_stop_run(index, run_id, str(e))}", soft_wrap=True)
         return EXIT_FAILED
+    except ResultsDirError as e:  # no attempt can pass: nothing retried, the run stops
+        index.recover_orphans(run_id)  # the attempts the stopped driver left running end lost
+        err.print(f"error: --results-dir: {e}; {_stop_run(index, run_id, f'--results-dir: {e}', 'it can be written')}", markup=False,
+                  highlight=False, soft_wrap=True)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         run = index.get_run(run_id)
         if run is not None and (run.driver_host, run.driver_pid) == (socket.gethostname(), os.getpid()):
@@ -115,10 +122,10 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     return _exit_code(index, run_id)
 
 
-def _stop_run(index: RunIndex, run_id: str, why: str) -> str:
-    """Mark the run this process drove failed after its index failed (when the index takes it); says what
-    the user can do."""
-    then = f"`kdeval resume {run_id}` continues it once the index can be written"
+def _stop_run(index: RunIndex, run_id: str, why: str, once: str = "the index can be written") -> str:
+    """Mark the run this process drove failed after its index (or results directory) failed, when the index
+    takes it; says what the user can do."""
+    then = f"`kdeval resume {run_id}` continues it once {once}"
     try:
         run = index.get_run(run_id)
         if run is None or (run.driver_host, run.driver_pid) != (socket.gethostname(), os.getpid()):
