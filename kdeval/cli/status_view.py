@@ -25,7 +25,7 @@ from kdeval.shown import shown
 from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, to_jsonable
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
-LABEL_WIDTH = 17  # "[query-agnostic]", "[kivi-8b-g32-w32]" stay whole
+LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
 SHORT_COLUMNS = ("cell", "N/B", "state", "s")
 
