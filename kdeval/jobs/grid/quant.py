@@ -23,7 +23,7 @@ from kdeval.jobs.grid.errors import GridIssue
 
 class KVQuantSpec(BaseModel):
     """One quantized store (defaults: KIVI's 4 bits, groups of 32 or, for a model whose head_dim 32 does not
-    divide, of the largest power of two that does (:func:`default_group`), a window of 128 recent tokens)."""
+    divide, of the largest power of two that does, a window of 128 recent tokens)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
