@@ -31,10 +31,8 @@ from kdeval.cluster.raysetup import AddressError, is_job_server
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
 from kdeval.jobs.grid.errors import GridError
 from kdeval.jobs.grid.load import load_grid
-from kdeval.jobs.grid.prompt_fit import check_prompts
 from kdeval.jobs.run import service
 from kdeval.jobs.run.drivers import describe_driver
-from kdeval.jobs.run.outcomes import ResultsDirError
 from kdeval.jobs.run.progress import RunProgress
 from kdeval.shown import shown
 from kdeval.storage import TERMINAL_RUN_STATES, IndexStorageError, RunIndex, RunState
@@ -81,6 +79,8 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     def describe(rid: str) -> str:
         view = index.get_run(rid)
         return describe_driver(view) if view is not None else f"run {rid}"
+
+    from kdeval.jobs.run.outcomes import ResultsDirError  # pyarrow: imported when a run executes, not for `ls`
 
     display = (RichProgress if err.is_terminal else PlainProgress)(err, run_id, describe)
     last: list[RunProgress] = []
@@ -161,6 +161,8 @@ def submit(
     connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout", min=0.1, help=CONNECT_HELP),
 ) -> None:
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
+    from kdeval.jobs.grid.prompt_fit import check_prompts  # transformers' tokenizers: only when a grid is submitted
+
     try:
         grid, text = load_grid(grid_file)
         index = open_index(db, write=False) if dry_run and missing_index(db) is None else None

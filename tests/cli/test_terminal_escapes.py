@@ -38,6 +38,15 @@ def test_an_unknown_grid_key_is_echoed_escaped(tmp_path, where):
 
 
 @pytest.fixture
+def wide(monkeypatch):
+    """The CLI's consoles 400 cells wide (made when their module was first imported, at whatever width)."""
+    from kdeval.cli import service_cmds
+
+    for console in (service_cmds.out, service_cmds.err):
+        monkeypatch.setattr(console, "width", 400)
+
+
+@pytest.fixture
 def index(tmp_path):
     """An index holding one run whose name carries escapes and bidi characters (as an older kdeval stored it)."""
     idx = RunIndex.open(tmp_path / "index.sqlite")
@@ -56,7 +65,7 @@ def test_an_unknown_run_id_is_echoed_escaped(index, command):
     assert "RUN\\x1b[2J\\x1b]0;pwned\\x07" in r.output, r.output
 
 
-def test_status_and_ls_show_a_stored_name_escaped(index):
+def test_status_and_ls_show_a_stored_name_escaped(index, wide):
     for args in (["ls"], ["status"], ["status", "r1"]):
         r = runner.invoke(kdeval_app, [*args, "--db", index], env=ENV)
         assert r.exit_code == 0, r.output

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kdeval.evals.registry import get_spec
 from kdeval.jobs.grid.errors import GridIssue
 from kdeval.jobs.grid.schema import BUDGET_FREE_POLICIES, GridSpec
 
@@ -71,6 +70,8 @@ def values_issue(raw: Any) -> GridIssue | None:
 
 
 def _multi_question(task: str) -> bool:
+    from kdeval.evals.registry import get_spec  # the tasks (torch): when a grid is counted, not for `--help`
+
     try:
         return bool(get_spec(task).cls.multi_question)
     except Exception:  # an unknown task: reported by the registry checks

@@ -27,7 +27,6 @@ from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
 from kdeval.cluster.workload import Workload
 from kdeval.jobs.grid.cells import CellSpec, expand_grid, grid_hash, kdeval_version
 from kdeval.jobs.grid.errors import GridError
-from kdeval.jobs.grid.prompt_fit import check_prompts
 from kdeval.jobs.grid.load import parse_grid
 from kdeval.jobs.grid.schema import GridSpec
 from kdeval.jobs.run import recovery
@@ -81,6 +80,8 @@ def _done_ids(index: RunIndex, cells: list[CellSpec]) -> tuple[set[str], dict[st
 def plan(index: RunIndex, grid: GridSpec, salt: Callable[[CellSpec], str] | None = None) -> RunPlan:
     """Expand a grid (cells salted by ``salt``, see :func:`expand_grid`) and look up what is already done
     (writes nothing)."""
+    from kdeval.jobs.grid.prompt_fit import check_prompts  # tokenizers (torch): only when a grid is planned
+
     expansion = expand_grid(grid, salt=salt)
     check_prompts(grid)  # a task instance no prompt of which a model can take: GridError, nothing recorded
     done, invalid = _done_ids(index, expansion.cells)
