@@ -1,6 +1,7 @@
 """`kdeval report`: paired deltas with CIs and report files (the terminal tables `kdeval nightly` prints too).
 
-Exit codes: 0 ok; 1 some cells failed / are missing; 2 bad input.
+Exit codes: 0 ok; 1 some cells failed / are missing; 2 bad input (also an --out that is a file, a device or a
+symbolic link, or that cannot be written: one line).
 The report modules (numpy, pyarrow, matplotlib) are imported when a command runs, not for ``--help``.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.console import Console
 
-from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
+from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index  # storage: SQLAlchemy and pyarrow, no torch or Ray
 from kdeval.cli.leaderboard_cmds import where_line
 from kdeval.storage import RunIndex
@@ -87,6 +88,7 @@ def report(
                                 "with both predictions and the gold answer."),
 ) -> None:
     """Scores per model × task × policy × budget × chunk with paired deltas and 95% bootstrap CIs."""
+    from kdeval.jobs.interop.out_paths import check_dir_target
     from kdeval.jobs.reports import ReportOptions, build_report
     from kdeval.jobs.reports.render import formats
     from kdeval.jobs.reports.render.output import parse_formats, write_report
@@ -94,6 +96,8 @@ def report(
 
     with bad_input():  # open_index's exit passes through
         fmts = parse_formats(fmt)
+        if out_dir is not None:  # a file, a device, a symbolic link: refused before anything is read
+            check_dir_target(Path(out_dir).expanduser().absolute())
         index = open_index(db, write=False)  # reports read: a read-only index will do
         run_ids = list(runs) if runs else _latest_run(index)
         rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
@@ -116,7 +120,13 @@ def report(
                 out.print(line, highlight=False, soft_wrap=True)
         if files:
             target = out_dir or Path(".kdeval") / "reports" / rep.meta.runs[0]
-            for name, path in write_report(rep, target, files).items():
+            try:
+                written = write_report(rep, target, files)
+            except OSError as e:  # read-only, full, not a directory: one line, not a traceback
+                err.print(f"error: --out: cannot write {Path(target).expanduser().absolute()}: {e.strerror or e}",
+                          highlight=False, markup=False, soft_wrap=True)
+                raise typer.Exit(EXIT_BAD_INPUT)
+            for name, path in written.items():
                 out.print(f"{name}: {path}", highlight=False, markup=False)
         out.print(where_line(db), highlight=False, markup=False)
     raise typer.Exit(EXIT_FAILED if rep.n_incomplete_cells else EXIT_OK)

@@ -3,7 +3,8 @@
 Exit codes: 0 every cell done, 1 some cells failed (or the run did not finish: also when the index failed
 during the run — disk full, read-only, connection lost — said in one line naming the index and the cause, and
 when the driver could not join its cluster within --connect-timeout, said in one line naming the address and
-the cause), 2 bad input (an invalid grid, an unknown run, an unusable --db or --results-dir); an invalid grid writes
+the cause, and when the results directory became unwritable mid-run, said in one line naming --results-dir; no
+attempt is spent again on it), 2 bad input (an invalid grid, an unknown run, an unusable --db or --results-dir); an invalid grid writes
 nothing.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kdeval.jobs.grid.load import load_grid
 from kdeval.jobs.run import service
 from kdeval.jobs.run.drivers import describe_driver
 from kdeval.jobs.run.progress import RunProgress
+from kdeval.shown import shown
 from kdeval.storage import TERMINAL_RUN_STATES, IndexStorageError, RunIndex, RunState
 
 # Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
@@ -60,7 +62,7 @@ def _check_address(address: Optional[str]) -> None:
 def _run_or_exit(index: RunIndex, ref: str):
     run = index.get_run(ref)
     if run is None:
-        err.print(f"error: no run '{ref}' (or the prefix is ambiguous); see `kdeval ls`")
+        err.print(f"error: no run '{shown(ref)}' (or the prefix is ambiguous); see `kdeval ls`")
         raise typer.Exit(EXIT_BAD_INPUT)
     return run
 
@@ -77,6 +79,8 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     def describe(rid: str) -> str:
         view = index.get_run(rid)
         return describe_driver(view) if view is not None else f"run {rid}"
+
+    from kdeval.jobs.run.outcomes import ResultsDirError  # pyarrow: imported when a run executes, not for `ls`
 
     display = (RichProgress if err.is_terminal else PlainProgress)(err, run_id, describe)
     last: list[RunProgress] = []
@@ -100,6 +104,11 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     except IndexStorageError as e:
         err.print(f"error: {e}; {_stop_run(index, run_id, str(e))}", soft_wrap=True)
         return EXIT_FAILED
+    except ResultsDirError as e:  # no attempt can pass: nothing retried, the run stops
+        index.recover_orphans(run_id)  # the attempts the stopped driver left running end lost
+        err.print(f"error: --results-dir: {e}; {_stop_run(index, run_id, f'--results-dir: {e}', 'it can be written')}", markup=False,
+                  highlight=False, soft_wrap=True)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         run = index.get_run(run_id)
         if run is not None and (run.driver_host, run.driver_pid) == (socket.gethostname(), os.getpid()):
@@ -113,10 +122,10 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     return _exit_code(index, run_id)
 
 
-def _stop_run(index: RunIndex, run_id: str, why: str) -> str:
-    """Mark the run this process drove failed after its index failed (when the index takes it); says what
-    the user can do."""
-    then = f"`kdeval resume {run_id}` continues it once the index can be written"
+def _stop_run(index: RunIndex, run_id: str, why: str, once: str = "the index can be written") -> str:
+    """Mark the run this process drove failed after its index (or results directory) failed, when the index
+    takes it; says what the user can do."""
+    then = f"`kdeval resume {run_id}` continues it once {once}"
     try:
         run = index.get_run(run_id)
         if run is None or (run.driver_host, run.driver_pid) != (socket.gethostname(), os.getpid()):
@@ -152,13 +161,16 @@ def submit(
     connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout", min=0.1, help=CONNECT_HELP),
 ) -> None:
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
+    from kdeval.jobs.grid.prompt_fit import check_prompts  # transformers' tokenizers: only when a grid is submitted
+
     try:
         grid, text = load_grid(grid_file)
-        if dry_run:  # a dry run never creates the index
-            index = open_index(db, write=False) if missing_index(db) is None else None
-            p = service.plan(index, grid) if index else service.RunPlan(**vars(service.expand_grid(grid)), done=set())
-        else:
-            p = None
+        index = open_index(db, write=False) if dry_run and missing_index(db) is None else None
+        if index is not None:  # a dry run never creates the index
+            p = service.plan(index, grid)  # which probes the prompts too
+        else:  # the prompts a model cannot take refused before the index is opened (service.plan probes them too)
+            p = service.RunPlan(**vars(service.expand_grid(grid)), done=set()) if dry_run else None
+            check_prompts(grid)
     except GridError as e:
         err.print(str(e.with_source(str(grid_file))), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)

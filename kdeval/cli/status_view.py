@@ -1,5 +1,8 @@
 """What `kdeval status` and `kdeval ls` print: the runs table, one run's cell table, their JSON.
 
+Names, tasks, errors and messages are printed with control, bidi and invisible characters as escapes
+(:func:`kdeval.shown.shown`): an index written by an older kdeval may hold them.
+
 A run that is not finished but has no driver left reads as such, never as ``pending`` or ``running`` for good:
 ``running (driver gone)`` when its driver stopped heartbeating, ``failed (driver gone)`` when the background
 driver ``submit --detach`` started exited before it took the run; the caption says what the driver's log
@@ -18,10 +21,11 @@ from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.grid.cells import policy_label, protocol_parts, protocol_tag
 from kdeval.jobs.run.drivers import driver_alive, driver_gone, last_log_line, launch_gone
 from kdeval.jobs.run.groups import execution_label
+from kdeval.shown import shown
 from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, to_jsonable
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
-LABEL_WIDTH = 17  # "[query-agnostic]", "[kivi-8b-g32-w32]" stay whole
+LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
 SHORT_COLUMNS = ("cell", "N/B", "state", "s")
 
@@ -64,7 +68,7 @@ def runs_table(index: RunIndex) -> Table:
     for r in runs:
         c = r.counts
         left = c.get("pending", 0) + c.get("running", 0)
-        t.add_row(r.id, r.name, shown_state(r), str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
+        t.add_row(r.id, shown(r.name), shown_state(r), str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
                   r.created_at.strftime("%m-%d %H:%M"))
     return t
 
@@ -148,7 +152,7 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     caption = driver_caption(run) or run.message
     models = sorted({c.model for c in cells})
     one_model = len(models) == 1
-    head = f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)}"
+    head = shown(f"run {run.id} ({run.name}{', ' + models[0] if one_model else ''}): {shown_state(run)}")
     counts = counts_line(run.counts)
     # too wide for one line: the counts go on their own line rather than wrap in the middle of the list
     title = f"{head} — {counts}" if len(head) + 3 + len(counts) <= width else f"{head}\n{counts}"
@@ -177,6 +181,7 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
         rows.append([c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb] + (
             [] if one_task else [c.task.removesuffix(seed).removesuffix(length)]) + [state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""])
+        rows[-1] = [shown(x) for x in rows[-1]]  # names, tasks and errors: terminal escapes shown, not obeyed
     # each column pads one space on its right, and one separator stands between columns
     widths = _fit(cols, rows, metrics, width - len(cols) - (len(cols) - 1))
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
@@ -189,7 +194,7 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     if common:
         budgetless = any(not protocol_parts(c.spec) for c in cells)
         said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common}"))
-    parts = [Text(title, style="bold"), t] + said + ([Text(caption)] if caption else [])
+    parts = [Text(title, style="bold"), t] + said + ([Text(shown(caption))] if caption else [])
     return Group(*parts)
 
 

@@ -121,3 +121,27 @@ def random_model_names() -> list[str]:
     from kdeval.keydiff.random_models import random_model_names as names
 
     return list(names())
+
+
+def model_shape(model_id: str, revision: str | None = None) -> Any:
+    """The model's shape without its weights (``head_dim``, ``context``; :mod:`kdeval.keydiff.model_config`), or
+    None when it cannot be known offline."""
+    from kdeval.keydiff.model_config import model_shape as shape
+
+    return shape(model_id, revision)
+
+
+def model_id_problem(model_id: str) -> str | None:
+    """Why ``model_id`` names no model that can be loaded (a path without config.json, a URL, a malformed hub
+    id), else None (:func:`kdeval.keydiff.model_config.model_id_problem`)."""
+    from kdeval.keydiff.model_config import model_id_problem as problem
+
+    return problem(model_id)
+
+
+def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
+    """The model's tokenizer when it can be had offline, else None (imports transformers;
+    :func:`kdeval.keydiff.model_config.model_tokenizer`)."""
+    from kdeval.keydiff.model_config import model_tokenizer as tokenizer
+
+    return tokenizer(model_id, revision)

@@ -86,22 +86,33 @@ class CellWorker:
         one outcome per task, in order. Each done cell's ``duration_s`` is the seconds of its own runs in the
         group (the model's load is in none of them). An error raised by the group (the workload computes the
         cells together, so one cell's error is the group's) fails every cell of it with that error and
-        ``group_error`` set; never raises for the cells' own errors."""
+        ``group_error`` set (each then runs alone, which tells whose it was); an error checking the group or
+        loading the model is every member's own (alone, each would meet it again), so it is not a group error;
+        never raises for the cells' own errors."""
         t0 = time.perf_counter()
         self.group_samples = [0] * len(tasks)
         try:
             check_group(tasks)
+        except Exception as exc:  # noqa: BLE001 - the group's own: each member can run alone
+            return self._group_failed(tasks, exc, time.perf_counter() - t0)
+        try:
             self._ensure_model(tasks[0])
+        except Exception as exc:  # noqa: BLE001 - the model every member shares: each alone would fail the same way
+            took = time.perf_counter() - t0
+            return [self._failed(t, exc, took / max(len(tasks), 1)) for t in tasks]
+        try:
             results = self.workload.run_group(self.handle, tasks, self._finished_samples)
             if len(results) != len(tasks):
                 raise RuntimeError(f"run_group: {len(results)} results for {len(tasks)} cells")
         except Exception as exc:  # noqa: BLE001 - reported, not raised
-            took = time.perf_counter() - t0
-            return [dataclasses.replace(self._failed(t, exc, took / max(len(tasks), 1)), group_error=True)
-                    for t in tasks]
+            return self._group_failed(tasks, exc, time.perf_counter() - t0)
         took = time.perf_counter() - t0
         return [self._done(t, r, r.seconds if r.seconds is not None else took / len(tasks))
                 for t, r in zip(tasks, results)]
+
+    def _group_failed(self, tasks: list[CellTask], exc: BaseException, took: float) -> list[CellOutcome]:
+        """Every member failed by the group's error (``group_error``: each runs alone next)."""
+        return [dataclasses.replace(self._failed(t, exc, took / max(len(tasks), 1)), group_error=True) for t in tasks]
 
     def _finished_samples(self, i: int, n: int) -> None:
         self.group_samples[i] += n

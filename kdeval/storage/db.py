@@ -58,11 +58,11 @@ _STORAGE_FAILURES = (
 )
 
 
-def _storage_errors(where: str):
+def _storage_errors(where: str, url: str = ""):
     """An engine ``handle_error`` hook turning a storage failure met while the index is in use into one
     :class:`IndexStorageError` (instead of a page of driver traceback)."""
     def handle(ctx) -> None:
-        line = _first_line(ctx.original_exception)
+        line = _scrub(_first_line(ctx.original_exception), url)
         low = line.lower()
         cause = "lost the connection to the database" if ctx.is_disconnect else next(
             (c for text, c in _STORAGE_FAILURES if text in low), None)
@@ -241,7 +241,10 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
     try:
         engine = _new_engine(url, read_only)
     except (ArgumentError, NoSuchModuleError, ImportError) as e:
-        raise IndexAccessError(f"cannot open {where}: {_first_line(e)}{_driver_hint(e)}") from None
+        raise IndexAccessError(_scrub(f"cannot open {where}: {_first_line(e)}{_driver_hint(e)}", url)) from None
+    except ValueError:  # SQLAlchemy's own parse: a port that is not a number, an unclosed [IPv6 bracket
+        raise IndexAccessError(f"cannot open {where}: not a valid database URL (expected "
+                               "dialect://user:password@host:port/database, the port a number)") from None
     try:
         if read_only:
             _check_schema(engine, where)
@@ -257,8 +260,8 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
         raise
     except SQLAlchemyError as e:
         engine.dispose()
-        raise IndexAccessError(_describe(where, e, sqlite=path is not None)) from None
-    event.listen(engine, "handle_error", _storage_errors(where))  # from now on, the index is in use
+        raise IndexAccessError(_scrub(_describe(where, e, sqlite=path is not None), url)) from None
+    event.listen(engine, "handle_error", _storage_errors(where, url))  # from now on, the index is in use
     return engine
 
 
@@ -284,11 +287,38 @@ def _check_writable(engine: Engine) -> None:
 
 
 def _safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    """The URL without its password, for messages: everything between the user's ``:`` and the last ``@`` of
+    the URL's authority is ``***``, so a password holding ``@`` (unescaped) is hidden whole, and a URL that does
+    not parse is masked the same way."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
+    query = rest.find("?")
+    head = rest if query < 0 else rest[:query]
+    at = head.rfind("@")
+    if at < 0:
+        return url
+    user, colon, _ = head[:at].partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}{rest[at:]}"
+
+
+def _secret_parts(url: str) -> list[str]:
+    """The password of ``url`` as written (between the user's ``:`` and the last ``@`` of the authority) and its
+    ``@``-separated pieces: a driver that parsed ``user:pa@ss@host`` as host ``ss@host`` echoes a piece."""
+    _, sep, rest = url.partition("://")
+    head = rest.split("?", 1)[0]
+    at = head.rfind("@")
+    if not sep or at < 0 or ":" not in head[:at]:
+        return []
+    secret = head[:at].partition(":")[2]
+    return sorted({secret, *secret.split("@")} - {""}, key=len, reverse=True)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with every part of the URL's password replaced by ``***``."""
+    for part in _secret_parts(url):
+        text = text.replace(part, "***")
+    return text
 
 
 def _first_line(e: BaseException) -> str:

@@ -47,6 +47,22 @@ def test_an_error_raised_by_the_group_fails_every_cell_as_a_group_error():
     assert all(o.group_error and "cannot share" in o.error for o in outs)
 
 
+class _NoModel(StubWorkload):
+    """A workload whose model cannot load (as a model id that names nothing loadable)."""
+
+    def load(self, task):
+        raise ValueError("model: nothing loadable here")
+
+
+def test_a_model_that_cannot_load_fails_every_member_as_its_own_error():
+    """Not a group error: alone, each member would load the same model and fail again, so none runs alone next
+    (the scheduler fails a cell on its own error without another attempt)."""
+    tasks = _tasks()
+    outs = CellWorker(_NoModel(), "w0").run_group(tasks)
+    assert [(o.ok, o.group_error) for o in outs] == [(False, False)] * len(tasks)
+    assert all("model: nothing loadable here" in o.error for o in outs)
+
+
 def test_a_cell_in_a_group_leaves_an_unset_batch_size_to_run_group():
     import torch
 

@@ -37,6 +37,7 @@ from kdeval.jobs.grid.schema import (
     BUDGET_FREE_POLICIES, COMPRESS_NAMES, ConversationSpec, EngineSpec, ExecutionSpec, GenerationSpec, GridSpec,
     ModelSpec, ProtocolSpec,
 )
+from kdeval.jobs.grid import fit
 from kdeval.jobs.grid.checks import share_budget_notes
 from kdeval.jobs.grid.quant import KVQuantSpec
 from kdeval.storage import CellRecord
@@ -308,12 +309,15 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
     ``salt``: each cell's :attr:`CellSpec.salt` (None: unsalted, as ``submit`` runs them).
     """
     refs, notes = _task_refs(grid)
+    model_shapes = fit.shapes(grid)  # what validation checked the settings against (kdeval.jobs.grid.fit)
+    notes += fit.quant_notes(grid, model_shapes)
     lengths = [(i, t.name, max(t.lengths)) for i, t in enumerate(grid.tasks) if t.lengths]
     for i, pol in enumerate(grid.policies):
         if pol.name not in BUDGET_FREE_POLICIES:
             notes += share_budget_notes(i, pol.name, dict(pol.params), grid.budgets, lengths)
     cells: dict[str, CellSpec] = {}
-    for model, chunk, (i, task) in product(grid.models, grid.chunk_sizes, enumerate(grid.tasks)):
+    for (model, shape), chunk, (i, task) in product(zip(grid.models, model_shapes), grid.chunk_sizes,
+                                                    enumerate(grid.tasks)):
         for length, seed in product(task.lengths or [None], task.seeds):
             ref = refs[(i, length, seed)]
             several = get_spec(task.name).cls.multi_question
@@ -321,6 +325,7 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
                 free = pol.name in BUDGET_FREE_POLICIES  # never evicts: no budget, engine options or protocol
                 for budget, protocol, quant in product([None] if free else grid.budgets,
                                                        [ProtocolSpec()] if free else grid.protocols, grid.kv_quant):
+                    quant = fit.resolved_quant(quant, shape)  # an unset group: from the model's head_dim
                     cell = CellSpec(model=model, policy=pol.name, policy_params=dict(pol.params),
                                     budget=budget, chunk_size=chunk, task=ref, generation=grid.generation,
                                     protocol=protocol, conversation=conv, kv_quant=quant,

@@ -110,7 +110,8 @@ def check_conversation(conversation: Any, tasks: list[str]) -> list[GridIssue]:
 
 
 def check_model(index: int, model_id: str) -> list[GridIssue]:
-    """Issues for ``models[index].id``: unknown random/stub names."""
+    """Issues for ``models[index].id``: unknown random/stub names, and ids that name no loadable model (a path
+    without config.json, a URL, a malformed hub id: :func:`kdeval.cluster.catalog.model_id_problem`)."""
     path = f"models[{index}].id"
     bad_stub = [GridIssue(path, f"expected 'stub:<seconds per cell>' such as 'stub:0.1', got '{model_id}'")]
     try:
@@ -124,4 +125,6 @@ def check_model(index: int, model_id: str) -> list[GridIssue]:
         if model_id not in names:
             return [GridIssue(path, f"unknown random model '{model_id}'{suggest(model_id, names)}; "
                                     f"expected one of {', '.join(names)}")]
-    return []
+        return []
+    problem = catalog.model_id_problem(model_id) if len(model_id) <= 300 else None  # too long: the schema says it
+    return [] if problem is None else [GridIssue(path, problem)]

@@ -4,19 +4,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from kdeval.shown import shown
+
 #: One problem's line is cut to about this many characters.
 MAX_ISSUE_CHARS = 600
 
 
 @dataclass(frozen=True)
 class GridIssue:
-    """One problem in a grid file, e.g. ``GridIssue("policies[2].params.window", "must be > 0")``."""
+    """One problem in a grid file, e.g. ``GridIssue("policies[2].params.window", "must be > 0")``; its line
+    writes control, bidi and invisible characters as escapes (:func:`kdeval.shown.shown`)."""
 
     path: str
     message: str
 
     def __str__(self) -> str:
-        text = f"{self.path}: {self.message}" if self.path else self.message
+        # a key or value echoed back is shown, not obeyed: ESC, bidi and invisible characters as escapes
+        text = shown(f"{self.path}: {self.message}" if self.path else self.message)
         if len(text) <= MAX_ISSUE_CHARS:
             return text
         # a huge value echoed back (an unknown name, key, ...): its start and the end, where the expected form is

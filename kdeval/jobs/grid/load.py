@@ -5,7 +5,8 @@ Every problem is collected into one :class:`GridError` whose issues name the fie
 (``policies[2].params.window: must be > 0``) and the expected form, with "did you mean" for typos.
 
 Bounds that hold for every grid, whatever the field (:func:`_bound_issues`): a file of at most
-:data:`MAX_GRID_BYTES`; every number finite and within the index's 32-bit integer columns
+:data:`MAX_GRID_BYTES` whose aliases expand to at most :data:`~kdeval.jobs.grid.size.MAX_GRID_VALUES` values and
+whose cells number at most :data:`~kdeval.jobs.grid.size.MAX_GRID_CELLS`; every number finite and within the index's 32-bit integer columns
 (:data:`MAX_GRID_INT`); no NUL or other control character but tab and newline in any text (PostgreSQL
 cannot store a NUL). Names and per-field ranges are the schema's (:mod:`kdeval.jobs.grid.schema`).
 """
@@ -20,10 +21,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from kdeval.cluster import catalog
-from kdeval.jobs.grid import checks
+from kdeval.jobs.grid import checks, fit
 from kdeval.jobs.grid.errors import GridError, GridIssue, join_path
 from kdeval.jobs.grid.quant import kv_quant_issues
 from kdeval.jobs.grid.schema import BUDGET_FREE_POLICIES, GridSpec
+from kdeval.jobs.grid.size import cells_issue, values_issue
 from kdeval.names import suggest
 
 #: The largest grid file accepted (checked before it is read or parsed): the run's row stores the grid's text.
@@ -213,6 +215,7 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
             if why is not None:
                 issues.append(GridIssue(f"models[{m}].attn_implementation",
                                         f"policies[{i}] '{p.name}' {why}; use attn_implementation: sdpa for it"))
+    issues += fit.fit_issues(grid, fit.shapes(grid))  # what each model's config says it takes (no weights)
     res = grid.resources
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "
@@ -252,7 +255,13 @@ def load_mapping(text: str, source: str | None = None) -> dict:
 
 
 def validate_mapping(raw: dict, source: str | None = None) -> GridSpec:
-    """Validate a grid's loaded top-level mapping; raises :class:`GridError` listing every problem."""
+    """Validate a grid's loaded top-level mapping; raises :class:`GridError` listing every problem.
+
+    Sizes first (:mod:`kdeval.jobs.grid.size`): a mapping whose YAML aliases expand beyond bounds is refused
+    before anything walks it, a grid of too many cells before any cell (or task instance) is built."""
+    too_big = values_issue(raw)
+    if too_big is not None:
+        raise GridError([too_big], source)
     bounds = _bound_issues(raw, [])
     if bounds:  # what is out of bounds is not shown to the schema (pydantic would echo it, or take 1e23 as an int)
         raise GridError(_unknown_keys(raw, GridSpec, []) + bounds, source)
@@ -262,6 +271,9 @@ def validate_mapping(raw: dict, source: str | None = None) -> GridSpec:
     except ValidationError as e:
         raise GridError(issues + _pydantic_issues(e) + _engine_issues(raw) + kv_quant_issues(raw)
                         + _registry_issues(raw), source) from None
+    too_many = cells_issue(grid)
+    if too_many is not None:
+        raise GridError([too_many], source)
     engine = _engine_issues(raw) + kv_quant_issues(raw)
     issues += engine + _registry_issues(raw)
     if not engine:  # the policies' budget checks need valid budgets

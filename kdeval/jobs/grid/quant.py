@@ -22,20 +22,42 @@ from kdeval.jobs.grid.errors import GridIssue
 
 
 class KVQuantSpec(BaseModel):
-    """One quantized store (defaults: KIVI's 4 bits, groups of 32, a window of 128 recent tokens)."""
+    """One quantized store (defaults: KIVI's 4 bits, groups of 32 or, for a model whose head_dim 32 does not
+    divide, of the largest power of two that does, a window of 128 recent tokens)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     bits: StrictInt = Field(4, description="Bits per stored number: 2, 4 or 8.")
-    group_size: StrictInt = Field(32, description="Numbers sharing one scale and zero point.")
+    group_size: StrictInt | None = Field(None, description="Numbers sharing one scale and zero point; a divisor of "
+                                         "the model's head_dim. Unset: KIVI's 32, or for a model whose head_dim 32 "
+                                         "does not divide, the largest power of two that does (16 for head_dim 16); "
+                                         "the cell's label says which (`g16`).")
     window: StrictInt = Field(128, description="Most recent tokens kept in full precision.")
     scheme: StrictStr = Field("kivi", description="`kivi` (keys per channel, values per token) or `per_token` "
                               "(both per token).")
 
     @property
     def label(self) -> str:
-        """``kivi-4b-g32-w128`` (the engine's label of the same setting)."""
-        return f"{self.scheme}-{self.bits}b-g{self.group_size}-w{self.window}"
+        """``kivi-4b-g32-w128`` (the engine's label of the same setting; ``g?`` while the group is unset)."""
+        return f"{self.scheme}-{self.bits}b-g{'?' if self.group_size is None else self.group_size}-w{self.window}"
+
+    def for_head_dim(self, head_dim: int | None) -> "KVQuantSpec":
+        """This setting with its group set: as given, else :func:`default_group` of ``head_dim``."""
+        if self.group_size is not None:
+            return self
+        return self.model_copy(update={"group_size": default_group(head_dim)})
+
+
+#: KIVI's group size, the default where the model's head_dim takes it.
+KIVI_GROUP = 32
+
+
+def default_group(head_dim: int | None) -> int:
+    """The group of an unset ``group_size``: :data:`KIVI_GROUP` when it divides ``head_dim`` (or the head_dim is
+    unknown), else the largest power of two dividing both (``gcd``: 16 for head_dim 16 or 80, 8 for 72)."""
+    from math import gcd
+
+    return KIVI_GROUP if not head_dim or head_dim % KIVI_GROUP == 0 else gcd(KIVI_GROUP, head_dim)
 
 
 def _entry(value: Any) -> Any:

@@ -40,6 +40,7 @@ from pydantic import (
 from kdeval.evals.budget import parse_budget
 from kdeval.evals.chunking import parse_chunk
 from kdeval.jobs.grid.quant import KVQuantEntry
+from kdeval.shown import first_hidden
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
@@ -52,10 +53,15 @@ def _budget_entry(value: Any) -> Any:
 
 
 def _printable(value: str) -> str:
-    """A name without control characters (NUL, newlines, escapes): the index and every table hold it as one line."""
+    """A name without control characters (NUL, newlines, escapes): the index and every table hold it as one line;
+    nor bidi controls or invisible characters (U+202E, U+2066, U+200B), which would reorder or hide what a
+    terminal shows around it."""
     bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
     if bad is not None:
         raise ValueError(f"must not contain control characters (found {bad!r})")
+    hid = first_hidden(value)
+    if hid is not None:
+        raise ValueError(f"must not contain bidi or invisible characters (found '{hid}')")
     return value
 
 

@@ -20,6 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from kdeval.jobs.interop.csv_safe import safe_cell
+from kdeval.jobs.interop.out_paths import check_file_target, file_mode
 from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell
 
 #: Export formats and the file suffix each implies.
@@ -94,11 +95,14 @@ def check_format(fmt: str | None, out: Path) -> str:
 
 
 def check_out(out: Path) -> Path:
-    """``out`` as an absolute path whose directory exists and is writable; ValueError naming ``--out``."""
+    """``out`` as an absolute path whose directory exists and is writable, which is (or will be) a regular file
+    reached without a symbolic link (:func:`kdeval.jobs.interop.out_paths.check_file_target`); ValueError naming
+    ``--out``."""
     out = Path(out).expanduser().absolute()
     parent = out.parent
-    if out.is_dir():
+    if out.is_dir() and not out.is_symlink():
         raise ValueError(f"--out: {out} is a directory; expected a file path")
+    check_file_target(out)  # not a device, FIFO or socket; not through a symbolic link
     if not parent.exists():
         raise ValueError(f"--out: directory {parent} does not exist")
     if not parent.is_dir():
@@ -160,12 +164,13 @@ WRITERS: dict[str, Callable[[pa.Table, Any], None]] = {
 
 def write_table(table: pa.Table, fmt: str, out: Path) -> Path:
     """Write ``table`` as ``fmt`` to ``out`` (checked by :func:`check_out`) atomically: a temp file beside it,
-    fsync, ``os.replace``."""
+    fsync, ``os.replace``; the file gets the mode the umask gives a new file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             WRITERS[fmt](table, fh)
             fh.flush()
+            os.chmod(fh.fileno(), file_mode())  # as the umask says, not the temp file's 0600
             os.fsync(fh.fileno())
         os.replace(tmp, out)
     except BaseException:

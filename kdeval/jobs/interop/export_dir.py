@@ -12,6 +12,7 @@ from typing import Any, Callable
 from kdeval.jobs.interop.export import DoneCells, done_cells
 from kdeval.jobs.interop.kvpress_export import kvpress_files
 from kdeval.jobs.interop.lmeval_export import lmeval_files
+from kdeval.jobs.interop.out_paths import check_dir_target, dir_mode
 from kdeval.storage import RunIndex
 
 #: Each directory format's (``kdeval.jobs.interop.export.DIR_FORMATS``) files (relative path -> text) from the run's id,
@@ -26,6 +27,7 @@ def check_out_dir(out: str | Path) -> Path:
     """``out`` as an absolute directory path that does not exist yet or is empty, in a writable parent;
     ValueError naming ``--out`` otherwise."""
     out = Path(out).expanduser().absolute()
+    check_dir_target(out)  # not through a symbolic link
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out: {out} exists and is not an empty directory; expected a new directory")
     if not out.parent.is_dir():
@@ -46,6 +48,7 @@ def write_tree(out: Path, files: dict[str, str]) -> None:
     which cannot be replaced) gets the temp directory inside it, whose entries are then renamed up."""
     inside = out.is_dir()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out if inside else out.parent))
+    os.chmod(tmp, dir_mode())  # as the umask says, not the temp directory's 0700
     moved: list[Path] = []
     try:
         for rel, text in files.items():

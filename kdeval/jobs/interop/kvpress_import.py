@@ -38,6 +38,7 @@ from kdeval.evals.budget import budget_share, budget_tokens, parse_budget
 from kdeval.evals.chunking import WHOLE, chunk_code
 from kdeval.evals.ruler.kvpress_set import sample_id
 from kdeval.jobs.grid.cells import TaskRef
+from kdeval.shown import first_hidden
 from kdeval.jobs.interop import kvpress_format as kv
 from kdeval.jobs.run.recovery import imported_metadata, remove_manifest, write_manifest
 from kdeval.storage import (
@@ -105,6 +106,14 @@ def parse_answer(value: Any) -> list[str]:
     return [text]
 
 
+#: The most predictions one import reads (over all its directories): a grid's cells hold at most this many samples.
+MAX_IMPORT_ROWS = 100_000
+#: The largest ``predictions.csv`` read (checked before it is read): 100,000 rows of long predictions fit.
+MAX_PREDICTIONS_BYTES = 256 << 20
+#: The config fields that become names in the index, reports and status (checked for hidden characters).
+_NAMED = ("dataset", "model", "press_name", "data_dir")
+
+
 def _config(d: Path) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
@@ -116,7 +125,32 @@ def _config(d: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict) or not all(k in cfg for k in ("dataset", "model", "press_name")):
         raise ValueError(f"DIR: {d / 'config.yaml'} is not a kvpress evaluation config (expected dataset, model, "
                          f"press_name, compression_ratio)")
+    for key in _NAMED:
+        bad = first_hidden(str(cfg.get(key) or ""))
+        if bad is not None:
+            raise ValueError(f"DIR: {d / 'config.yaml'}: {key} must not contain control, bidi or invisible "
+                             f"characters (found '{bad}')")
     return cfg
+
+
+class TooLarge(Exception):
+    """A predictions file beyond the import's bounds (its message names the file, the size and the limit)."""
+
+
+def _predictions(d: Path, room: int) -> pd.DataFrame:
+    """``d``'s predictions.csv, refused (:class:`TooLarge` naming the file, its size and the limit) when it is larger
+    than :data:`MAX_PREDICTIONS_BYTES` or holds more than ``room`` rows (what :data:`MAX_IMPORT_ROWS` leaves);
+    no more than ``room + 1`` rows are ever parsed."""
+    path = d / "predictions.csv"
+    size = path.stat().st_size
+    if size > MAX_PREDICTIONS_BYTES:
+        raise TooLarge(f"DIR: {path} is {size} bytes; at most {MAX_PREDICTIONS_BYTES} bytes "
+                         f"({MAX_PREDICTIONS_BYTES >> 20} MiB) are imported")
+    df = pd.read_csv(path, keep_default_na=False, nrows=room + 1)
+    if len(df) > room:
+        raise TooLarge(f"DIR: {path} holds more than {room} rows; an import takes at most {MAX_IMPORT_ROWS} "
+                         f"predictions (as a grid's cells hold at most {MAX_IMPORT_ROWS} samples)")
+    return df
 
 
 def _budget(press: str, ratio: float) -> str | None:
@@ -146,12 +180,15 @@ def _sample_id(dataset: str, data_dir: str, task: str, task_col: str, length: in
     return f"kvpress/{dataset}/{data_dir}/{task_col}/{i}" + ("" if fraction == 1.0 else f"@fraction{fraction}")
 
 
-def read_result(d: Path, model: str | None, seed: int) -> list[ImportedCell]:
-    """The cells of one kvpress result directory (one per ``task`` value); ValueError naming the file."""
+def read_result(d: Path, model: str | None, seed: int, room: int = MAX_IMPORT_ROWS) -> list[ImportedCell]:
+    """The cells of one kvpress result directory (one per ``task`` value), of at most ``room`` rows; ValueError
+    naming the file."""
     cfg = _config(d)
     try:
-        df = pd.read_csv(d / "predictions.csv", keep_default_na=False)
+        df = _predictions(d, room)
         metrics = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
+    except TooLarge as e:
+        raise ValueError(str(e)) from None
     except (OSError, ValueError, pd.errors.ParserError) as e:
         raise ValueError(f"DIR: {d} has an unreadable predictions.csv or metrics.json ({type(e).__name__})") from None
     answers = "answer" if "answer" in df.columns else "answers"  # RULER's column / LongBench's
@@ -195,8 +232,12 @@ def read_result(d: Path, model: str | None, seed: int) -> list[ImportedCell]:
 
 
 def read_import(root: str | Path, model: str | None = None, seed: int = 0) -> list[ImportedCell]:
-    """Every kvpress result under ``root`` as cells (nothing written); ValueError naming ``DIR``."""
-    return [c for d in result_dirs(root) for c in read_result(d, model, seed)]
+    """Every kvpress result under ``root`` as cells (nothing written), at most :data:`MAX_IMPORT_ROWS` rows in
+    all; ValueError naming ``DIR``."""
+    cells: list[ImportedCell] = []
+    for d in result_dirs(root):
+        cells += read_result(d, model, seed, MAX_IMPORT_ROWS - sum(len(c.rows) for c in cells))
+    return cells
 
 
 def import_kvpress(index: RunIndex, root: str | Path, results_dir: str | Path, model: str | None = None,

@@ -9,10 +9,13 @@ shards run alone next.
 A shard's rows get the cell's identity columns and are written as its part (temp + rename) *before* the shard
 is recorded, and only while this run holds the cell. When every shard of a cell is stored, the parts are read
 back and checked, the workload's ``aggregate`` of all the rows becomes the cell's summary, and the cell is
-marked done (its worker time is the sum over shards, its peak memory the largest).
+marked done (its worker time is the sum over shards, its peak memory the largest). A results directory that
+cannot be written (read-only, permission denied) stops the run with :class:`ResultsDirError`: no attempt could
+pass; a full disk is retried within the cap.
 """
 from __future__ import annotations
 
+import errno
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +29,17 @@ from kdeval.jobs.run.shards import HeldCell, Shard, ShardDone
 from kdeval.storage import (
     AttemptState, cell_dir_relpath, read_cell_table, remove_single_file, verify_cell_file, write_part,
 )
+
+
+#: Why writing into the results directory failed, when no attempt can pass until someone changes it.
+UNWRITABLE = {errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
+              errno.EPERM: "operation not permitted"}
+
+
+class ResultsDirError(RuntimeError):
+    """The results directory cannot be written (read-only, permission denied): a fault no further attempt can
+    pass, so the run stops at once instead of spending every cell's attempts. The message names the directory
+    and the cause in one line."""
 
 
 @dataclass
@@ -136,6 +150,12 @@ class ShardOutcomes:
             rel = write_part(self.results_dir, sh.cell.id, sh.index, table,
                              metadata=part_metadata(sh, held.shard_size, out))
         except OSError as e:  # e.g. disk full: the shard is not done; retry within the cap
+            if e.errno in UNWRITABLE:  # no attempt can pass: the run stops (its cells go back; resume continues)
+                why = f"{self.results_dir} cannot be written: {UNWRITABLE[e.errno]}"
+                self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.FAILED, final=False,
+                                                 error=f"writing the results failed: {why}", duration_s=out.duration_s,
+                                                 worker=out.worker, node=out.node)
+                raise ResultsDirError(why) from None
             self._retry_or_fail(f, held, AttemptState.FAILED, f"writing the results failed: {e}")
             return
         provenance = out.provenance or None

@@ -80,7 +80,10 @@ def _done_ids(index: RunIndex, cells: list[CellSpec]) -> tuple[set[str], dict[st
 def plan(index: RunIndex, grid: GridSpec, salt: Callable[[CellSpec], str] | None = None) -> RunPlan:
     """Expand a grid (cells salted by ``salt``, see :func:`expand_grid`) and look up what is already done
     (writes nothing)."""
+    from kdeval.jobs.grid.prompt_fit import check_prompts  # tokenizers (torch): only when a grid is planned
+
     expansion = expand_grid(grid, salt=salt)
+    check_prompts(grid)  # a task instance no prompt of which a model can take: GridError, nothing recorded
     done, invalid = _done_ids(index, expansion.cells)
     return RunPlan(cells=expansion.cells, done=done, invalid=invalid, notes=expansion.notes)
 

@@ -92,7 +92,9 @@ def test_a_huge_unknown_name_is_cut_in_the_message(app, paths):
 def test_values_at_the_bounds_are_accepted():
     from kdeval.jobs.grid.load import parse_grid
 
-    grid = parse_grid(BASE.replace("[64, 128, 256]", "[64, 2147483647]").replace("{workers: 2}",
+    # the stub model has no context to check a budget against (a real one refuses N beyond it: test_model_fit.py)
+    grid = parse_grid(BASE.replace("[64, 128, 256]", "[64, 2147483647]").replace(
+        "[random:llama-tiny, {id: random:qwen2-tiny, dtype: bfloat16}]", "['stub:0.01']").replace("{workers: 2}",
                                    "{workers: 2, cpus_per_worker: 1024}")
                       + "generation: {max_new_tokens: 1000000}\nretries: {cell_timeout_s: 3600.5}\n")
     assert grid.budgets == [64, 2147483647] and grid.resources.cpus_per_worker == 1024

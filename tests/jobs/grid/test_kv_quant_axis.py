@@ -25,9 +25,9 @@ def test_none_keeps_the_ids_and_each_setting_is_a_cell_of_its_own(data_dir):
     assert sorted(c.id for c in plain) == IDS_BEFORE
     four = {(c.policy, c.task.name): c for c in cells if c.kv_quant is not None and c.kv_quant.bits == 4}
     assert set(four) == {(c.policy, c.task.name) for c in plain}  # the full cache in 4 bits too
-    cell = four[("keydiff", "needle")]
-    assert cell.to_task().engine == {"kv_quant": {"bits": 4, "group_size": 32, "window": 128, "scheme": "kivi"}}
-    assert "kv_quant=kivi-4b-g32-w128" in cell.describe()
+    cell = four[("keydiff", "needle")]  # random:llama-tiny's head_dim 16 does not take KIVI's 32: the group is 16
+    assert cell.to_task().engine == {"kv_quant": {"bits": 4, "group_size": 16, "window": 128, "scheme": "kivi"}}
+    assert "kv_quant=kivi-4b-g16-w128" in cell.describe()
     two = [c for c in cells if c.kv_quant is not None and c.kv_quant.bits == 2]
     assert {c.kv_quant.label for c in two} == {"per_token-2b-g16-w64"}
     assert len({c.id for c in cells}) == len(cells)
@@ -64,3 +64,26 @@ def test_kdeval_policies_explains_the_axis():
     assert res.exit_code == 0
     text = " ".join(res.stdout.split())
     assert "quantized KV store (grid `kv_quant:`" in text and "scores the step's incoming keys in full precision" in text
+
+
+@pytest.mark.parametrize("WIDTH", [80, 66])
+def test_status_keeps_the_default_store_tag_whole(paths, WIDTH):
+    """A user's 80-column terminal, and one of 66 where the policy column is at its least: the default store's
+    tag (``[kivi-4b-g16-w128]`` on random:llama-tiny, 18 characters) stays on one line, as ``[query-agnostic]``
+    does (it folded as ``[kivi-4b-g32-w128`` / ``]``)."""
+    import io
+
+    from rich.console import Console
+
+    from kdeval.cli.status_view import status_table
+    from tests.support.helpers import new_run
+
+    text = GRID.replace("  - {name: math500, samples: 3}\n", "").replace("lengths: [400]", "lengths: [512, 1024]")
+    idx, run_id, _ = new_run(paths["db"], paths["results"], text + "kv_quant: [none, 4]\n")
+    buf = io.StringIO()
+    Console(file=buf, width=WIDTH, markup=False).print(status_table(idx, run_id, WIDTH))
+    idx.close()
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= WIDTH
+    assert sum("[kivi-4b-g16-w128]" in ln for ln in lines) == 4, lines  # keydiff and full, quantized, 2 lengths
+    assert not any("[kivi-4b-g16-w12" in ln and "[kivi-4b-g16-w128]" not in ln for ln in lines), lines

@@ -14,7 +14,7 @@ models: [random:llama-tiny]
 policies: [full, keydiff]
 budgets: [64, 25%]
 chunk_sizes: [32, whole]
-tasks: [{{name: needle, lengths: [256], samples: 2, params: {{depths: [50]}}}}]
+tasks: [{{name: needle, lengths: [512], samples: 2, params: {{depths: [50]}}}}]
 protocol: {protocol}
 """
 AWARE, AGNOSTIC = "{compress: prompt, decode: evict}", "{compress: context, decode: evict}"

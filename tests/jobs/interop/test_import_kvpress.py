@@ -107,8 +107,12 @@ def cli():
     return cli_app(import_cmds.register)
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "bad-config", "latin-1-config", "linked-out"])
-def test_bad_import_dir_exits_2_writing_nothing(tmp_path, cli, case):
+@pytest.mark.parametrize("case", ["missing", "empty", "bad-config", "latin-1-config", "linked-out", "escapes",
+                                  "bidi", "rows", "rows-over-dirs", "bytes"])
+def test_bad_import_dir_exits_2_writing_nothing(tmp_path, cli, case, monkeypatch):
+    from kdeval.jobs.interop import kvpress_import
+    from kdeval.shown import shown  # the directory's name holds the press name: printed escaped too
+
     target = tmp_path / "kv"
     if case != "missing":
         target.mkdir()
@@ -125,11 +129,32 @@ def test_bad_import_dir_exits_2_writing_nothing(tmp_path, cli, case):
         (d / "predictions.csv").symlink_to(outside)
         named = (f"error: DIR: {d / 'predictions.csv'} resolves to {outside}, outside {target}: refusing to import "
                  "a file from outside DIR")
+    if case in ("escapes", "bidi"):  # a press name that would drive the terminal, or reorder what it prints
+        press, found = ("snap\x1b[2J\x1b]0;pwned\x07kv", r"\x1b") if case == "escapes" else ("snap\u202ekv", r"\u202e")
+        d = kvpress_dir(tmp_path / "kv", press=press)
+        named = (f"error: DIR: {shown(d / 'config.yaml')}: press_name must not contain control, bidi or invisible "
+                 f"characters (found '{found}')")
+    if case in ("rows", "rows-over-dirs"):  # more predictions than an import takes (a grid's cap, made small here)
+        monkeypatch.setattr(kvpress_import, "MAX_IMPORT_ROWS", 8)
+        d = kvpress_dir(tmp_path / "kv")
+        _many_rows(d, 9 if case == "rows" else 5)
+        if case == "rows-over-dirs":
+            _many_rows(kvpress_dir(tmp_path / "kv", press="tova"), 5)
+        room = 8 if case == "rows" else 3
+        named = "error: DIR: "
+        tail = f"holds more than {room} rows; an import takes at most 8 predictions"
+    if case == "bytes":
+        monkeypatch.setattr(kvpress_import, "MAX_PREDICTIONS_BYTES", 100)
+        d = kvpress_dir(tmp_path / "kv")
+        size = (d / "predictions.csv").stat().st_size
+        named = f"error: DIR: {d / 'predictions.csv'} is {size} bytes; at most 100 bytes (0 MiB) are imported"
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     r = runner.invoke(cli, ["import", "kvpress", str(target), "--db", str(tmp_path / "index.sqlite"),
                             "--results-dir", str(tmp_path / "results")], env={"COLUMNS": "300"})
     assert r.exit_code == 2, r.output
     assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(named), r.output
+    if case.startswith("rows"):
+        assert tail in r.output, r.output
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
