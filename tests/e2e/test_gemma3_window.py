@@ -48,3 +48,10 @@ def test_keydiff_keeps_n_in_full_layers_and_the_window_in_sliding_ones(gemma):
         assert layer.capacity <= (511 if kind.windowed else 256) + B
     assert res.stats.layer_kinds == "18 layers: 3 full, 15 sliding 512"
     assert 0 < res.stats.windowed_kv_bytes < res.stats.kv_cache_bytes
+
+
+def test_the_pinned_config_submit_checks_against_is_the_models(gemma):
+    from kdeval.keydiff.model_config import GEMMA3_CONFIG
+
+    config = gemma[0].model.config
+    assert {k: getattr(config, k) for k in GEMMA3_CONFIG} == GEMMA3_CONFIG
