@@ -53,7 +53,8 @@ def main() -> None:
     torch.set_num_threads(2)
     lengths = [int(x) for x in args.lengths.split(",")]
     m = model(max(lengths) + 16)
-    print(f"| L | mode | peak KV MiB | of which windowed layers | policy-controlled share |")
+    print("| L | mode | KV MiB (one pass: held after its prefill; chunked: peak) | of which windowed layers | "
+          "policy-controlled share |")
     print("|---|---|---|---|---|")
     for length in lengths:
         ids = torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(length))

@@ -30,6 +30,7 @@ STAT_LABELS: dict[str, tuple[str, str]] = {
     "kept_tokens": ("kept tokens", "peak_kv_tokens"), "kv_cache_bytes": ("KV cache", "peak_kv_bytes"),
     "peak_kv_bytes": ("peak KV cache", "peak_kv_bytes"), "peak_memory_bytes": ("peak memory", "peak_memory_bytes"),  # labelled by its memory_kind
     "extra_forward_tokens": ("extra forward tokens (in TTFT)", "peak_kv_tokens"),
+    "windowed_kv_bytes": ("of which windowed layers", "peak_kv_bytes"), "layer_kinds": ("layers", ""),
 }
 
 
@@ -66,8 +67,10 @@ def stats_table(stats: dict[str, Any]) -> Table:
 
     table = Table(show_header=False)
     for key, value in stats.items():
-        if key == "memory_kind" or (key in ("replayed_steps", "extra_forward_tokens") and not value):  # one call
-            # shares no steps; only a repeat-pass policy (KVzip) runs extra forwards
+        if key == "memory_kind" or (key in ("replayed_steps", "extra_forward_tokens", "windowed_kv_bytes",
+                                            "layer_kinds") and not value):
+            # one call shares no steps; only a repeat-pass policy (KVzip) runs extra forwards; only a model with
+            # windowed layers has them
             continue
         label, field = STAT_LABELS.get(key, (key, ""))
         if key == "peak_memory_bytes":

@@ -147,7 +147,7 @@ def _print_plan(name: str, p: "service.RunPlan") -> None:
         t.add_row(c.id[:10], state, str(c.task.max_new_tokens), c.task.data_source, c.describe())
     out.print(t)
     for note in p.notes:
-        err.print(f"note: {note}", markup=False, highlight=False)
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def submit(
@@ -201,7 +201,7 @@ def submit(
         err.print(f"error: no run recorded: --results-dir {results_dir}: {e.strerror or e}", soft_wrap=True)
         raise typer.Exit(EXIT_FAILED)
     for note in p.notes:
-        err.print(f"note: {note}", markup=False, highlight=False)
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     out.print(Text.assemble("run ", (run_id, "bold"),
                             f": {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run"))
     if detach:

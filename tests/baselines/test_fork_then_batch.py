@@ -116,7 +116,7 @@ def test_trunks_recorded_in_one_batch_serve_every_policy_its_batch_alone(lm):
 def test_a_fork_one_chunk_late_is_caught(lm, monkeypatch):
     """Feeding one more replayed chunk after the first eviction would hand the cell keys of a state it no longer
     holds: the equality above then fails (this guards where prefill_shared stops)."""
-    def one_chunk_late(state):
+    def one_chunk_late(state, plan=None):
         return all(layer.length >= state.seen - B and not layer.pending for layer in state.cache.layers)
 
     monkeypatch.setattr(shared_mod, "undiverged", one_chunk_late)  # the store keeps serving it

@@ -70,7 +70,7 @@ def test_fork_at_the_first_evicting_chunk():
 def test_a_fork_one_chunk_late_is_caught(monkeypatch):
     """A store that kept serving a cell one chunk after its first eviction would hand it keys computed over
     tokens it had evicted: the equality above then fails (this is what guards the fork point)."""
-    def one_chunk_late(state):
+    def one_chunk_late(state, plan=None):
         cache = state.cache
         return all(layer.length >= state.seen - 16 and not layer.pending for layer in cache.layers)
 

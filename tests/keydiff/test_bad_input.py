@@ -53,7 +53,7 @@ def test_a_sliding_window_model_loads_with_its_windowed_layers():
 
 @pytest.mark.parametrize("model_type,kwargs,reason", [
     ("mamba", {}, "no KV cache"),
-    ("deepseek_v3", {"num_hidden_layers": 2}, "latent attention"),
+    ("falcon", {}, "attention interface"),
     ("qwen3_next", {"num_hidden_layers": 4}, r"layer types \['linear_attention'\] are not supported"),
     ("t5", {}, "encoder-decoder"),
 ])
@@ -67,5 +67,6 @@ def test_supported_architectures_pass():
     for model_type in ("llama", "qwen2"):
         check_supported(AutoConfig.for_model(model_type), model_type)
     check_supported(AutoConfig.for_model("mistral", sliding_window=None), "mistral")
-    for model_type in ("mistral", "gemma2", "gemma3_text", "cohere2", "gpt_oss", "llama4_text"):  # windowed layers
+    for model_type in ("mistral", "gemma2", "gemma3_text", "cohere2", "gpt_oss", "llama4_text",  # windowed layers
+                       "deepseek_v2", "deepseek_v3"):  # latent attention
         check_supported(AutoConfig.for_model(model_type, num_hidden_layers=2), model_type)
