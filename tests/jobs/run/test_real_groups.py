@@ -1,6 +1,7 @@
 """Real cells (random:llama-tiny through the engine and the evals runner) computed in groups give the per-sample
 rows of the same cells run alone (``execution: {share: false}``), timings aside: several policies, chunked and
-one-shot, both protocols, a task whose questions share a context (phonebook), two sample shards.
+one-shot, both protocols, a task whose questions share a context (phonebook), a group of two sample shards streamed
+one by one, and a group of one.
 
 The first grids run at batch 1, where every figure but timings is the same; the last leaves the batch size unset
 (chunked cells fork then batch at the worker's default), where a row's ``kv_cache_bytes`` and ``peak_kv_bytes``
@@ -33,9 +34,10 @@ execution: {{share: {share}}}
 def test_real_cells_in_groups_equal_the_cells_run_alone(local_ray, paths):
     idx, run_id, plan = new_run(paths["db"], paths["results"], GRID.format(share="true"))
     assert len(plan.cells) == 2 * 2 * (1 + 2)  # tasks x chunks x (full + snapkv x 2 protocols)
-    out = service.execute_run(idx, run_id)
+    # a group runs samples (0, 2) then (2, 3) of every cell; stored in shards of one sample as it finishes them
+    out = service.execute_run(idx, run_id, stream_size=1)
     assert (out.done, out.failed) == (12, 0), [c.error_line for c in idx.run_cells(run_id)]
-    assert out.attempts == 24  # one per shard: (0, 2) and (2, 3) of each cell
+    assert out.attempts == 36  # one per shard: (0, 1), (1, 2) and (2, 3) of each cell
     alone = paths["tmp"] / "alone"
     idx1, run1, plan1 = new_run(alone / "index.sqlite", alone / "results", GRID.format(share="false"))
     assert [c.id for c in plan1.cells] == [c.id for c in plan.cells]
