@@ -40,7 +40,8 @@ class EvalRow(TypedDict):
     peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
     memory_kind: str           # what peak_memory_bytes is: "process_rss" or "cuda_max_allocated"
     peak_kv_tokens: int        # most tokens held in the KV cache per layer
-    peak_kv_bytes: int         # most bytes of K/V tensors the cache had allocated during the call, all layers
+    peak_kv_bytes: int         # most K/V bytes the request held by its own tokens during the call, all layers
+    kv_buffer_bytes: int       # most K/V buffer bytes allocated for the call's batch (padding, slots ahead): how it ran
     model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
     resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
@@ -83,6 +84,7 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "memory_kind": str(stats.get("memory_kind", "")),
         "peak_kv_tokens": int(stats.get("peak_kv_tokens", 0)),
         "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
+        "kv_buffer_bytes": int(stats.get("kv_buffer_bytes", 0)),
         "model_weight_bytes": int(weight_bytes),
         "kept_tokens": int(stats.get("kept_tokens", 0)),
         "resolved_budget": budget,
