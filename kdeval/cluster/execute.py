@@ -183,7 +183,7 @@ class EvalWorkload:
         through one ``group_run.run_group`` over their samples: one result per task, in order, each with the
         seconds of that cell's own runs on it, handed to ``on_result`` as soon as its rows are all in
         (:class:`GroupStreams`). A group starting at the cells' first sample times its first context group of
-        each cell alone (``time_first``). An error raised by the group fails all of its cells not yet handed
+        each cell alone (``time_first``), unless the tasks say not to (``CellTask.time_first``: accuracy only). An error raised by the group fails all of its cells not yet handed
         over (the driver then runs them alone)."""
         if tasks and tasks[0].model_id.startswith(STUB_PREFIX):
             return StubWorkload().run_group(handle, tasks, on_samples, on_result)
@@ -200,7 +200,8 @@ class EvalWorkload:
         by_cell = {t.cell_id: t for t in reversed(tasks)}  # each cell's first task
         members = [run_arguments(handle, by_cell[c], grouped=True) for c in cells]
         streams = GroupStreams(tasks, cells, [s.id for s in prompts[0]], span[0][0], on_samples, on_result)
-        group_run.run_group(handle, evals_task, members, prompts, share=True, time_first=span[0][0] == 0,
+        timed = span[0][0] == 0 and first.time_first  # the cells' first samples, unless the grid says no timing
+        group_run.run_group(handle, evals_task, members, prompts, share=True, time_first=timed,
                             batch_size=default_batch_size(handle, first), on_rows=streams.add)
         return streams.results()
 

@@ -56,6 +56,7 @@ class CellTask:
     shard: int = 0  # which shard of the cell this is (0 for a cell run whole)
     sample_start: int = 0  # first sample of the shard (index into the cell's samples)
     sample_stop: int | None = None  # one past its last sample (None: the cell's last)
+    time_first: bool = True  # in a group, the cell's first context group runs alone, timed (False: shared too)
 
     def __post_init__(self) -> None:
         stop = self.samples if self.sample_stop is None else self.sample_stop

@@ -47,6 +47,7 @@ Rules:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter, deque
@@ -98,6 +99,7 @@ class SchedulerConfig:
     #: a group's fresh cells are planned in shards of at most this many samples, each stored as soon as the
     #: group finishes it (the group still runs its whole range, up to its shard size, in one call)
     stream_size: int = 4
+    time_first: bool = True  # a group runs each cell's first samples alone, timed (False: accuracy only)
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:
@@ -287,7 +289,7 @@ class Scheduler(ShardOutcomes):
             flights.append(Flight(slot, shard, att, time.monotonic()))
             self.held[shard.cell.id].in_flight += 1
             self.progress.cells[shard.cell.id].shards_running += 1
-        tasks = [sh.to_task() for sh in shards]
+        tasks = [dataclasses.replace(sh.to_task(), time_first=self.cfg.time_first) for sh in shards]
         ref = slot.actor.run_cell.remote(tasks[0]) if len(tasks) == 1 else slot.actor.run_group.remote(tasks)
         slot.busy, slot.loaded_key = True, shards[0].model_key
         self.flights[ref] = flights
