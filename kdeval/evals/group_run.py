@@ -57,8 +57,9 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     ``time_first``: the first context group runs every member alone, so each cell has samples timed on their
     own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed step costs the
     cell nothing). Windows end where a run alone's batches end but for the first (the timed group is a batch of
-    its own), so a row there may share its batch with other samples than alone: its ``kv_cache_bytes`` and
-    ``peak_kv_bytes``, the row's share of its batch's buffers, are then those of its batch, like its timings. ``share=False``, and members in
+    its own), so a row there may share its batch with other samples than alone: its ``kv_buffer_bytes`` (the
+    batch's buffers) are then those of its batch, like its timings; its ``peak_kv_bytes`` are its own tokens', the
+    same as alone. ``share=False``, and members in
     batches on a task of several questions per context, run alone on all samples. A row whose sample's steps this
     member neither replayed nor recorded says ``"alone"``.
 
