@@ -63,8 +63,11 @@ def take_group(first: Shard, queue: deque, take: Callable[[CellSpec], Shard | No
         return [first]
     key = share_key(first.cell)
     fresh = [x for x in queue if isinstance(x, CellSpec) and share_key(x) == key]
-    for x in fresh:
-        queue.remove(x)
+    if fresh:
+        taken = {id(x) for x in fresh}
+        kept = [x for x in queue if id(x) not in taken]
+        queue.clear()
+        queue.extend(kept)
     for x in fresh:
         shard = take(x)
         if shard is not None:
@@ -84,9 +87,10 @@ def take_group(first: Shard, queue: deque, take: Callable[[CellSpec], Shard | No
     common = min(next((n for n, r in enumerate(ranges) if r not in queued[cid]), len(ranges)) for cid in cells)
     ranges = ranges[:common]
     group = [queued[cid][r] for r in ranges for cid in cells]
-    for shard in group[1:]:
-        if shard is not first:
-            queue.remove(shard)
+    chosen = {id(sh) for sh in group}
+    kept = [x for x in queue if id(x) not in chosen]  # by identity: comparing cell specs costs
+    queue.clear()
+    queue.extend(kept)
     return [first] + [sh for sh in group if sh is not first]
 
 
