@@ -47,13 +47,13 @@ def depths(samples: int) -> list[int]:
     return [round(5 + 90 * i / max(samples - 1, 1)) for i in range(samples)]
 
 
-def grid(name: str, length: int, samples: int, new: int, share: bool) -> dict:
-    """The grid ``name`` as kdeval reads it."""
+def grid(name: str, length: int, samples: int, new: int, share: bool, time_first: bool = True) -> dict:
+    """The grid ``name`` as kdeval reads it (``time_first`` False: accuracy only, no sample timed alone)."""
     base = {"name": f"bench-{name}", "models": [{"id": "smollm2-135m", "dtype": "float32"}],
             "policies": ["full", *POLICIES],
             "tasks": [{"name": "needle", "lengths": [length], "samples": samples, "params": {"depths": depths(samples)}}],
             "generation": {"max_new_tokens": new}, "resources": {"workers": 1, "cpus_per_worker": THREADS},
-            "execution": {"share": share}}
+            "execution": {"share": share, "time_first": time_first}}
     if name == "leaderboard":
         base.update(budgets=SHARES, chunk_sizes=["whole"],
                     protocol=[{"compress": "context", "decode": "keep"}, {"compress": "prompt", "decode": "keep"}])
@@ -69,6 +69,8 @@ def submit(spec: dict, tmp: Path) -> tuple[float, int, str]:
     import yaml
 
     tag = f"{spec['name']}-{'shared' if spec['execution']['share'] else 'alone'}-{time.monotonic_ns()}"
+    if not spec["execution"]["time_first"]:
+        tag = "untimed-" + tag
     path = tmp / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(spec))
     kdeval = Path(sys.executable).with_name("kdeval")
@@ -181,24 +183,36 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     return shared, time.perf_counter() - t0, len(cells)
 
 
-def run(grids: list[str], length: int, samples: int, new: int, rounds: int, with_kvpress: bool) -> str:
+def run(grids: list[str], length: int, samples: int, new: int, rounds: int, with_kvpress: bool,
+        untimed: bool = False) -> str:
+    flags = " --untimed" if untimed else ""
     lines = [f"`python bench/shared_grid.py --grids {','.join(grids)} --length {length} --samples {samples} "
-             f"--new {new} --rounds {rounds}` (SmolLM2-135M float32, CPU, {THREADS} threads, 1 worker; wall time of "
-             "the whole command, model load and Ray start included; median of the rounds):", "",
+             f"--new {new} --rounds {rounds}{flags}` (SmolLM2-135M float32, CPU, {THREADS} threads, 1 worker; wall "
+             "time of the whole command, model load and Ray start included; median of the rounds):", "",
              "| grid | cells | cell-samples | shared s | alone s | alone / shared | kvpress s | kvpress / shared |",
              "|---|---|---|---|---|---|---|---|"]
+    if untimed:  # a third side: shared with no sample timed alone (execution: {time_first: false})
+        lines[-2:] = ["| grid | cells | cell-samples | shared s | alone s | alone / shared | shared untimed s "
+                      "| alone / untimed |", "|---|---|---|---|---|---|---|---|"]
     texts = sample_texts(length, samples, new) if with_kvpress else []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for name in grids:
-            times: dict[bool, list[float]] = {True: [], False: []}
+            sides = ["shared", "alone"] + (["untimed"] if untimed else [])
+            times: dict[str, list[float]] = {side: [] for side in sides}
             cells = 0
             for r in range(rounds):
-                for share in ((True, False) if r % 2 == 0 else (False, True)):
-                    s, cells, last = submit(grid(name, length, samples, new, share), tmp)
-                    times[share].append(s)
-                    print(f"{name} {'shared' if share else 'alone'}: {s:.1f} s ({last})", flush=True)
-            shared, alone = (sorted(times[k])[len(times[k]) // 2] for k in (True, False))
+                for side in (sides if r % 2 == 0 else sides[::-1]):
+                    spec = grid(name, length, samples, new, side != "alone", time_first=side != "untimed")
+                    s, cells, last = submit(spec, tmp)
+                    times[side].append(s)
+                    print(f"{name} {side}: {s:.1f} s ({last})", flush=True)
+            shared, alone = (sorted(times[k])[len(times[k]) // 2] for k in ("shared", "alone"))
+            if untimed:
+                quick = sorted(times["untimed"])[len(times["untimed"]) // 2]
+                lines.append(f"| {name} | {cells} | {cells * samples} | {shared:.0f} | {alone:.0f} | "
+                             f"{alone / shared:.2f}x | {quick:.0f} | {alone / quick:.2f}x |")
+                continue
             kv = kvpress_seconds(texts, kvpress_runs(name), new, tmp) if with_kvpress and name == "leaderboard" else None
             if kv is not None:
                 print(f"{name} kvpress: {kv:.1f} s", flush=True)
@@ -217,6 +231,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-kvpress", action="store_true", help="kdeval's sides only")
     ap.add_argument("--print", action="store_true", help="print the table, leave RESULTS.md alone")
+    ap.add_argument("--untimed", action="store_true",
+                    help="add a side: shared with no sample timed alone (execution: {time_first: false}); no kvpress")
     ap.add_argument("--in-process", action="store_true",
                     help="kdeval only, through evals.group_run.run_group in this process (no Ray, no model load timed)")
     ap.add_argument("--kvpress-side", nargs=2, metavar=("MODEL_DIR", "REQUEST"), help=argparse.SUPPRESS)
@@ -230,7 +246,8 @@ def main() -> None:
             print(f"| {name} (in process) | {n} | {n * args.samples} | {shared:.0f} | {alone:.0f} | {alone / shared:.2f}x |",
                   flush=True)
         return
-    text = run(args.grids.split(","), args.length, args.samples, args.new, args.rounds, not args.no_kvpress)
+    text = run(args.grids.split(","), args.length, args.samples, args.new, args.rounds,
+               not (args.no_kvpress or args.untimed), args.untimed)
     print(text)
     if not args.print:
         write_section(text, BEGIN, END, "A grid's cost: shared execution vs alone vs kvpress (CPU)")

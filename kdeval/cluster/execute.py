@@ -18,19 +18,22 @@ computing it again), only the rows' ``context_shared`` / ``shared_prefill_s`` an
 (``tests/jobs/run/test_real_shards.py``). The cell's summary is computed by the driver from all its stored
 rows (:meth:`EvalWorkload.aggregate`).
 
-Groups: :meth:`EvalWorkload.run_group` runs one shard of several cells that can share (the same task instance
-and samples on the same model) through ``group_run.run_group``, which computes what the cells compute alike
-once; each cell's rows are those it gets alone, timings aside (``tests/jobs/run/test_real_groups.py``).
+Groups: :meth:`EvalWorkload.run_group` runs the same consecutive shards of several cells that can share (the same
+task instance on the same model) through ``group_run.run_group``, which computes what the cells compute alike
+once; each cell's rows are those it gets alone, timings aside (``tests/jobs/run/test_real_groups.py``), and each
+(cell, shard) is handed over as soon as its rows are all in (:mod:`kdeval.cluster.group_streams`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
-from kdeval.cluster.workload import CellResult, CellTask, check_group, shared_rows
+from kdeval.cluster.group_streams import GroupStreams, shard_result
+from kdeval.cluster.workload import CellResult, CellTask, group_span, shared_rows
 
 #: Task constructor parameters a cell sets from the grid's own fields (named here for messages), never
 #: from ``tasks[i].params``; see :func:`task_arguments`.
@@ -146,13 +149,6 @@ def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
                 conversation=task.conversation)
 
 
-def _shard_result(rows: list[dict[str, Any]], seconds: float | None = None) -> CellResult:
-    """A shard's rows only (the driver aggregates the whole cell once every shard is in:
-    :meth:`EvalWorkload.aggregate`), with their largest peak memory."""
-    peaks = [int(r["peak_memory_bytes"]) for r in rows if r.get("peak_memory_bytes") is not None]
-    return CellResult(rows=rows, summary={}, peak_memory_bytes=max(peaks) if peaks else None, seconds=seconds)
-
-
 @dataclass(frozen=True)
 class EvalWorkload:
     """Runs cells for real. ``device`` None = CUDA when available, else CPU."""
@@ -179,31 +175,35 @@ class EvalWorkload:
             return CellResult(rows=[], summary={}, peak_memory_bytes=None)
         rows = runner.run_task(handle, evals_task, limit=None, prompts=prompts,
                                **run_arguments(handle, task, grouped=False))
-        return _shard_result(rows)
+        return shard_result(rows)
 
-    def run_group(self, handle: Any, tasks: list[CellTask],
-                  on_samples: Callable[[int, int], None] | None = None) -> list[CellResult]:
-        """The same shard of several cells that can share (:func:`kdeval.cluster.workload.check_group`) through
-        ``group_run.run_group``: one result per task, in order, each with the seconds of that cell's own runs.
-        The shard holding the cells' first samples times its first context group of each cell alone
-        (``time_first``). An error raised by the group fails all of its cells (the driver then runs them
-        alone)."""
+    def run_group(self, handle: Any, tasks: list[CellTask], on_samples: Callable[[int, int], None] | None = None,
+                  on_result: Callable[[int, CellResult], None] | None = None) -> list[CellResult]:
+        """The same consecutive shards of several cells that can share (:func:`kdeval.cluster.workload.group_span`)
+        through one ``group_run.run_group`` over their samples: one result per task, in order, each with the
+        seconds of that cell's own runs on it, handed to ``on_result`` as soon as its rows are all in
+        (:class:`GroupStreams`). A group starting at the cells' first sample times its first context group of
+        each cell alone (``time_first``), unless the tasks say not to (``CellTask.time_first``: accuracy only). An error raised by the group fails all of its cells not yet handed
+        over (the driver then runs them alone)."""
         if tasks and tasks[0].model_id.startswith(STUB_PREFIX):
-            return StubWorkload().run_group(handle, tasks, on_samples)
-        check_group(tasks)
+            return StubWorkload().run_group(handle, tasks, on_samples, on_result)
+        cells, span = group_span(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
         from kdeval.evals import group_run
 
         first = tasks[0]
+        whole = dataclasses.replace(first, sample_start=span[0][0], sample_stop=span[-1][1])
         evals_task, prompts = task_and_prompts(handle, first)
-        prompts = shard_prompts(prompts, first)
+        prompts = shard_prompts(prompts, whole)
         if not prompts[0]:
             return [CellResult(rows=[], summary={}, peak_memory_bytes=None, seconds=0.0) for _ in tasks]
-        members = [run_arguments(handle, t, grouped=True) for t in tasks]
-        done = group_run.run_group(handle, evals_task, members, prompts, share=True,
-                                   time_first=first.sample_start == 0,
-                                   batch_size=default_batch_size(handle, first), on_samples=on_samples)
-        return [_shard_result(m.rows, m.seconds) for m in done]
+        by_cell = {t.cell_id: t for t in reversed(tasks)}  # each cell's first task
+        members = [run_arguments(handle, by_cell[c], grouped=True) for c in cells]
+        streams = GroupStreams(tasks, cells, [s.id for s in prompts[0]], span[0][0], on_samples, on_result)
+        timed = span[0][0] == 0 and first.time_first  # the cells' first samples, unless the grid says no timing
+        group_run.run_group(handle, evals_task, members, prompts, share=True, time_first=timed,
+                            batch_size=default_batch_size(handle, first), on_rows=streams.add)
+        return streams.results()
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """The cell's summary from all its rows: ``runner.aggregate`` with the cell's evals task (built here,

@@ -81,10 +81,12 @@ class StubWorkload:
         os._exit(1)
 
     def run_group(self, handle: StubModel, tasks: list[CellTask],
-                  on_samples: Callable[[int, int], None] | None = None) -> list[CellResult]:
+                  on_samples: Callable[[int, int], None] | None = None,
+                  on_result: Callable[[int, CellResult], None] | None = None) -> list[CellResult]:
         """Each task through :meth:`run` in turn (the stub has nothing to share), each result with its own
         seconds and, in a group of several, its rows' ``execution`` set to ``shared``; a task that raises (or
-        crashes) fails the whole group, as a real group's error does. ``on_samples(i, n)`` as each task ends."""
+        crashes) fails the whole group, as a real group's error does. ``on_samples(i, n)`` and ``on_result(i,
+        result)`` as each task ends."""
         check_group(tasks)
         out = []
         for task in tasks:
@@ -96,6 +98,8 @@ class StubWorkload:
             out.append(res)
             if on_samples is not None:
                 on_samples(len(out) - 1, len(res.rows))
+            if on_result is not None:
+                on_result(len(out) - 1, res)
         return out
 
     def run(self, handle: StubModel, task: CellTask) -> CellResult:

@@ -2,7 +2,10 @@
 or one shard of a group of cells that share work (``run_group``).
 
 A worker never touches the index: it returns a :class:`CellOutcome` (rows and, for a done cell, the
-result's provenance included) to the driver.
+result's provenance included) to the driver. A group streams: each cell's outcome is kept as soon as the workload
+says that cell is finished (``on_result``), and the driver takes the outcomes kept so far while the group runs
+(:meth:`CellWorker.group_news`), so it stores them before the group returns; the group's return still holds every
+outcome (the driver skips those it stored).
 Errors raised by the cell's own code (including out-of-memory) come back as ``ok=False`` with the
 traceback; only the death of the process or node surfaces as a Ray error.
 """
@@ -43,6 +46,8 @@ class CellWorker:
         self.handle: Any = None
         self.model_loads = 0
         self.group_samples: list[int] = []  # samples each cell of the running group has finished
+        self.group_tasks: list[CellTask] = []  # the running (or last) group's tasks
+        self.group_finished: dict[int, CellOutcome] = {}  # task index -> outcome, finished, not taken yet
         self.node_id = "local"
         if ray.is_initialized():  # asking outside Ray would start one (cluster mode, token auth) by itself
             try:
@@ -90,7 +95,7 @@ class CellWorker:
         loading the model is every member's own (alone, each would meet it again), so it is not a group error;
         never raises for the cells' own errors."""
         t0 = time.perf_counter()
-        self.group_samples = [0] * len(tasks)
+        self.group_samples, self.group_tasks, self.group_finished = [0] * len(tasks), list(tasks), {}
         try:
             check_group(tasks)
         except Exception as exc:  # noqa: BLE001 - the group's own: each member can run alone
@@ -101,7 +106,7 @@ class CellWorker:
             took = time.perf_counter() - t0
             return [self._failed(t, exc, took / max(len(tasks), 1)) for t in tasks]
         try:
-            results = self.workload.run_group(self.handle, tasks, self._finished_samples)
+            results = self.workload.run_group(self.handle, tasks, self._finished_samples, self._finished_result)
             if len(results) != len(tasks):
                 raise RuntimeError(f"run_group: {len(results)} results for {len(tasks)} cells")
         except Exception as exc:  # noqa: BLE001 - reported, not raised
@@ -117,12 +122,27 @@ class CellWorker:
     def _finished_samples(self, i: int, n: int) -> None:
         self.group_samples[i] += n
 
+    def _finished_result(self, i: int, result: CellResult) -> None:
+        """Task ``i`` of the running group is finished: keep its outcome for :meth:`group_news`."""
+        seconds = result.seconds if result.seconds is not None else 0.0
+        self.group_finished[i] = self._done(self.group_tasks[i], result, seconds)
+
     @ray.method(concurrency_group="probe")
     def samples_done_in_group(self) -> list[int]:
         """How many samples each cell of the running (or last) group has finished, in the group's task order:
-        what the driver shows while a group runs (it stores them when the group returns). Answered on its own
-        thread, beside the group."""
+        what the driver shows while a group runs. Answered on its own thread, beside the group."""
         return list(self.group_samples)
+
+    @ray.method(concurrency_group="probe")
+    def group_news(self) -> tuple[list[int], dict[int, CellOutcome]]:
+        """What the running (or last) group has done since last asked: the samples each of its cells has
+        finished (:meth:`samples_done_in_group`) and the outcomes of the cells finished since (task index ->
+        outcome; each handed out once), for the driver to store while the group goes on. Answered on its own
+        thread, beside the group."""
+        news = {}
+        for i in list(self.group_finished):
+            news[i] = self.group_finished.pop(i)
+        return list(self.group_samples), news
 
     def _failed(self, task: CellTask, exc: BaseException, seconds: float) -> CellOutcome:
         oom = _is_oom(exc)

@@ -2,11 +2,12 @@
 
 A *workload* is a picklable object with four methods, ``load(task) -> handle`` (load the model a cell
 needs), ``run(handle, task) -> CellResult`` (run the task's shard of the cell: samples
-``[sample_start, sample_stop)`` of its first ``samples``), ``run_group(handle, tasks, on_samples) -> [CellResult]`` (the
-same shard of several cells that can share: same model, task instance, samples and generation length, any
-policy, budget, chunk size, engine options and protocol; one result per task, in order, each with the seconds
-spent on that cell's own runs; raising fails the whole group; ``on_samples(i, n)``, when given, is called as
-task ``i`` finishes ``n`` more samples) and ``aggregate(task, rows) -> summary`` (the
+``[sample_start, sample_stop)`` of its first ``samples``), ``run_group(handle, tasks, on_samples, on_result) ->
+[CellResult]`` (the same consecutive shards of several cells that can share, :func:`check_group`: same model, task
+instance and generation length, any policy, budget, chunk size, engine options and protocol; one result per task,
+in order, each with the seconds spent on that cell's own runs; raising fails the whole group; ``on_samples(i,
+n)``, when given, is called as task ``i`` finishes ``n`` more samples, and ``on_result(i, result)`` as soon as
+task ``i`` is finished, with the result it will return for it, so the driver can store it while the group goes on) and ``aggregate(task, rows) -> summary`` (the
 cell's headline numbers from all its stored rows; the driver calls it once every shard is done). The worker
 actor calls ``load`` only when the model changes, so a model is loaded once per (worker, model).
 :class:`kdeval.cluster.execute.EvalWorkload` runs real evaluations; :class:`kdeval.cluster.stub.StubWorkload`
@@ -55,6 +56,7 @@ class CellTask:
     shard: int = 0  # which shard of the cell this is (0 for a cell run whole)
     sample_start: int = 0  # first sample of the shard (index into the cell's samples)
     sample_stop: int | None = None  # one past its last sample (None: the cell's last)
+    time_first: bool = True  # in a group, the cell's first context group runs alone, timed (False: shared too)
 
     def __post_init__(self) -> None:
         stop = self.samples if self.sample_stop is None else self.sample_stop
@@ -75,20 +77,44 @@ class CellTask:
 
 def group_key(task: CellTask) -> str:
     """What the tasks of one group (``Workload.run_group``) have alike: the loaded model, the task instance
-    (name, length, seed, samples, parameters), the generation length and the shard's samples. Policy, budget,
-    chunk size, engine options, protocol, thinking and batch size may differ."""
+    (name, length, seed, samples, parameters) and the generation length. Policy, budget, chunk size, engine
+    options, protocol, thinking and batch size may differ; the sample ranges are :func:`check_group`'s."""
     return json.dumps([task.model_key, task.task, task.length, task.seed, task.samples, task.task_params,
-                       task.max_new_tokens, task.sample_start, task.shard_slice.stop], sort_keys=True, default=repr)
+                       task.max_new_tokens], sort_keys=True, default=repr)
 
 
-def check_group(tasks: list[CellTask]) -> None:
-    """Raise ``ValueError`` unless ``tasks`` is a non-empty list of tasks with one :func:`group_key`."""
+def task_range(task: CellTask) -> tuple[int, int]:
+    """The task's samples ``(start, stop)``."""
+    return task.sample_start, task.shard_slice.stop
+
+
+def group_span(tasks: list[CellTask]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The cells of a group (ids, in order of first task) and the sample ranges each of them runs (in order):
+    a group is every cell on the same consecutive shards, so it runs the samples from the first range's start to
+    the last one's stop once for all of them. Raises ``ValueError`` for any other list of tasks."""
     if not tasks:
         raise ValueError("run_group: expected at least one task")
     odd = [t.cell_id for t in tasks if group_key(t) != group_key(tasks[0])]
     if odd:
         raise ValueError(f"run_group: cell {odd[0]} cannot share with cell {tasks[0].cell_id} (another model, "
-                         f"task instance, generation length or sample range)")
+                         f"task instance or generation length)")
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for t in tasks:
+        ranges.setdefault(t.cell_id, []).append(task_range(t))
+    cells = list(ranges)
+    span = sorted(ranges[cells[0]])
+    for cid in cells:
+        if sorted(ranges[cid]) != span:
+            raise ValueError(f"run_group: cell {cid} cannot share with cell {cells[0]}: another sample range")
+    if any(a[1] != b[0] for a, b in zip(span, span[1:])) or len(set(span)) != len(span):
+        raise ValueError(f"run_group: the sample ranges {span} are not consecutive shards")
+    return cells, span
+
+
+def check_group(tasks: list[CellTask]) -> None:
+    """Raise ``ValueError`` unless ``tasks`` is a group: the same consecutive shards of cells that can share
+    (:func:`group_span`)."""
+    group_span(tasks)
 
 
 def shared_rows(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -147,6 +173,7 @@ class Workload(Protocol):
     def run(self, handle: Any, task: CellTask) -> CellResult: ...
 
     def run_group(self, handle: Any, tasks: list[CellTask],
-                  on_samples: Callable[[int, int], None] | None = None) -> list[CellResult]: ...
+                  on_samples: Callable[[int, int], None] | None = None,
+                  on_result: Callable[[int, "CellResult"], None] | None = None) -> list[CellResult]: ...
 
     def aggregate(self, task: CellTask, rows: list[dict[str, Any]]) -> dict[str, Any]: ...

@@ -116,7 +116,9 @@ class GroupDecoder:
             stats = dataclasses.replace(
                 first.stats, decode_tokens=1 + len(r.tokens[0]), decode_s=0.0, decode_tokens_per_s=0.0,
                 peak_kv_tokens=r.stats.peak_kv_tokens, kept_tokens=r.stats.kept_tokens,
-                kv_cache_bytes=cache.nbytes(), peak_kv_bytes=max(first.stats.peak_kv_bytes, cache.held_nbytes()))
+                kv_cache_bytes=r.stats.kv_cache_bytes,  # the row's own tokens: what it holds alone
+                peak_kv_bytes=max(first.stats.peak_kv_bytes, r.stats.peak_kv_bytes),
+                kv_buffer_bytes=max(first.stats.kv_buffer_bytes, cache.held_nbytes()))
             answer[i] = GenerationResult([first.tokens[0] + r.tokens[0]], stats, first.state)
             out[i].seconds += share
             out[i].batched.add(job.sample_id)

@@ -38,7 +38,8 @@ OWN_FIGURES = ("ttft_s", "shared_prefill_s", "peak_memory_bytes")
 def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
               prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]], *, share: bool = True,
               time_first: bool = True, batch_size: int = 1,
-              on_samples: Callable[[int, int], None] | None = None) -> list[MemberResult]:
+              on_samples: Callable[[int, int], None] | None = None,
+              on_rows: Callable[[int, list[dict[str, Any]], float], None] | None = None) -> list[MemberResult]:
     """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
     (:mod:`kdeval.keydiff.shared`): ``members[i]`` are :func:`run_task`'s keyword arguments of cell ``i``
     (policy, policy_params, budget, chunk_size, engine, compress, decode, max_new_tokens, thinking, batch_size,
@@ -56,8 +57,9 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     ``time_first``: the first context group runs every member alone, so each cell has samples timed on their
     own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed step costs the
     cell nothing). Windows end where a run alone's batches end but for the first (the timed group is a batch of
-    its own), so a row there may share its batch with other samples than alone: its ``kv_cache_bytes`` and
-    ``peak_kv_bytes``, the row's share of its batch's buffers, are then those of its batch, like its timings. ``share=False``, and members in
+    its own), so a row there may share its batch with other samples than alone: its ``kv_buffer_bytes`` (the
+    batch's buffers) are then those of its batch, like its timings; its ``peak_kv_bytes`` are its own tokens', the
+    same as alone. ``share=False``, and members in
     batches on a task of several questions per context, run alone on all samples. A row whose sample's steps this
     member neither replayed nor recorded says ``"alone"``.
 
@@ -68,8 +70,12 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     ``on_samples(i, n)``: member ``i`` has finished ``n`` more samples (a member running alone on all samples,
     once; in the timed first context group, as each member's own run ends; after it, a member in batches as its
     run of a window ends, the members at batch 1 of a context group at once, as they decode together), so a
-    worker can say how far a group has got before it returns."""
+    worker can say how far a group has got before it returns. ``on_rows(i, rows, seconds)``: at the same
+    moments, the rows member ``i`` has just finished (final: nothing changes them after, but their order in the
+    result) and the seconds of its own work on them, so a worker can hand over a member's finished samples before
+    the group returns."""
     told = on_samples or (lambda i, n: None)
+    handed = on_rows or (lambda i, rows, seconds: None)
 
     samples, built = list(prompts[0]), list(prompts[1])
     out = [MemberResult([], 0.0) for _ in members]
@@ -80,7 +86,7 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     sharing = sorted(stepwise + windowed)
     for i, kwargs in enumerate(members):
         if i not in sharing:
-            _run_alone(out[i], lm, task, kwargs, prompts)
+            handed(i, *_run_alone(out[i], lm, task, kwargs, prompts))
             told(i, len(samples))
     if not sharing:
         return out
@@ -91,7 +97,7 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
     if time_first and groups:
         ids = [samples[j].id for j in groups[0]]
         for i in sharing:
-            _run_alone(out[i], lm, task, resolved[i], prompts, ids)
+            handed(i, *_run_alone(out[i], lm, task, resolved[i], prompts, ids))
             told(i, len(ids))
         groups, timed = groups[1:], len(ids)
     decoder = GroupDecoder(lm.model)
@@ -108,7 +114,9 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
             rows = run_task(lm, task, prompts=prompts, sample_ids=every_id, shared=by_id, **resolved[i])
             touched = {sid for group_ids, s, b in zip(ids, stores, before) if (s.recorded, s.replayed) != b
                        for sid in group_ids}
-            _add_rows(out[i], rows, time.perf_counter() - t0, touched)
+            took = time.perf_counter() - t0
+            _add_rows(out[i], rows, took, touched)
+            handed(i, rows, took)
             told(i, len(every_id))
         if not stepwise:
             continue
@@ -118,6 +126,7 @@ def run_group(lm: Any, task: Task, members: Sequence[Mapping[str, Any]],
             for i, run in decoder.drive(loops, lambda: (store.recorded, store.replayed)).items():
                 took_part = run.touched_store or bool(run.batched)
                 _add_rows(out[i], run.value, run.seconds, set(group_ids) if took_part else set(), run.batched)
+                handed(i, run.value, run.seconds)
             for i in stepwise:
                 told(i, len(group_ids))
     for r in out:
@@ -150,11 +159,13 @@ def _windows(groups: Sequence[list[int]], width: int, before: int = 0) -> list[l
 
 
 def _run_alone(result: MemberResult, lm: Any, task: Task, kwargs: Mapping[str, Any], prompts: Any,
-               sample_ids: Sequence[str] | None = None) -> None:
-    """Run one member alone on ``sample_ids`` (all: ``None``); add its rows to ``result``."""
+               sample_ids: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], float]:
+    """Run one member alone on ``sample_ids`` (all: ``None``); add its rows to ``result``; its rows and seconds."""
     t0 = time.perf_counter()
     rows = run_task(lm, task, prompts=prompts, sample_ids=sample_ids, **kwargs)
-    _add_rows(result, rows, time.perf_counter() - t0, set())
+    took = time.perf_counter() - t0
+    _add_rows(result, rows, took, set())
+    return rows, took
 
 
 def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, shared: Collection[str],

@@ -40,8 +40,9 @@ class EvalRow(TypedDict):
     peak_memory_bytes: int     # process (RSS) or GPU (max allocated) peak during the call, weights included
     memory_kind: str           # what peak_memory_bytes is: "process_rss" or "cuda_max_allocated"
     peak_kv_tokens: int        # most tokens held in the KV cache per layer
-    peak_kv_bytes: int         # most bytes of K/V tensors the cache had allocated during the call, all layers
-    windowed_kv_bytes: int     # of the cache's bytes at the end, the windowed layers' (sliding/chunked: not the policy's)
+    peak_kv_bytes: int         # most K/V bytes the request held by its own tokens during the call, all layers
+    kv_buffer_bytes: int       # most K/V buffer bytes allocated for the call's batch (padding, slots ahead): how it ran
+    windowed_kv_bytes: int     # K/V bytes the windowed layers (sliding/chunked: not the policy's) keep at the end
     layer_kinds: str           # the model's layers by kind ("18 layers: 3 full, 15 sliding 512"; "": all full)
     model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
@@ -85,6 +86,7 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "memory_kind": str(stats.get("memory_kind", "")),
         "peak_kv_tokens": int(stats.get("peak_kv_tokens", 0)),
         "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
+        "kv_buffer_bytes": int(stats.get("kv_buffer_bytes", 0)),
         "windowed_kv_bytes": int(stats.get("windowed_kv_bytes", 0)),
         "layer_kinds": str(stats.get("layer_kinds", "")),
         "model_weight_bytes": int(weight_bytes),

@@ -171,7 +171,7 @@ def run_task(lm: Any, task: Task, policy: Any = "keydiff", policy_params: Mappin
             ``prompts`` must have been); None: each sample's own.
         batch_size: samples sent through the engine together (``Engine.generate_batch``, eager: no CUDA
             graphs); the rows are the same as with 1 (tokens and kept sets; timings and memory are the
-            batch's, ``peak_kv_bytes`` the row's share). A shared context is still prefilled once, at batch
+            batch's, ``kv_buffer_bytes`` too; ``peak_kv_bytes`` the row's own tokens', as at batch 1). A shared context is still prefilled once, at batch
             1, and its questions are rows continuing from it (several per batch).
         thinking: ``"keep"`` (score the whole generation) or ``"strip"`` (score what follows the thinking block,
             markers from ``lm.tokenizer``; :mod:`kdeval.evals.thinking`): rows keep the raw ``prediction`` and

@@ -25,7 +25,7 @@ from kdeval.keydiff.batch_capacity import ragged_cache
 from kdeval.keydiff.batch_requests import Row, batch_rows
 from kdeval.keydiff.decoding import Feed, GenerationLoop, eos_ids
 from kdeval.keydiff.layouts import RaggedLayout
-from kdeval.keydiff.memory import PeakMemory
+from kdeval.keydiff.memory import PeakMemory, own_bytes
 from kdeval.keydiff.ragged import RaggedCache, RaggedStep
 from kdeval.keydiff.state import GenerationResult, PrefillState
 
@@ -121,12 +121,14 @@ class _Batch:
         steps = [row.state.steps for row in rows]
         steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
             steps, dtype=torch.long, device=eng.plan.device).view(-1, 1, 1)
+        before = cache.lengths
         logits = self._forward(rows, ids, layer_steps, steps_arg)
         cache.lengths = [list(s.host_keep) for s in layer_steps]
         self.share = cache.nbytes() // step.rows
         for r, (row, f, b) in enumerate(zip(rows, feeds, t)):
             state = row.state
-            state.peak_kv_bytes = max(state.peak_kv_bytes, self.share)
+            state.peak_kv_bytes = max(state.peak_kv_bytes, self._own(before, r, b))
+            state.kv_buffer_bytes = max(state.kv_buffer_bytes, cache.nbytes())
             if f[2]:
                 state.protect(state.seen, state.seen + b)
             state.seen += b
@@ -137,6 +139,13 @@ class _Batch:
         if self.on_batch_step is not None:
             self.on_batch_step(BatchView(cache, [row.index for row in rows], [row.state.seen for row in rows]))
         return logits
+
+    def _own(self, lengths: list[list[int]], r: int, extra: int = 0) -> int:
+        """Row ``r``'s own K/V bytes holding ``lengths[l][r] + extra`` tokens per layer
+        (:func:`~kdeval.keydiff.memory.own_bytes`); a quantized store's: the row's share of the store."""
+        if self.cache.kv_store is not None:
+            return self.share
+        return own_bytes(self.cache.layers, [n[r] for n in lengths], extra)
 
     def _forward(self, rows: list[Row], ids: torch.Tensor, layer_steps: list[RaggedStep], steps) -> torch.Tensor:
         """The engine's one forward on ``ids [rows, T]`` over the ragged layout, then eviction; the last column's
@@ -152,10 +161,12 @@ class _Batch:
             stats = row.stats(time.perf_counter() - row.t_first, self.memory,
                               peak_kv_tokens=row.state.peak_kv_tokens,
                               kept_tokens=max(lengths[r] for lengths in self.cache.lengths),
-                              kv_cache_bytes=self.share, peak_kv_bytes=row.state.peak_kv_bytes)
+                              kv_cache_bytes=self._own(self.cache.lengths, r), peak_kv_bytes=row.state.peak_kv_bytes)
+            stats.kv_buffer_bytes = row.state.kv_buffer_bytes
             plan = self.runner.plan
-            stats.windowed_kv_bytes = sum(layer.nbytes() for i, layer in enumerate(self.cache.layers)
-                                          if plan.trims(i)) // len(rows)
+            windowed = [i for i in range(plan.num_layers) if plan.trims(i)]
+            stats.windowed_kv_bytes = own_bytes([self.cache.layers[i] for i in windowed],
+                                                [self.cache.lengths[i][r] for i in windowed])
             stats.layer_kinds = plan.layer_kinds_label()
             state = _row_state(self.runner, self.cache, r, row)
             self.results[row.index] = GenerationResult([list(row.out)], stats, state)

@@ -45,7 +45,7 @@ from kdeval.keydiff.caches import LayerFactory, slot_layer
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.graphs import CapturedStep
-from kdeval.keydiff.memory import PeakMemory
+from kdeval.keydiff.memory import PeakMemory, own_bytes, own_kept_bytes
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.repeat import RepeatPrompt
@@ -123,8 +123,9 @@ class Engine:
         before the protected question (``protect_last`` tokens), so the rest is a prompt of its own:
         ``generate_batch([ids[state.seen:]], states=[state], protect_last=...)`` then gives what ``generate``
         gives the whole prompt (the same chunks, from the same state). Returns the state (``seen``: how far it
-        got, 0 when nothing was shared), its ``peak_kv_bytes`` left at 0: the batch it continues in allocates
-        the row's buffers (a batch-1 cache's figure is not the batch's)."""
+        got, 0 when nothing was shared), its ``kv_buffer_bytes`` left at 0: the batch it continues in allocates
+        the row's buffers (a batch-1 cache's figure is not the batch's); its ``peak_kv_bytes`` are its own
+        tokens', as in the batch."""
         if self.shared is None or input_ids.shape[0] != 1:
             raise ValueError("prefill_shared: needs a shared store (Engine.shared) and one prompt [1, L]")
         length = input_ids.shape[1]
@@ -140,7 +141,7 @@ class Engine:
             self.prefill(ids, state)
             if not undiverged(state, self.plan):  # this cell's first eviction: its own steps from here
                 break
-        state.peak_kv_bytes = 0
+        state.kv_buffer_bytes = 0
         return state
 
     def record_shared(self, prompts: Sequence[torch.Tensor], stores: Sequence[SharedSteps],
@@ -203,13 +204,15 @@ class Engine:
         def leave(finished: list[int]) -> None:
             decode_s = time.perf_counter() - requests[0].t_first
             stats = requests[0].stats(decode_s, memory, peak_kv_tokens=state.peak_kv_tokens,
-                                      kept_tokens=state.cache.length, kv_cache_bytes=state.cache.nbytes(),
+                                      kept_tokens=state.cache.length, kv_cache_bytes=own_kept_bytes(state.cache),
                                       peak_kv_bytes=state.peak_kv_bytes,
                                       decode_tokens=max(len(row.out) for row in requests))
             stats.replayed_steps = state.replayed
             stats.extra_forward_tokens = state.extra_forward_tokens
-            stats.windowed_kv_bytes = sum(layer.nbytes() for i, layer in enumerate(state.cache.layers)
-                                          if self.plan.trims(i))
+            stats.kv_buffer_bytes = state.kv_buffer_bytes
+            windowed = [i for i in range(len(state.cache.layers)) if self.plan.trims(i)]
+            stats.windowed_kv_bytes = own_bytes([state.cache.layers[i] for i in windowed],
+                                                [state.cache.layers[i].length for i in windowed])
             stats.layer_kinds = self.plan.layer_kinds_label()
             results.append(GenerationResult([row.out for row in requests], stats, state))
 
@@ -226,7 +229,7 @@ class Engine:
         ``states[i]`` (a batch-1 state, e.g. a shared context, read and left as it is; ``None``: none), each
         with its own ``max_new_tokens`` and ``protect_last``. Returns one result per prompt, in order, with
         the tokens, kept set and counters :meth:`generate` gives that request alone (timings and memory are
-        the batch's; ``peak_kv_bytes``/``kv_cache_bytes``: the row's share of the batch's K/V buffers), and
+        the batch's, ``kv_buffer_bytes`` too; ``peak_kv_bytes``/``kv_cache_bytes``: the row's own tokens'), and
         the row's final state (a dynamic cache this engine can continue).
 
         Rows are aligned on their first token and left-padded within each step; padding is masked and never

@@ -17,19 +17,23 @@ class RunStats:
 
     - ``peak_kv_tokens``: the most tokens one layer held during a forward; ``kept_tokens``: the most one layer
       keeps at the end (every layer's count under a uniform budget).
-    - ``peak_kv_bytes``: the most bytes of key/value tensors the cache had *allocated* during a forward, all
-      layers (what the cache costs: the slot store's ``N + B`` buffer from the first chunk on, a growing
-      cache's buffers at their largest); positions and per-token policy state are not counted.
-    - ``kv_cache_bytes``: the same at the end of the call.
+    - ``peak_kv_bytes``: the most bytes of keys and values the request held *by its own tokens* during a forward,
+      all layers: each layer's held tokens plus the chunk fed, at that layer's bytes per token
+      (:func:`kdeval.keydiff.memory.own_peak_bytes`; a quantized store's record plus the chunk in full
+      precision). What the request costs under its policy, the same whether it ran alone, in a batch or with
+      steps replayed in a group; positions and per-token policy state are not counted.
+    - ``kv_cache_bytes``: the same at the end of the call (the tokens kept).
+    - ``kv_buffer_bytes``: the most bytes of key/value buffers *allocated* while the request ran, its batch's
+      whole (padding, other rows and slots allocated ahead included): how the request was executed, like its
+      timings, not what it costs.
     - ``peak_memory_bytes``: the process or GPU peak, weights included; ``memory_kind`` says which:
       ``"cuda_max_allocated"`` (``torch.cuda.max_memory_allocated``) or ``"process_rss"`` (peak RSS sampled
       per chunk and decode step).
 
     A request of a batch (``Engine.generate_batch``) has its own token counts (``prompt_tokens``,
-    ``decode_tokens``, ``peak_kv_tokens``, ``kept_tokens``: what it has alone); ``ttft_s`` runs from the start of
-    the batch, ``decode_s`` from the request's first token to its last, ``peak_memory_bytes`` is the batch's,
-    and ``peak_kv_bytes`` / ``kv_cache_bytes`` are the request's share (bytes over rows) of the batch's K/V
-    buffers, which are sized for the largest row.
+    ``decode_tokens``, ``peak_kv_tokens``, ``kept_tokens``) and KV bytes (``peak_kv_bytes``, ``kv_cache_bytes``:
+    what it has alone); ``ttft_s`` runs from the start of the batch, ``decode_s`` from the request's first token
+    to its last, ``peak_memory_bytes`` and ``kv_buffer_bytes`` are the batch's.
     """
 
     prompt_tokens: int = 0
@@ -43,6 +47,7 @@ class RunStats:
     kv_cache_bytes: int = 0
     peak_kv_bytes: int = 0
     memory_kind: str = ""
+    kv_buffer_bytes: int = 0
     #: prompt steps replayed from steps other cells computed alike (kdeval/keydiff/shared.py), not computed here
     replayed_steps: int = 0
     #: tokens of the forwards a policy runs besides the prompt's and the answer's (KVzip's repeat passes,
@@ -87,6 +92,7 @@ class PrefillState:
     released: bool = False  # handed back to its engine's pool (Engine.release): not to be used again
     protected: list[tuple[int, int]] = field(default_factory=list)
     peak_kv_bytes: int = 0  # RunStats.peak_kv_bytes over this state's steps
+    kv_buffer_bytes: int = 0  # RunStats.kv_buffer_bytes over this state's steps
     #: what the cache holds, as a hash of every step fed so far (kdeval/keydiff/shared.py); ``None``: unknown
     #: (a step that could not be shared ran, or a token was decoded)
     history: str | None = ""
@@ -121,6 +127,7 @@ class PrefillState:
             into.cache.copy_from(self.cache)
             into.seen, into.peak_kv_tokens, into.steps = self.seen, self.peak_kv_tokens, self.steps
             into.protected, into.peak_kv_bytes = list(self.protected), self.peak_kv_bytes
+            into.kv_buffer_bytes = self.kv_buffer_bytes
             into.history, into.replayed = self.history, self.replayed
             into.extra_forward_tokens, into.repeat = self.extra_forward_tokens, self._repeat_copy()
             into.last_logits = self.last_logits.clone()
@@ -132,7 +139,8 @@ class PrefillState:
         finally:
             self.cache.graphs = graphs
         return PrefillState(cache, self.seen, self.last_logits.clone(), self.peak_kv_tokens, self.steps,
-                            protected=list(self.protected), peak_kv_bytes=self.peak_kv_bytes, history=self.history,
+                            protected=list(self.protected), peak_kv_bytes=self.peak_kv_bytes,
+                            kv_buffer_bytes=self.kv_buffer_bytes, history=self.history,
                             replayed=self.replayed, extra_forward_tokens=self.extra_forward_tokens,
                             repeat=self._repeat_copy())
 

@@ -20,6 +20,7 @@ from kdeval.keydiff.caches import CacheMaker, LayerFactory, slot_layer
 from kdeval.keydiff.eviction import Evictor
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.layouts import RaggedLayout, SlotLayout, slot_layout
+from kdeval.keydiff.memory import layer_lengths, own_peak_bytes
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.queries import record_step
@@ -63,6 +64,7 @@ class Step:
         key = shared.step_key(self.plan, state, ids) if shared is not None and not all_logits else None
         state.cache.rerotated = self.plan.rerotate  # check_ids let it through: the schemes agree so far
         state.peak_kv_tokens = max(state.peak_kv_tokens, state.cache.length + t)  # held during this forward
+        before = layer_lengths(state.cache)
         graph = self._graph_for(state, ids, all_logits) if evict else None
         record = shared.find(key, self.plan) if shared is not None else None
         positions = torch.arange(state.seen, state.seen + t, device=self.plan.device) if graph is None else None
@@ -81,7 +83,8 @@ class Step:
                                       evict=evict, protected=tuple(state.protected), recording=recording,
                                       repeat=repeat)
         state.history = key
-        state.peak_kv_bytes = max(state.peak_kv_bytes, state.cache.held_nbytes())
+        state.peak_kv_bytes = max(state.peak_kv_bytes, own_peak_bytes(state.cache, before, t))
+        state.kv_buffer_bytes = max(state.kv_buffer_bytes, state.cache.held_nbytes())
         if protect:
             state.protect(state.seen, state.seen + t)
         state.seen += t

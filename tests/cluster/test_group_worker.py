@@ -35,6 +35,20 @@ def test_run_group_gives_each_cell_its_own_outcome():
         assert 0 <= out.duration_s < 1 and out.provenance and out.peak_memory_bytes == 1 << 20
 
 
+def test_a_group_keeps_each_cell_outcome_as_it_finishes_for_the_driver_to_take_once():
+    tasks = _tasks()
+    worker = CellWorker(StubWorkload(), "w0")
+    outs = worker.run_group(tasks)
+    counts, news = worker.group_news()
+    assert counts == [3] * len(tasks) and sorted(news) == list(range(len(tasks)))
+    assert [news[k].rows for k in sorted(news)] == [o.rows for o in outs] and all(n.ok for n in news.values())
+    assert worker.group_news() == (counts, {})  # each handed out once
+    failing = CellWorker(StubWorkload(fail_policies=("keydiff-mean",)), "w0")
+    failing.run_group(tasks)
+    _, news = failing.group_news()
+    assert [tasks[k].policy for k in sorted(news)] == ["full", "keydiff", "keydiff"]  # finished before the error
+
+
 def test_an_error_raised_by_the_group_fails_every_cell_as_a_group_error():
     tasks = _tasks()
     outs = CellWorker(StubWorkload(fail_policies=("keydiff-mean",)), "w0").run_group(tasks)

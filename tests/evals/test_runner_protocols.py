@@ -124,8 +124,8 @@ def test_protocol_values_and_a_task_without_a_question_refused(tiny, data_dir):
 
 
 def test_rows_carry_kv_bytes_memory_kind_and_weights(tiny):
-    """keydiff at N=128, B=64 allocates N + B slots whatever the length; the full cache its prompt and
-    generation; the summary adds the KV peak and the weights."""
+    """keydiff at N=128, B=64 holds N + B tokens at its peak whatever the length; the full cache its prompt and
+    all but the last generated token; the summary adds the KV peak and the weights."""
     from kdeval.keydiff.memory import model_weight_bytes
 
     kv, full = {}, {}
@@ -138,7 +138,7 @@ def test_rows_carry_kv_bytes_memory_kind_and_weights(tiny):
         assert row["model_weight_bytes"] == model_weight_bytes(tiny.model) > 0
         kv[length] = row["peak_kv_bytes"]
         full[length] = frow["peak_kv_bytes"]
-        assert full[length] == (prompts[0].n_tokens + 4) * PER_TOKEN
+        assert full[length] == (prompts[0].n_tokens + 4 - 1) * PER_TOKEN
         summary = aggregate(task, [row])
         assert summary["max_peak_kv_bytes"] == row["peak_kv_bytes"]
         assert summary["model_weight_bytes"] == row["model_weight_bytes"]

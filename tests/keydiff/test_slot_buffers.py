@@ -103,14 +103,17 @@ def narrow_values_model():
 
 
 def test_kv_bytes_count_values_at_their_own_width():
-    """``kv_cache_bytes`` and ``peak_kv_bytes`` are the key plus the value buffers' bytes, each at its own width
-    (a formula that doubled the keys over-counted this model's cache), in a run and in a batch row."""
+    """``kv_cache_bytes`` and ``peak_kv_bytes`` count a token's key plus its value, each at its own width (a formula
+    that doubled the keys over-counted this model's cache), in a run and in a batch row: the peak is the N + B
+    tokens held during a chunk's forward (the buffers allocated, ``kv_buffer_bytes``), the end the N kept."""
     model = narrow_values_model()
     eng = Engine(model, get_policy("keydiff"), EngineConfig(budget=20, chunk_size=8))
     res = eng.generate(prompt(50), max_new_tokens=4)
     layers = res.state.cache.layers
     assert layers[0].values.shape[-1] < layers[0].keys.shape[-1]
     want = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
-    assert res.stats.kv_cache_bytes == res.stats.peak_kv_bytes == want  # N + B slots, allocated once
+    assert res.stats.peak_kv_bytes == res.stats.kv_buffer_bytes == want  # N + B slots, allocated once, all held
+    assert res.stats.kv_cache_bytes == want * 20 // (20 + 8)  # the N tokens kept at the end
     [row] = eng.generate_batch([prompt(50)[0]], max_new_tokens=4)
-    assert row.tokens == res.tokens and row.stats.peak_kv_bytes == want  # one row: the batch's buffers
+    assert row.tokens == res.tokens and row.stats.peak_kv_bytes == want  # its own tokens, as alone
+    assert row.stats.kv_cache_bytes == res.stats.kv_cache_bytes

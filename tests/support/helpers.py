@@ -44,9 +44,9 @@ def new_run(db: Path, results: Path, text: str) -> tuple[RunIndex, str, service.
 
 
 #: Columns that say how a row was computed, not what: timings, the process's memory, the batch it was timed in,
-#: which execution computed it, the run that stored it.
+#: which execution computed it, the K/V buffers allocated for its batch, the run that stored it.
 HOW_COMPUTED = frozenset({"ttft_s", "decode_s", "decode_tokens_per_s", "peak_memory_bytes", "timing_batch",
-                          "shared_prefill_s", "execution", "replayed_steps", "run_id"})
+                          "shared_prefill_s", "execution", "replayed_steps", "run_id", "kv_buffer_bytes"})
 
 
 def cell_rows(idx: RunIndex, cell_id: str, drop: frozenset[str] | set[str] = HOW_COMPUTED) -> list[dict]:

@@ -15,11 +15,11 @@ class RecordingStub(StubWorkload):
 
     log: str = ""
 
-    def run_group(self, handle, tasks, on_samples=None):
+    def run_group(self, handle, tasks, on_samples=None, on_result=None):
         with open(self.log, "a", encoding="utf-8") as f:
             f.write(json.dumps([[t.cell_id, t.sample_start, t.sample_stop, f"{t.task}@{t.length}#s{t.seed}"]
                                 for t in tasks]) + "\n")
-        return super().run_group(handle, tasks, on_samples)
+        return super().run_group(handle, tasks, on_samples, on_result)
 
 
 def group_calls(log: Path) -> list[list[list]]:

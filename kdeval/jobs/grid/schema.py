@@ -23,7 +23,7 @@ Example (see ``examples/*.yaml``)::
     kv_quant: [none, 4]                        # how kept tokens are stored: none (full width) or bits / a mapping
     resources: {workers: 2, cpus_per_worker: 1, gpus_per_worker: 0, accelerator_type: null}
     retries: {max_attempts: 3, cell_timeout_s: null}
-    execution: {share: true}                   # false: every cell alone (how results are computed, not what)
+    execution: {share: true, time_first: true} # false: every cell alone; time_first false: no sample timed alone
 
 Only identity-free settings (resources, retries, execution, name) may change without changing cell ids.
 Validation errors are :class:`kdeval.jobs.grid.errors.GridError`; see :func:`kdeval.jobs.grid.load.load_grid`.
@@ -255,6 +255,10 @@ class ExecutionSpec(_Strict):
     share: StrictBool = Field(True, description="Run the cells that can share (same model, task, samples and "
                               "generation length) as groups computing what they have alike once; `false`: every "
                               "cell alone. Changes no result.")
+    time_first: StrictBool = Field(True, description="In a group, run each cell's first samples alone so that "
+                                   "they carry the cell's timings (TTFT, process peak); `false`: share every "
+                                   "sample (accuracy-only grids, faster: rows carry no TTFT and reports say "
+                                   "so). Changes no result but timings.")
 
 
 class GridSpec(_Strict):

@@ -176,6 +176,8 @@ def _timed_samples(cell: LoadedCell) -> str:
     counts = {what: int((~np.isnan(cell.perf[col])).sum())
               for what, col in (("TTFT", "ttft_s"), ("decode speed", "decode_s"))}
     partial = [f"{what} of {k}/{n}" for what, k in counts.items() if 0 < k < n]
+    if not counts["TTFT"] and n and (cell.view.summary or {}).get("shared_rows") == n:
+        return "not timed: every sample ran with shared steps (execution: {time_first: false})"
     if not partial:
         return ""
     how = "shared steps" + (", decoded in a batch with other cells" if 0 < counts["decode speed"] < n else "")

@@ -8,10 +8,12 @@ such cells: the worker runs it in one call (``CellWorker.run_group``), and each 
 alone, timings aside. Sharing is how a result is computed, not what it is: no cell id depends on it, and
 ``execution: {share: false}`` in a grid runs every cell alone.
 
-:func:`take_group` is the rule: the shard a worker picked, plus every other queued shard of the same share key
-and sample range, plus the shard of that range of every queued cell of the same share key (the cell is taken
-first: claimed and planned). Shards marked to run alone (a retry after their group was lost or failed as a
-whole) are left out.
+:func:`take_group` is the rule: every queued cell of the picked shard's share key is taken (claimed and planned);
+the group is then the shards of the consecutive sample ranges from the picked shard's on, up to the group's span,
+of every cell of the key that has them all queued. The worker runs the span once for all of them and hands each
+(cell, shard) over as soon as it is finished (streaming: the scheduler plans a group's cells in shards smaller than
+its span for it). Shards marked to run alone (a retry after their group was lost or failed as a whole) are left
+out.
 
 Spreading: a group is as many units of work as its cells have shards, and the scheduler starts no more workers
 than :func:`units_of_work`. When a run's groups are fewer units of work than its workers, :func:`spread_shard_sizes`
@@ -47,29 +49,49 @@ def _unit(shard: Shard) -> tuple[str, int]:
 
 
 def take_group(first: Shard, queue: deque, take: Callable[[CellSpec], Shard | None],
-               requeue: Callable[[Shard], None], alone: Collection[tuple[str, int]] = ()) -> list[Shard]:
+               requeue: Callable[[Shard], None], alone: Collection[tuple[str, int]] = (),
+               span: int | None = None) -> list[Shard]:
     """``first`` and the queued work that runs with it, removed from ``queue`` (one model's queue of cells not
-    taken and shards of taken cells): every shard that :func:`can_share` with ``first``, and every cell of its
-    share key, taken with ``take`` (the scheduler's: claim the cell, plan its shards, queue all but the first,
-    return the first or None); a taken cell whose first shard is of another range gets it back through
-    ``requeue``. ``alone``: (cell id, shard) of shards that run by themselves; ``first`` among them: no group."""
+    taken and shards of taken cells). Every queued cell of ``first``'s share key is taken with ``take`` (the
+    scheduler's: claim the cell, plan its shards, queue all but the first, return the first or None; that one goes
+    back through ``requeue``). The group is then the shards of a run of consecutive sample ranges starting at
+    ``first``'s, at most ``span`` samples in all (None: ``first``'s range only), of every cell of the key that has
+    all of them queued (fewer ranges when some cell has only the first ones): every cell on the same samples,
+    ranges in order, cells in order within a range. ``alone``: (cell id, shard) of shards that run by themselves
+    (``first`` among them: no group; the others are left out)."""
     if _unit(first) in alone:
         return [first]
     key = share_key(first.cell)
-    mine = [x for x in queue if share_key(x if isinstance(x, CellSpec) else x.cell) == key
-            and (isinstance(x, CellSpec) or (can_share(first, x) and _unit(x) not in alone))]
-    for x in mine:
-        queue.remove(x)
-    group = [first]
-    for x in mine:
-        shard = take(x) if isinstance(x, CellSpec) else x
-        if shard is None:
-            continue
-        if can_share(first, shard) and _unit(shard) not in alone:
-            group.append(shard)
-        else:
+    fresh = [x for x in queue if isinstance(x, CellSpec) and share_key(x) == key]
+    if fresh:
+        taken = {id(x) for x in fresh}
+        kept = [x for x in queue if id(x) not in taken]
+        queue.clear()
+        queue.extend(kept)
+    for x in fresh:
+        shard = take(x)
+        if shard is not None:
             requeue(shard)
-    return group
+    queued: dict[str, dict[tuple[int, int], Shard]] = {first.cell.id: {(first.start, first.stop): first}}
+    for x in queue:
+        if isinstance(x, Shard) and share_key(x.cell) == key and _unit(x) not in alone:
+            queued.setdefault(x.cell.id, {})[(x.start, x.stop)] = x
+    ranges = [(first.start, first.stop)]
+    mine = queued[first.cell.id]
+    while span is not None and ranges[-1][1] < first.cell.task.samples:
+        nxt = next((r for r in mine if r[0] == ranges[-1][1]), None)
+        if nxt is None or nxt[1] - first.start > span:
+            break
+        ranges.append(nxt)
+    cells = [cid for cid, have in queued.items() if ranges[0] in have]
+    common = min(next((n for n, r in enumerate(ranges) if r not in queued[cid]), len(ranges)) for cid in cells)
+    ranges = ranges[:common]
+    group = [queued[cid][r] for r in ranges for cid in cells]
+    chosen = {id(sh) for sh in group}
+    kept = [x for x in queue if id(x) not in chosen]  # by identity: comparing cell specs costs
+    queue.clear()
+    queue.extend(kept)
+    return [first] + [sh for sh in group if sh is not first]
 
 
 def spread_shard_sizes(samples: Mapping[str, int], shard_size: int, workers: int) -> dict[str, int]:

@@ -51,6 +51,7 @@ class Flight:
     shard: Shard
     attempt_id: int
     started: float
+    settled: bool = False  # its outcome is recorded (a group's member streamed before the group returned)
 
 
 class ShardOutcomes:
@@ -65,12 +66,14 @@ class ShardOutcomes:
             cp.shards_running -= 1
         return held
 
-    def _flight_lost(self, flights: list[Flight], helds: list[HeldCell], state: AttemptState, error: str) -> None:
+    def _flight_lost(self, flights: list[Flight], helds: list[HeldCell], state: AttemptState, error: str,
+                     group: int = 1) -> None:
         """A flight's worker is gone (or replaced after a timeout): each shard's attempt ends ``state`` and the
-        shard is requeued within its attempts, to run alone when it was in a group."""
-        if len(flights) > 1:
+        shard is requeued within its attempts, to run alone when it was in a group (of ``group`` shards, those it
+        had handed over not among ``flights``)."""
+        if max(group, len(flights)) > 1:
             self.alone.update((f.shard.cell.id, f.shard.index) for f in flights)
-            error = f"{error} (in a group of {len(flights)} cells; each runs alone next)"
+            error = f"{error} (in a group of {max(group, len(flights))} cells; each runs alone next)"
         for f, held in zip(flights, helds):
             self._retry_or_fail(f, held, state, error)
 

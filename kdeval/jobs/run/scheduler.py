@@ -16,12 +16,15 @@ Rules:
   of all its rows becomes the cell's summary (:mod:`kdeval.jobs.run.outcomes`). Shards stored by an earlier
   driver are kept.
 * **Groups** (:mod:`kdeval.jobs.run.groups`, unless ``share`` is off: ``execution: {share: false}``) — the shard an
-  idle worker picks goes out with every queued shard of the same sample range of the cells that can share with
-  it (same model, task instance and generation length), cells not yet taken being taken for it: one call
-  (``run_group``) computes what they compute alike once. Each shard keeps its own attempt, part and outcome; a
-  group of one runs as ``run_cell``. A group whose worker is lost, that times out (its limit is
+  idle worker picks goes out with the queued shards of the same consecutive sample ranges of the cells that can
+  share with it (same model, task instance and generation length), cells not yet taken being taken for it: one
+  call (``run_group``) computes what they compute alike once. Each shard keeps its own attempt, part and outcome;
+  a group of one runs as ``run_cell``. A group *streams*: its fresh cells are planned in shards of at most
+  ``stream_size`` samples, and the (cell, shard)s it finishes are taken from its worker while it runs
+  (:class:`~kdeval.jobs.run.group_probe.GroupProbes`) and stored at once, so a kill loses only the shards in
+  flight. A group whose worker is lost, that times out (its limit is
   ``cell_timeout_s`` per shard in it) or that fails as a whole (the workload raised for the group) has its
-  shards requeued to run alone: a lost or timed-out group counts an attempt at each of them, a failed group
+  shards not yet stored requeued to run alone: a lost or timed-out group counts an attempt at each of them, a failed group
   does not (each cell's own error shows alone). When the run's groups are fewer units of work than its
   workers, a fresh cell is planned in the smaller shard size of its share key
   (:func:`kdeval.jobs.run.groups.spread_shard_sizes`), so the groups' shards spread over the workers.
@@ -44,6 +47,7 @@ Rules:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter, deque
@@ -92,10 +96,16 @@ class SchedulerConfig:
     shard_size: int = 32  # samples per unit of work (a cell's plan keeps the size it was started with)
     wait_for_held: bool = True  # cells another live driver holds: wait for them (False: leave them)
     share: bool = True  # run the cells that can share as groups (kdeval.jobs.run.groups); False: every cell alone
+    #: a group's fresh cells are planned in shards of at most this many samples, each stored as soon as the
+    #: group finishes it (the group still runs its whole range, up to its shard size, in one call)
+    stream_size: int = 4
+    time_first: bool = True  # a group runs each cell's first samples alone, timed (False: accuracy only)
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:
             raise ValueError(f"shard_size: expected a number of samples >= 1, got {self.shard_size}")
+        if self.stream_size < 1:
+            raise ValueError(f"stream_size: expected a number of samples >= 1, got {self.stream_size}")
 
 
 @dataclass
@@ -216,7 +226,7 @@ class Scheduler(ShardOutcomes):
             self.index.release_cells(self.run_id, [cell.id])
             return None
         existing = self.index.cell_shards(cell.id)
-        held = plan_cell(cell, existing, self.shard_sizes.get(share_key(cell), self.cfg.shard_size), self.results_dir)
+        held = plan_cell(cell, existing, self._plan_size(cell), self.results_dir)
         if len(held.done) != len(existing):
             self.index.drop_shards(cell.id, keep=list(held.done))
         remove_parts(self.results_dir, cell.id, keep=held.done)
@@ -231,6 +241,20 @@ class Scheduler(ShardOutcomes):
         for shard in reversed(todo[1:]):
             self._requeue(shard)
         return todo[0]
+
+    def _span(self, cell: CellSpec) -> int:
+        """The samples a group of ``cell``'s share key runs in one call: its spread size
+        (:func:`group_shard_sizes`), rounded up to whole shards of :meth:`_plan_size`."""
+        plan = self._plan_size(cell)
+        return plan * -(-self.shard_sizes.get(share_key(cell), self.cfg.shard_size) // plan)
+
+    def _plan_size(self, cell: CellSpec) -> int:
+        """The shard size of a fresh cell: when it runs in groups, its group's spread size split evenly in
+        shards of at most ``stream_size`` (each stored as soon as the group finishes it), else ``shard_size``."""
+        if not self.cfg.share:
+            return self.cfg.shard_size
+        spread = self.shard_sizes.get(share_key(cell), self.cfg.shard_size)
+        return -(-spread // -(-spread // self.cfg.stream_size))
 
     def _check_waiting(self) -> None:
         """Cells waited for that their driver stored count done; those it gave back, or whose driver died, go
@@ -251,7 +275,8 @@ class Scheduler(ShardOutcomes):
                 continue
             group = [work]
             if self.cfg.share:
-                group = take_group(work, self.queue[work.model_key], self._take, self._requeue, self.alone)
+                group = take_group(work, self.queue[work.model_key], self._take, self._requeue, self.alone,
+                                   span=self._span(work.cell))
             self._start(slot, group)
 
     def _start(self, slot: WorkerSlot, shards: list[Shard]) -> None:
@@ -264,7 +289,7 @@ class Scheduler(ShardOutcomes):
             flights.append(Flight(slot, shard, att, time.monotonic()))
             self.held[shard.cell.id].in_flight += 1
             self.progress.cells[shard.cell.id].shards_running += 1
-        tasks = [sh.to_task() for sh in shards]
+        tasks = [dataclasses.replace(sh.to_task(), time_first=self.cfg.time_first) for sh in shards]
         ref = slot.actor.run_cell.remote(tasks[0]) if len(tasks) == 1 else slot.actor.run_group.remote(tasks)
         slot.busy, slot.loaded_key = True, shards[0].model_key
         self.flights[ref] = flights
@@ -276,21 +301,36 @@ class Scheduler(ShardOutcomes):
         flights = self.flights.pop(ref)
         slot = flights[0].slot
         slot.busy = False
-        helds = [self._land(f) for f in flights]
+        size = len(flights)
+        open_ = [f for f in flights if not f.settled]  # a group's members it streamed are stored already
+        helds = [self._land(f) for f in open_]
         try:
             got = ray.get(ref, timeout=60)
         except WORKER_LOST_ERRORS as e:
-            self._flight_lost(flights, helds, AttemptState.LOST, f"worker {slot.name} lost: {type(e).__name__}")
+            self._flight_lost(open_, helds, AttemptState.LOST, f"worker {slot.name} lost: {type(e).__name__}",
+                              group=size)
             self._lose(slot, type(e).__name__)
             return
         except rex.RayError as e:  # unexpected Ray-side failure of the call itself
-            for f, held in zip(flights, helds):
+            for f, held in zip(open_, helds):
                 self._fail_attempt(f, held, AttemptState.FAILED, str(e), final=True)
             return
         outs: list[CellOutcome] = got if isinstance(got, list) else [got]
         slot.loads = outs[0].model_loads
-        for f, held, out in zip(flights, helds, outs):
-            self._settle(f, held, out, group=len(flights))
+        for f, out in zip(flights, outs):
+            if not f.settled:
+                self._settle(f, helds[open_.index(f)], out, group=size)
+
+    def _streamed(self, news: list[tuple[Any, int, CellOutcome]]) -> None:
+        """Store the outcomes a running group handed over (:class:`GroupProbes`) while it goes on; the group's
+        own return skips them."""
+        for ref, k, out in news:
+            flights = self.flights.get(ref)
+            if flights is None or k >= len(flights) or flights[k].settled:
+                continue
+            f = flights[k]
+            f.settled = True
+            self._settle(f, self._land(f), out, group=len(flights))
 
     def _started(self, ref: Any) -> None:
         slot = self.starting.pop(ref)
@@ -307,13 +347,15 @@ class Scheduler(ShardOutcomes):
         for ref, flights in list(self.flights.items()):
             if now - flights[0].started > limit * len(flights):  # a group: the limit per shard in it
                 self.flights.pop(ref)
-                helds = [self._land(f) for f in flights]
-                self._flight_lost(flights, helds, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}")
+                open_ = [f for f in flights if not f.settled]
+                helds = [self._land(f) for f in open_]
+                self._flight_lost(open_, helds, AttemptState.TIMEOUT, f"cell exceeded cell_timeout_s={limit:g}",
+                                  group=len(flights))
                 self._lose(flights[0].slot, "cell timeout")
 
     def _stop_flights(self, error: str) -> None:
         """In-flight attempts become lost (cancel, or the driver stopping); their cells are given back."""
-        for f in (f for flights in self.flights.values() for f in flights):
+        for f in (f for flights in self.flights.values() for f in flights if not f.settled):
             self.index.finish_attempt_failed(f.attempt_id, state=AttemptState.LOST, error=error, final=False)
         self.flights.clear()
 
@@ -344,7 +386,8 @@ class Scheduler(ShardOutcomes):
                 else:  # only cells other drivers hold are left: wait for them
                     time.sleep(self.cfg.poll_s)
                 self._check_timeouts()
-                self.probes.poll(self.flights, self.progress, time.monotonic())
+                self._streamed(self.probes.poll(self.flights, time.monotonic()))
+                self.probes.count(self.flights, self.progress)
                 self._report()
                 now = time.monotonic()
                 if any(s.info is not None for s in self._live()) or not (self._queued() or self.flights):

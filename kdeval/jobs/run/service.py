@@ -126,6 +126,7 @@ def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
     r = grid.resources
     cfg = dict(workers=r.workers, max_attempts=grid.retries.max_attempts,
                cell_timeout_s=grid.retries.cell_timeout_s, shard_size=r.shard_size, share=grid.execution.share,
+               time_first=grid.execution.time_first,
                resources=WorkerResources(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
                                          accelerator_type=r.accelerator_type))
     cfg.update(overrides)

@@ -30,7 +30,7 @@ class HalfwayStub(StubWorkload):
 
     pause_s: float = 3.0
 
-    def run_group(self, handle, tasks, on_samples=None):
+    def run_group(self, handle, tasks, on_samples=None, on_result=None):
         half = {i: 0 if t.policy == "full" else len(range(t.samples)[t.shard_slice]) // 2 for i, t in enumerate(tasks)}
         for i, n in half.items():
             on_samples(i, n)

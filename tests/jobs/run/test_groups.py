@@ -75,17 +75,18 @@ def test_share_false_runs_each_cell_alone_with_the_same_rows(local_ray, paths):
 def test_a_worker_killed_mid_group_requeues_every_shard_and_each_cell_is_done_once(local_ray, paths, app):
     # one worker, replaced when killed: the group is all five cells (two workers would split it over them)
     idx, run_id, _ = new_run(paths["db"], paths["results"], _grid(workers=1))
-    # keydiff cells kill their worker on their first attempt: the group dies with the first of them
-    out = service.execute_run(idx, run_id, workload=StubWorkload(crash_policies=("keydiff",),
+    # full and keydiff cells kill their worker on their first attempt: the group dies with its first member, full
+    # (a member finished before the crash would be stored as the group streams it: tests/jobs/run/test_group_stream.py)
+    out = service.execute_run(idx, run_id, workload=StubWorkload(crash_policies=("full", "keydiff"),
                                                                  crash_marker_dir=str(paths["tmp"])))
     assert (out.done, out.failed, out.left) == (5, 0, 0)
-    # the group: 5 shards lost; alone, keydiff at the other budget crashes once more, then every cell is done
-    assert attempt_states(idx, run_id) == {"lost": 6, "done": 5} and out.workers_lost == 2
+    # the group: 5 shards lost; alone, each keydiff cell crashes once more, then every cell is done
+    assert attempt_states(idx, run_id) == {"lost": 7, "done": 5} and out.workers_lost == 3
     assert_results_consistent(idx, run_id, paths["results"], samples=3)
     lost = [a for a in idx.run_attempts(run_id) if a.state == "lost"]
     assert sum("in a group of 5 cells" in (a.error or "") for a in lost) == 5
     attempts = Counter(c.policy for c in idx.run_cells(run_id) for _ in range(c.n_attempts))
-    assert attempts == {"full": 2, "keydiff-mean": 4, "keydiff": 5}  # 2 each; one keydiff cell 3
+    assert attempts == {"full": 2, "keydiff-mean": 4, "keydiff": 6}  # 2 each; the keydiff cells 3
     for cell in idx.run_cells(run_id):
         assert execution_label(cell.summary, cell.n_rows) == ""  # rerun alone
     assert "done shared" not in CliRunner().invoke(app, ["status", run_id, "--db", str(paths["db"])]).output

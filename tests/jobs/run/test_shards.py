@@ -118,7 +118,8 @@ def test_cells_in_shards_equal_the_cells_in_one_piece(local_ray, paths):
     whole_dir = paths["tmp"] / "whole"
     one_worker = text.replace("workers: 2", "workers: 1")  # two workers would split the group over them
     idx1, run1, _ = new_run(whole_dir / "index.sqlite", whole_dir / "results", one_worker)
-    assert service.execute_run(idx1, run1, workload=StubWorkload()).attempts == 5  # shard_size 32: one each
+    # shard_size 32, a group streamed in shards of 32: one shard each
+    assert service.execute_run(idx1, run1, workload=StubWorkload(), stream_size=32).attempts == 5
 
     for cell in idx.run_cells(run_id):
         assert (cell.state, cell.n_rows, cell.n_attempts, cell.held_by) == ("done", 7, 1, None)

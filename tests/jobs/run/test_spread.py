@@ -70,9 +70,9 @@ class BarrierStub(StubWorkload):
                 raise RuntimeError(f"only {len(os.listdir(self.folder))} of {self.parties} calls ran at once")
             time.sleep(0.05)
 
-    def run_group(self, handle, tasks, on_samples=None):
+    def run_group(self, handle, tasks, on_samples=None, on_result=None):
         self._wait(tasks)
-        return super().run_group(handle, tasks, on_samples)
+        return super().run_group(handle, tasks, on_samples, on_result)
 
 
 def test_a_one_task_grid_spreads_over_every_worker(local_ray, paths):
@@ -104,7 +104,8 @@ def test_stub_rows_on_1_and_3_workers_are_equal(local_ray, paths):
         assert (out.done, out.failed) == (5, 0)
         sizes = {tuple((s.start, s.stop) for s in idx.cell_shards(c.id)) for c in plan.cells}
         runs[workers] = (_rows(idx, run_id, {"run_id"}), sizes)
-    assert runs[1][1] == {((0, 8),)} and runs[3][1] == {((0, 3), (3, 6), (6, 8))}
+    # 1 worker: one group call of the 8 samples, stored in shards of 4 as it finishes them (stream_size)
+    assert runs[1][1] == {((0, 4), (4, 8))} and runs[3][1] == {((0, 3), (3, 6), (6, 8))}
     assert runs[1][0] == runs[3][0] and all(len(rows) == 8 for rows in runs[1][0].values())
 
 
