@@ -80,9 +80,9 @@ class MultiCapture:
         return False
 
     def record(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
-               mask: torch.Tensor | None = None) -> None:
+               mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> None:
         for capture in self.captures:
-            capture.record(layer_idx, query, key, scaling, mask)
+            capture.record(layer_idx, query, key, scaling, mask, sinks)
 
 
 @dataclass

@@ -157,3 +157,48 @@ def test_sink_logits_are_in_the_captured_attention_as_the_model_computes_them():
     want = weights.view(b, hk, hq // hk, t, m).sum(dim=3)
     torch.testing.assert_close(capture.by_layer[0], want, atol=1e-5, rtol=0)
     assert (weights.sum(-1) < 1).all()
+
+
+def test_shared_steps_on_a_hybrid_equal_alone_and_share_while_every_window_is_as_the_full_cache_holds():
+    """A group's cells replay the steps the full cache recorded while each layer holds what the full cache holds
+    (its windowed layers their window, cut alike in every cell), then compute their own."""
+    from kdeval.keydiff.shared import SharedSteps
+
+    model = hybrid("gemma3_text")
+    policies = ["keydiff", "snapkv", "tova", "pyramidkv"]
+    store = SharedSteps([get_policy(p) for p in ["full", *policies]], max_tokens=2 * 48 + 16)
+    prompt = ids(110)
+
+    def generate(policy, shared):
+        eng = Engine(model, get_policy(policy), EngineConfig(budget=None if policy == "full" else 48, chunk_size=16))
+        eng.shared = shared
+        return eng.generate(prompt, max_new_tokens=3)
+
+    generate("full", store)
+    for policy in policies:
+        got, ref = generate(policy, store), generate(policy, None)
+        # chunks of 16, N = 48, a window of 40: the windowed layers are cut from the third chunk on, like the full
+        # cache's, and the fourth (the first to evict a full layer) is the last replayed
+        # chunks of 16, a window of 40: the windowed layers are cut from the third chunk on, as the full cache's
+        # are, and sharing goes on to the first chunk that evicts a full layer (N = 48: the fourth), replayed too
+        plan = Engine(model, get_policy(policy), EngineConfig(budget=48, chunk_size=16)).plan
+        least = min(b for i, b in enumerate(plan.budgets) if not plan.trims(i))
+        assert got.stats.replayed_steps == least // 16 + 1 >= 3 and ref.stats.replayed_steps == 0
+        assert got.tokens == ref.tokens
+        assert got.stats.peak_kv_bytes == ref.stats.peak_kv_bytes
+        for a, b in zip(got.state.cache.layers, ref.state.cache.layers):
+            assert torch.equal(a.view()[1], b.view()[1]) and torch.equal(a.view()[0], b.view()[0])
+
+
+def test_a_quantized_store_on_a_hybrid_keeps_the_window_and_the_budget():
+    from kdeval.keydiff.quant import KVQuant
+
+    model = hybrid("gemma3_text")
+    kinds = layer_kinds(model.config)
+    eng = Engine(model, get_policy("keydiff"), EngineConfig(budget=36, chunk_size=16,
+                                                            kv_quant=KVQuant(bits=4, group_size=16, window=16)))
+    res = eng.generate(ids(150), max_new_tokens=3)
+    for kind, layer in zip(kinds, res.state.cache.layers):
+        assert layer.length == (kind.most_kept() if kind.windowed else 36)
+    plain = Engine(model, get_policy("keydiff"), EngineConfig(budget=36, chunk_size=16)).generate(ids(150), 3)
+    assert res.stats.peak_kv_bytes < plain.stats.peak_kv_bytes  # the record's packed codes count, not full width
