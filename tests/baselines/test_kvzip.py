@@ -259,7 +259,7 @@ def test_a_group_of_cells_gives_each_cell_its_alone_rows():
              for p, b, c, d in (("keydiff", 64, "whole", "keep"), ("kvzip", 64, "whole", "keep"),
                                 ("kvzip", 96, "whole", "evict"), ("kvzip", 64, 32, "keep"))]
     grouped = run_group(lm, task, cells, prompts)
-    how = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "execution",
+    how = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "kv_buffer_bytes", "execution",
            "replayed_steps"}
     for cell, got in zip(cells, grouped):
         alone = run_task(lm, task, prompts=prompts, **cell)

@@ -15,7 +15,7 @@ from kdeval.evals.registry import get_task
 from kdeval.evals.runner import model_prompts, run_task
 
 #: what depends on the batch or the clock
-BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes", "peak_kv_bytes", "timing_batch"}
+BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "kv_buffer_bytes", "peak_memory_bytes", "peak_kv_bytes", "timing_batch"}
 
 
 @pytest.mark.parametrize("text,canon", [("25%", "25%"), ("12.5%", "12.5%"), ("12.50 %", "12.5%"),

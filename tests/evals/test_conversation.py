@@ -16,7 +16,7 @@ from kdeval.evals.group_run import run_group
 from kdeval.evals.runner import build_prompts, run_task
 
 #: row fields a run's timing or the way it was computed changes; the rest must be equal
-TIMING = {"ttft_s", "decode_s", "timing_batch", "peak_memory_bytes", "shared_prefill_s", "execution",
+TIMING = {"ttft_s", "decode_s", "timing_batch", "peak_memory_bytes", "shared_prefill_s", "kv_buffer_bytes", "execution",
           "replayed_steps", "peak_kv_bytes", "context_shared"}
 
 

@@ -12,7 +12,7 @@ from kdeval.evals.group_run import OWN_FIGURES, run_group
 from kdeval.evals.runner import model_prompts, run_task
 
 #: what may differ between a cell run in a group and alone: its timings and how it was computed
-NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "execution",
+NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "kv_buffer_bytes", "execution",
                "replayed_steps"}
 
 

@@ -8,7 +8,7 @@ from kdeval.evals.chunking import WHOLE, chunk_code, chunk_text, parse_chunk, re
 from kdeval.evals.registry import get_task
 from kdeval.evals.runner import model_prompts, run_task
 
-TIMINGS = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes", "timing_batch"}
+TIMINGS = {"ttft_s", "decode_s", "shared_prefill_s", "kv_buffer_bytes", "peak_memory_bytes", "timing_batch"}
 
 
 @pytest.fixture(scope="module")

@@ -114,7 +114,7 @@ def test_a_share_cell_runs_stores_and_exports_what_it_kept(local_ray, paths):
     idx2, run2, plan2 = new_run(other / "index.sqlite", other / "results", REAL.format(n=n, batch=2))
     assert [c.id for c in plan2.cells] == [c.id for c in plan.cells]
     assert service.execute_run(idx2, run2).done == 2
-    timing = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes", "peak_kv_bytes", "run_id", "timing_batch",
+    timing = {"ttft_s", "decode_s", "shared_prefill_s", "kv_buffer_bytes", "peak_memory_bytes", "peak_kv_bytes", "run_id", "timing_batch",
               "execution", "replayed_steps"}  # how a row was computed (the batch-2 run is alone), not what
     for cell in plan.cells:
         one = [{k: v for k, v in r.items() if k not in timing} for r in idx.read_cell_rows(cell.id)]
