@@ -31,6 +31,7 @@ STAT_LABELS: dict[str, tuple[str, str]] = {
     "peak_kv_bytes": ("peak KV cache", "peak_kv_bytes"), "peak_memory_bytes": ("peak memory", "peak_memory_bytes"),  # labelled by its memory_kind
     "extra_forward_tokens": ("extra forward tokens (in TTFT)", "peak_kv_tokens"),
     "windowed_kv_bytes": ("of which windowed layers", "peak_kv_bytes"), "layer_kinds": ("layers", ""),
+    "kv_buffer_bytes": ("KV buffers allocated", "peak_kv_bytes"),
 }
 
 

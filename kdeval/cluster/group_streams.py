@@ -37,6 +37,8 @@ class GroupStreams:
                     self.expected[k] += 1
         self.cells = list(cells)
         self.rows: list[list[dict[str, Any]]] = [[] for _ in self.tasks]
+        #: per task, the samples whose rows are in (a conversation's sample has a row per turn, all handed at once)
+        self.samples: list[set[str]] = [set() for _ in self.tasks]
         self.seconds = [0.0] * len(self.tasks)
         self.handed: dict[int, CellResult] = {}
 
@@ -44,15 +46,19 @@ class GroupStreams:
         """Member ``member`` (an index into ``cells``) finished ``rows`` in ``seconds`` of its own work."""
         cell = self.cells[member]
         counts: dict[int, int] = {}
+        new: dict[int, int] = {}
         for row in rows:
             k = self.task_of[(cell, self.at[row["id"]])]
             self.rows[k].append(row)
             counts[k] = counts.get(k, 0) + 1
+            if row["id"] not in self.samples[k]:
+                self.samples[k].add(row["id"])
+                new[k] = new.get(k, 0) + 1
         for k, n in counts.items():
             self.seconds[k] += seconds * n / len(rows)
-            if self.on_samples is not None:
-                self.on_samples(k, n)
-            if len(self.rows[k]) >= self.expected[k] and k not in self.handed:
+            if self.on_samples is not None and new.get(k):
+                self.on_samples(k, new[k])
+            if len(self.samples[k]) >= self.expected[k] and k not in self.handed:
                 self.handed[k] = self._result(k)
                 if self.on_result is not None:
                     self.on_result(k, self.handed[k])
@@ -62,9 +68,9 @@ class GroupStreams:
 
     def results(self) -> list[CellResult]:
         """One result per task, in order (those handed over as they were)."""
-        missing = [k for k in range(len(self.tasks)) if k not in self.handed and len(self.rows[k]) < self.expected[k]]
+        missing = [k for k in range(len(self.tasks)) if k not in self.handed and len(self.samples[k]) < self.expected[k]]
         if missing:
             t = self.tasks[missing[0]]
-            raise RuntimeError(f"run_group: cell {t.cell_id} has {len(self.rows[missing[0]])} of its "
-                               f"{self.expected[missing[0]]} rows of samples {task_range(t)}")
+            raise RuntimeError(f"run_group: cell {t.cell_id} has rows of {len(self.samples[missing[0]])} of its "
+                               f"{self.expected[missing[0]]} samples {task_range(t)}")
         return [self.handed.get(k) or self._result(k) for k in range(len(self.tasks))]

@@ -64,7 +64,11 @@ def test_a_setting_the_model_cannot_take_is_one_line_at_submit(tmp_path, case, d
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]  # no index, no results directory
 
 
-def test_an_unset_kivi_group_is_derived_from_head_dim_and_said(tmp_path):
+def test_an_unset_kivi_group_is_derived_from_head_dim_and_said(tmp_path, monkeypatch):
+    from kdeval.cli import service_cmds
+
+    for console in (service_cmds.out, service_cmds.err):  # made at first import, at whatever width: the table whole
+        monkeypatch.setattr(console, "width", 400)
     text = GRID.replace("[random:llama-tiny]", "[random:llama-tiny, random:qwen2-tiny]") + "kv_quant: [{bits: 4}]\n"
     r = _submit(tmp_path, text)
     assert r.exit_code == 0, r.output
