@@ -47,7 +47,7 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON in
 
     view = TableView("models", f"{len(rows)} decoder families (a grid names the random model as printed)",
                      [Column("family"), Column("model_type", key=True), Column("random model", key=True),
-                      Column("layers"), Column("status", fold=True)],
+                      Column("layers", key=True), Column("status", fold=True)],
                      [[r["family"], r["model_type"], r["random model"], _layers(r["layers"]), r["status"]]
                       for r in rows])
     console = Console()

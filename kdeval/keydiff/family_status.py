@@ -55,7 +55,7 @@ class FamilyStatus:
         return describe(self.kinds)
 
     def text(self) -> str:
-        """``"runs"``, ``"runs; 2 of 3 layers windowed (sliding 48), kept whole"`` or ``"refused: <reason>"``."""
+        """``"runs"``, ``"runs; windowed layers (sliding 48) kept whole"`` or ``"refused: <reason>"``."""
         if self.state == REFUSED:
             return f"refused: {self.detail}"
         return f"runs; {self.detail}" if self.detail else "runs"
@@ -81,7 +81,7 @@ def family_status(family: Family) -> FamilyStatus:
     if not windowed:
         return FamilyStatus(family, RUNS, "", kinds)
     spans = ", ".join(sorted({k.label() for k in windowed}))
-    return FamilyStatus(family, RUNS, f"{len(windowed)} of {len(kinds)} layers windowed ({spans}), kept whole", kinds)
+    return FamilyStatus(family, RUNS, f"windowed layers ({spans}) kept whole", kinds)
 
 
 def family_statuses() -> list[FamilyStatus]:
