@@ -164,9 +164,8 @@ class _Batch:
                               kv_cache_bytes=self._own(self.cache.lengths, r), peak_kv_bytes=row.state.peak_kv_bytes)
             stats.kv_buffer_bytes = row.state.kv_buffer_bytes
             plan = self.runner.plan
-            windowed = [i for i in range(plan.num_layers) if plan.trims(i)]
-            stats.windowed_kv_bytes = own_bytes([self.cache.layers[i] for i in windowed],
-                                                [self.cache.lengths[i][r] for i in windowed])
+            stats.windowed_kv_bytes = own_bytes([self.cache.layers[i] for i in plan.windowed_layers],
+                                                [self.cache.lengths[i][r] for i in plan.windowed_layers])
             stats.layer_kinds = plan.layer_kinds_label()
             state = _row_state(self.runner, self.cache, r, row)
             self.results[row.index] = GenerationResult([list(row.out)], stats, state)

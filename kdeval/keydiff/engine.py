@@ -210,9 +210,8 @@ class Engine:
             stats.replayed_steps = state.replayed
             stats.extra_forward_tokens = state.extra_forward_tokens
             stats.kv_buffer_bytes = state.kv_buffer_bytes
-            windowed = [i for i in range(len(state.cache.layers)) if self.plan.trims(i)]
-            stats.windowed_kv_bytes = own_bytes([state.cache.layers[i] for i in windowed],
-                                                [state.cache.layers[i].length for i in windowed])
+            windowed = [state.cache.layers[i] for i in self.plan.windowed_layers]
+            stats.windowed_kv_bytes = own_bytes(windowed, [layer.length for layer in windowed])
             stats.layer_kinds = self.plan.layer_kinds_label()
             results.append(GenerationResult([row.out for row in requests], stats, state))
 

@@ -250,7 +250,11 @@ class RaggedLayout:
         masks = {id(s): s.mask() for s in self.layer_steps}
         out = {"position_ids": step.position_ids, "attention_mask": masks[id(step)]}
         if len(masks) > 1 or self.plan.windowed:
-            out["kdeval_layer_masks"] = [self._window_mask(idx, masks[id(s)]) if self.plan.trims(idx)
+            windows: dict = {}  # layers of one kind and geometry hold the same positions: one mask
+            for idx, s in enumerate(self.layer_steps):
+                if self.plan.trims(idx) and (self.plan.kind(idx), id(s)) not in windows:
+                    windows[self.plan.kind(idx), id(s)] = self._window_mask(idx, masks[id(s)])
+            out["kdeval_layer_masks"] = [windows[self.plan.kind(idx), id(s)] if self.plan.trims(idx)
                                          else masks[id(s)] for idx, s in enumerate(self.layer_steps)]
         return out
 

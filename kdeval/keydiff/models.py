@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 
 from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
 from kdeval.keydiff.layer_kinds import unknown_layer_types
-from kdeval.keydiff.offline_models import OFFLINE_MODELS, cache_dir, safetensors_dir, smollm2_gguf_path  # noqa: F401
+from kdeval.keydiff.offline_models import OFFLINE_MODELS, cache_dir, safetensors_dir  # noqa: F401 (cache_dir: callers')
 from kdeval.keydiff.random_models import RANDOM_CONFIGS, random_model_names
 from kdeval.names import RANDOM_PREFIX
 

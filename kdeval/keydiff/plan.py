@@ -99,6 +99,11 @@ class Plan:
     def kind(self, idx: int) -> LayerKind:
         return self.kinds[idx] if self.kinds else LayerKind()
 
+    @property
+    def windowed_layers(self) -> list[int]:
+        """The indices of the windowed layers (empty on a model of full layers only)."""
+        return [i for i, k in enumerate(self.kinds) if k.windowed]
+
     def trims(self, idx: int) -> bool:
         """Layer ``idx`` is windowed: cut to what the model sees after every step, whatever the policy."""
         return self.kind(idx).windowed

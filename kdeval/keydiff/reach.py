@@ -9,6 +9,7 @@ engine whose policy needs those keywords is built, before any step.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +59,18 @@ AttentionInterface.register(PROBE_IMPL, _probe)
 AttentionMaskInterface.register(PROBE_IMPL, sdpa_mask)
 
 
-@torch.inference_mode()
+_known: "weakref.WeakKeyDictionary[torch.nn.Module, Reach]" = weakref.WeakKeyDictionary()
+
+
 def attention_reach(model: torch.nn.Module) -> Reach:
+    """What :func:`probe_reach` finds for ``model``, probed once per model (every cell's engine reads it)."""
+    if model not in _known:
+        _known[model] = probe_reach(model)
+    return _known[model]
+
+
+@torch.inference_mode()
+def probe_reach(model: torch.nn.Module) -> Reach:
     """One token through ``model`` under a probe attention function that records which layers call it and with which
     keywords (module docstring)."""
     called: set[int] = set()

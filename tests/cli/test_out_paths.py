@@ -104,3 +104,4 @@ def test_a_report_directory_that_cannot_be_written_is_one_line(db, tmp_path, mon
     target = tmp_path / "ro" / "rep"
     r = runner.invoke(kdeval_app, ["report", "r1", "--format", "json", "--out", str(target), "--db", db], env=ENV)
     _one_line(r, f"error: --out: cannot write {target}: Read-only file system")
+    assert not target.exists()  # nothing half-written
