@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
               "- Claim 3 needs a reasoning task: SmolLM2-135M cannot solve MATH-500, so the grids pair KeyDiff with "
               "a sliding window against plain KeyDiff on retrieval only (shown, not counted); "
               "`examples/paper/math500.yaml` is the paper-sized check on a GPU.",
-              "- A second real model (Gemma-3-270M or Qwen2.5-0.5B): a grid for it joins `examples/paper-claims/` "
-              "once kdeval loads those models offline; this command takes every grid given."]
+              "- On Gemma-3-270M the budget N holds only in its 3 full-attention layers: its 15 sliding layers keep "
+              "their 512-token window whole under every policy, so its rows compare policies on a sixth of the "
+              "layers (`layer_kinds` and `windowed_kv_bytes` in each row say so)."]
     lines += ["", "## How this page was made", "", f"- command: `{command}`",
               f"- wall time: {(time.monotonic() - started) / 60:.1f} min in all; " + "; ".join(walls)
               + f"; the cells' own compute time (cells reused from earlier runs included): {computed / 60:.1f} min",
