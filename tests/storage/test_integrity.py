@@ -16,7 +16,8 @@ from kdeval.jobs.grid.cells import expand
 from kdeval.jobs.grid.identity import self_describing
 from kdeval.jobs.grid.load import parse_grid
 from kdeval.jobs.run import service
-from kdeval.jobs.run.scheduler import Scheduler, SchedulerConfig
+from kdeval.jobs.run.run_config import SchedulerConfig
+from kdeval.jobs.run.scheduler import Scheduler
 from kdeval.storage import RunIndex, verify_cell, verify_cell_file, write_cell_rows
 
 from tests.support.helpers import stub_grid

@@ -51,7 +51,6 @@ import dataclasses
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
@@ -68,59 +67,19 @@ from kdeval.jobs.run.groups import group_shard_sizes, share_key, take_group, uni
 from kdeval.jobs.run.holds import Holds
 from kdeval.jobs.run.outcomes import Flight, ShardOutcomes
 from kdeval.jobs.run.progress import CellProgress, RunProgress
+from kdeval.jobs.run.run_config import RunOutcome, SchedulerConfig
 from kdeval.jobs.run.shards import HeldCell, Shard, plan_cell
 from kdeval.storage import (
     AttemptState, CellState, CellView, IndexStorageError, RunIndex, RunState, remove_parts, verify_cell,
 )
 
-__all__ = ["RunOutcome", "Scheduler", "SchedulerConfig", "WORKER_LOST_ERRORS"]
+__all__ = ["Scheduler", "WORKER_LOST_ERRORS"]
 
 log = logging.getLogger(__name__)
 
 #: Ray errors meaning "the worker (or its node) is gone", not "the cell is wrong".
 WORKER_LOST_ERRORS = (rex.RayActorError, rex.WorkerCrashedError, rex.ObjectLostError,
                       rex.OwnerDiedError, rex.GetTimeoutError)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How many workers, what each holds, how work is split, and the reliability knobs."""
-
-    workers: int = 1
-    resources: WorkerResources = WorkerResources()
-    max_attempts: int = 3  # per shard
-    cell_timeout_s: float | None = None  # per attempt, i.e. per shard
-    poll_s: float = 0.25
-    heartbeat_s: float = 1.0
-    worker_start_timeout_s: float = 300.0
-    shard_size: int = 32  # samples per unit of work (a cell's plan keeps the size it was started with)
-    wait_for_held: bool = True  # cells another live driver holds: wait for them (False: leave them)
-    share: bool = True  # run the cells that can share as groups (kdeval.jobs.run.groups); False: every cell alone
-    #: a group's fresh cells are planned in shards of at most this many samples, each stored as soon as the
-    #: group finishes it (the group still runs its whole range, up to its shard size, in one call)
-    stream_size: int = 4
-    time_first: bool = True  # a group runs each cell's first samples alone, timed (False: accuracy only)
-
-    def __post_init__(self) -> None:
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size: expected a number of samples >= 1, got {self.shard_size}")
-        if self.stream_size < 1:
-            raise ValueError(f"stream_size: expected a number of samples >= 1, got {self.stream_size}")
-
-
-@dataclass
-class RunOutcome:
-    """What a scheduler run did."""
-
-    done: int
-    failed: int
-    left: int  # cells neither done nor failed (cancelled, held by another driver, or no worker could start)
-    attempts: int  # attempts at shards in this session
-    model_loads: int
-    workers_lost: int
-    cancelled: bool
-    message: str | None = None
-    model_loads_by_worker: dict[str, int] = field(default_factory=dict)
 
 
 def _cell_label(cell: CellSpec) -> str:

@@ -38,7 +38,7 @@ from kdeval.storage import (
 )
 
 if TYPE_CHECKING:  # Ray is imported only by what runs cells (status, ls and report never need it)
-    from kdeval.jobs.run.scheduler import RunOutcome, SchedulerConfig
+    from kdeval.jobs.run.run_config import RunOutcome, SchedulerConfig
 
 __all__ = ["DRIVER_STALE_S", "driver_alive", "execute_run", "RunBusyError", "StaleRunError", "RunPlan", "plan",
            "create_run", "cancel_run", "scheduler_config", "RunProgress"]
@@ -121,7 +121,7 @@ def create_run(index: RunIndex, grid: GridSpec, grid_text: str, results_dir: str
 def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
     """Scheduler settings from the grid's resources, retries and execution sections."""
     from kdeval.cluster.raysetup import WorkerResources
-    from kdeval.jobs.run.scheduler import SchedulerConfig
+    from kdeval.jobs.run.run_config import SchedulerConfig
 
     r = grid.resources
     cfg = dict(workers=r.workers, max_attempts=grid.retries.max_attempts,
@@ -237,7 +237,8 @@ def execute_run(
     marks the run failed with the reason (one line) and raises ``ConnectionError``.
     """
     from kdeval.cluster.raysetup import connect
-    from kdeval.jobs.run.scheduler import RunOutcome, Scheduler
+    from kdeval.jobs.run.run_config import RunOutcome
+    from kdeval.jobs.run.scheduler import Scheduler
 
     run = index.get_run(run_id)
     if run is None:

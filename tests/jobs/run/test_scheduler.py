@@ -145,7 +145,8 @@ def test_pick_prefers_held_model_and_does_not_steal_a_cell_its_holder_will_take(
 
 def test_cells_finished_by_another_run_meanwhile_are_not_rerun(local_ray, paths):
     from kdeval.jobs.grid.cells import CellSpec
-    from kdeval.jobs.run.scheduler import Scheduler, SchedulerConfig
+    from kdeval.jobs.run.run_config import SchedulerConfig
+    from kdeval.jobs.run.scheduler import Scheduler
 
     # one worker: each cell's 3 samples in one shard (two would split the group over them:
     # tests/jobs/run/test_spread.py)
