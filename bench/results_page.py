@@ -1,6 +1,9 @@
 """Build the results page (docs/results.md and its figures) from grids in examples/paper-claims/, in one command.
 
-    python bench/results_page.py examples/paper-claims/*.yaml --out docs/results.md
+    python bench/results_page.py examples/paper-claims/smollm2_2k.yaml examples/paper-claims/smollm2_4k.yaml \
+        examples/paper-claims/gemma3_2k.yaml --out docs/results.md
+
+The grids run in the order given (the claims that need the most cells first).
 
 Each grid is submitted with ``kdeval submit`` (cells already done in the index are reused, so a second call only
 redraws), then the leaderboard of those runs (``kdeval leaderboard``'s rows) is checked claim by claim
@@ -90,6 +93,13 @@ def machine() -> str:
             f"{platform.python_version()}, torch {torch.__version__}")
 
 
+def commit() -> str:
+    """The checkout's commit (the cells' code is the ``kdeval/`` of that tree), or why it is unknown."""
+    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    return f"commit {got.stdout.strip()}" if got.returncode == 0 else "commit unknown (not a git checkout)"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grids", nargs="+", type=Path, help="Grid files (examples/paper-claims/*.yaml).")
@@ -154,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", "## How this page was made", "", f"- command: `{command}`",
               f"- wall time: {(time.monotonic() - started) / 60:.1f} min in all; " + "; ".join(walls)
               + f"; the cells' own compute time (cells reused from earlier runs included): {computed / 60:.1f} min",
-              f"- machine: {machine()}", f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
+              f"- code: {commit()}", f"- machine: {machine()}", f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"page: {args.out}")
 
