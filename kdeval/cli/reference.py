@@ -191,9 +191,18 @@ def models_page() -> str:
     table = ["| family | model_type | random model | layers | status |", "|---|---|---|---|---|"]
     table += [f"| {r['family']} | `{r['model_type']}` | `{r['random model']}` | {r['layers']} | {_cell(r['status'])} |"
               for r in rows]
+    reasons = ["| family | policies | why the engine refuses them |", "|---|---|---|"]
+    for r in rows:
+        groups: dict[str, list[str]] = {}
+        for name, why in r["refused"].items():
+            groups.setdefault(why, []).append(f"`{name}`")
+        reasons += [f"| {r['family']} | {', '.join(names)} | {_cell(why)} |" for why, names in groups.items()]
     return (HEADER.format(cmd=REGENERATE, source="the family table (`kdeval models`)")
             + f"# Models\n\n{len(rows)} decoder families of transformers, each as a tiny random config; the status "
-            "comes from the engine's own checks of that config.\n\n" + "\n".join(table) + f"\n\n{STATUS_NOTE}\n")
+            "comes from the engine's own checks of that config.\n\n" + "\n".join(table) + f"\n\n{STATUS_NOTE}\n"
+            + "\n## Refused policies\n\nEach registered policy's engine is planned on each family that runs; these "
+            "are the ones refused, with the engine's one-line reason (`kdeval models --json` lists them too).\n\n"
+            + "\n".join(reasons) + "\n")
 
 
 def pages() -> dict[str, str]:

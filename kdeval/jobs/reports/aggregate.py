@@ -277,7 +277,8 @@ def build_report(index: RunIndex, runs: list[str], options: ReportOptions = Repo
     meta = ReportMeta(runs=run_ids, compare=compare, resamples=options.resamples, seed=options.seed,
                       confidence=options.confidence,
                       created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), notes=notes,
-                      warnings=warnings)
+                      warnings=warnings, layer_kinds={c.slot.model: c.layer_kinds for c in own.values()
+                                                      if c.layer_kinds})
     return Report(meta=meta, scores=scores, perf=perf, cells=cells, provenance=provenance,
                   cost_of_chunking=chunking, query_dependence=query, turns=turn_rows(*pairing, **boot),
                   query_dependence_by_turn=query_dependence_by_turn(own.values(), **boot),

@@ -291,6 +291,9 @@ class ReportMeta:
     created: str               # ISO-8601 UTC
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # one line each: e.g. cells ran on different devices
+    #: model -> its layers by kind, for each model with windowed (sliding/chunked) layers: its budget N counts
+    #: tokens per full-attention layer and KV head ("18 layers: 3 full, 15 sliding 512")
+    layer_kinds: dict[str, str] = field(default_factory=dict)
 
     @property
     def method(self) -> str:

@@ -178,6 +178,7 @@ class LoadedCell:
     samples: Samples | None = None      # None unless done, readable and intact
     perf: dict[str, np.ndarray] | None = None
     memory_kind: str = ""               # what the rows' peak_memory_bytes measures ("" when unrecorded)
+    layer_kinds: str = ""               # the model's layers by kind when some are windowed ("" when all full)
     error: str = ""
 
     @property
@@ -247,11 +248,12 @@ PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "
                 "prompt_tokens", "timing_batch", "extra_forward_tokens")
 
 
-def memory_kind_of(table: pa.Table) -> str:
-    """The rows' ``memory_kind`` (the first recorded one; "" when the column is absent or empty)."""
-    if "memory_kind" not in table.column_names:
+def first_recorded(table: pa.Table, name: str) -> str:
+    """The rows' first non-empty ``name`` (``memory_kind``, ``layer_kinds``); "" when the column is absent or
+    empty."""
+    if name not in table.column_names:
         return ""
-    return next((str(k) for k in table.column("memory_kind").to_pylist() if k), "")
+    return next((str(k) for k in table.column(name).to_pylist() if k), "")
 
 
 def integrity_problem(view: CellView, results_dir: str | Path, table: pa.Table) -> str | None:
@@ -290,7 +292,8 @@ def _read_done(cell: LoadedCell, results_dir: str | Path | None) -> None:
         return
     cell.samples = samples_of(table, cell.task, cell.slot.task)
     cell.perf = {c: _column(table, c) for c in PERF_COLUMNS}
-    cell.memory_kind = memory_kind_of(table)
+    cell.memory_kind = first_recorded(table, "memory_kind")
+    cell.layer_kinds = first_recorded(table, "layer_kinds")
 
 
 def load_cell(view: CellView, run_id: str, results_dir: str | Path | None = None) -> LoadedCell:

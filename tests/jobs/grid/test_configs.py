@@ -29,7 +29,7 @@ def test_ray_cluster_yaml_matches_rays_schema():
         jsonschema.validate(broken, schema)
 
 
-@pytest.mark.parametrize("name, cells", [("demo.yaml", 8), ("smoke.yaml", 4)])
+@pytest.mark.parametrize("name, cells", [("demo.yaml", 8), ("smoke.yaml", 4), ("qwen2.5.yaml", 8)])
 def test_example_grids_validate(name, cells):
     grid, _ = load_grid(REPO / "examples" / name)
     assert len(expand(grid)) == cells

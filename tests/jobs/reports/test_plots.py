@@ -67,3 +67,39 @@ def test_needle_heatmap_prints_value_and_n_on_cividis():
     assert len(heat) == 2 and all(ax.images[0].get_cmap().name == "cividis" for ax in heat)
     texts = sorted(t.get_text() for t in heat[0].texts)
     assert texts == ["0\nn=3", "100\nn=4", "50\nn=4"]  # the empty cell (2048, 75) prints nothing
+
+
+def test_on_a_model_with_windowed_layers_the_budget_is_said_per_full_attention_layer(store):
+    """The rows of a hybrid model carry its ``layer_kinds``: its figure's axis, its headline title and the scores'
+    title say N counts tokens per full-attention layer and KV head; a model of full layers keeps 'per layer'."""
+    from kdeval.jobs.reports.render import views
+    from kdeval.jobs.reports.render.formats import from_json, to_json
+
+    idx, res = store
+    kinds = "18 layers: 3 full, 15 sliding 512"
+    windowed = {"layer_kinds": kinds, "windowed_kv_bytes": 4096}
+    cells = []
+    for model, extra in (("gemma", lambda i: windowed), ("llama", lambda i: {"layer_kinds": ""})):
+        cells.append(FakeCell("full", None, task="ruler.vt", model=model, rows=rows([1.0] * 4, task="ruler.vt",
+                                                                                   extra=extra)))
+        cells += [FakeCell("keydiff", n, task="ruler.vt", model=model, rows=rows([1.0, 0.0] * 2, task="ruler.vt",
+                                                                                 extra=extra)) for n in (64, 128)]
+    store_run(idx, res, "r1", cells)
+    rep = build_report(idx, ["r1"], ReportOptions(resamples=50))
+    assert rep.meta.layer_kinds == {"gemma": kinds}
+    assert from_json(to_json(rep)).meta.layer_kinds == {"gemma": kinds}
+    labels = {}
+    for model in ("gemma", "llama"):
+        part = [r for r in headline_rows(rep.scores) if r.model == model]
+        [ax] = budget_figure("t", part, rep.meta.layer_kinds.get(model, "")).axes
+        labels[model] = ax.get_xlabel()
+    assert labels["gemma"] == (f"KV budget N (tokens per full-attention layer and KV head)\n{kinds}; windowed "
+                               f"layers keep their window")
+    assert labels["llama"] == "KV budget N (tokens per layer and KV head)"
+    titles = {h.title.split(",")[0]: h.title for h in views.headline_views(rep)}
+    assert titles["gemma"].endswith(f"; N: tokens per full-attention layer and KV head ({kinds}; windowed layers "
+                                    f"keep their window)")
+    assert "N:" not in titles["llama"]
+    scores_title = views.scores_view(rep).title
+    assert f"; N on gemma: tokens per full-attention layer and KV head ({kinds}" in scores_title
+    assert "N on llama" not in scores_title

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from kdeval.evals.budget import Budget, budget_order, is_share, share_fraction
 from kdeval.evals.chunking import chunk_text
 from kdeval.jobs.reports.model import FULL, MetricRow, Report
-from kdeval.jobs.reports.render.views import headline_rows
+from kdeval.jobs.reports.render.views import budget_per, headline_rows, windowed_note
 from kdeval.jobs.reports.samples import task_of_label
 
 
@@ -70,10 +70,12 @@ def _budget_x(budget: int | str) -> float:
     return float(share_fraction(budget) * 100) if is_share(budget) else float(budget)
 
 
-def budget_figure(title: str, rows: list[MetricRow]) -> Figure:
+def budget_figure(title: str, rows: list[MetricRow], layer_kinds: str = "") -> Figure:
     """Score vs budget of one benchmark's headline ``rows``: a line per policy with the CI of its Δ as error
     bars, dodged sideways a little so equal points stay visible; the full cache as a dashed line. The budgets
-    are all tokens or all shares of the prompt (ValueError otherwise: one axis cannot hold both)."""
+    are all tokens or all shares of the prompt (ValueError otherwise: one axis cannot hold both).
+    ``layer_kinds``: the model's layers when some are windowed (the axis then says the budget is per
+    full-attention layer, :func:`~kdeval.jobs.reports.render.views.budget_per`)."""
     lines: dict[str, list[MetricRow]] = defaultdict(list)
     for r in rows:
         if r.budget is not None:
@@ -99,8 +101,9 @@ def budget_figure(title: str, rows: list[MetricRow]) -> Figure:
     ax.minorticks_off()
     ax.set_xlim(_budget_x(budgets[0]) / 1.5, _budget_x(budgets[-1]) * 1.5)
     ax.set_ylim(-5, 105)
-    ax.set_xlabel("KV budget: share of each prompt kept (per layer and KV head)" if shares == {True}
-                  else "KV budget N (tokens per layer and KV head)")
+    per = budget_per(layer_kinds)
+    label = (f"KV budget: share of each prompt kept ({per})" if shares == {True} else f"KV budget N (tokens {per})")
+    ax.set_xlabel(label + (f"\n{windowed_note(layer_kinds)}" if layer_kinds else ""))
     ax.set_ylabel(f"{rows[0].metric} (points)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -123,7 +126,8 @@ def score_vs_budget(report: Report) -> list[Plot]:
                 continue
             title = f"{metric} vs budget{' (share of the prompt)' if shares else ''} — {model}, B={chunk_text(chunk)}"
             slug = _slug("score", model, chunk, metric, *(["share"] if shares else []))
-            plots.append(Plot("score_vs_budget", title, slug, _png(budget_figure(title, part))))
+            figure = budget_figure(title, part, report.meta.layer_kinds.get(model, ""))
+            plots.append(Plot("score_vs_budget", title, slug, _png(figure)))
     return plots
 
 

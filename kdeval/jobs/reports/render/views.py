@@ -42,6 +42,25 @@ def budget_text(b: Budget) -> str:
     return "-" if b is None else str(b)
 
 
+def budget_per(layer_kinds: str = "") -> str:
+    """Where a budget N's tokens are kept: ``"per layer and KV head"``, or on a model with windowed layers
+    (``layer_kinds``, e.g. ``"18 layers: 3 full, 15 sliding 512"``) ``"per full-attention layer and KV head"``."""
+    return f"per {'full-attention ' if layer_kinds else ''}layer and KV head"
+
+
+def windowed_note(layer_kinds: str) -> str:
+    """``"18 layers: 3 full, 15 sliding 512; windowed layers keep their window"`` ("" for full layers only)."""
+    return f"{layer_kinds}; windowed layers keep their window" if layer_kinds else ""
+
+
+def budget_note(report: Report, models: list[str]) -> str:
+    """For a title over ``models``' rows: ``"; N: tokens per full-attention layer and KV head (<layers>; windowed
+    layers keep their window)"`` per model with windowed layers (named when there are several), else ""."""
+    hybrid = [m for m in models if report.meta.layer_kinds.get(m)]
+    return "".join(f"; N{' on ' + m if len(models) > 1 else ''}: tokens {budget_per(report.meta.layer_kinds[m])} "
+                   f"({windowed_note(report.meta.layer_kinds[m])})" for m in hybrid)
+
+
 def config_label(policy: str, budget: Budget) -> str:
     """``keydiff N=256``, ``keydiff N=25%``; the full cache (no budget) is its policy alone."""
     return policy if budget is None else f"{policy} N={budget}"
@@ -114,7 +133,8 @@ def scores_view(report: Report, rows: list[MetricRow] | None = None, title: str 
         if r.ref_state == State.REFERENCE:  # the reference's own row says so where its Δ would be
             delta, note = "reference", "" if r.state == State.OK else r.state
         body.append(shared.cells(r) + [metric_label(r), str(r.n), text(r.value, "value"), *ref, delta, note])
-    title = title or f"scores vs {_reference(report)}{shared.suffix()} (points; Δ paired by sample id)"
+    title = title or (f"scores vs {_reference(report)}{shared.suffix()} (points; Δ paired by sample id)"
+                      + budget_note(report, shared.models))
     return TableView("scores", title, cols, body, [r.state for r in rows], list(rows), legend(body))
 
 
@@ -190,7 +210,8 @@ def headline_views(report: Report) -> list[Headline]:
                                           interval(r.ci_low, r.ci_high, "ci_low", r.n_paired), _tone(r), r.state))
             table.append((config_label(policy, budget), cells))
         out.append(Headline(f"{model}, B={chunk_text(chunk)}: points, Δ vs {_reference(report)} "
-                            f"[{int(report.meta.confidence * 100)}% CI]", metrics, table))
+                            f"[{int(report.meta.confidence * 100)}% CI]{budget_note(report, [model])}",
+                            metrics, table))
     return out
 
 
