@@ -10,7 +10,7 @@ DATA_DIR ?= $(abspath ../shared/data)
 
 venv: $(STAMP)
 
-$(STAMP): requirements-ci.txt pyproject.toml
+$(STAMP): requirements-ci.txt pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-ci.txt
