@@ -16,9 +16,33 @@ STATUS_NOTE = ("runs: the policy evicts every full-attention layer to the budget
                "and tests/keydiff/test_families.py proves every one that runs.")
 
 
+def _short_statuses(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """Each row's status in a few words, its reasons as footnote marks (``"runs; 7 refused [1]"``, ``"refused [2]"``),
+    and the footnotes (``"[1] snapkv, tova: <cause>"``), one per distinct (policies, cause): the whole status folds
+    over a dozen lines in an 80- or 100-column table (``--json`` and the reference page keep it whole)."""
+    marks: dict[tuple[tuple[str, ...], str], int] = {}
+    statuses = []
+    for r in rows:
+        if not r["runs as"].startswith("runs"):  # the whole family is refused
+            statuses.append(f"refused [{marks.setdefault(((), r['runs as'].split(': ', 1)[-1]), len(marks) + 1)}]")
+            continue
+        detail = r["runs as"].removeprefix("runs").removeprefix("; ")
+        # the layers column names the windows; the footnote-free words for the two kinds of detail
+        parts = ["runs"] + ["windows kept whole" if detail.startswith("windowed") else
+                            "latent rows" if detail.startswith("latent") else detail] * bool(detail)
+        groups = r["refusal groups"]
+        if groups:
+            refs = [marks.setdefault((tuple(names), cause), len(marks) + 1) for cause, names in groups]
+            parts.append(f"{sum(len(names) for _, names in groups)} refused " + " ".join(f"[{k}]" for k in refs))
+        statuses.append("; ".join(parts))
+    notes = [f"[{k}] {', '.join(names) + ': ' if names else ''}{cause}" for (names, cause), k in marks.items()]
+    return statuses, notes
+
+
 def family_rows() -> list[dict]:
-    """One row per family, in the table's order: name, model_type, random model, layers, status, and ``refused``:
-    each registered policy the engine refuses on it -> the engine's one-line reason."""
+    """One row per family, in the table's order: name, model_type, random model, layers, status, ``refused``:
+    each registered policy the engine refuses on it -> the engine's one-line reason, and the status in its parts:
+    ``runs as`` (the status without its refused policies) and ``refusal groups`` ([cause, [policies]])."""
     from kdeval.baselines import get_policy, policy_names
     from kdeval.keydiff.family_status import family_statuses, refusal_reason
     from kdeval.names import RANDOM_PREFIX
@@ -26,7 +50,8 @@ def family_rows() -> list[dict]:
     policies = {name: get_policy(name) for name in policy_names()}
     return [{"family": s.family.name, "model_type": s.family.model_type,
              "random model": RANDOM_PREFIX + s.family.random_kind, "layers": s.layers, "status": s.text(),
-             "refused": {name: refusal_reason(name, msg) for name, msg in s.refused}}
+             "refused": {name: refusal_reason(name, msg) for name, msg in s.refused},
+             "runs as": s.text(with_refused=False), "refusal groups": [[c, n] for c, n in s.refusal_groups()]}
             for s in family_statuses(policies)]
 
 
@@ -51,13 +76,15 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON in
 
     from kdeval.jobs.reports.render.layout import Column, TableView, render
 
+    statuses, notes = _short_statuses(rows)
     view = TableView("models", f"{len(rows)} decoder families (a grid names the random model as printed)",
                      [Column("family"), Column("model_type", key=True), Column("random model", key=True),
                       Column("layers", key=True), Column("status", fold=True)],
-                     [[r["family"], r["model_type"], r["random model"], _layers(r["layers"]), r["status"]]
-                      for r in rows])
+                     [[r["family"], r["model_type"], r["random model"], _layers(r["layers"]), status]
+                      for r, status in zip(rows, statuses)])
     console = Console()
     console.print(render(view, console.width))
+    console.print("\n".join(notes), highlight=False, soft_wrap=True)
     console.print(STATUS_NOTE, highlight=False, soft_wrap=True)
 
 

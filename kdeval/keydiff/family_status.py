@@ -66,14 +66,14 @@ class FamilyStatus:
             return f"{self.family.kwargs()['num_hidden_layers']} layers"
         return describe(self.kinds)
 
-    def text(self) -> str:
+    def text(self, with_refused: bool = True) -> str:
         """``"runs"``, ``"runs; windowed layers (sliding 48) kept whole"``, ``"refused: <reason>"``, and after a
         family that runs, each group of refused policies with their shared cause (:func:`refusal_cause`):
-        ``"runs; snapkv, tova refused: <cause>"``."""
+        ``"runs; snapkv, tova refused: <cause>"`` (``with_refused=False``: without those groups)."""
         if self.state == REFUSED:
             return f"refused: {self.detail}"
         parts = ["runs"] + [self.detail] * bool(self.detail)
-        parts += [f"{', '.join(names)} refused: {cause}" for cause, names in self.refusal_groups()]
+        parts += [f"{', '.join(names)} refused: {cause}" for cause, names in self.refusal_groups() * with_refused]
         return "; ".join(parts)
 
     def refusal_groups(self) -> list[tuple[str, list[str]]]:
