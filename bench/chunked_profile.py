@@ -1,6 +1,6 @@
 """Where a chunked group's time goes: the paper-shaped grid (bench/shared_grid.py's ``paper``: full and six policies
 at three budgets, one chunk size, ``compress: prompt``), or with ``--grid mixed`` the mixed one (one-shot and chunked
-cells at the leaderboard's three shares, ``compress: context``), through ``evals.group_run.run_group`` in this
+cells at the leaderboard's three shares, ``compress: context``), through ``evals.run.group_run.run_group`` in this
 process, as a CPU worker runs it (batch size unset: a chunked member forks, then batches at 8; a one-shot member
 shares whole steps at batch 1), then every cell alone at batch 8 (what ``execution: {share: false}`` runs on a CPU)
 over the same samples, one after the other.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import functools
 import time
 
@@ -71,8 +72,8 @@ class Timers:
 def install(timers: Timers) -> None:
     """Time the timed-alone samples (a group's ``_run_alone``), the steps up to each fork, the batched rest, and
     every forward by kind."""
-    from kdeval.evals import group_run
-    from kdeval.evals.group_decode import GroupDecoder
+    from kdeval.evals.run import group_run
+    from kdeval.evals.run.group_decode import GroupDecoder
     from kdeval.keydiff.engine import Engine
     from kdeval.keydiff.step import Step
 
@@ -113,7 +114,7 @@ def main() -> None:
     ap.add_argument("--grid", choices=["paper", "mixed"], default="paper")
     args = ap.parse_args()
 
-    from kdeval.evals import group_run
+    from kdeval.evals.run import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = (paper_cells if args.grid == "paper" else mixed_cells)(args.length, args.new, args.samples)
@@ -122,16 +123,16 @@ def main() -> None:
     timers = Timers()
     install(timers)
     t0 = time.perf_counter()
-    group_run.run_group(lm, task, [{**c, "batch_size": None} for c in cells], prompts, batch_size=8)
+    group_run.run_group(lm, task, [dataclasses.replace(c, batch_size=None) for c in cells], prompts, batch_size=8)
     shared = time.perf_counter() - t0, timers.take()
     timers.unwrap(group_run, "_run_alone")  # alone, every sample runs through it: not the timed samples
     timers.phase = "alone"
     t0 = time.perf_counter()
-    group_run.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
+    group_run.run_group(lm, task, [dataclasses.replace(c, batch_size=8) for c in cells], prompts, share=False)
     alone = time.perf_counter() - t0, timers.take()
 
-    budgets = "/".join(str(b) for b in dict.fromkeys(c["budget"] for c in cells if c["budget"] is not None))
-    chunks = "/".join(str(b) for b in dict.fromkeys(c["chunk_size"] for c in cells))
+    budgets = "/".join(str(b) for b in dict.fromkeys(c.budget for c in cells if c.budget is not None))
+    chunks = "/".join(str(b) for b in dict.fromkeys(c.chunk_size for c in cells))
     print(f"{args.grid} grid: {len(cells)} cells x {args.samples} samples of ~{args.length} tokens, N = {budgets}, "
           f"B = {chunks}, {args.new} new tokens ({n} cell-samples)")
     print("| part | seconds | calls |\n|---|---:|---:|")

@@ -1,4 +1,4 @@
-"""Cells decoded together (kdeval/evals/group_decode.py) vs each cell decoding alone, side by side in one run.
+"""Cells decoded together (kdeval/evals/run/group_decode.py) vs each cell decoding alone, side by side in one run.
 
 One needle prompt of about ``--length`` tokens on SmolLM2-135M (offline), float32, CPU; ``--cells`` cells that
 keep while decoding (``decode: keep``): KeyDiff at budgets spread from 25% to 75% of the prompt, one-shot.
@@ -24,10 +24,10 @@ import time
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.evals.generation_jobs import GenerateJob
-from kdeval.evals.group_decode import Driven, GroupDecoder
-from kdeval.evals.registry import get_task
-from kdeval.evals.runner import model_prompts
+from kdeval.evals import get_task
+from kdeval.evals.run.generation_jobs import GenerateJob
+from kdeval.evals.run.group_decode import Driven, GroupDecoder
+from kdeval.evals.run.runner import model_prompts
 from kdeval.keydiff import Engine, EngineConfig, load_model
 
 

@@ -2,7 +2,7 @@
 captured attention rows, queries and hidden states every member policy reads), at their peak, against one
 prompt's full cache.
 
-Runs ``evals.group_run.run_group`` in this process over bench/shared_grid.py's cells (``leaderboard``: one-shot,
+Runs ``evals.run.group_run.run_group`` in this process over bench/shared_grid.py's cells (``leaderboard``: one-shot,
 both protocols, three shares; ``paper``: chunked at N = L/8, L/4, L/2 with B = L/16, the 2K grid's fork points),
 batch size unset as ``kdeval submit`` leaves it on a CPU, and watches every ``SharedSteps`` alive at once after
 each record it keeps. Not counted: while a window's trunks are recorded as one batch (kdeval/keydiff/trunk.py),
@@ -14,6 +14,7 @@ its batch cache holds their keys and values a second time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import weakref
 
 from chunked_profile import paper_cells
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=4)
     args = ap.parse_args()
 
-    from kdeval.evals import group_run
+    from kdeval.evals.run import group_run
     from kdeval.keydiff.shared import SharedSteps
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
@@ -68,7 +69,7 @@ def main() -> None:
             peak.update(total=total, stores=sum(1 for s in live if s.records), parts=parts)
 
     SharedSteps.__init__, SharedSteps.keep = init, keep
-    group_run.run_group(lm, task, [{**c, "batch_size": None} for c in cells], prompts, batch_size=8)
+    group_run.run_group(lm, task, [dataclasses.replace(c, batch_size=None) for c in cells], prompts, batch_size=8)
 
     cfg = lm.model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -373,7 +373,7 @@ def kvpress_python() -> Path:
 def prompt_ids(tokenizer, chat: bool = False) -> torch.Tensor:
     """The essays' first ``L`` tokens; ``chat``: the chat template's head (system prompt, user header) first, as
     kvpress' pipeline opens a context (the KVzip cases: kvpress does not reconstruct those tokens)."""
-    from kdeval.evals.data import require_data_file
+    from kdeval.evals.tasks.data import require_data_file
     from kdeval.keydiff.repeat import RepeatPrompt
 
     path = require_data_file(None, "haystack/PaulGrahamEssays.json", "It ships in the shared data directory.")

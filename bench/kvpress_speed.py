@@ -162,7 +162,7 @@ def kdeval_sides(lm, samples: list[tuple[torch.Tensor, int]], eos: int | None):
 
 
 def run(rounds: int, per_round: int) -> str:
-    from kdeval.evals.data import require_data_file
+    from kdeval.evals.tasks.data import require_data_file
     from kdeval.keydiff import load_model
     from kdeval.keydiff.models import smollm2_safetensors_dir
 

@@ -24,6 +24,7 @@ kvpress's evaluation/leaderboard.sh launches them one after another (its model l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -138,8 +139,8 @@ def kvpress_seconds(texts: list[list[str]], runs: list, new: int, tmp: Path) -> 
 
 def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
     """The needle samples' contexts and questions as text (what kdeval's grid runs), for kvpress."""
-    from kdeval.evals.prompting import PromptBuilder
-    from kdeval.evals.registry import get_task
+    from kdeval.evals import get_task
+    from kdeval.evals.tasks.prompting import PromptBuilder
     from kdeval.keydiff import load_model
 
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")
@@ -147,16 +148,19 @@ def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
     return [[s.prefix, s.suffix] for s in task.samples(PromptBuilder(lm.tokenizer, lm.max_context))[:samples]]
 
 
-def members(spec: dict) -> list[dict]:
-    """The grid's cells as ``evals.group_run.run_group`` members (``--in-process``)."""
+def members(spec: dict) -> list:
+    """The grid's cells as ``evals.run.group_run.run_group`` members, ``RunSettings`` (``--in-process``)."""
+    from kdeval.evals.run.settings import RunSettings
+
     protocols = spec["protocol"] if isinstance(spec["protocol"], list) else [spec["protocol"]]
     out = []
     for proto in protocols:
         for policy in spec["policies"]:
             for budget in ([None] if policy == "full" else spec["budgets"]):
                 for chunk in spec["chunk_sizes"]:
-                    out.append(dict(policy=policy, budget=budget, chunk_size=chunk, compress=proto["compress"],
-                                    decode=proto.get("decode", "evict"), max_new_tokens=spec["generation"]["max_new_tokens"]))
+                    out.append(RunSettings(policy=policy, budget=budget, chunk_size=chunk, compress=proto["compress"],
+                                           decode=proto.get("decode", "evict"),
+                                           max_new_tokens=spec["generation"]["max_new_tokens"]))
     return out
 
 
@@ -166,8 +170,8 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     Ray; and the number of cells."""
     import torch
 
-    from kdeval.evals import group_run, runner
-    from kdeval.evals.registry import get_task
+    from kdeval.evals import get_task
+    from kdeval.evals.run import group_run, runner
     from kdeval.keydiff import load_model
 
     torch.set_num_threads(THREADS)
@@ -176,10 +180,10 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     prompts = runner.model_prompts(lm, task, limit=samples, max_new_tokens=new)
     cells = members(grid(name, length, samples, new, True))
     t0 = time.perf_counter()
-    group_run.run_group(lm, task, [{**c, "batch_size": None} for c in cells], prompts, batch_size=8)
+    group_run.run_group(lm, task, [dataclasses.replace(c, batch_size=None) for c in cells], prompts, batch_size=8)
     shared = time.perf_counter() - t0
     t0 = time.perf_counter()
-    group_run.run_group(lm, task, [{**c, "batch_size": 8} for c in cells], prompts, share=False)
+    group_run.run_group(lm, task, [dataclasses.replace(c, batch_size=8) for c in cells], prompts, share=False)
     return shared, time.perf_counter() - t0, len(cells)
 
 
@@ -234,7 +238,7 @@ def main() -> None:
     ap.add_argument("--untimed", action="store_true",
                     help="add a side: shared with no sample timed alone (execution: {time_first: false}); no kvpress")
     ap.add_argument("--in-process", action="store_true",
-                    help="kdeval only, through evals.group_run.run_group in this process (no Ray, no model load timed)")
+                    help="kdeval only, through evals.run.group_run.run_group in this process (no Ray, no model load timed)")
     ap.add_argument("--kvpress-side", nargs=2, metavar=("MODEL_DIR", "REQUEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kvpress_side:

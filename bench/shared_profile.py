@@ -1,4 +1,4 @@
-"""Where one shared group's time goes: ``evals.group_run.run_group`` over the leaderboard grid's cells (as
+"""Where one shared group's time goes: ``evals.run.group_run.run_group`` over the leaderboard grid's cells (as
 bench/shared_grid.py builds them), in this process, under cProfile; prints the seconds of the first sample's
 alone-timed runs, of the shared samples (their prompt steps and their batched decoding) and the top functions.
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import pstats
 import time
 
@@ -18,8 +19,8 @@ def needle_group(length: int, samples: int, new: int) -> tuple:
     """SmolLM2 (float32, ``THREADS`` threads), the needle task and its first ``samples`` prompts: a group's inputs."""
     import torch
 
-    from kdeval.evals import runner
-    from kdeval.evals.registry import get_task
+    from kdeval.evals import get_task
+    from kdeval.evals.run import runner
     from kdeval.keydiff import load_model
 
     torch.set_num_threads(THREADS)
@@ -36,14 +37,14 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
 
-    from kdeval.evals import group_run
+    from kdeval.evals.run import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = members(grid("leaderboard", args.length, args.samples, args.new, True))
     profile = cProfile.Profile()
     t0 = time.perf_counter()
     profile.enable()
-    group_run.run_group(lm, task, [{**c, "batch_size": 1} for c in cells], prompts)
+    group_run.run_group(lm, task, [dataclasses.replace(c, batch_size=1) for c in cells], prompts)
     profile.disable()
     wall = time.perf_counter() - t0
     stats = pstats.Stats(profile)

@@ -5,7 +5,7 @@
 
 Each batch size runs ``max(batch, --min-samples)`` samples (whole batches: one batch from batch 4 on) after a
 warm-up, through ``Engine.generate`` at batch 1 and ``Engine.generate_batch`` above it: the paths
-``run_task(batch_size=...)`` takes. Figures:
+``RunSettings(batch_size=...)`` takes. Figures:
 
 - samples/s: samples over the wall time of all of them (end to end; on a shared machine one stall of
   another process's making shows here);
@@ -34,8 +34,8 @@ import time
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.evals.registry import get_task
-from kdeval.evals.runner import model_prompts
+from kdeval.evals import get_task
+from kdeval.evals.run.runner import model_prompts
 from kdeval.keydiff import Engine, EngineConfig, load_model
 
 #: SmolLM2-135M's dimensions, for ``--smollm2-shape`` (random weights; the byte-level vocabulary stays, so

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kdeval.cli.app import app
-from kdeval.evals import registry as task_registry
+from kdeval.evals.benchmarks import registry as task_registry
 
 REPO = Path(__file__).resolve().parents[1]
 KIT = REPO / "examples" / "paper"

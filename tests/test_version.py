@@ -19,7 +19,7 @@ def test_source_hash_changes_with_any_source_file(tmp_path):
 def test_result_code_is_engine_tasks_execution_and_the_policys_own_modules(tmp_path):
     every = ["keydiff/keydiff.py", "baselines/snapkv.py", "baselines/sink.py"]
     files = result_code_files(["baselines/snapkv.py"], every)
-    assert "baselines/snapkv.py" in files and "keydiff/engine.py" in files and "evals/needle.py" in files
+    assert "baselines/snapkv.py" in files and "keydiff/engine.py" in files and "evals/benchmarks/needle.py" in files
     assert "cluster/execute.py" in files
     assert not {"keydiff/keydiff.py", "baselines/sink.py"} & set(files)  # other policies' modules
     assert not [f for f in files if f.startswith(("cli/", "jobs/", "storage/"))]

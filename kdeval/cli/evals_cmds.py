@@ -11,7 +11,7 @@ from kdeval.cli.errors import bad_input
 
 def tasks_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List every task with its benchmark, metric and data source."""
-    from kdeval.evals.registry import REGISTRY
+    from kdeval.evals import REGISTRY
 
     specs = list(REGISTRY.values())
     if as_json:
@@ -34,8 +34,8 @@ def score_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Score stored predictions with the task's metric; print per-sample scores and the aggregate."""
-    from kdeval.evals.registry import get_scorer
-    from kdeval.evals.scoring import read_predictions, score_records
+    from kdeval.evals import get_scorer
+    from kdeval.evals.tasks.scoring import read_predictions, score_records
 
     with bad_input():
         scorer = get_scorer(task)

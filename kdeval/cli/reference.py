@@ -171,7 +171,7 @@ def policies_page() -> str:
 
 def tasks_page() -> str:
     """Every registered task: benchmark, metric, data source and parameters."""
-    from kdeval.evals.registry import REGISTRY
+    from kdeval.evals import REGISTRY
 
     rows = ["| task | benchmark | metric | data source | parameters (default) |", "|---|---|---|---|---|"]
     for spec in REGISTRY.values():

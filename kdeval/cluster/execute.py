@@ -29,11 +29,14 @@ import dataclasses
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.group_streams import GroupStreams, shard_result
+from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask, group_span, shared_rows
+
+if TYPE_CHECKING:
+    from kdeval.evals.run.settings import RunSettings
 
 #: Task constructor parameters a cell sets from the grid's own fields (named here for messages), never
 #: from ``tasks[i].params``; see :func:`task_arguments`.
@@ -57,7 +60,7 @@ def task_arguments(params: dict[str, Any], allowed: dict[str, Any], *, length: i
 def build_eval_task(name: str, params: dict[str, Any], *, length: int | None, seed: int, samples: int,
                     max_new_tokens: int | None) -> Any:
     """The evals task object of a cell (also built by the driver for cell identity)."""
-    from kdeval.evals.registry import get_spec
+    from kdeval.evals import get_spec
 
     spec = get_spec(name)
     return spec.build(**task_arguments(params, spec.params(), length=length, seed=seed, samples=samples,
@@ -86,7 +89,7 @@ _PROMPTS_KEPT = 2
 
 def task_and_prompts(lm: Any, task: CellTask) -> tuple[Any, Any]:
     """The cell's evals task and ``runner.model_prompts`` for it on ``lm`` (reused from a recent cell)."""
-    from kdeval.evals import runner
+    from kdeval.evals.run import runner
 
     def make() -> tuple[Any, Any]:
         evals_task = build_task(task)
@@ -133,9 +136,9 @@ def default_batch_size(lm: Any, task: CellTask) -> int:
     return CPU_BATCH_SIZE if device.type == "cpu" and task.attn_implementation == "sdpa" else 1
 
 
-def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
-    """``runner.run_task``'s keyword arguments for a cell (also a member of ``group_run.run_group``), but the task
-    and its prompts. ``grouped``: the cell runs in a group, where a ``batch_size`` the grid left unset stays
+def run_settings(lm: Any, task: CellTask, *, grouped: bool) -> RunSettings:
+    """The cell's ``RunSettings`` for ``runner.run_task`` (also a member of
+    ``group_run.run_group``). ``grouped``: the cell runs in a group, where a ``batch_size`` the grid left unset stays
     ``None`` for ``group_run.run_group`` to choose (a chunked cell forks then batches at
     :func:`default_batch_size`, a one-shot cell shares its whole steps at batch 1); a cell whose grid sets a batch
     size keeps it."""
@@ -143,10 +146,12 @@ def run_arguments(lm: Any, task: CellTask, *, grouped: bool) -> dict[str, Any]:
         batch = task.batch_size
     else:
         batch = default_batch_size(lm, task)
-    return dict(policy=task.policy, policy_params=task.policy_params, budget=task.budget,
-                chunk_size=task.chunk_size, engine=task.engine, max_new_tokens=task.max_new_tokens,
-                compress=task.compress, decode=task.decode, thinking=task.thinking, batch_size=batch,
-                conversation=task.conversation)
+    from kdeval.evals.run.settings import RunSettings
+
+    return RunSettings(policy=task.policy, policy_params=task.policy_params, budget=task.budget,
+                       chunk_size=task.chunk_size, engine=task.engine, max_new_tokens=task.max_new_tokens,
+                       compress=task.compress, decode=task.decode, thinking=task.thinking, batch_size=batch,
+                       conversation=task.conversation)
 
 
 @dataclass(frozen=True)
@@ -167,14 +172,13 @@ class EvalWorkload:
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().run(handle, task)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        from kdeval.evals import runner  # lazy: heavy imports only on workers that need them
+        from kdeval.evals.run import runner  # lazy: heavy imports only on workers that need them
 
         evals_task, prompts = task_and_prompts(handle, task)
         prompts = shard_prompts(prompts, task)
         if not prompts[0]:  # a shard past the task's last sample (it has fewer than the grid asked for)
             return CellResult(rows=[], summary={}, peak_memory_bytes=None)
-        rows = runner.run_task(handle, evals_task, limit=None, prompts=prompts,
-                               **run_arguments(handle, task, grouped=False))
+        rows = runner.run_task(handle, evals_task, run_settings(handle, task, grouped=False), prompts=prompts)
         return shard_result(rows)
 
     def run_group(self, handle: Any, tasks: list[CellTask], on_samples: Callable[[int, int], None] | None = None,
@@ -189,7 +193,7 @@ class EvalWorkload:
             return StubWorkload().run_group(handle, tasks, on_samples, on_result)
         cells, span = group_span(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        from kdeval.evals import group_run
+        from kdeval.evals.run import group_run
 
         first = tasks[0]
         whole = dataclasses.replace(first, sample_start=span[0][0], sample_stop=span[-1][1])
@@ -198,7 +202,7 @@ class EvalWorkload:
         if not prompts[0]:
             return [CellResult(rows=[], summary={}, peak_memory_bytes=None, seconds=0.0) for _ in tasks]
         by_cell = {t.cell_id: t for t in reversed(tasks)}  # each cell's first task
-        members = [run_arguments(handle, by_cell[c], grouped=True) for c in cells]
+        members = [run_settings(handle, by_cell[c], grouped=True) for c in cells]
         streams = GroupStreams(tasks, cells, [s.id for s in prompts[0]], span[0][0], on_samples, on_result)
         timed = span[0][0] == 0 and first.time_first  # the cells' first samples, unless the grid says no timing
         group_run.run_group(handle, evals_task, members, prompts, share=True, time_first=timed,
@@ -211,7 +215,7 @@ class EvalWorkload:
         (:func:`kdeval.cluster.workload.shared_rows`)."""
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().aggregate(task, rows)
-        from kdeval.evals import runner
+        from kdeval.evals.run import runner
 
         evals_task = _recent(_TASKS, prompt_key(task), lambda: build_task(task), _TASKS_KEPT)
         return {**runner.aggregate(evals_task, rows), **shared_rows(rows)}

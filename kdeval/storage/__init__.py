@@ -25,7 +25,7 @@ task's aggregate (JSON);
 Per-sample rows: per done cell a directory of parts, one per sample shard
 (``<results_dir>/cells/<id[:2]>/<id>/part-0000.parquet``, ...; older results: one file
 ``<results_dir>/cells/<id[:2]>/<id>.parquet``; :mod:`kdeval.storage.parquet`), whose
-columns are the evals' ``EvalRow`` (``kdeval/evals/rows.py``: id, prompt_hash, prompt_tokens,
+columns are the evals' ``EvalRow`` (``kdeval/evals/run/rows.py``: id, prompt_hash, prompt_tokens,
 truncated, prediction, references, score, ttft_s, decode_s, peak_memory_bytes, peak_kv_tokens,
 kept_tokens, resolved_budget, length, depth, meta_json, ...) plus the metric's sub-score columns, and the
 identity columns the driver adds to every row (``run_id, cell_id, model, policy, params, budget, budget_share,

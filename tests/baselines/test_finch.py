@@ -6,6 +6,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.finch import Finch
+from kdeval.evals.run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig, load_model
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, kept_positions, prompt
@@ -101,14 +102,14 @@ def test_bad_parameters_are_refused(params, message):
 def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
     """Query-aware the window ends the question; query-agnostic it ends the context and the question is fed
     after the eviction, on top of N (at RoPE positions from N on, the kept keys re-rotated)."""
-    from kdeval.evals.prompting import PromptBuilder
-    from kdeval.evals.registry import get_task
-    from kdeval.evals.runner import build_prompts, run_task
+    from kdeval.evals.benchmarks.registry import get_task
+    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = load_model("random:llama-tiny")
     task = get_task("phonebook", lengths=[500], num_books=1, questions_per_book=2, max_new_tokens=4)
     _, prompts = build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))
-    rows = run_task(lm, task, "finch", budget=64, chunk_size=32, compress=compress)
+    rows = run_task(lm, task, RunSettings(policy="finch", budget=64, chunk_size=32, compress=compress))
     for row, p in zip(rows, prompts):
         assert row["kept_tokens"] == 64 + (len(p.suffix_ids) if compress == "context" else 0)
         assert row["generated_tokens"] == 4

@@ -10,6 +10,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.baselines import describe, get_policy
 from kdeval.baselines.kvzip import UNSCORED, KVzip
+from kdeval.evals.run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig, load_model
 from kdeval.keydiff.repeat import FIRST, LATER, RepeatPrompt
 
@@ -186,20 +187,21 @@ def test_a_batch_equals_each_request_alone():
 
 @pytest.mark.parametrize("compress", ["prompt", "context"])
 def test_rows_count_the_extra_forward_tokens_under_both_protocols(compress):
-    from kdeval.evals.prompting import PromptBuilder
-    from kdeval.evals.registry import get_task
-    from kdeval.evals.runner import build_prompts, run_task
+    from kdeval.evals.benchmarks.registry import get_task
+    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = load_model("random:llama-tiny")
     task = get_task("phonebook", lengths=[300], num_books=1, questions_per_book=2, max_new_tokens=3)
     _, prompts = build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))
     rp = RepeatPrompt.from_tokenizer(lm.tokenizer)
-    rows = run_task(lm, task, "kvzip", budget=64, chunk_size="whole", compress=compress)
+    rows = run_task(lm, task, RunSettings(policy="kvzip", budget=64, chunk_size="whole", compress=compress))
     for row, p in zip(rows, prompts):
         compressed = len(p.prefix_ids) if compress == "context" else p.n_tokens
         assert row["extra_forward_tokens"] == len(rp.first) + len(rp.suffix) + compressed
         assert row["kept_tokens"] == 64 + (len(p.suffix_ids) if compress == "context" else 0)
-    assert all(r["extra_forward_tokens"] == 0 for r in run_task(lm, task, "keydiff", budget=64, chunk_size=32))
+    assert all(r["extra_forward_tokens"] == 0 for r in run_task(lm, task, RunSettings(policy="keydiff", budget=64,
+                                                                                      chunk_size=32)))
 
 
 def test_the_repeat_prompt_follows_the_chat_template():
@@ -248,23 +250,23 @@ def test_asked_for_graphs_it_runs_eagerly_and_keeps_what_the_gather_store_keeps(
 def test_a_group_of_cells_gives_each_cell_its_alone_rows():
     """run_group: kvzip cells replay the prompt forward other cells recorded, run their own repeat pass, and decode
     (``decode: keep``) in batches with other cells; their rows are their alone rows, extra tokens included."""
-    from kdeval.evals.registry import get_task
-    from kdeval.evals.group_run import run_group
-    from kdeval.evals.runner import model_prompts, run_task
+    from kdeval.evals.benchmarks.registry import get_task
+    from kdeval.evals.run.group_run import run_group
+    from kdeval.evals.run.runner import model_prompts, run_task
 
     lm = load_model("random:llama-tiny")
     task = get_task("needle", lengths=[600], depths=[20, 60, 80], haystack="noise")
     prompts = model_prompts(lm, task, max_new_tokens=4)
-    cells = [dict(policy=p, budget=b, chunk_size=c, compress="context", decode=d, max_new_tokens=4)
+    cells = [RunSettings(policy=p, budget=b, chunk_size=c, compress="context", decode=d, max_new_tokens=4)
              for p, b, c, d in (("keydiff", 64, "whole", "keep"), ("kvzip", 64, "whole", "keep"),
                                 ("kvzip", 96, "whole", "evict"), ("kvzip", 64, 32, "keep"))]
     grouped = run_group(lm, task, cells, prompts)
     how = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "kv_buffer_bytes", "execution",
            "replayed_steps"}
     for cell, got in zip(cells, grouped):
-        alone = run_task(lm, task, prompts=prompts, **cell)
+        alone = run_task(lm, task, cell, prompts=prompts)
         assert [{k: v for k, v in r.items() if k not in how} for r in got.rows] == \
                [{k: v for k, v in r.items() if k not in how} for r in alone], cell
-        if cell["policy"] == "kvzip":
+        if cell.policy == "kvzip":
             assert all(r["extra_forward_tokens"] > 0 for r in got.rows)
     assert any(r["replayed_steps"] > 0 for r in grouped[1].rows + grouped[2].rows)

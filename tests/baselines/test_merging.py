@@ -9,6 +9,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.merging import Merging, merge_values
+from kdeval.evals.run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.kvstore import QuantizedStore
 from kdeval.keydiff.policy import Freed, ScoreContext
@@ -207,14 +208,14 @@ def test_graph_path_equals_eager():
 def assert_runner_holds_the_budget(name, compress):
     """``name`` through the runner on phonebook (N=64, B=32): each row keeps N (and the question under
     ``compress: context``) and decodes its 4 tokens."""
-    from kdeval.evals.prompting import PromptBuilder
-    from kdeval.evals.registry import get_task
-    from kdeval.evals.runner import build_prompts, run_task
+    from kdeval.evals.benchmarks.registry import get_task
+    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = tiny("random:llama-tiny")
     task = get_task("phonebook", lengths=[500], num_books=1, questions_per_book=2, max_new_tokens=4)
     _, prompts = build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))
-    rows = run_task(lm, task, name, budget=64, chunk_size=32, compress=compress)
+    rows = run_task(lm, task, RunSettings(policy=name, budget=64, chunk_size=32, compress=compress))
     for row, p in zip(rows, prompts):
         assert row["kept_tokens"] == 64 + (len(p.suffix_ids) if compress == "context" else 0)
         assert row["generated_tokens"] == 4

@@ -8,6 +8,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kdeval.baselines import describe, get_policy
 from kdeval.baselines.think import ThinK, channel_scores, lowest_channels
+from kdeval.evals.run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
 
 from ..keydiff.helpers import kept_positions, make_engine, prompt, tiny
@@ -159,14 +160,14 @@ def test_a_ragged_batch_edits_each_row_as_alone():
 
 @pytest.mark.parametrize("compress", ["prompt", "context"])
 def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
-    from kdeval.evals.prompting import PromptBuilder
-    from kdeval.evals.registry import get_task
-    from kdeval.evals.runner import build_prompts, run_task
+    from kdeval.evals.benchmarks.registry import get_task
+    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = tiny("random:llama-tiny")
     task = get_task("phonebook", lengths=[300], num_books=1, questions_per_book=1, max_new_tokens=3)
     _, prompts = build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))
-    rows = run_task(lm, task, "think", budget=64, chunk_size=32, compress=compress)
+    rows = run_task(lm, task, RunSettings(policy="think", budget=64, chunk_size=32, compress=compress))
     for row, p in zip(rows, prompts):
         assert row["kept_tokens"] == 64 + (len(p.suffix_ids) if compress == "context" else 0)
         assert row["generated_tokens"] == 3

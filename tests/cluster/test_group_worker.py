@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kdeval.cluster.execute import run_arguments
+from kdeval.cluster.execute import run_settings
 from kdeval.cluster.stub import StubWorkload
 from kdeval.cluster.worker import CellWorker
 from kdeval.cluster.workload import check_group
@@ -82,10 +82,10 @@ def test_a_cell_in_a_group_leaves_an_unset_batch_size_to_run_group():
 
     lm = SimpleNamespace(model=torch.nn.Linear(2, 2))  # on the CPU: the default batch is 8 for SDPA
     task = _tasks()[1]
-    assert run_arguments(lm, task, grouped=False)["batch_size"] == 8
-    assert run_arguments(lm, task, grouped=True)["batch_size"] is None
+    assert run_settings(lm, task, grouped=False).batch_size == 8
+    assert run_settings(lm, task, grouped=True).batch_size is None
     four = dataclasses.replace(task, batch_size=4)
-    assert [run_arguments(lm, four, grouped=g)["batch_size"] for g in (True, False)] == [4, 4]
-    args = run_arguments(lm, task, grouped=True)
+    assert [run_settings(lm, four, grouped=g).batch_size for g in (True, False)] == [4, 4]
+    args = dataclasses.asdict(run_settings(lm, task, grouped=True))
     assert {k: args[k] for k in ("policy", "budget", "chunk_size", "compress", "decode")} == {
         "policy": task.policy, "budget": task.budget, "chunk_size": 32, "compress": "prompt", "decode": "evict"}

@@ -51,7 +51,7 @@ def fixtures_dir() -> Path:
 @pytest.fixture
 def emulated_graphs(monkeypatch) -> None:
     """Every engine built while the test runs takes the graph path emulated (``Engine(**EMULATED)``:
-    the static layout run with plain calls on a CPU), so ``run_task(engine={"cuda_graphs": True})`` runs it:
+    the static layout run with plain calls on a CPU), so ``RunSettings(engine={"cuda_graphs": True})`` runs it:
     the engine's test hooks are no ``run_task`` options."""
     import functools
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.aime2025 import Aime2025Task
-from kdeval.evals.base import DataNotFoundError, EvalError, Sample
-from kdeval.evals.math500 import REASONING_MAX_NEW_TOKENS
-from kdeval.evals.registry import get_scorer, get_task
-from kdeval.evals.thinking import scored_text, strip_thinking, thinking_markers
+from kdeval.evals.benchmarks.aime2025 import Aime2025Task
+from kdeval.evals.benchmarks.math500 import REASONING_MAX_NEW_TOKENS
+from kdeval.evals.benchmarks.registry import get_scorer, get_task
+from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.tasks.base import DataNotFoundError, EvalError, Sample
+from kdeval.evals.tasks.thinking import scored_text, strip_thinking, thinking_markers
 
 
 # --- reference: NVIDIA/kvpress evaluation/benchmarks/aime25/calculate_metrics.py score_aime, restated ----------
@@ -80,8 +81,8 @@ def test_markers_come_from_the_tokenizer():
 
 
 def test_row_scores_the_stripped_answer_and_keeps_the_raw_prediction():
-    from kdeval.evals.prompting import BuiltPrompt
-    from kdeval.evals.rows import result_row
+    from kdeval.evals.run.rows import result_row
+    from kdeval.evals.tasks.prompting import BuiltPrompt
 
     task = get_scorer("math500")
     sample = Sample(id="s", prefix="p", suffix="q", references=("9",), max_new_tokens=8)
@@ -98,13 +99,13 @@ def test_row_scores_the_stripped_answer_and_keeps_the_raw_prediction():
 
 
 def test_run_task_with_thinking_strip_adds_the_answer_column(fixtures_dir):
-    from kdeval.evals.runner import run_task
+    from kdeval.evals.run.runner import run_task
     from kdeval.keydiff.models import load_model
 
     tiny = load_model("random:llama-tiny")
     task = get_task("aime2025", data_dir=str(fixtures_dir), limit=1, max_new_tokens=4)
-    rows = run_task(tiny, task, "keydiff", budget=64, chunk_size=32, thinking="strip")
+    rows = run_task(tiny, task, RunSettings(policy="keydiff", budget=64, chunk_size=32, thinking="strip"))
     assert rows[0]["answer"] == strip_thinking(rows[0]["prediction"])
-    assert "answer" not in run_task(tiny, task, "keydiff", budget=64, chunk_size=32)[0]
+    assert "answer" not in run_task(tiny, task, RunSettings(policy="keydiff", budget=64, chunk_size=32))[0]
     with pytest.raises(EvalError, match="thinking: expected 'keep' or 'strip'"):
-        run_task(tiny, task, "keydiff", budget=64, chunk_size=32, thinking="yes")
+        run_task(tiny, task, RunSettings(policy="keydiff", budget=64, chunk_size=32, thinking="yes"))

@@ -1,4 +1,4 @@
-"""run_task(batch_size=...): the same rows as one sample at a time, shared contexts included.
+"""RunSettings(batch_size=...): the same rows as one sample at a time, shared contexts included.
 
 float64 llama-tiny with larger weights (its greedy tokens vary and eviction shows in them): every column but
 the timings and the process / buffer memory figures is equal, for both protocols and both decode modes; the KV
@@ -6,11 +6,14 @@ bytes a row holds by its own tokens (``peak_kv_bytes``) included.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from kdeval.evals.base import EvalError
-from kdeval.evals.registry import get_task
-from kdeval.evals.runner import run_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.run.runner import run_task
+from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.tasks.base import EvalError
 
 #: what depends on the batch: wall-clock times, the process memory and the K/V buffers allocated for the batch
 BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes", "kv_buffer_bytes", "timing_batch"}
@@ -45,9 +48,9 @@ TASKS = {
                                                     ("snapkv", "prompt", "evict"), ("h2o", "context", "evict")])
 def test_batched_rows_equal_one_at_a_time(lively, task, policy, compress, decode):
     t = TASKS[task]()
-    kw = dict(budget=64, chunk_size=32, compress=compress, decode=decode, max_new_tokens=10)
-    ref = run_task(lively, t, policy, **kw)
-    got = run_task(lively, t, policy, batch_size=4, **kw)
+    settings = RunSettings(policy=policy, budget=64, chunk_size=32, compress=compress, decode=decode, max_new_tokens=10)
+    ref = run_task(lively, t, settings)
+    got = run_task(lively, t, dataclasses.replace(settings, batch_size=4))
     same_rows(got, ref)
     # one timing per generate call: batch 1 times every row apart; the rows of a batch name their batch
     assert sorted(r["timing_batch"] for r in ref) == list(range(len(ref)))
@@ -60,8 +63,9 @@ def test_batched_rows_equal_one_at_a_time(lively, task, policy, compress, decode
 
 def test_batch_larger_than_the_task_and_unshared_contexts(lively):
     t = TASKS["phonebook"]()
-    ref = run_task(lively, t, "keydiff", budget=64, chunk_size=32, share_context=False)
-    same_rows(run_task(lively, t, "keydiff", budget=64, chunk_size=32, share_context=False, batch_size=16), ref)
+    ref = run_task(lively, t, RunSettings(policy="keydiff", budget=64, chunk_size=32, share_context=False))
+    same_rows(run_task(lively, t, RunSettings(policy="keydiff", budget=64, chunk_size=32, share_context=False,
+                                              batch_size=16)), ref)
     assert not any(r["context_shared"] for r in ref)
 
 
@@ -70,9 +74,9 @@ def test_graph_path_engine_runs_batches_eagerly(lively, captured_steps, emulated
     run eagerly and give the same rows as that engine one sample at a time."""
     t = TASKS["phonebook"]()
     static = {"cuda_graphs": True}
-    ref = run_task(lively, t, "keydiff", budget=64, chunk_size=32, engine=static)
+    ref = run_task(lively, t, RunSettings(policy="keydiff", budget=64, chunk_size=32, engine=static))
     made = len(captured_steps)
-    got = run_task(lively, t, "keydiff", budget=64, chunk_size=32, engine=static, batch_size=3)
+    got = run_task(lively, t, RunSettings(policy="keydiff", budget=64, chunk_size=32, engine=static, batch_size=3))
     same_rows(got, ref)
     assert made > 0 and len(captured_steps) > made  # the shared contexts' prefill still captures its steps
 
@@ -80,7 +84,7 @@ def test_graph_path_engine_runs_batches_eagerly(lively, captured_steps, emulated
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4", True])
 def test_batch_size_must_be_a_positive_integer(lively, bad):
     with pytest.raises(EvalError, match=r"^batch_size: expected a positive integer, got "):
-        run_task(lively, TASKS["ruler"](), "keydiff", budget=64, batch_size=bad)
+        run_task(lively, TASKS["ruler"](), RunSettings(policy="keydiff", budget=64, batch_size=bad))
 
 
 @pytest.mark.slow
@@ -90,7 +94,7 @@ def test_smollm2_batched_tokens_and_kept_sets(smollm2, data_dir):
     import torch
 
     from kdeval.baselines import get_policy
-    from kdeval.evals.runner import model_prompts
+    from kdeval.evals.run.runner import model_prompts
     from kdeval.keydiff import Engine, EngineConfig
 
     task = get_task("needle", lengths=[512], depths=[10, 40, 70, 100], data_dir=str(data_dir))

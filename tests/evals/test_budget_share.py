@@ -6,13 +6,16 @@ shows in the greedy tokens and a wrong N would change the rows.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from kdeval.evals.base import EvalError
-from kdeval.evals.budget import (BUDGET_EXPECTED, budget_order, budget_share, budget_tokens, parse_budget,
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.run.budget import (BUDGET_EXPECTED, budget_order, budget_share, budget_tokens, parse_budget,
                                  resolve_budget)
-from kdeval.evals.registry import get_task
-from kdeval.evals.runner import model_prompts, run_task
+from kdeval.evals.run.runner import model_prompts, run_task
+from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.tasks.base import EvalError
 
 #: what depends on the batch or the clock
 BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "kv_buffer_bytes", "peak_memory_bytes", "peak_kv_bytes", "timing_batch"}
@@ -79,7 +82,7 @@ def test_each_sample_keeps_its_share_of_the_prompt(lively):
     """One generated token (no decode step): the cache ends holding exactly kvpress's N = int(prompt × 0.25), and
     the rows of each N equal a run of those samples under that absolute N."""
     t = ruler()
-    rows = run_task(lively, t, "keydiff", budget="25%", chunk_size=32, max_new_tokens=1)
+    rows = run_task(lively, t, RunSettings(policy="keydiff", budget="25%", chunk_size=32, max_new_tokens=1))
     ns = [kvpress_kept(r["prompt_tokens"], 0.75) for r in rows]
     assert len(set(ns)) > 2 and len(set(ns)) < len(rows)  # several N, some shared by two samples
     for r, n in zip(rows, ns):
@@ -87,7 +90,8 @@ def test_each_sample_keeps_its_share_of_the_prompt(lively):
         assert r["peak_kv_tokens"] <= n + 32
     for n in set(ns):
         ids = [r["id"] for r, m in zip(rows, ns) if m == n]
-        alone = run_task(lively, t, "keydiff", budget=n, chunk_size=32, max_new_tokens=1, sample_ids=ids)
+        alone = run_task(lively, t, RunSettings(policy="keydiff", budget=n, chunk_size=32, max_new_tokens=1),
+                         sample_ids=ids)
         assert [without_timings(a) for a in alone] == [without_timings(r) for r in rows if r["id"] in ids]
 
 
@@ -99,9 +103,9 @@ def without_timings(row):
 def test_a_batch_under_a_share_equals_batch_1(lively, compress, decode):
     """Phonebook questions share contexts; under ``prompt`` their prompts (and N) differ within a context."""
     t = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=3, max_new_tokens=6)
-    kw = dict(budget="30%", chunk_size=32, compress=compress, decode=decode)
-    ref = run_task(lively, t, "keydiff", **kw)
-    got = run_task(lively, t, "keydiff", batch_size=4, **kw)
+    settings = RunSettings(policy="keydiff", budget="30%", chunk_size=32, compress=compress, decode=decode)
+    ref = run_task(lively, t, settings)
+    got = run_task(lively, t, dataclasses.replace(settings, batch_size=4))
     assert [r["id"] for r in got] == [r["id"] for r in ref]
     for g, r in zip(got, ref):
         assert without_timings(g) == without_timings(r), g["id"]
@@ -113,8 +117,8 @@ def test_under_context_the_share_is_of_the_context(lively):
     top."""
     t = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=2, max_new_tokens=1)
     samples, built = model_prompts(lively, t, max_new_tokens=1)
-    rows = run_task(lively, t, "keydiff", budget="20%", chunk_size=32, compress="context", decode="keep",
-                    prompts=(samples, built), share_context=False)
+    rows = run_task(lively, t, RunSettings(policy="keydiff", budget="20%", chunk_size=32, compress="context",
+                                           decode="keep", share_context=False), prompts=(samples, built))
     for r, p in zip(rows, built):
         n = kvpress_kept(len(p.prefix_ids), 0.8)
         assert r["resolved_budget"] == n and r["kept_tokens"] == n + len(p.suffix_ids)
@@ -124,9 +128,10 @@ def test_a_share_below_what_the_policy_keeps_fails_naming_the_sample(lively):
     t = ruler()
     with pytest.raises(EvalError, match=r"^budget: 1% of sample '[^']+' \(\d+ prompt tokens\) is N=\d; must be >= "
                                         r"the 16 tokens policy 'sink' always keeps"):
-        run_task(lively, t, "sink", {"n_sink_tokens": 16}, budget="1%", chunk_size=32, max_new_tokens=1)
+        run_task(lively, t, RunSettings(policy="sink", policy_params={"n_sink_tokens": 16}, budget="1%", chunk_size=32,
+                                        max_new_tokens=1))
 
 
 def test_run_task_refuses_a_bad_share(lively):
     with pytest.raises(EvalError, match=r"^budget: expected .* got '0%'$"):
-        run_task(lively, ruler(), "keydiff", budget="0%", chunk_size=32, max_new_tokens=1)
+        run_task(lively, ruler(), RunSettings(policy="keydiff", budget="0%", chunk_size=32, max_new_tokens=1))

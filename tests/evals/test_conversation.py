@@ -1,4 +1,4 @@
-"""Conversations on one compressed context (kdeval/evals/conversation.py): a one-turn conversation is today's
+"""Conversations on one compressed context (kdeval/evals/run/conversation.py): a one-turn conversation is today's
 single-question run, a multi-request turn is its question asked alone, the full cache's turn t is one pass over
 the whole conversation, and a turn's rows are the same batched or alone and shared or alone."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from kdeval.evals.base import EvalError, Task
-from kdeval.evals.conversation import Conversation
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.registry import get_task
-from kdeval.evals.group_run import run_group
-from kdeval.evals.runner import build_prompts, run_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.run.group_run import run_group
+from kdeval.evals.run.runner import build_prompts, run_task
+from kdeval.evals.run.settings import Conversation, RunSettings
+from kdeval.evals.tasks.base import EvalError, Task
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 #: row fields a run's timing or the way it was computed changes; the rest must be equal
 TIMING = {"ttft_s", "decode_s", "timing_batch", "peak_memory_bytes", "shared_prefill_s", "kv_buffer_bytes", "execution",
@@ -57,9 +57,10 @@ def same(a: dict, b: dict, skip=()) -> None:
 @pytest.mark.parametrize("compress,chunk", [("prompt", 48), ("context", "whole")])
 def test_one_turn_is_todays_single_question_run(lively, compress, chunk):
     task = kv(turns=1)
-    conv = run_task(lively, task, "keydiff", budget=48, chunk_size=chunk, max_new_tokens=4, compress=compress)
-    alone = run_task(lively, OneQuestion(task), "keydiff", budget=48, chunk_size=chunk, max_new_tokens=4,
-                     compress=compress)
+    conv = run_task(lively, task, RunSettings(policy="keydiff", budget=48, chunk_size=chunk, max_new_tokens=4,
+                                              compress=compress))
+    alone = run_task(lively, OneQuestion(task), RunSettings(policy="keydiff", budget=48, chunk_size=chunk,
+                                                            max_new_tokens=4, compress=compress))
     assert [r["turn"] for r in conv] == [1] and "turn" not in alone[0]
     for c, a in zip(conv, alone):
         same(c, a)
@@ -68,13 +69,13 @@ def test_one_turn_is_todays_single_question_run(lively, compress, chunk):
 
 def test_multi_request_turn_is_its_question_asked_alone(lively):
     task, compress = kv(), "prompt"  # the context is prefilled to a chunk boundary, each question's tail from there
-    rows = run_task(lively, task, "keydiff", budget=48, chunk_size=48, max_new_tokens=4, compress=compress,
-                    conversation={"mode": "multi-request"})
+    rows = run_task(lively, task, RunSettings(policy="keydiff", budget=48, chunk_size=48, max_new_tokens=4,
+                                              compress=compress, conversation={"mode": "multi-request"}))
     assert [(r["turn"], r["conversation"], r["answer_fed"]) for r in rows] == [
         (1, "multi-request", None), (2, "multi-request", None)]
     for t in (2,):
-        alone = run_task(lively, OneQuestion(task, t), "keydiff", budget=48, chunk_size=48, max_new_tokens=4,
-                         compress=compress)
+        alone = run_task(lively, OneQuestion(task, t), RunSettings(policy="keydiff", budget=48, chunk_size=48,
+                                                                   max_new_tokens=4, compress=compress))
         for c, a in zip([r for r in rows if r["turn"] == t], alone):
             same(c, a, skip={"compressed_tokens"})
             assert c["prediction"] == a["prediction"]
@@ -87,7 +88,7 @@ def test_full_cache_turn_is_one_pass_over_the_whole_conversation(lively):
     from kdeval.keydiff import Engine, EngineConfig
 
     task = kv(turns=3)
-    rows = run_task(lively, task, "full", chunk_size=48, max_new_tokens=5)
+    rows = run_task(lively, task, RunSettings(policy="full", chunk_size=48, max_new_tokens=5))
     builder = PromptBuilder(lively.tokenizer, lively.max_context)
     sample = task.samples(builder)[0]
     text_ids = builder.build(sample).ids
@@ -104,10 +105,10 @@ def test_full_cache_turn_is_one_pass_over_the_whole_conversation(lively):
 @pytest.mark.parametrize("compress,answers", [("prompt", "golden"), ("context", "own")])
 def test_turn_rows_same_batched_or_alone_and_within_the_budget(lively, compress, answers):
     task = kv(repeats=2)
-    kwargs = dict(budget=48, chunk_size=48, max_new_tokens=3, compress=compress,
-                  conversation={"mode": "multi-turn", "answers": answers})
-    alone = run_task(lively, task, "keydiff", **kwargs)
-    batched = run_task(lively, task, "keydiff", batch_size=2, **kwargs)
+    settings = RunSettings(policy="keydiff", budget=48, chunk_size=48, max_new_tokens=3, compress=compress,
+                           conversation={"mode": "multi-turn", "answers": answers})
+    alone = run_task(lively, task, settings)
+    batched = run_task(lively, task, dataclasses.replace(settings, batch_size=2))
     assert [(r["turn"], r["turns"]) for r in alone] == [(1, 2), (2, 2)] * 2
     for a, b in zip(alone, batched):
         same(a, b)
@@ -126,12 +127,12 @@ def test_turn_rows_same_batched_or_alone_and_within_the_budget(lively, compress,
 def test_shared_group_equals_each_cell_alone(lively):
     task = kv()
     prompts = build_prompts(task, PromptBuilder(lively.tokenizer, lively.max_context), max_new_tokens=4)
-    members = [dict(policy="keydiff", budget=48, chunk_size=48, max_new_tokens=4),
-               dict(policy="snapkv", budget=48, chunk_size=48, max_new_tokens=4,
-                    conversation={"mode": "multi-request"})]
+    members = [RunSettings(policy="keydiff", budget=48, chunk_size=48, max_new_tokens=4),
+               RunSettings(policy="snapkv", budget=48, chunk_size=48, max_new_tokens=4,
+                           conversation={"mode": "multi-request"})]
     grouped = run_group(lively, task, members, prompts, time_first=False)
     for m, got in zip(members, grouped):
-        alone = run_task(lively, task, prompts=prompts, **m)
+        alone = run_task(lively, task, m, prompts=prompts)
         assert len(got.rows) == len(alone) == 2
         for a, b in zip(got.rows, alone):
             same(a, b)
@@ -140,7 +141,7 @@ def test_shared_group_equals_each_cell_alone(lively):
 def test_bad_conversations_are_refused(lively):
     needle = get_task("needle", lengths=[200], depths=[50], haystack="noise")
     with pytest.raises(EvalError, match="conversation: needle asks one question per context"):
-        run_task(lively, needle, "keydiff", budget=48, conversation={"mode": "multi-turn"})
+        run_task(lively, needle, RunSettings(policy="keydiff", budget=48, conversation={"mode": "multi-turn"}))
     with pytest.raises(EvalError, match="conversation.mode: expected 'multi-turn' or 'multi-request', got 'chat'"):
         Conversation(mode="chat")
     with pytest.raises(EvalError, match="answers: 'own' needs mode 'multi-turn'"):
@@ -154,20 +155,20 @@ def test_each_turn_generates_its_own_length(lively, fixtures_dir, mode, batch):
     """SCBench's mixed tasks size each turn by its sub-task (summary 800, passkey 15), capped by the run's
     max_new_tokens: with 20, the turns may generate 20, 15 and 20 tokens."""
     task = get_task("scbench.summary_with_needles", data_dir=str(fixtures_dir))
-    rows = run_task(lively, task, "keydiff", budget=48, chunk_size=32, max_new_tokens=20, batch_size=batch,
-                    conversation={"mode": mode})
+    rows = run_task(lively, task, RunSettings(policy="keydiff", budget=48, chunk_size=32, max_new_tokens=20,
+                                              batch_size=batch, conversation={"mode": mode}))
     assert [(r["turn"], r["generated_tokens"]) for r in rows] == [(1, 20), (2, 15), (3, 20)]
 
 
 def test_a_conversation_longer_than_the_context_is_refused_before_it_runs(lively):
     """The check counts exactly what the turns feed: the last turn's prompt tokens plus its new tokens fit a
     context of that size and not one token less."""
-    from kdeval.evals.base import ContextTooLongError
-    from kdeval.evals.conversation import TurnFrame, check_fits
+    from kdeval.evals.run.conversation import TurnFrame, check_fits
+    from kdeval.evals.tasks.base import ContextTooLongError
     from kdeval.keydiff.models import load_model
 
     task = kv(turns=3)
-    rows = run_task(lively, task, "full", chunk_size=48, max_new_tokens=4)
+    rows = run_task(lively, task, RunSettings(policy="full", chunk_size=48, max_new_tokens=4))
     need = rows[-1]["prompt_tokens"] + 4
     assert need == max(r["prompt_tokens"] + 4 for r in rows)
     for ctx, fits in ((need, True), (need - 1, False)):
@@ -185,5 +186,6 @@ def test_a_conversation_longer_than_the_context_is_refused_before_it_runs(lively
                                                                          "max_position_embeddings": need - 1})
     with pytest.raises(ContextTooLongError, match=r"turn 3 of 3 .* more than the model's context of "
                                                   rf"{need - 1}; ask fewer turns"):
-        run_task(short, task, "full", chunk_size=48, max_new_tokens=4)
-    assert len(run_task(short, kv(turns=2), "full", chunk_size=48, max_new_tokens=4)) == 2  # two turns still fit
+        run_task(short, task, RunSettings(policy="full", chunk_size=48, max_new_tokens=4))
+    assert len(run_task(short, kv(turns=2), RunSettings(policy="full", chunk_size=48,
+                                                        max_new_tokens=4))) == 2  # two turns still fit

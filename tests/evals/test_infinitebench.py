@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 
-from kdeval.evals.base import DataNotFoundError
-from kdeval.evals.infinitebench import InfiniteBenchTask
-from kdeval.evals.infinitebench_synthetic import InfiniteBenchSyntheticTask, number_string_key
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.registry import get_scorer
+from kdeval.evals.benchmarks.infinitebench.generated import InfiniteBenchSyntheticTask, number_string_key
+from kdeval.evals.benchmarks.infinitebench.task import InfiniteBenchTask
+from kdeval.evals.benchmarks.registry import get_scorer
+from kdeval.evals.tasks.base import DataNotFoundError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 
 # --- reference: OpenBMB/InfiniteBench src/compute_scores.py, restated for comparison ---------------------------

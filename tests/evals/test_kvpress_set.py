@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kdeval.evals.base import TaskUnavailableError
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.registry import get_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.tasks.base import TaskUnavailableError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 ROWS = [{"context": f"context {i} " * 20, "question": f"Question {i}?", "answer_prefix": "Answer:",
          "answer": [f"v{i}", "w"], "task": "vt" if i != 1 else "cwe", "max_new_tokens": 30} for i in range(4)]

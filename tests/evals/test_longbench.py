@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.base import DataNotFoundError, EvalError
-from kdeval.evals.longbench import (
+from kdeval.evals.benchmarks.longbench import (
     DATASET2MAXLEN, DATASET2PROMPT, NO_CHAT_TASKS, LongBenchTask, render_prompt,
 )
 from kdeval.evals.metrics import longbench as m
+from kdeval.evals.tasks.base import DataNotFoundError, EvalError
 
 EXPECTED_MAXLEN = {
     "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "multifieldqa_zh": 64, "hotpotqa": 32,
@@ -122,7 +122,7 @@ def test_classification_without_all_classes_is_a_clear_error(fixtures_dir):
 
 
 def test_hub_source_offline_is_a_clear_skip(monkeypatch):
-    from kdeval.evals.base import TaskUnavailableError
+    from kdeval.evals.tasks.base import TaskUnavailableError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     task = LongBenchTask("qasper", source="hub")  # no data check, no network at construction

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from kdeval.evals.base import DataNotFoundError
-from kdeval.evals.longbench2 import TEMPLATE, LongBench2Task, render_prompt
+from kdeval.evals.benchmarks.longbench2 import TEMPLATE, LongBench2Task, render_prompt
+from kdeval.evals.benchmarks.registry import get_scorer
 from kdeval.evals.metrics.longbench2 import accuracy_table, extract_choice
-from kdeval.evals.registry import get_scorer
+from kdeval.evals.tasks.base import DataNotFoundError
 
 
 # --- reference: THUDM/LongBench (v2) pred.py extract_answer and result.py, restated for comparison -------------
@@ -119,7 +119,7 @@ def test_missing_data_names_the_file_and_the_hub_option(tmp_path):
 
 
 def test_long_prompts_are_truncated_in_the_middle_as_pred_py(fixtures_dir, byte_tok):
-    from kdeval.evals.prompting import PromptBuilder
+    from kdeval.evals.tasks.prompting import PromptBuilder
 
     task = LongBench2Task(data_dir=str(fixtures_dir))
     sample = task.samples()[0]

@@ -6,10 +6,10 @@ import pytest
 from nltk.translate.bleu_score import sentence_bleu
 from rouge import Rouge
 
-from kdeval.evals.base import DataNotFoundError
-from kdeval.evals.loogle import LooGLETask
+from kdeval.evals.benchmarks.loogle.task import LooGLETask
+from kdeval.evals.benchmarks.registry import get_scorer, get_spec
 from kdeval.evals.metrics import loogle as m
-from kdeval.evals.registry import get_scorer, get_spec
+from kdeval.evals.tasks.base import DataNotFoundError
 
 
 # --- reference: bigai-nlco/LooGLE Evaluation/automatic_metrics.py (+ automatic_eval.py's '' -> 'None'), restated -

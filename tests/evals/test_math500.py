@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from kdeval.evals.base import DataNotFoundError
-from kdeval.evals.math500 import Math500Task
+from kdeval.evals.benchmarks.math500 import Math500Task
 from kdeval.evals.metrics.math_equiv import last_boxed, math_equal, normalize_latex
+from kdeval.evals.tasks.base import DataNotFoundError
 
 
 def test_last_boxed_balanced_and_last():

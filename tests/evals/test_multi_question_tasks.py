@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.evals.base import DataNotFoundError
-from kdeval.evals.metrics.scbench import any_upper_match, share_match, substring_match
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.registry import get_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.benchmarks.scbench.metrics import any_upper_match, share_match, substring_match
+from kdeval.evals.tasks.base import DataNotFoundError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

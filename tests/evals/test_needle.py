@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.base import ContextTooLongError, DataNotFoundError, EvalError
+from kdeval.evals.benchmarks.needle import ANSWER, NEEDLE, NeedleTask, insert_at_depth
 from kdeval.evals.metrics.text import contains_answer, lcs_length, rouge_l_recall
-from kdeval.evals.needle import ANSWER, NEEDLE, NeedleTask, insert_at_depth
-from kdeval.evals.prompting import PromptBuilder
+from kdeval.evals.tasks.base import ContextTooLongError, DataNotFoundError, EvalError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 
 def test_text_metrics_hand_computed():

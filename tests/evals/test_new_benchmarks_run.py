@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.registry import get_task
-from kdeval.evals.runner import aggregate, run_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.run.runner import aggregate, run_task
+from kdeval.evals.run.settings import RunSettings
 
 TASKS = [
     ("longbench2", {"limit": 2}, "accuracy"),
@@ -30,7 +31,7 @@ def test_one_run_per_new_task(tiny, fixtures_dir, name, params, headline):
     if not name.startswith("infinitebench.") or name in ("infinitebench.en_qa", "infinitebench.en_mc"):
         params = {**params, "data_dir": str(fixtures_dir)}
     task = get_task(name, **params)
-    rows = run_task(tiny, task, "keydiff", budget=96, chunk_size=32, max_new_tokens=4)
+    rows = run_task(tiny, task, RunSettings(policy="keydiff", budget=96, chunk_size=32, max_new_tokens=4))
     assert len(rows) >= 1 and all(0.0 <= r["score"] <= 1.0 for r in rows)
     assert all(r["generated_tokens"] <= 4 and r["task"] == name for r in rows)
     summary = aggregate(task, rows)

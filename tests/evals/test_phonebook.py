@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.base import EvalError
-from kdeval.evals.phonebook import PhonebookTask, first_phone
-from kdeval.evals.prompting import PromptBuilder
+from kdeval.evals.benchmarks.phonebook import PhonebookTask, first_phone
+from kdeval.evals.tasks.base import EvalError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 
 def test_books_fit_and_questions_share_the_book(byte_tok):

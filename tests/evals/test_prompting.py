@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.base import ContextTooLongError, EvalError, Sample, prompt_hash
-from kdeval.evals.prompting import PromptBuilder, middle_truncate
+from kdeval.evals.tasks.base import ContextTooLongError, EvalError, Sample, prompt_hash
+from kdeval.evals.tasks.prompting import PromptBuilder, middle_truncate
 
 
 def _sample(prefix: str, suffix: str = "", max_new: int = 4, chat: bool = True, answer: str = "") -> Sample:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.evals.base import EvalError, UnknownTaskError
-from kdeval.evals.registry import REGISTRY, expand, get_spec, get_task
+from kdeval.evals.benchmarks.registry import REGISTRY, expand, get_spec, get_task
+from kdeval.evals.tasks.base import EvalError, UnknownTaskError
 
 
 def test_registry_lists_every_suite():

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from kdeval.evals.base import ContextTooLongError, EvalError, TaskUnavailableError
+from kdeval.evals.benchmarks.ruler import SYNTHETIC_TASKS, RulerTask
 from kdeval.evals.metrics.string_match import postprocess_pred, string_match_all, string_match_part
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.ruler import SYNTHETIC_TASKS, RulerTask
+from kdeval.evals.tasks.base import ContextTooLongError, EvalError, TaskUnavailableError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 # stated tolerance: prompt + tokens_to_generate <= L and > L - one haystack unit; with one token
 # per byte the longest unit is a uuid needle line (~112 bytes)

@@ -3,13 +3,16 @@ once, give every cell the rows it gets alone (timings aside), say which samples 
 batches fork then batch, ``share=False`` and batched members of a conversation run alone."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from kdeval.evals.question_runs import context_groups
-from kdeval.evals.registry import get_task
-from kdeval.evals import group_run
-from kdeval.evals.group_run import OWN_FIGURES, run_group
-from kdeval.evals.runner import model_prompts, run_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.run import group_run
+from kdeval.evals.run.group_run import OWN_FIGURES, run_group
+from kdeval.evals.run.question_runs import context_groups
+from kdeval.evals.run.runner import model_prompts, run_task
+from kdeval.evals.run.settings import RunSettings
 
 #: what may differ between a cell run in a group and alone: its timings and how it was computed
 NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "kv_buffer_bytes", "execution",
@@ -34,8 +37,8 @@ def members():
     out = []
     for policy in ("full", "keydiff", "snapkv", "expected-attention", "pyramidkv", "ada"):
         for budget, chunk, compress in ((64, 32, "prompt"), ("25%", "whole", "context"), ("30%", 32, "context")):
-            out.append(dict(policy=policy, budget=None if policy == "full" else budget, chunk_size=chunk,
-                            compress=compress, max_new_tokens=4))
+            out.append(RunSettings(policy=policy, budget=None if policy == "full" else budget, chunk_size=chunk,
+                                   compress=compress, max_new_tokens=4))
     return out
 
 
@@ -53,10 +56,10 @@ def test_rows_equal_each_cell_run_alone(tiny, task_args):
     # the timed first context group member by member, as each ends; every later group for all members at once
     assert told == [(i, n) for n in sizes for i in range(len(cells))]
     for cell, got in zip(cells, grouped):
-        alone = run_task(tiny, task, prompts=prompts, **cell)
+        alone = run_task(tiny, task, cell, prompts=prompts)
         assert results(got.rows) == results(alone), cell
         assert got.seconds > 0
-    rows = {c["policy"]: g.rows for c, g in zip(cells, grouped)}
+    rows = {c.policy: g.rows for c, g in zip(cells, grouped)}
     assert rows["keydiff"][0]["execution"] == "alone" and rows["keydiff"][0]["ttft_s"] is not None  # timed alone
     later = [r for g in grouped for r in g.rows[1:] if r["execution"] == "shared"]
     assert later and all(r[c] is None for r in later for c in OWN_FIGURES)
@@ -66,12 +69,12 @@ def test_rows_equal_each_cell_run_alone(tiny, task_args):
 
 def batch_members():
     """Cells in batches and at batch 1: ``None`` is left to run_group (a chunked cell batches, one-shot does not)."""
-    return [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=3),
-            dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4, batch_size=None),
-            dict(policy="tova", budget=64, chunk_size=32, max_new_tokens=4),
-            dict(policy="keydiff", budget="25%", chunk_size="whole", compress="context", max_new_tokens=4,
-                 batch_size=None),
-            dict(policy="full", budget=None, chunk_size=32, max_new_tokens=4, batch_size=2)]
+    return [RunSettings(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=3),
+            RunSettings(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4, batch_size=None),
+            RunSettings(policy="tova", budget=64, chunk_size=32, max_new_tokens=4),
+            RunSettings(policy="keydiff", budget="25%", chunk_size="whole", compress="context", max_new_tokens=4,
+                        batch_size=None),
+            RunSettings(policy="full", budget=None, chunk_size=32, max_new_tokens=4, batch_size=2)]
 
 
 def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied, monkeypatch):
@@ -86,7 +89,7 @@ def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied, mo
     assert told == [(0, 3), (1, 3), (4, 3)] + [(2, 1), (3, 1)] * 3
     sizes = [3, 3, 1, 1, 2]
     for cell, size, got in zip(cells, sizes, grouped):
-        alone = run_task(varied, task, prompts=prompts, **{**cell, "batch_size": size})
+        alone = run_task(varied, task, dataclasses.replace(cell, batch_size=size), prompts=prompts)
         assert results(got.rows) == results(alone), cell
         assert [r["execution"] for r in got.rows] == ["shared"] * 3, cell
     by = {i: g.rows for i, g in enumerate(grouped)}
@@ -107,12 +110,12 @@ def test_members_in_batches_fork_then_batch_and_give_their_alone_rows(varied, mo
 def test_members_in_batches_share_a_context_and_time_the_first_alone(varied):
     task = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=2, max_new_tokens=4)
     prompts = model_prompts(varied, task, max_new_tokens=4)
-    cells = [{**c, "compress": "context"} for c in batch_members()]
+    cells = [dataclasses.replace(c, compress="context") for c in batch_members()]
     grouped = run_group(varied, task, cells, prompts, batch_size=3)
     # the first book is timed in a batch of its own: a row's share of its batch's K/V buffers is its batch's
     share = ("kv_cache_bytes", "peak_kv_bytes")
     for cell, size, got in zip(cells, [3, 3, 1, 1, 2], grouped):
-        alone = run_task(varied, task, prompts=prompts, **{**cell, "batch_size": size})
+        alone = run_task(varied, task, dataclasses.replace(cell, batch_size=size), prompts=prompts)
         assert results(got.rows, share) == results(alone, share), cell
         assert [r["execution"] for r in got.rows] == ["alone"] * 2 + ["shared"] * 2, cell  # the first book alone
     assert all(r["replayed_steps"] > 0 for r in grouped[1].rows[2:])
@@ -121,12 +124,13 @@ def test_members_in_batches_share_a_context_and_time_the_first_alone(varied):
 def test_members_in_batches_on_a_conversation_run_alone(varied):
     task = get_task("turns.kv", lengths=[300], turns=2, repeats=1, kind="numbers")
     prompts = model_prompts(varied, task, max_new_tokens=4)
-    cells = [dict(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=2),
-             dict(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4, batch_size=None)]
+    cells = [RunSettings(policy="keydiff", budget=64, chunk_size=32, max_new_tokens=4, batch_size=2),
+             RunSettings(policy="snapkv", budget=64, chunk_size=32, max_new_tokens=4, batch_size=None)]
     grouped = run_group(varied, task, cells, prompts, time_first=False, batch_size=3)
     assert all(r["execution"] == "alone" for r in grouped[0].rows)
     for cell, size, got in zip(cells, [2, 1], grouped):
-        assert results(got.rows) == results(run_task(varied, task, prompts=prompts, **{**cell, "batch_size": size}))
+        assert results(got.rows) == results(run_task(varied, task, dataclasses.replace(cell, batch_size=size),
+                                                     prompts=prompts))
 
 
 @pytest.fixture(scope="module")
@@ -140,15 +144,15 @@ def varied():
 def test_cells_that_keep_while_decoding_decode_together_and_give_their_alone_rows(varied):
     task = get_task("phonebook", lengths=[400], num_books=2, questions_per_book=2, max_new_tokens=5)
     prompts = model_prompts(varied, task, max_new_tokens=5)
-    cells = [dict(policy=p, budget=None if p == "full" else budget, chunk_size=chunk, compress=compress,
-                  decode="keep", max_new_tokens=5)
+    cells = [RunSettings(policy=p, budget=None if p == "full" else budget, chunk_size=chunk, compress=compress,
+                         decode="keep", max_new_tokens=5)
              for p in ("full", "keydiff", "snapkv", "pyramidkv", "ada", "sink-rerotate")
              for budget, chunk, compress in ((48, 32, "prompt"), ("25%", "whole", "context"))]
-    cells.append(dict(policy="tova", budget=48, chunk_size=32, decode="evict", max_new_tokens=5))
+    cells.append(RunSettings(policy="tova", budget=48, chunk_size=32, decode="evict", max_new_tokens=5))
     grouped = run_group(varied, task, cells, prompts)
     for cell, got in zip(cells, grouped):
-        assert results(got.rows) == results(run_task(varied, task, prompts=prompts, **cell)), cell
-    later = {(c["policy"], c["chunk_size"]): g.rows[2:] for c, g in zip(cells, grouped)}  # the second book's
+        assert results(got.rows) == results(run_task(varied, task, cell, prompts=prompts)), cell
+    later = {(c.policy, c.chunk_size): g.rows[2:] for c, g in zip(cells, grouped)}  # the second book's
     assert len({r["prediction"] for g in grouped for r in g.rows}) > 3
     for (policy, _), rows in later.items():
         batched = policy not in ("ada", "sink-rerotate", "tova")
@@ -158,7 +162,7 @@ def test_cells_that_keep_while_decoding_decode_together_and_give_their_alone_row
 
 
 def test_windows_end_where_batches_alone_end():
-    from kdeval.evals.group_run import _windows
+    from kdeval.evals.run.group_run import _windows
 
     assert _windows([[1], [2], [3], [4]], 2, before=1) == [[[1]], [[2], [3]], [[4]]]  # alone: [0 1] [2 3] [4]
     assert _windows([[0, 1], [2, 3], [4, 5]], 3) == [[[0, 1], [2, 3]], [[4, 5]]]  # a context is never split

@@ -6,11 +6,12 @@ import typing
 
 import pytest
 
-from kdeval.evals.base import ContextTooLongError, EvalError
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.registry import get_task
-from kdeval.evals.rows import EvalRow
-from kdeval.evals.runner import aggregate, build_prompts, run_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.run.rows import EvalRow
+from kdeval.evals.run.runner import aggregate, build_prompts, run_task
+from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.tasks.base import ContextTooLongError, EvalError
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_one_run_per_suite(tiny, data_dir, fixtures_dir, name, params):
     elif name == "math500":
         params = {**params, "data_dir": str(data_dir)}
     task = get_task(name, **params)
-    rows = run_task(tiny, task, "keydiff", budget=128, chunk_size=64)
+    rows = run_task(tiny, task, RunSettings(policy="keydiff", budget=128, chunk_size=64))
     samples, prompts = build_prompts(task, PromptBuilder(tiny.tokenizer, tiny.max_context))
     assert len(rows) == len(prompts) >= 1
     for row, prompt in zip(rows, prompts):
@@ -51,8 +52,8 @@ def test_one_run_per_suite(tiny, data_dir, fixtures_dir, name, params):
 
 def test_shared_context_gives_the_same_predictions_as_separate_prompts(tiny):
     task = get_task("phonebook", lengths=[500], num_books=1, questions_per_book=2, max_new_tokens=6)
-    shared = run_task(tiny, task, "full", budget=None, chunk_size=64)
-    alone = run_task(tiny, task, "full", budget=None, chunk_size=64, share_context=False)
+    shared = run_task(tiny, task, RunSettings(policy="full", budget=None, chunk_size=64))
+    alone = run_task(tiny, task, RunSettings(policy="full", budget=None, chunk_size=64, share_context=False))
     assert [r["context_shared"] for r in shared] == [True, True] and not alone[0]["context_shared"]
     assert [r["prediction"] for r in shared] == [r["prediction"] for r in alone]
     assert [r["prompt_hash"] for r in shared] == [r["prompt_hash"] for r in alone]
@@ -60,10 +61,10 @@ def test_shared_context_gives_the_same_predictions_as_separate_prompts(tiny):
 
 def test_subset_and_context_errors_before_generation(tiny):
     task = get_task("needle", lengths=[600], depths=[0, 50], haystack="noise")
-    rows = run_task(tiny, task, "full", sample_ids=["needle/L600/D50"])
+    rows = run_task(tiny, task, RunSettings(policy="full"), sample_ids=["needle/L600/D50"])
     assert [r["id"] for r in rows] == ["needle/L600/D50"] and rows[0]["depth"] == 50
     with pytest.raises(ContextTooLongError, match="exceed the model's context"):
-        run_task(tiny, get_task("needle", lengths=[5000], haystack="noise"), "full")
+        run_task(tiny, get_task("needle", lengths=[5000], haystack="noise"), RunSettings(policy="full"))
 
 
 def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_steps, emulated_graphs):
@@ -76,11 +77,12 @@ def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_s
     task = get_task("needle", lengths=[600], depths=[0, 50, 100], haystack="noise", max_new_tokens=4)
     ids = [s.id for s in build_prompts(task, PromptBuilder(lm.tokenizer, lm.max_context))[0]]
     static = {"cuda_graphs": True}
-    first = run_task(lm, task, "keydiff", budget=128, chunk_size=64, sample_ids=ids[:1], engine=static)
+    first = run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=64, engine=static),
+                     sample_ids=ids[:1])
     per_request = len(made)
-    rows = run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine=static)
+    rows = run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=64, engine=static))
     assert per_request >= 2 and len(made) == 2 * per_request  # three requests, one set of captured steps
-    plain = run_task(lm, task, "keydiff", budget=128, chunk_size=64)
+    plain = run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=64))
     assert [r["prediction"] for r in rows] == [r["prediction"] for r in plain]
     assert rows[0]["prediction"] == first[0]["prediction"]
 
@@ -91,9 +93,9 @@ def test_engine_options_are_checked():
     lm = load_model("random:llama-tiny", dtype="float64")
     task = get_task("needle", lengths=[600], depths=[0], haystack="noise", max_new_tokens=4)
     with pytest.raises(ValueError, match="cuda_graphs: needs a CUDA device"):
-        run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"cuda_graphs": True})
+        run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=64, engine={"cuda_graphs": True}))
     for hook in ("graph_runner", "cache_layer"):  # the engine's test hooks
         with pytest.raises(EvalError, match=rf"engine: unknown option '{hook}'"):
-            run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={hook: None})
+            run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=64, engine={hook: None}))
     with pytest.raises(EvalError, match=r"engine: unknown option 'budget'"):
-        run_task(lm, task, "keydiff", budget=128, chunk_size=64, engine={"budget": 3})
+        run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=64, engine={"budget": 3}))

@@ -9,11 +9,12 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.evals.base import DataNotFoundError
-from kdeval.evals.metrics.repoqa import best_needle, repoqa_score, sanitize
-from kdeval.evals.metrics.scbench import math_find, qa_f1_chars, rouge_lsum
-from kdeval.evals.registry import get_task
-from kdeval.evals.runner import aggregate, run_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.benchmarks.scbench.metrics import math_find, qa_f1_chars, rouge_lsum
+from kdeval.evals.benchmarks.scbench.repoqa import best_needle, repoqa_score, sanitize
+from kdeval.evals.run.runner import aggregate, run_task
+from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.tasks.base import DataNotFoundError
 
 ADD = "def add(a, b):\n    return a + b"
 SCALE = "def scale(values, factor):\n    return [v * factor for v in values]"
@@ -155,7 +156,7 @@ def tiny():
 @pytest.mark.parametrize("name", ["qa_chn", "mf", "summary", "repoqa", "summary_with_needles", "repoqa_and_kv"])
 def test_one_multi_turn_run_per_task(tiny, fixtures_dir, name):
     task = get_task(f"scbench.{name}", data_dir=str(fixtures_dir))
-    rows = run_task(tiny, task, "keydiff", budget=96, chunk_size=32, max_new_tokens=4)
+    rows = run_task(tiny, task, RunSettings(policy="keydiff", budget=96, chunk_size=32, max_new_tokens=4))
     assert [(r["id"], r["turn"]) for r in rows] == [(s.id, t) for s in task.samples() for t in range(1, s.turns + 1)]
     assert all(0.0 <= r["score"] <= 1.0 and r["generated_tokens"] <= 4 for r in rows)
     summary = aggregate(task, rows)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kdeval.evals.identity import data_digest, task_data
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.registry import get_task
+from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.tasks.identity import data_digest, task_data
+from kdeval.evals.tasks.prompting import PromptBuilder
 
 DATA = os.environ.get("KDEVAL_DATA_DIR")
 

@@ -27,19 +27,19 @@ from kdeval.cluster import catalog
 from kdeval.cluster.execute import build_eval_task
 from kdeval.cluster.stub import STUB_PREFIX
 from kdeval.cluster.workload import CellTask, model_key
-from kdeval.evals.base import EvalError
-from kdeval.evals.budget import budget_share, budget_tokens
-from kdeval.evals.chunking import chunk_code, chunk_text
-from kdeval.evals.identity import task_data
-from kdeval.evals.registry import get_spec
+from kdeval.evals import get_spec
+from kdeval.evals.run.budget import budget_share, budget_tokens
+from kdeval.evals.run.chunking import chunk_code, chunk_text
+from kdeval.evals.tasks.base import EvalError
+from kdeval.evals.tasks.identity import task_data
+from kdeval.jobs.grid import fit
+from kdeval.jobs.grid.checks import share_budget_notes
 from kdeval.jobs.grid.errors import GridError, GridIssue
+from kdeval.jobs.grid.quant import KVQuantSpec
 from kdeval.jobs.grid.schema import (
     BUDGET_FREE_POLICIES, COMPRESS_NAMES, ConversationSpec, EngineSpec, ExecutionSpec, GenerationSpec, GridSpec,
     ModelSpec, ProtocolSpec,
 )
-from kdeval.jobs.grid import fit
-from kdeval.jobs.grid.checks import share_budget_notes
-from kdeval.jobs.grid.quant import KVQuantSpec
 from kdeval.storage import CellRecord
 from kdeval.version import code_version, result_code_hash
 
@@ -109,7 +109,7 @@ class TaskRef(BaseModel):
 
     ``samples`` is how many samples the cell runs (the grid's count, or fewer when the task has fewer);
     ``sample_ids_digest`` hashes their ids (``hub`` when they are only known once hub data is fetched);
-    ``data_digest`` / ``data_source`` come from :func:`kdeval.evals.identity.task_data`; ``max_new_tokens`` is
+    ``data_digest`` / ``data_source`` come from :func:`kdeval.evals.tasks.identity.task_data`; ``max_new_tokens`` is
     the generation length the cell uses (the grid's or the task's official one).
     """
 
@@ -143,8 +143,8 @@ class CellSpec(BaseModel):
     model: ModelSpec
     policy: str
     policy_params: dict[str, Any] = {}
-    budget: int | str | None  # N tokens, a share such as "25%" (kdeval.evals.budget), None for ``full``
-    chunk_size: int | str  # B tokens, or "whole" (one chunk: kdeval.evals.chunking; the index stores 0)
+    budget: int | str | None  # N tokens, a share such as "25%" (kdeval.evals.run.budget), None for ``full``
+    chunk_size: int | str  # B tokens, or "whole" (one chunk: kdeval.evals.run.chunking; the index stores 0)
     task: TaskRef
     generation: GenerationSpec
     protocol: ProtocolSpec = ProtocolSpec()

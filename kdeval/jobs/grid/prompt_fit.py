@@ -16,9 +16,9 @@ from typing import Iterator
 
 from kdeval.cluster import catalog
 from kdeval.cluster.execute import build_eval_task
-from kdeval.evals.base import EvalError
-from kdeval.evals.prompting import PromptBuilder
-from kdeval.evals.runner import build_prompts
+from kdeval.evals.run.runner import build_prompts
+from kdeval.evals.tasks.base import EvalError
+from kdeval.evals.tasks.prompting import PromptBuilder
 from kdeval.jobs.grid.cells import generation_length
 from kdeval.jobs.grid.errors import GridError, GridIssue
 from kdeval.jobs.grid.schema import GridSpec

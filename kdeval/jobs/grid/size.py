@@ -70,7 +70,7 @@ def values_issue(raw: Any) -> GridIssue | None:
 
 
 def _multi_question(task: str) -> bool:
-    from kdeval.evals.registry import get_spec  # the tasks (torch): when a grid is counted, not for `--help`
+    from kdeval.evals import get_spec  # the tasks (torch): when a grid is counted, not for `--help`
 
     try:
         return bool(get_spec(task).cls.multi_question)

@@ -11,7 +11,7 @@ a press kdeval lacks keeps its kvpress name as ``kvpress:<press>``), the budget 
 chunk size ``whole`` (kvpress compresses once), protocol ``{compress: context or prompt (query_aware),
 decode: keep}`` (kvpress does not evict while decoding), the task instance (RULER: ``ruler.<task>@<data_dir>#s0``).
 Sample ``i`` of a RULER task gets the id of the ``i``-th row of that task in kvpress's set
-(:mod:`kdeval.evals.ruler.kvpress_set`), so a kdeval run on that set (``params: {source: kvpress}``) pairs by
+(:mod:`kdeval.evals.benchmarks.ruler.kvpress_set`), so a kdeval run on that set (``params: {source: kvpress}``) pairs by
 sample; a LongBench row keeps LongBench's ``_id`` (kvpress's set is LongBench's rows), so a kdeval LongBench run
 pairs with it as it is; kvpress runs on a ``fraction`` of the RULER set shuffle it, so their rows keep
 unpairable ids. Per-sample
@@ -34,13 +34,13 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from kdeval.evals.budget import budget_share, budget_tokens, parse_budget
-from kdeval.evals.chunking import WHOLE, chunk_code
-from kdeval.evals.ruler.kvpress_set import sample_id
+from kdeval.evals.benchmarks.ruler.kvpress_set import sample_id
+from kdeval.evals.run.budget import budget_share, budget_tokens, parse_budget
+from kdeval.evals.run.chunking import WHOLE, chunk_code
 from kdeval.jobs.grid.cells import TaskRef
-from kdeval.shown import first_hidden
 from kdeval.jobs.interop import kvpress_format as kv
 from kdeval.jobs.run.recovery import imported_metadata, remove_manifest, write_manifest
+from kdeval.shown import first_hidden
 from kdeval.storage import (
     CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, part_relpath, with_identity, write_part,
 )
@@ -162,7 +162,7 @@ def _budget(press: str, ratio: float) -> str | None:
 
 def _score(task: str, prediction: str, refs: list[str], meta: dict[str, Any]) -> float:
     """kdeval's metric of ``task`` on one prediction (its task object built without reading any data)."""
-    from kdeval.evals.registry import get_task
+    from kdeval.evals import get_task
 
     extra = {"verify_data": False} if task.startswith("ruler.") else {"source": "hub"} if task.startswith(
         "longbench.") else {}

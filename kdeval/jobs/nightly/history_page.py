@@ -20,7 +20,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kdeval.evals.chunking import chunk_text
+from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.nightly.attribution import night_changes
 
 PAGE = "history.html"

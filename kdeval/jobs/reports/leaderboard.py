@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kdeval.evals.budget import Budget, budget_order
+from kdeval.evals.run.budget import Budget, budget_order
 from kdeval.jobs.reports.leaderboard_cells import (Filters, Gathered, gather, is_reference, kv_quant_label,
                                                    protocol_label)
 from kdeval.jobs.reports.model import State, stored

@@ -127,7 +127,7 @@ def _protocol_ok(view: CellView, wanted: tuple[str, ...]) -> bool:
 
 def check_filters(filters: Filters, views: list[CellView]) -> None:
     """Raise :class:`LeaderboardInputError` for a filter value the index and the registries do not know."""
-    from kdeval.evals.registry import REGISTRY
+    from kdeval.evals import REGISTRY
 
     _check_names("--model", filters.models, {v.model for v in views}, words="model")
     registered_tasks = set(REGISTRY) | {spec.benchmark for spec in REGISTRY.values()}

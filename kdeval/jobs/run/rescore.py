@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdeval.cluster.stub import STUB_PREFIX
-from kdeval.evals.registry import get_scorer
-from kdeval.evals.scoring import score_row_fields
+from kdeval.evals import get_scorer
+from kdeval.evals.tasks.scoring import score_row_fields
 from kdeval.jobs.grid.cells import CellSpec
 from kdeval.storage import CellState, RunIndex, read_cell_rows, write_cell_rows
 
@@ -45,7 +45,7 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
 
 def rescore_run(index: RunIndex, run_id: str) -> RescoreReport:
     """Rescore every done cell of ``run_id``; returns counts (cells, rows, changed scores, skipped)."""
-    from kdeval.evals.runner import aggregate  # imports torch: only when rescoring
+    from kdeval.evals.run.runner import aggregate  # imports torch: only when rescoring
 
     report = RescoreReport()
     for cell in index.run_cells(run_id, states=[CellState.DONE]):

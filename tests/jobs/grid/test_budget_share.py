@@ -158,7 +158,7 @@ def test_a_share_below_what_the_policy_keeps_is_noted_then_fails_its_cell(local_
     assert (out.done, out.failed) == (0, 1)
     [cell] = idx.run_cells(run_id)
     # kvpress's N = int(510 × (1 - 0.99)) = int(5.1000000000000005) = 5
-    assert cell.error_line == ("kdeval.evals.base.EvalError: budget: 1% of sample 'needle/L512/D50' (510 prompt "
+    assert cell.error_line == ("kdeval.evals.tasks.base.EvalError: budget: 1% of sample 'needle/L512/D50' (510 prompt "
                                "tokens) is N=5; must be >= the 16 tokens policy 'sink' always keeps (n_sink=16 + "
                                "recent=0), got 5")
     idx.close()

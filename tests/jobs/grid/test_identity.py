@@ -72,7 +72,7 @@ def test_code_edits_change_exactly_the_cells_whose_code_changed(tmp_path, data_d
         "service": ("cli/app.py", "jobs/run/scheduler.py", "storage/index.py", "jobs/reports/render/html.py"),
         "snap": ("baselines/snapkv.py",),  # one policy's file
         "engine": ("keydiff/engine.py",),  # the engine
-        "task": ("evals/needle.py",),  # a task module
+        "task": ("evals/benchmarks/needle.py",),  # a task module
     }, str(data_dir))
     base = ids["base"]
     assert len(base) == 6

@@ -80,7 +80,7 @@ def test_stratified_benchmark_average_is_mean_of_task_means(store):
     # one length: its slice would only repeat the average (and each task's score), so there is none
     assert not [r for r in rep.scores if r.level == "detail"]
     # the task score is the evals package's own headline number
-    from kdeval.evals.registry import get_scorer
+    from kdeval.evals.benchmarks.registry import get_scorer
     assert _row(rep, "full", "ruler.vt").value == get_scorer("ruler.vt").aggregate(vt)["score"]
 
 

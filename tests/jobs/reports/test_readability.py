@@ -153,7 +153,7 @@ def test_layout_widths():
 def test_tasks_listing_keeps_names_whole_at_80_columns():
     res = CliRunner().invoke(app, ["tasks"], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
-    from kdeval.evals.registry import REGISTRY
+    from kdeval.evals.benchmarks.registry import REGISTRY
 
     lines = res.output.splitlines()
     assert "…" not in res.output and max(len(ln) for ln in lines) <= 80

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("kdeval.evals.runner")
+pytest.importorskip("kdeval.evals.run.runner")
 
 from kdeval.jobs.run import service  # noqa: E402
 

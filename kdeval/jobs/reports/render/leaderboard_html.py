@@ -13,7 +13,7 @@ import dataclasses
 import html
 import json
 
-from kdeval.evals.chunking import chunk_text
+from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.reports.leaderboard import Leaderboard, LeaderboardRow
 from kdeval.jobs.reports.render.html import _CSS
 from kdeval.jobs.reports.render.leaderboard_plots import task_figure

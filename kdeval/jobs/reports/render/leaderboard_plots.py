@@ -14,7 +14,7 @@ from collections import defaultdict
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from kdeval.evals.budget import is_share
+from kdeval.evals.run.budget import is_share
 from kdeval.jobs.reports.leaderboard import LeaderboardRow
 from kdeval.jobs.reports.model import FULL, State
 from kdeval.jobs.reports.render.leaderboard_views import short_code

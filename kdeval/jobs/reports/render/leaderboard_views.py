@@ -14,7 +14,7 @@ import io
 import json
 from collections import defaultdict
 
-from kdeval.evals.chunking import chunk_text
+from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.interop.csv_safe import safe_cell
 from kdeval.jobs.reports.leaderboard import OTHER_CODE, Leaderboard, LeaderboardRow
 from kdeval.jobs.reports.model import State, format_value

@@ -1,5 +1,0 @@
-"""RULER: synthetic long-context tasks generated per tokenizer and length (plus two QA tasks)."""
-from kdeval.evals.ruler.task import RulerTask
-from kdeval.evals.ruler.templates import CONFIGS, QA_TASKS, SYNTHETIC_TASKS
-
-__all__ = ["RulerTask", "CONFIGS", "QA_TASKS", "SYNTHETIC_TASKS"]
