@@ -55,16 +55,6 @@ BATCH_EXACT = {"float32": True, "bfloat16": False}
 KNOWN_FAILURES: dict[str, str] = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: these models are too small to gain from more, and a busy machine's spinning threads cost
-    them several times their work."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _param(family):
     marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_FAILURES[family.key])
              ] if family.key in KNOWN_FAILURES else []
