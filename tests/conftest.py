@@ -1,5 +1,5 @@
 """Shared fixtures: the offline data directory; a temp index and results directory (``paths``, or ``store`` opened);
-a local Ray kept from test to test; the service commands as a Typer app.
+a local Ray kept from test to test; the service commands as a Typer app; one torch thread in this process.
 
 No Ray variable is set here: the product sets what it needs itself, kdeval subprocesses run without any
 (``tests/user_env.py``), and the fixtures that build a Ray cluster in this process set its sandbox settings
@@ -27,6 +27,17 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"offline data directory not found: {path} (set KDEVAL_DATA_DIR)")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """One torch thread in this process (set before each test, in case one changed it). On two cores that other
+    work keeps busy, every parallel region of two threads waits on the one not running: measured on a loaded
+    machine, the hybrid-layer tests ran 25x and the two real-model e2e tests 5.6x slower with torch's default of
+    two. Not an environment variable: kdeval subprocesses and Ray workers keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
