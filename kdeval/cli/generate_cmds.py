@@ -63,7 +63,7 @@ def third_party_quiet(verbose: bool = False) -> Iterator[None]:
 def stats_table(stats: dict[str, Any]) -> Table:
     """The run's stats with units: seconds and rates to 3 significant digits, token counts as integers,
     bytes in MiB or GiB (the unit in the label)."""
-    from kdeval.jobs.reports.model import memory_label
+    from kdeval.jobs.reports.report_rows import memory_label
     from kdeval.jobs.reports.render.units import bytes_unit, text
 
     table = Table(show_header=False)

@@ -1,4 +1,4 @@
-"""Aggregation: runs in the index -> a :class:`~kdeval.jobs.reports.model.Report`.
+"""Aggregation: runs in the index -> a :class:`~kdeval.jobs.reports.report_rows.Report`.
 
 ``compare="full"``: every cell is compared with the ``full`` cell of the same model × chunk × task
 instance in the same runs. ``compare=<run id>``: with the cell of the same slot (model, policy, budget,
@@ -18,7 +18,7 @@ from kdeval.jobs.reports.broken import answer_length_rows, broken_rows
 from kdeval.jobs.reports.contrasts import cost_of_chunking, query_dependence
 from kdeval.jobs.reports.frontier import kv_frontier
 from kdeval.jobs.reports.metrics import MetricDef, metric_defs
-from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, stored
+from kdeval.jobs.reports.report_rows import FULL, CellRow, MetricRow, PerfRow, Report, ReportMeta, State, stored
 from kdeval.jobs.reports.perf import noisy_timing_warning, perf_row
 from kdeval.jobs.reports.provenance import mismatch_warning, provenance_rows
 from kdeval.jobs.reports.samples import Config, LoadedCell, Samples, Slot, config_order, load_run, paired_delta

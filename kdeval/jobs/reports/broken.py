@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kdeval.jobs.reports.model import BrokenRow, LengthRow, State, stored
+from kdeval.jobs.reports.report_rows import BrokenRow, LengthRow, State, stored
 from kdeval.jobs.reports.samples import LoadedCell, Slot, pair_samples
 from kdeval.jobs.reports.stats import paired_bootstrap
 

@@ -20,7 +20,7 @@ from kdeval.evals.run.budget import budget_order
 from kdeval.evals.run.chunking import chunk_text, is_whole
 from kdeval.jobs.grid.cells import policy_label, store_label
 from kdeval.jobs.grid.schema import COMPRESS_NAMES
-from kdeval.jobs.reports.model import ContrastRow, State, stored
+from kdeval.jobs.reports.report_rows import ContrastRow, State, stored
 from kdeval.jobs.reports.samples import LoadedCell, Samples, paired_delta
 
 

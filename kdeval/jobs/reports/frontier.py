@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from kdeval.evals.run.budget import budget_order
-from kdeval.jobs.reports.model import FrontierRow, State, stored
+from kdeval.jobs.reports.report_rows import FrontierRow, State, stored
 from kdeval.jobs.reports.samples import LoadedCell, Samples, paired_delta
 
 #: bits of a stored number at the model's own width, by the grid's dtype (``auto``: unknown)

@@ -27,7 +27,7 @@ from typing import Any
 from kdeval.evals.run.budget import Budget, budget_order
 from kdeval.jobs.reports.leaderboard_cells import (Filters, Gathered, gather, is_reference, kv_quant_label,
                                                    protocol_label)
-from kdeval.jobs.reports.model import State, stored
+from kdeval.jobs.reports.report_rows import State, stored
 from kdeval.jobs.reports.perf import perf_row
 from kdeval.jobs.reports.samples import LoadedCell, paired_delta, task_name
 

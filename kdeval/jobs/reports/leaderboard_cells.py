@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdeval.jobs.grid.cells import store_label
-from kdeval.jobs.reports.model import FULL
+from kdeval.jobs.reports.report_rows import FULL
 from kdeval.jobs.reports.samples import LoadedCell, benchmark_of, load_cell, slot_of, task_name
 from kdeval.jobs.run.drivers import driver_alive
 from kdeval.names import suggest

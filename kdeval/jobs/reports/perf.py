@@ -1,4 +1,4 @@
-"""Speed and memory of one cell against its reference cell: a :class:`~kdeval.jobs.reports.model.PerfRow`.
+"""Speed and memory of one cell against its reference cell: a :class:`~kdeval.jobs.reports.report_rows.PerfRow`.
 
 Speed ratios (TTFT, decode tokens/s) are ratios of medians over the samples both cells timed, paired by
 sample key, with a bootstrap CI over those samples. TTFT is measured once per batch (every row of a batch
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdeval.jobs.reports.model import PerfRow, stored
+from kdeval.jobs.reports.report_rows import PerfRow, stored
 from kdeval.jobs.reports.samples import LoadedCell, Slot
 from kdeval.jobs.reports.stats import Interval, median_ratio_bootstrap, unpaired_median_ratio_bootstrap
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kdeval.jobs.reports.model import ProvenanceRow
+from kdeval.jobs.reports.report_rows import ProvenanceRow
 from kdeval.jobs.reports.samples import LoadedCell
 
 #: The provenance keys a row carries (in this order).

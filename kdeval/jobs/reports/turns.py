@@ -16,7 +16,7 @@ import numpy as np
 from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.grid.schema import COMPRESS_NAMES
 from kdeval.jobs.reports.contrasts import _decode_note, base_policy, group_cells, key_order, protocol_of
-from kdeval.jobs.reports.model import ContrastRow, State, TurnRow, stored
+from kdeval.jobs.reports.report_rows import ContrastRow, State, TurnRow, stored
 from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, paired_delta
 
 

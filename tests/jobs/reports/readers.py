@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from kdeval.jobs.reports.model import TABLES, row_from_dict
+from kdeval.jobs.reports.report_rows import TABLES, row_from_dict
 
 
 def read_csv(out_dir: Path) -> dict[str, list[Any]]:

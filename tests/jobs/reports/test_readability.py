@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kdeval.cli.app import app
 from kdeval.jobs.reports import ReportOptions, build_report
-from kdeval.jobs.reports.model import stored
+from kdeval.jobs.reports.report_rows import stored
 from kdeval.jobs.reports.render import formats, units
 from kdeval.jobs.reports.render.html import render_html
 from kdeval.jobs.reports.render.layout import Column, TableView, fit_widths, pack, render

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from kdeval.jobs.reports.model import ContrastRow, Report
+from kdeval.jobs.reports.report_rows import ContrastRow, Report
 from kdeval.jobs.reports.render.contrast_views import CONTRASTS
 from kdeval.jobs.reports.render.plots import COLORS, Plot, _png, _slug
 

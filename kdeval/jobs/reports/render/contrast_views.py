@@ -1,11 +1,11 @@
 """The cost-of-chunking and query-dependence tables as a reader sees them (terminal, Markdown, HTML).
 
 One row per policy × budget × task × shared setting: both sides' scores over the paired samples, Δ = a − b
-with its CI, and both sides' peak KV-cache bytes and median TTFT (:class:`~kdeval.jobs.reports.model.ContrastRow`).
+with its CI, and both sides' peak KV-cache bytes and median TTFT (:class:`~kdeval.jobs.reports.report_rows.ContrastRow`).
 """
 from __future__ import annotations
 
-from kdeval.jobs.reports.model import ContrastRow, Report, State
+from kdeval.jobs.reports.report_rows import ContrastRow, Report, State
 from kdeval.jobs.reports.render.layout import Column, TableView
 from kdeval.jobs.reports.render.units import bytes_unit, interval, points, text
 from kdeval.jobs.reports.render.views import legend

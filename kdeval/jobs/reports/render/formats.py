@@ -1,6 +1,6 @@
 """Writing a report as JSON, CSV, Markdown or HTML tables.
 
-JSON and CSV are for programs: every field of every row (:mod:`kdeval.jobs.reports.model`), raw numbers,
+JSON and CSV are for programs: every field of every row (:mod:`kdeval.jobs.reports.report_rows`), raw numbers,
 units in the field names (``ttft_median_s``, ``peak_kv_bytes``; scores in points); both parse back to the
 same rows. Markdown and HTML are for readers: the tables of :mod:`kdeval.jobs.reports.render.views`, printed
 as the terminal prints them; HTML rows also carry their raw row (``data-row``), so a page reads back too.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kdeval.jobs.interop.csv_safe import safe_cell
-from kdeval.jobs.reports.model import TABLES, Report, ReportMeta, format_value, row_from_dict
+from kdeval.jobs.reports.report_rows import TABLES, Report, ReportMeta, format_value, row_from_dict
 from kdeval.jobs.reports.render import turn_views, views
 from kdeval.jobs.reports.render.layout import Column, TableView
 

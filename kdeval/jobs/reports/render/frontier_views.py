@@ -1,9 +1,9 @@
 """The accuracy-per-KV-byte frontier as a reader sees it: a table (terminal, Markdown, HTML) and, per task, a figure
 of score against peak KV bytes with the Pareto frontier drawn through its configurations
-(:class:`~kdeval.jobs.reports.model.FrontierRow`, kdeval/jobs/reports/frontier.py)."""
+(:class:`~kdeval.jobs.reports.report_rows.FrontierRow`, kdeval/jobs/reports/frontier.py)."""
 from __future__ import annotations
 
-from kdeval.jobs.reports.model import FrontierRow, Report, State
+from kdeval.jobs.reports.report_rows import FrontierRow, Report, State
 from kdeval.jobs.reports.render.layout import Column, TableView
 from kdeval.jobs.reports.render.units import bytes_unit, interval, points, text
 from kdeval.jobs.reports.render.views import legend

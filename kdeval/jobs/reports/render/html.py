@@ -14,7 +14,7 @@ import base64
 import html
 from typing import TYPE_CHECKING
 
-from kdeval.jobs.reports.model import FULL, MEMORY_KINDS, Report
+from kdeval.jobs.reports.report_rows import FULL, MEMORY_KINDS, Report
 from kdeval.jobs.reports.render import turn_views, views
 from kdeval.jobs.reports.render.formats import fields_view, html_table
 from kdeval.jobs.reports.render.layout import TableView

@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from kdeval.evals.run.budget import is_share
 from kdeval.jobs.reports.leaderboard import LeaderboardRow
-from kdeval.jobs.reports.model import FULL, State
+from kdeval.jobs.reports.report_rows import FULL, State
 from kdeval.jobs.reports.render.leaderboard_views import short_code
 from kdeval.jobs.reports.render.plots import _png, _style
 

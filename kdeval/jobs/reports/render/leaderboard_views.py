@@ -17,7 +17,7 @@ from collections import defaultdict
 from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.interop.csv_safe import safe_cell
 from kdeval.jobs.reports.leaderboard import OTHER_CODE, Leaderboard, LeaderboardRow
-from kdeval.jobs.reports.model import State, format_value
+from kdeval.jobs.reports.report_rows import State, format_value
 from kdeval.jobs.reports.render.formats import _md_cell, md_table
 from kdeval.jobs.reports.render.layout import Column, TableView
 from kdeval.jobs.reports.render.units import MIN_CI_SAMPLES, bytes_unit, few_samples_legend, interval, points, text

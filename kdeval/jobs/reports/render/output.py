@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from kdeval.jobs.reports.model import Report
+from kdeval.jobs.reports.report_rows import Report
 from kdeval.jobs.reports.render import formats
 
 #: Formats ``kdeval report --format`` accepts ("table" is the terminal view).

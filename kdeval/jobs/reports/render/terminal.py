@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.markup import escape
 
-from kdeval.jobs.reports.model import Report
+from kdeval.jobs.reports.report_rows import Report
 from kdeval.jobs.reports.render.layout import render
 from kdeval.jobs.reports.render.views import cells_view, memory_view, scores_view, speed_view
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 from matplotlib.figure import Figure
 
 from kdeval.evals.run.chunking import chunk_text
-from kdeval.jobs.reports.model import FULL, Report, TurnRow
+from kdeval.jobs.reports.report_rows import FULL, Report, TurnRow
 from kdeval.jobs.reports.render.plots import Plot, _png, _slug, _style
 
 

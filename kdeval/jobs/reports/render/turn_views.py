@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from kdeval.jobs.reports.model import BrokenRow, LengthRow, Report, State, TurnRow
+from kdeval.jobs.reports.report_rows import BrokenRow, LengthRow, Report, State, TurnRow
 from kdeval.jobs.reports.render.layout import Column, TableView
 from kdeval.jobs.reports.render.units import interval, number, points, text
 from kdeval.jobs.reports.render.views import _Shared, _reference, budget_text, legend

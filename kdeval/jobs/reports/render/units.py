@@ -9,7 +9,7 @@ text for a value, through :func:`text`:
 * token counts and sample counts: integers;
 * bytes: MiB or GiB, the same unit for a whole column (:func:`bytes_unit`), named in its header.
 
-Rows hold numbers unrounded (:func:`kdeval.jobs.reports.model.stored`); JSON and CSV keep every digit, and
+Rows hold numbers unrounded (:func:`kdeval.jobs.reports.report_rows.stored`); JSON and CSV keep every digit, and
 rounding happens only when a value is printed.
 """
 from __future__ import annotations

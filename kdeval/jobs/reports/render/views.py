@@ -19,7 +19,7 @@ from typing import Any
 
 from kdeval.evals.run.budget import Budget, budget_order
 from kdeval.evals.run.chunking import chunk_text, is_whole
-from kdeval.jobs.reports.model import FULL, CellRow, MetricRow, PerfRow, Report, State, memory_label
+from kdeval.jobs.reports.report_rows import FULL, CellRow, MetricRow, PerfRow, Report, State, memory_label
 from kdeval.jobs.reports.provenance import COMBINATION_KEYS, cell_label, combinations
 from kdeval.jobs.reports.render.layout import Column, TableView
 from kdeval.jobs.reports.render.units import FEW_MARK, bytes_unit, few_samples_legend, interval, points, text
