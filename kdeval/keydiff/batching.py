@@ -10,9 +10,10 @@ why). Each row keeps its own absolute positions (its first token is position 0, 
 own budget and kept set, and stops at its own eos or generation length; a finished row leaves the batch.
 
 The requests are checked and made rows in kdeval/keydiff/batch_requests.py, the batch's cache is planned and
-loaded in kdeval/keydiff/batch_capacity.py, and each step is the engine's one forward over a ragged layout
-(kdeval/keydiff/layouts.py). Requests run eagerly (no CUDA graphs): the shapes change from step to step. A state prefilled on the graph
-path is read as it is; a row's resulting state is a dynamic cache the same engine can continue.
+made in kdeval/keydiff/batch_capacity.py (the start states' tokens in their rows), and each step is the engine's
+one forward over a ragged layout (kdeval/keydiff/layouts.py). Requests run eagerly (no CUDA graphs): the shapes
+change from step to step. A state prefilled on the graph path is read as it is; a row's resulting state is its
+row of the batch's cache, which the same engine can continue.
 """
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from kdeval.keydiff.batch_capacity import ragged_cache
+from kdeval.keydiff.batch_capacity import batch_cache
 from kdeval.keydiff.batch_requests import Row, batch_rows
+from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.decoding import Feed, GenerationLoop, eos_ids
 from kdeval.keydiff.layouts import RaggedLayout
 from kdeval.keydiff.memory import PeakMemory, own_bytes
-from kdeval.keydiff.ragged import RaggedCache, RaggedStep
-from kdeval.keydiff.state import GenerationResult, PrefillState
+from kdeval.keydiff.ragged import RaggedStep
+from kdeval.keydiff.state import GenerationResult
 
 if TYPE_CHECKING:
     from kdeval.keydiff.step import Step
@@ -39,7 +41,7 @@ class BatchView:
     """What ``Engine(on_batch_step=...)`` sees after every step of a batch: ``requests[r]`` is the request
     (its index in the call) in row ``r``; ``seen[r]`` its tokens processed."""
 
-    def __init__(self, cache: RaggedCache, requests: list[int], seen: list[int]):
+    def __init__(self, cache: BudgetCache, requests: list[int], seen: list[int]):
         self.cache, self.requests, self.seen = cache, requests, seen
 
     def kept_positions(self, request: int) -> list[torch.Tensor]:
@@ -49,35 +51,19 @@ class BatchView:
                 for layer, lengths in zip(self.cache.layers, self.cache.lengths)]
 
 
-def _row_state(runner: "Step", cache: RaggedCache, r: int, row: Row) -> PrefillState:
-    """Row ``r`` as a batch-1 state the engine can continue (a dynamic cache of the engine's layers)."""
-    out = runner.caches.new_cache([lengths[r] for lengths in cache.lengths])
-    for layer, (k, v, p, st) in zip(out.layers, cache.row(r)):
-        layer.load(k, v, p, st)
-    out.thawed_from = runner.plan.config.budget if runner.plan.use_graphs else None
-    out.rerotated = runner.plan.rerotate
-    if cache.kv_store is not None:  # the row's quantized tokens, as row 0 of a store of its own
-        out.kv_store = cache.kv_store.row(r, [lengths[r] * layer.keys.shape[1]
-                                              for layer, lengths in zip(cache.layers, cache.lengths)])
-    if cache.query_window is not None:
-        out.query_window = cache.query_window.rows(torch.tensor([r], device=runner.plan.device))
-    row.state.cache = out
-    return row.state
-
-
 def generate_batch(runner: "Step", prompts: Sequence, max_new_tokens, eos_token_id, states, protect_last,
                    decode_evict: bool, on_batch_step: Callable[[BatchView], None] | None) -> list[GenerationResult]:
     """See ``Engine.generate_batch``."""
     rows, starts = batch_rows(runner.plan, prompts, max_new_tokens, states, protect_last,
                               runner.model.config._attn_implementation)
-    cache = ragged_cache(runner.plan, rows, starts, decode_evict)
+    cache = batch_cache(runner.plan, rows, starts, decode_evict)
     return _Batch(runner, cache, rows, eos_ids(eos_token_id), decode_evict, on_batch_step).run()
 
 
 class _Batch:
     """The ragged steps of one ``generate_batch`` call, run by the generation loop; finished rows leave."""
 
-    def __init__(self, runner: "Step", cache: RaggedCache, rows: list[Row], eos: set[int], decode_evict: bool,
+    def __init__(self, runner: "Step", cache: BudgetCache, rows: list[Row], eos: set[int], decode_evict: bool,
                  on_batch_step):
         self.runner, self.cache, self.rows = runner, cache, rows
         self.on_batch_step = on_batch_step
@@ -123,12 +109,11 @@ class _Batch:
             steps, dtype=torch.long, device=eng.plan.device).view(-1, 1, 1)
         before = cache.lengths
         logits = self._forward(rows, ids, layer_steps, steps_arg)
-        cache.lengths = [list(s.host_keep) for s in layer_steps]
-        self.share = cache.nbytes() // step.rows
+        self.share = cache.held_nbytes() // step.rows
         for r, (row, f, b) in enumerate(zip(rows, feeds, t)):
             state = row.state
             state.peak_kv_bytes = max(state.peak_kv_bytes, self._own(before, r, b))
-            state.kv_buffer_bytes = max(state.kv_buffer_bytes, cache.nbytes())
+            state.kv_buffer_bytes = max(state.kv_buffer_bytes, cache.held_nbytes())
             if f[2]:
                 state.protect(state.seen, state.seen + b)
             state.seen += b
@@ -167,8 +152,8 @@ class _Batch:
             stats.windowed_kv_bytes = own_bytes([self.cache.layers[i] for i in plan.windowed_layers],
                                                 [self.cache.lengths[i][r] for i in plan.windowed_layers])
             stats.layer_kinds = plan.layer_kinds_label()
-            state = _row_state(self.runner, self.cache, r, row)
-            self.results[row.index] = GenerationResult([list(row.out)], stats, state)
+            row.state.cache = self.runner.caches.row_state_cache(self.cache, r)
+            self.results[row.index] = GenerationResult([list(row.out)], stats, row.state)
         stay = [r for r in range(len(rows)) if r not in finished]
         if stay:
             self.cache.keep_rows(stay)

@@ -1,36 +1,39 @@
-"""Budgeted KV caches the engine evicts from, plugged into transformers as a ``Cache``.
+"""The engine's KV cache, plugged into transformers as a ``Cache``: one type for a request alone and for a batch.
 
-A :class:`BudgetCache` keeps, per layer, the cached ``keys``/``values`` ``[batch, kv_heads, tokens, head_dim]``, the
-absolute ``positions`` ``[batch, kv_heads, tokens]`` of those tokens and any per-token policy state. During a
-chunk's forward the chunk's ``t`` tokens are appended after the ``n`` cached ones, so the valid tokens are always
-slots ``[0, n + t)`` with the chunk last: the causal mask transformers builds from the cache length (all of the
-cache, causal within the chunk) is therefore right, whatever order the older tokens sit in, as long as every layer
-holds the same count (transformers builds one mask, from layer 0). Under per-layer budgets (PyramidKV) the layers
-hold different counts and the engine runs attention without a mask, lower-right causal over each layer's own keys
-(kdeval/keydiff/plan.py chooses it).
+A :class:`BudgetCache` keeps, per layer, the cached ``keys``/``values`` ``[rows, kv_heads, tokens, head_dim]``, the
+absolute ``positions`` ``[rows, kv_heads, tokens]`` of those tokens and any per-token policy state, in one slot
+buffer (:class:`~kdeval.keydiff.buffers.SlotBuffers`). Its layers are one of three arrangements:
 
-- :class:`SlotLayer`: one slot buffer (:class:`~kdeval.keydiff.buffers.SlotBuffers`) of ``budget + chunk``
-  slots allocated once and written in place. Eviction of ``k`` tokens moves the chunk's surviving tokens into
-  the ``k`` freed slots among the first ``budget`` (an O(k) copy, no gather of the whole cache), so slot order
-  is not position order.
-- Its *static* layout (``static_base=N``, used by the captured CUDA-graph step; kdeval/keydiff/static.py):
-  every chunk of ``t`` tokens is written to the tail slots ``[N, N + t)`` and attention, scoring and eviction
-  always see all ``N + t`` slots; empty head slots are masked and evicted first.
+- :class:`RowLayer`, the eager cache of every request: row ``r``'s kept tokens fill slots ``[0, lengths[r])``
+  and a step's columns land after the fullest row, in ``[base, base + T)``. A request alone is a batch of one row;
+  rows that share positions (``Engine.generate``) hold one length and evict by the freed slots: the step's
+  surviving tokens move into the freed ones (an O(k) move, no gather of the whole cache), so slot order is not
+  position order and the causal mask transformers builds from the cache length (all of the cache, causal within
+  the chunk) is right. Rows of their own lengths are a ragged batch (kdeval/keydiff/ragged.py). A state moves
+  between batches as a selection of rows (:func:`rows_of`): into a batch's row, out of it as a state of its own.
+  Steps that do not evict (kvpress's question, decoding without eviction) grow the buffers, at once when the
+  engine knows how much (:meth:`BudgetCache.reserve_more`).
+- :class:`StaticLayer`, the graph path's (kdeval/keydiff/static.py): every chunk of ``t`` tokens is written to the
+  tail slots ``[N, N + t)`` and attention, scoring and eviction always see all ``N + t`` slots; empty head slots
+  are masked and evicted first. It cannot grow: a step without eviction first thaws it into an eager cache
+  (:meth:`BudgetCache.thawed`).
+- the head-shared pool's (kdeval/keydiff/headpool.py).
 
-The tests check this store against a reference written there (a growing layer whose eviction gathers the kept
-tokens in position order), plugged in through ``Engine(cache_layer=...)``.
-
-Steps that do not evict (kvpress's question, decoding without eviction) make the cache grow past
-``budget + chunk``: a slot layer then grows its buffers (once, by :meth:`BudgetCache.reserve_more`, when the
-engine knows how much), and a static-layout cache, which cannot grow, is first copied into a dynamic one
-(:meth:`BudgetCache.thawed`).
+Under per-layer budgets (PyramidKV) the layers hold different counts and the engine runs attention without a
+mask, lower-right causal over each layer's own keys (kdeval/keydiff/plan.py chooses it). The tests check this
+store against a reference written there (a growing layer whose eviction gathers the kept tokens in position
+order), plugged in through ``Engine(cache_layer=...)``.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache
 
 from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers, state_buffers
+from kdeval.keydiff.kvstore import StoredBytes
+from kdeval.keydiff.queries import QueryWindow
 from kdeval.keydiff.slots import EMPTY_POSITION
 
 
@@ -55,97 +58,209 @@ class BudgetLayerMixin:
         return -1
 
 
-class SlotLayer(BudgetLayerMixin, BufferedLayer):
-    """A buffer of ``capacity`` slots written in place, grown only for the full cache and steps without eviction.
+class RowLayer(BufferedLayer):
+    """The engine's eager cache layer, for a request alone as for a batch: slot buffers ``[rows, kv_heads,
+    capacity, ...]`` where row ``r``'s kept tokens fill ``[0, lengths[r])`` and a step's ``T`` columns land in the
+    tail ``[base, base + T)`` of every row (``base``: the fullest row's count). Rows of one length (a request alone,
+    rows that share positions) compact by the freed slots (:meth:`evict`); rows of their own lengths (a ragged
+    batch, kdeval/keydiff/ragged.py) by their kept slots (:meth:`settle` after the layout's move). Slots past a
+    row's length are empty (zero keys, :data:`EMPTY_POSITION`) once a ragged step committed.
 
-    ``static_base`` N selects the static layout (module docstring): chunks land in ``[N, N + t)``. ``limit``: the
-    most slots an evicting layer ever needs (its budget plus a chunk): a layer allocated smaller for a short call
-    grows up to it, not past it, when a later call continues its state.
+    ``limit``: the most slots an evicting layer ever needs (its budget plus a chunk): the buffers double up to it,
+    not past it, when a later call continues the state; ``rows``: rows known before allocation (a batch's).
     """
 
-    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), static_base: int | None = None,
-                 limit: int | None = None):
-        fill = EMPTY_POSITION if static_base is not None else 0
-        BufferedLayer.__init__(self, SlotBuffers(capacity, fill, state_buffers(state_names)), state_names)
-        self.static_base, self.limit = static_base, limit
-        self._init_budget()
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), limit: int | None = None, rows: int = 0):
+        super().__init__(SlotBuffers(capacity, EMPTY_POSITION, state_buffers(state_names)), state_names)
+        self.limit = limit
+        self.lengths: list[int] = [0] * rows
+        self.base = 0
+        self.pending = 0
+        self.next_positions: torch.Tensor | None = None  # [rows or 1, 1, T] (a ragged step's padding: empty)
+
+    @property
+    def length(self) -> int:
+        """Tokens held by the fullest row (every row's count when the rows share positions)."""
+        return max(self.lengths, default=0)
+
+    @property
+    def capacity(self) -> int:
+        return self.slot_buffers.capacity
+
+    @capacity.setter
+    def capacity(self, slots: int) -> None:
+        """Slots to allocate (before the buffers are; grown after)."""
+        if self.is_initialized:
+            raise ValueError("capacity: the buffers are allocated; grow them instead")
+        self.slot_buffers.capacity = slots
+
+    def allocate(self, rows: int, heads: int, key_dim: int, value_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().allocate(rows, heads, key_dim, value_dim, dtype, device)
+        if len(self.lengths) != rows:
+            self.lengths = [0] * rows
 
     def reserve(self, capacity: int) -> None:
-        """Make room for ``capacity`` tokens at once (no-op when there is; not for the static layout)."""
-        if capacity <= self.capacity:
-            return
-        if self.static_base is not None:
-            raise ValueError("reserve: the static layout's buffers have a fixed size")
-        self.slot_buffers.grow(capacity, self.length, exact=True)
+        """Make room for ``capacity`` tokens at once (no-op when there is)."""
+        self.slot_buffers.grow(capacity, self.capacity, exact=True)
+
+    def get_seq_length(self) -> int:
+        return self.base
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.base + query_length, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the step's ``[rows, kv_heads, T, d]`` to ``[base, base + T)``; return slots ``[0, base + T)``."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[2]
+        self.slot_buffers.grow(self.base + t, self.capacity, limit=self.limit)
+        end = self.slot_buffers.write(self.base, key_states, value_states, self.next_positions)
+        self.pending = t
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def view(self, m: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Slots ``[0, m)`` (default: the held ones and the pending step's): keys, positions, state (views,
+        writable)."""
+        if m is None:
+            m = self.base + self.pending if self.pending else self.length
+        return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
+
+    def evict(self, drop: torch.Tensor | None) -> None:
+        """Rows of one length: commit the pending step and free the slots ``drop [rows, h, k]`` (``None``: keep
+        everything). With ``m`` valid slots and ``k`` to drop, the kept tokens end in slots ``[0, m - k)``: the
+        step's surviving slots move into the holes below (an O(k) move, :func:`~kdeval.keydiff.slots.compact`)."""
+        m = self.base + self.pending
+        keep_n = m if drop is None else m - drop.shape[-1]
+        if keep_n < m:
+            self.slot_buffers.compact(drop, keep_n)
+        self.settle([keep_n] * len(self.lengths))
+
+    def settle(self, lengths: list[int]) -> None:
+        """End the step: row ``r`` holds ``lengths[r]`` tokens in ``[0, lengths[r])``."""
+        self.lengths = list(lengths)
+        self.pending = 0
+        self.base = self.length
+
+
+class StaticLayer(BudgetLayerMixin, BufferedLayer):
+    """The graph path's layer (kdeval/keydiff/static.py): ``N + B`` slots allocated once; every chunk lands in the
+    tail ``[N, N + t)`` and the step sees all ``N + t`` slots, the empty head slots masked and freed first."""
+
+    def __init__(self, capacity: int, state_names: tuple[str, ...], static_base: int):
+        BufferedLayer.__init__(self, SlotBuffers(capacity, EMPTY_POSITION, state_buffers(state_names)), state_names)
+        self.static_base = static_base
+        self._init_budget()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        t = key_states.shape[2]
-        start = self.length if self.static_base is None else self.static_base
-        self.slot_buffers.grow(start + t, self.length, limit=self.limit)
-        end = self.slot_buffers.write(start, key_states, value_states, self.next_positions)
-        self.pending = t
+        end = self.slot_buffers.write(self.static_base, key_states, value_states, self.next_positions)
+        self.pending = key_states.shape[2]
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The valid tokens (cached + pending chunk): keys, positions, state (views, writable).
-
-        In the static layout with a chunk pending: all ``N + t`` slots, empty ones included.
-        """
-        m = self.length + self.pending
-        if self.static_base is not None and self.pending:
-            m = self.static_base + self.pending
+        """The held tokens ``[0, length)``, or with a chunk pending all ``N + t`` slots, empty ones included."""
+        m = self.static_base + self.pending if self.pending else self.length
         return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
 
-    def adopt(self, src: "SlotLayer") -> None:
-        """Take copies of ``src``'s valid tokens ``[0, src.length)`` into this (empty, dynamic) layer's buffers."""
-        self.dtype, self.device, self.is_initialized = src.dtype, src.device, True
-        self.slot_buffers.copy_of(src.slot_buffers, src.length)
-        self.length = src.length
-
-    def load(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-             state: dict[str, torch.Tensor]) -> None:
-        """Hold these tensors ``[rows, heads, n, ...]`` (not copied) as this empty dynamic layer's ``n`` tokens."""
-        self.slot_buffers.take({"keys": keys, "values": values, "positions": positions, **state})
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self.length, self.pending = keys.shape[2], 0
-
     def commit_into(self, slots: torch.Tensor) -> None:
-        """Static layout, with room for the whole chunk: move it from the tail into the empty ``slots [t]``."""
+        """With room for the whole chunk: move it from the tail into the empty ``slots [t]``."""
         self.slot_buffers.move_tail(slots, self.static_base)
         self.length += self.pending
         self.pending = 0
 
     def evict(self, drop: torch.Tensor | None) -> None:
-        """Commit the pending chunk and free the slots ``drop [b, h, k]`` (``None``: keep everything).
-
-        With ``m`` valid slots and ``k`` to drop, the kept tokens must end in slots ``[0, m - k)``. Dropped slots
-        below ``m - k`` are holes; the chunk-tail slots ``[m - k, m)`` that survive move into those holes.
-        In the static layout ``m = N + t`` and exactly ``t`` slots are dropped (empty ones first).
-        """
+        """Commit the pending chunk, freeing exactly its ``t`` slots ``drop [b, h, t]`` (empty ones first) of the
+        ``N + t``: the surviving tail slots move into the holes below ``N``."""
         t = self.pending
-        m = self.length + t if self.static_base is None else self.static_base + t
         self.pending = 0
-        if self.static_base is not None:
-            if drop is None or drop.shape[-1] != t:
-                raise ValueError(f"drop: the static layout frees exactly the chunk's {t} slots per step")
-            self.length = min(self.length + t, self.static_base)
-        elif drop is None or drop.shape[-1] == 0:
-            self.length = m
-            return
-        keep_n = m - drop.shape[-1]
-        self.slot_buffers.compact(drop, keep_n)
-        if self.static_base is None:
-            self.length = keep_n
+        if drop is None or drop.shape[-1] != t:
+            raise ValueError(f"drop: the static layout frees exactly the chunk's {t} slots per step")
+        self.slot_buffers.compact(drop, self.static_base)
+        self.length = min(self.length + t, self.static_base)
+
+
+def row_length(layer, row: int) -> int:
+    """Tokens ``layer`` holds in batch row ``row`` (an eager layer's own count; other layers hold one count)."""
+    return layer.lengths[row] if isinstance(layer, RowLayer) else layer.length
+
+
+def rows_of(sources: Sequence[tuple["BudgetCache", int] | None], capacities: Sequence[int],
+            state_names: tuple[str, ...], limits: Sequence[int | None] | None = None,
+            query_window: int | None = None) -> "BudgetCache":
+    """How a state moves between batches: a cache of eager layers whose row ``r`` holds copies of row
+    ``sources[r][1]``'s kept tokens of cache ``sources[r][0]`` (``None``: an empty row): its keys, values,
+    positions, per-token state, quantized record and recent queries (``query_window``: the window a policy keeps,
+    made for a batch even where its sources have none yet). A start state enters a batch's row so, a finished
+    row leaves as a state of its own, a static cache is thawed. ``capacities[l]``: slots of layer ``l`` (at least
+    what a row holds); ``limits``: as :class:`RowLayer`'s."""
+    num_layers = len(capacities)
+    limits = limits or [None] * num_layers
+    layers = [RowLayer(max([cap] + [row_length(src[0].layers[i], src[1]) for src in sources if src is not None]),
+                       state_names, lim, len(sources)) for i, (cap, lim) in enumerate(zip(capacities, limits))]
+    out = BudgetCache(layers, state_names)
+    for i, layer in enumerate(layers):
+        held = [(src[0].layers[i], src[1]) for src in sources if src is not None]
+        first = next((s for s in held if row_length(*s)), None)
+        if first is None:  # only empty rows: the first forward allocates
+            continue
+        keys, _, _ = first[0].view()
+        values = first[0].values
+        layer.allocate(len(sources), keys.shape[1], keys.shape[3], values.shape[3], keys.dtype, keys.device)
+        for r, src in enumerate(sources):
+            if src is None:
+                continue
+            src_layer, s = src[0].layers[i], src[1]
+            n = layer.lengths[r] = row_length(src_layer, s)
+            k, p, st = src_layer.view()
+            given = {"keys": k, "values": src_layer.values, "positions": p, **st}
+            for name, buf in layer.slot_buffers.tensors.items():
+                buf[r, :, :n] = given[name][s, :, :n]
+        layer.base = layer.length
+    _move_records(out, sources)
+    _move_queries(out, sources, query_window)
+    return out
+
+
+def _move_records(out: "BudgetCache", sources: Sequence[tuple["BudgetCache", int] | None]) -> None:
+    """:func:`rows_of`'s quantized records: a row leaving as a state of its own takes its row of the record (and
+    its bytes), a one-row state entering a batch its whole record as its row."""
+    stores = [(r, src[0], src[1]) for r, src in enumerate(sources) if src is not None and src[0].kv_store is not None]
+    if not stores:
+        return
+    out.kv_store = StoredBytes(len(out.layers))
+    for r, cache, s in stores:
+        held = [row_length(layer, s) * layer.keys.shape[1] if layer.is_initialized else 0 for layer in cache.layers]
+        if len(sources) == 1:
+            out.kv_store = cache.kv_store.row(s, held)
+        else:
+            rows = cache.layers[0].keys.shape[0] if cache.layers[0].is_initialized else 1
+            out.kv_store.load_row(r, cache.kv_store if rows == 1 else cache.kv_store.row(s, held))
+
+
+def _move_queries(out: "BudgetCache", sources: Sequence[tuple["BudgetCache", int] | None],
+                  window: int | None) -> None:
+    """:func:`rows_of`'s recent queries: each row its source row's (``window``: the window a batch keeps; ``None``:
+    a row leaving, or a cache without recent queries, thawed)."""
+    windows = [src[0].query_window if src is not None else None for src in sources]
+    if window is None and len(sources) == 1 and windows[0] is not None:  # a row leaving: its row of the window
+        device = windows[0].count.device if windows[0].count is not None else None
+        out.query_window = windows[0].rows(torch.tensor([sources[0][1]], device=device))
+    elif window is not None:  # states entering a batch: each its one-row window (checked against the policy's)
+        out.query_window = QueryWindow(window)
+        for r, w in enumerate(windows):
+            out.query_window.load_row(r, w, len(sources))
 
 
 class BudgetCache(Cache):
-    """A transformers ``Cache`` of budgeted layers (:class:`SlotLayer`), one per decoder layer."""
+    """A transformers ``Cache`` of budgeted layers, one per decoder layer (module docstring)."""
 
     def __init__(self, layers: list, state_names: tuple[str, ...] = (), static_base: int | None = None):
-        """``layers``: one per decoder layer (:class:`SlotLayer`, or a test's reference layer), each with its
-        ``capacity``; ``static_base``: the static layout's N (every layer the same slots)."""
+        """``layers``: one per decoder layer (:class:`RowLayer`, :class:`StaticLayer`, a pool's, or a test's
+        reference layer), each with its ``capacity``; ``static_base``: the static layout's N (every layer the same
+        slots)."""
         capacities = [layer.capacity for layer in layers]
         if static_base is not None and len(set(capacities)) > 1:
             raise ValueError("capacity: the static layout gives every layer the same slots")
@@ -168,11 +283,35 @@ class BudgetCache(Cache):
             return self.layers[0].length
         return max(layer.length for layer in self.layers)
 
+    @property
+    def lengths(self) -> list[list[int]]:
+        """``lengths[l][r]``: tokens row ``r`` holds in layer ``l`` (eager layers)."""
+        return [list(layer.lengths) for layer in self.layers]
+
     def begin_chunk(self, positions: torch.Tensor) -> None:
-        """Set the absolute positions ``[t]`` of the chunk the next forward writes."""
+        """Set the absolute positions ``[t]`` of the chunk the next forward writes (every row the same)."""
         pos = positions.view(1, 1, -1)
         for layer in self.layers:
             layer.next_positions = pos
+            if isinstance(layer, RowLayer):
+                layer.base = layer.length
+
+    def begin_step(self, bases: list[int], positions: torch.Tensor) -> None:
+        """A ragged step: the next forward writes the cache positions ``[rows, 1, T]`` at ``bases[l]`` in layer
+        ``l`` (kdeval/keydiff/ragged.py)."""
+        for layer, base in zip(self.layers, bases):
+            layer.base, layer.next_positions = base, positions
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every other row (finished requests), keeping the order of ``rows``: a row selection in place."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.layers[0].keys.device)
+        for layer in self.layers:
+            layer.slot_buffers.select_rows(index)
+            layer.lengths = [layer.lengths[r] for r in rows]
+        if self.kv_store is not None:  # its record is keyed by row
+            self.kv_store.keep_rows(rows)
+        if self.query_window is not None:
+            self.query_window = self.query_window.rows(index)
 
     def can_copy_from(self, other: "BudgetCache") -> bool:
         """Whether :meth:`copy_from` applies: both static-layout caches with buffers of the same shapes."""
@@ -236,15 +375,13 @@ class BudgetCache(Cache):
             layer.reserve(layer.length + tokens)
 
     def thawed(self, capacity: int) -> "BudgetCache":
-        """A copy of this static-layout cache's valid tokens ``[0, length)`` in a dynamic slot cache with room for
-        ``capacity`` tokens per layer: chunks land after the kept tokens and the buffers grow, so steps that
-        do not evict can follow. This cache is left as it is."""
+        """A copy of this static-layout cache's valid tokens ``[0, length)`` in an eager cache with room for
+        ``capacity`` tokens per layer (:func:`rows_of`): chunks land after the kept tokens and the buffers grow,
+        so steps that do not evict can follow. This cache is left as it is."""
         if self.static_base is None:
             raise ValueError("thawed: only a static-layout cache is thawed")
-        cap = max(capacity, self.length)
-        out = BudgetCache([SlotLayer(cap, self.state_names) for _ in self.layers], self.state_names)
+        rows = self.batch_size or 1
+        out = rows_of([(self, r) for r in range(rows)], [max(capacity, self.length)] * len(self.layers),
+                      self.state_names)
         out.owner, out.thawed_from = self.owner, self.static_base
-        for src, dst in zip(self.layers, out.layers):
-            if src.is_initialized:
-                dst.adopt(src)
         return out

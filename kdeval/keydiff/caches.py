@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.cache import BudgetCache, SlotLayer
+from kdeval.keydiff.cache import BudgetCache, RowLayer, StaticLayer, rows_of
 from kdeval.keydiff.headpool import HeadPoolCache, HeadPoolLayer
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.state import PrefillState
@@ -26,7 +26,9 @@ def slot_layer(capacity: int, state_names: tuple[str, ...], static_base: int | N
     most slots it needs while evicting (``limit``: budget + chunk; ``None``: it does not evict)."""
     if shares_heads:
         return HeadPoolLayer(capacity)
-    return SlotLayer(capacity, state_names, static_base, limit)
+    if static_base is not None:
+        return StaticLayer(capacity, state_names, static_base)
+    return RowLayer(capacity, state_names, limit)
 
 
 #: makes one cache layer from the arguments :func:`slot_layer` takes
@@ -69,14 +71,28 @@ class CacheMaker:
         plan = self.plan
         pooled = plan.shares_heads
         names = () if pooled else plan.needs.token_state
-        B = plan.config.chunk_size
-        limits = [None if lim is None else lim + B for lim in map(plan.layer_limit, range(len(capacities)))]
-        layers = [self.cache_layer(cap, names, static_base, pooled, lim) for cap, lim in zip(capacities, limits)]
-        cache = (HeadPoolCache if pooled else BudgetCache)(layers, names, static_base)
-        if plan.windowed:  # windowed and full layers hold different counts, whatever their slots
+        layers = [self.cache_layer(cap, names, static_base, pooled, lim)
+                  for cap, lim in zip(capacities, self._limits())]
+        return self._owned((HeadPoolCache if pooled else BudgetCache)(layers, names, static_base))
+
+    def row_state_cache(self, cache: BudgetCache, row: int) -> BudgetCache:
+        """Row ``row`` of a batch's eager cache as a state of its own (its held tokens, copied by
+        :func:`~kdeval.keydiff.cache.rows_of`), which this plan's steps continue."""
+        out = self._owned(rows_of([(cache, row)], [lengths[row] for lengths in cache.lengths],
+                                  self.plan.needs.token_state, self._limits()))
+        out.thawed_from = self.plan.config.budget if self.plan.use_graphs else None
+        return out
+
+    def _limits(self) -> list[int | None]:
+        """Per layer, the most slots it needs while evicting (its limit plus a chunk; ``None``: it grows)."""
+        B = self.plan.config.chunk_size
+        return [None if lim is None else lim + B for lim in map(self.plan.layer_limit, range(self.plan.num_layers))]
+
+    def _owned(self, cache: BudgetCache) -> BudgetCache:
+        if self.plan.windowed:  # windowed and full layers hold different counts, whatever their slots
             cache.uniform = False
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
-        cache.rerotated = plan.rerotate
+        cache.rerotated = self.plan.rerotate
         return cache
 
     def release(self, state: PrefillState) -> None:

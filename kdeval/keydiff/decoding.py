@@ -40,11 +40,12 @@ def check_protect(protect_last, length: int, name: str = "protect_last") -> int:
 
 
 def prompt_steps(ids: torch.Tensor, chunk: int, protect_last: int) -> list[Feed]:
-    """The prompt steps of ``ids [L]``: chunks of the unprotected part (evicting), then of the last
-    ``protect_last`` tokens (not evicting, protected)."""
-    split = ids.shape[0] - protect_last
-    steps = [(ids[s : min(s + chunk, split)], True, False) for s in range(0, split, chunk)]
-    steps += [(ids[split + s : split + s + chunk], False, True) for s in range(0, protect_last, chunk)]
+    """The prompt steps of ``ids [L]`` (or ``[rows, L]``, cut along the tokens): chunks of the unprotected part
+    (evicting), then of the last ``protect_last`` tokens (not evicting, protected). The one place a prompt is cut
+    into steps."""
+    split = ids.shape[-1] - protect_last
+    steps = [(ids[..., s : min(s + chunk, split)], True, False) for s in range(0, split, chunk)]
+    steps += [(ids[..., split + s : split + s + chunk], False, True) for s in range(0, protect_last, chunk)]
     return steps
 
 

@@ -105,10 +105,8 @@ class Engine:
         state = state or self.new_state(input_ids.shape[0], input_ids.shape[1])
         if not evict:
             self.step.caches.make_room(state, input_ids.shape[1])
-        B = self.config.chunk_size
-        for s in range(0, input_ids.shape[1], B):
-            logits = self._step(state, input_ids[:, s : s + B], collect_logits, evict=evict, protect=not evict,
-                                prompt=True)
+        for ids, evicts, protect in prompt_steps(input_ids, self.config.chunk_size, 0 if evict else input_ids.shape[1]):
+            logits = self._step(state, ids, collect_logits, evict=evicts, protect=protect, prompt=True)
             memory.sample()
             if collect_logits:
                 state.chunk_logits.append(logits.float().cpu())
@@ -131,12 +129,9 @@ class Engine:
         length = input_ids.shape[1]
         check_protect(protect_last, length)
         state = self.new_state(1, length)
-        split = length - protect_last  # the chunks of what is evicted end here (decoding.prompt_steps)
         end = trunk_end(length, protect_last)  # the last token, or the question, stay for the caller
-        B = self.config.chunk_size
-        for s in range(0, end, B):
-            ids = input_ids[:, s : min(s + B, split)]
-            if s + ids.shape[1] > end or not self.shared.serves_next(self.plan, state, ids):
+        for ids, _, _ in prompt_steps(input_ids, self.config.chunk_size, protect_last):
+            if state.seen + ids.shape[1] > end or not self.shared.serves_next(self.plan, state, ids):
                 break
             self.prefill(ids, state)
             if not undiverged(state, self.plan):  # this cell's first eviction: its own steps from here

@@ -30,7 +30,7 @@ from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.headpool import HeadPoolCache, HeadTokens, select_across_heads
 from kdeval.keydiff.kvstore import HeldSlots
 from kdeval.keydiff.policy import Freed, ScoreContext, held_tokens
-from kdeval.keydiff.ragged import RaggedCache, RaggedStep, clear_past, compact_rows, kept_mask
+from kdeval.keydiff.ragged import RaggedStep, clear_past, compact_rows, kept_mask
 from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.selection import Selector
 from kdeval.keydiff.static import static_inputs
@@ -222,14 +222,14 @@ class PoolLayout(SlotLayout):
 
 
 class RaggedLayout:
-    """A step of a ragged batch (kdeval/keydiff/ragged.py), layer ``idx`` with its geometry ``layer_steps[idx]``:
-    row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as at batch 1 (its own ``protected[r]``
-    ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction steps before this one
-    (an int when they agree, else ``[rows, 1, 1]``)."""
+    """A step of a ragged batch on the eager cache (kdeval/keydiff/ragged.py), layer ``idx`` with its geometry
+    ``layer_steps[idx]``: row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as at batch 1 (its
+    own ``protected[r]`` ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction
+    steps before this one (an int when they agree, else ``[rows, 1, 1]``)."""
 
     logits_to_keep = 1
 
-    def __init__(self, plan: "Plan", cache: RaggedCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
+    def __init__(self, plan: "Plan", cache: BudgetCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
                  protected: list[list[tuple[int, int]]]):
         self.plan, self.cache, self.layer_steps, self.steps, self.protected = plan, cache, layer_steps, steps, protected
         first = layer_steps[0]
@@ -305,12 +305,12 @@ class RaggedLayout:
     def commit(self, idx: int, kept: torch.Tensor | None) -> None:
         layer, step = self.cache.layers[idx], self.layer_steps[idx]
         self.committed.add(idx)
-        if step.in_place:  # every row filled the whole step after a full-length head and keeps everything
-            return
-        if kept is None:
-            kept = step.valid.unsqueeze(1).expand(-1, layer.keys.shape[1], -1)
-        compact_rows(layer.buffers(), kept, step.keep, step.movers)
-        clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), step.M)
+        if not step.in_place:  # in place: every row filled the whole step after a full-length head, kept all
+            if kept is None:
+                kept = step.valid.unsqueeze(1).expand(-1, layer.keys.shape[1], -1)
+            compact_rows(layer.buffers(), kept, step.keep, step.movers)
+            clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), step.M)
+        layer.settle(step.host_keep)
 
     def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         layer, n = self.cache.layers[idx], max(self.layer_steps[idx].host_keep)

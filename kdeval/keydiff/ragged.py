@@ -1,7 +1,7 @@
-"""The KV cache of a batch of independent requests: each row has its own length, positions and kept set.
+"""A ragged step: a batch of independent requests, each row with its own length, positions and kept set.
 
-Buffers are the slot store's, ``[rows, kv_heads, slots, ...]``. Row ``r``'s kept tokens fill slots ``[0, n_r)``
-(``n_r``: its own length, known on the host). A step feeds ``T`` columns per row, *left-padded*: row ``r``'s
+The cache is the engine's one eager cache (:class:`~kdeval.keydiff.cache.RowLayer`), ``[rows, kv_heads, slots,
+...]``. Row ``r``'s kept tokens fill slots ``[0, n_r)`` (``n_r``: its own length, known on the host). A step feeds ``T`` columns per row, *left-padded*: row ``r``'s
 ``t_r`` real tokens are the step's last ``t_r`` columns and its first ``T - t_r`` columns are padding. Every
 row writes the step's ``T`` columns to the same tail slots ``[base, base + T)``, ``base = max_r n_r``, so the
 write is one slice, as in the slot store, and slots ``[n_r, base)`` of a shorter row are empty.
@@ -22,108 +22,8 @@ positions keep position-ordered pooling (SnapKV) as at batch 1; other scores of 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache
 
-from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers, state_buffers
 from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
-
-
-class RaggedLayer(BufferedLayer):
-    """One decoder layer's buffers for a ragged batch; the step's chunk lands in ``[base, base + T)``."""
-
-    def __init__(self, capacity: int, state_names: tuple[str, ...] = ()):
-        super().__init__(SlotBuffers(capacity, EMPTY_POSITION, state_buffers(state_names)), state_names)
-        self.base = 0
-        self.next_positions: torch.Tensor | None = None  # [rows, 1, T] (padding: EMPTY_POSITION)
-
-    @property
-    def capacity(self) -> int:
-        return self.slot_buffers.capacity
-
-    @capacity.setter
-    def capacity(self, slots: int) -> None:
-        """Slots to allocate (before the buffers are; :meth:`grow` them after)."""
-        if self.is_initialized:
-            raise ValueError("capacity: the buffers are allocated; grow them instead")
-        self.slot_buffers.capacity = slots
-
-    def grow(self, need: int) -> None:
-        """At least ``need`` slots (doubling); the new slots are clean."""
-        self.slot_buffers.grow(need, self.capacity)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Write the step's ``[rows, kv_heads, T, d]`` to ``[base, base + T)``; return slots ``[0, base + T)``."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.grow(self.base + key_states.shape[2])
-        end = self.slot_buffers.write(self.base, key_states, value_states, self.next_positions)
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def view(self, m: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Slots ``[0, m)``: keys, positions, state (views, writable)."""
-        return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
-
-    def get_seq_length(self) -> int:
-        return self.base
-
-
-class RaggedCache(Cache):
-    """A transformers ``Cache`` of :class:`RaggedLayer`; ``lengths[l][r]`` is row ``r``'s kept tokens in layer
-    ``l``, as at batch 1 (the same in every layer unless the policy gives the layers budgets of their own)."""
-
-    def __init__(self, num_layers: int, capacity: int, state_names: tuple[str, ...] = ()):
-        super().__init__(layers=[RaggedLayer(capacity, tuple(state_names)) for _ in range(num_layers)])
-        self.state_names = tuple(state_names)
-        self.lengths: list[list[int]] = [[] for _ in range(num_layers)]
-        self.query_window = None  # the rows' recent queries, for a policy with a QueryNeed (queries.py)
-        self.kv_store = None  # a quantized store's record and bytes per layer (kdeval/keydiff/kvstore.py)
-
-    def load_row(self, row: int, layers) -> None:
-        """Copy a batch-1 cache's valid tokens into row ``row`` (clean, allocated for enough rows) and set its
-        lengths: ``layers`` yields ``(keys, values, positions, state)`` ``[1, kv_heads, n, ...]`` per layer."""
-        for layer, lengths, (k, v, p, st) in zip(self.layers, self.lengths, layers):
-            n = k.shape[2]
-            lengths[row] = n
-            layer.grow(n)
-            layer.keys[row, :, :n] = k[0]
-            layer.values[row, :, :n] = v[0]
-            layer.positions[row, :, :n] = p[0]
-            for name in self.state_names:
-                layer.state[name][row, :, :n] = st[name][0]
-
-    def row(self, row: int):
-        """Copies of row ``row``'s kept tokens per layer: ``(keys, values, positions, state)`` ``[1, h, n, ...]``."""
-        for layer, lengths in zip(self.layers, self.lengths):
-            n = lengths[row]
-            yield (layer.keys[row : row + 1, :, :n].clone(), layer.values[row : row + 1, :, :n].clone(),
-                   layer.positions[row : row + 1, :, :n].clone(),
-                   {name: s[row : row + 1, :, :n].clone() for name, s in layer.state.items()})
-
-    def keep_rows(self, rows: list[int]) -> None:
-        """Drop every other row (finished requests), keeping the order of ``rows``."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.layers[0].keys.device)
-        for layer in self.layers:
-            layer.slot_buffers.select_rows(index)
-        self.lengths = [[lengths[r] for r in rows] for lengths in self.lengths]
-        if self.kv_store is not None:  # its record is keyed by row
-            self.kv_store.keep_rows(rows)
-        if self.query_window is not None:
-            self.query_window = self.query_window.rows(index)
-
-    def begin_step(self, bases: list[int], positions: torch.Tensor) -> None:
-        """The next forward writes the cache positions ``[rows, 1, T]`` at ``bases[l]`` in layer ``l``."""
-        for layer, base in zip(self.layers, bases):
-            layer.base, layer.next_positions = base, positions
-
-    def nbytes(self) -> int:
-        """Bytes of the key/value buffers, all rows and layers (allocated, not just valid slots); a quantized
-        store's: its rows' held tokens during the last step (kdeval/keydiff/kvstore.py)."""
-        if self.kv_store is not None:
-            return sum(self.kv_store.peak)
-        return sum(l.nbytes() for l in self.layers)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.layers[layer_idx].base
 
 
 class RaggedStep:

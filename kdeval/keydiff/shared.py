@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import torch
 
 from kdeval.keydiff.attention import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture, AttentionNeed
-from kdeval.keydiff.cache import BudgetCache, SlotLayer
+from kdeval.keydiff.cache import BudgetCache, RowLayer
 from kdeval.keydiff.policy import Policy
 
 if TYPE_CHECKING:
@@ -215,12 +215,12 @@ def record_of(cache: BudgetCache, logits: torch.Tensor, captures: dict, queries:
 
 
 def undiverged(state: "PrefillState", plan: "Plan") -> bool:
-    """Whether ``state``'s cache evicted nothing so far: a dynamic slot cache whose every layer holds what the
+    """Whether ``state``'s cache evicted nothing so far: an eager cache whose every layer holds what the
     full cache holds (every token seen; a windowed layer its window, cut alike in every cell)."""
     cache = state.cache
     if not isinstance(cache, BudgetCache) or cache.static_base is not None:
         return False
-    return all(type(layer) is SlotLayer and not layer.pending and layer.length == (
+    return all(type(layer) is RowLayer and not layer.pending and layer.length == (
         plan.kind(i).kept_count(state.seen) if plan.trims(i) else state.seen) for i, layer in enumerate(cache.layers))
 
 

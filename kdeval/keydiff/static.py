@@ -1,6 +1,6 @@
 """The static slot layout in one place: what the captured CUDA-graph step (kdeval/keydiff/graphs.py) runs on.
 
-A static-layout cache (``BudgetCache.static_base = N``, its layers :class:`~kdeval.keydiff.cache.SlotLayer`) has
+A static-layout cache (``BudgetCache.static_base = N``, its layers :class:`~kdeval.keydiff.cache.StaticLayer`) has
 ``N + B`` slots per layer from the first chunk on. Every chunk of ``t`` tokens is written to the tail slots
 ``[N, N + t)`` and attention, scoring and eviction always see all ``N + t`` slots, so every full chunk has the
 same shapes. While fewer than ``N`` tokens are cached, slots ``[cached, N)`` are empty (zero keys,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from kdeval.keydiff.decoding import prompt_steps
 from kdeval.keydiff.shared import SharedSteps, forward_signature, next_history, record_of
 from kdeval.keydiff.state import PrefillState
 
@@ -84,9 +85,8 @@ def record_trunks(step: "Step", prompts: Sequence[torch.Tensor], stores: Sequenc
     state = step.caches.new_state(len(todo), count * B)
     step.caches.make_room(state, count * B)
     histories = [fresh] * len(todo)
-    for k in range(count):
+    for k, (chunk, _, _) in enumerate(prompt_steps(ids, B, 0)):
         s = k * B
-        chunk = ids[:, s : s + B]
         histories = [next_history(h, sig, s, chunk[i : i + 1]) for i, h in enumerate(histories)]
         positions = torch.arange(s, s + B, device=plan.device)
         step.device_step(state.cache, chunk, positions, s + B, k, False, evict=False,
