@@ -374,7 +374,7 @@ def prompt_ids(tokenizer, chat: bool = False) -> torch.Tensor:
     """The essays' first ``L`` tokens; ``chat``: the chat template's head (system prompt, user header) first, as
     kvpress' pipeline opens a context (the KVzip cases: kvpress does not reconstruct those tokens)."""
     from kdeval.evals.tasks.data import require_data_file
-    from kdeval.keydiff.repeat import RepeatPrompt
+    from kdeval.keydiff.repeat_prompt import RepeatPrompt
 
     path = require_data_file(None, "haystack/PaulGrahamEssays.json", "It ships in the shared data directory.")
     text = json.loads(path.read_text())["text"]
@@ -391,7 +391,7 @@ def ours_kept(lm, ids: torch.Tensor, case: dict, chat_ids: torch.Tensor | None =
     of ``h`` sorted position tensors (one per KV head, of its own length) and no keys nor values."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
-    from kdeval.keydiff.repeat import RepeatPrompt
+    from kdeval.keydiff.repeat_prompt import RepeatPrompt
 
     name, params = case["ours"]
     policy = get_policy(name, **params)

@@ -42,7 +42,7 @@ import torch
 
 from kdeval.baselines.random_policy import position_hash, step_salt
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.attention import AttentionNeed
+from kdeval.keydiff.attention_capture import AttentionNeed
 from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kdeval.keydiff.attention import AttentionNeed
+from kdeval.keydiff.attention_capture import AttentionNeed
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.attention import AttentionNeed
+from kdeval.keydiff.attention_capture import AttentionNeed
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 

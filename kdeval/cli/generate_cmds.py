@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
         from kdeval.baselines import get_policy
         from kdeval.keydiff import Engine, EngineConfig, load_model
-        from kdeval.keydiff.repeat import RepeatPrompt
+        from kdeval.keydiff.repeat_prompt import RepeatPrompt
 
         with third_party_quiet(verbose):
             with bad_input():

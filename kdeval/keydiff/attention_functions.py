@@ -1,7 +1,7 @@
 """The attention functions transformers runs under the engine's implementation names, registered on import.
 
 The model runs under ``kdeval_capture`` only while a policy that needs attention is being evaluated: it returns
-SDPA's output and, when an :class:`~kdeval.keydiff.attention.AttentionCapture` is passed through the forward's
+SDPA's output and, when an :class:`~kdeval.keydiff.attention_capture.AttentionCapture` is passed through the forward's
 keyword arguments (``kdeval_capture=``), also computes the softmax rows of just the queries asked for (the
 chunk's last query, its last ``window`` queries, or all of its queries) against the whole cache, and stores
 their sum over those queries per layer.
@@ -32,7 +32,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from kdeval.keydiff.attention import (CAPTURE_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL,
+from kdeval.keydiff.attention_capture import (CAPTURE_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL,
                                       AttentionCapture, has_sinks)
 
 

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from kdeval.keydiff.attention import RAGGED_IMPL
+from kdeval.keydiff.attention_capture import RAGGED_IMPL
 from kdeval.keydiff.decoding import Request, check_protect, prompt_steps
 from kdeval.keydiff.plan import Plan, check_ids
 from kdeval.keydiff.state import GenerationResult, PrefillState

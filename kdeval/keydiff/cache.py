@@ -2,7 +2,7 @@
 
 A :class:`BudgetCache` keeps, per layer, the cached ``keys``/``values`` ``[rows, kv_heads, tokens, head_dim]``, the
 absolute ``positions`` ``[rows, kv_heads, tokens]`` of those tokens and any per-token policy state, in one slot
-buffer (:class:`~kdeval.keydiff.buffers.SlotBuffers`). Its layers are one of three arrangements:
+buffer (:class:`~kdeval.keydiff.slot_buffers.SlotBuffers`). Its layers are one of three arrangements:
 
 - :class:`RowLayer`, the eager cache of every request: row ``r``'s kept tokens fill slots ``[0, lengths[r])``
   and a step's columns land after the fullest row, in ``[base, base + T)``. A request alone is a batch of one row;
@@ -31,10 +31,10 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache
 
-from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers, state_buffers
+from kdeval.keydiff.slot_buffers import BufferedLayer, SlotBuffers, state_buffers
 from kdeval.keydiff.kvstore import StoredBytes
 from kdeval.keydiff.queries import QueryWindow
-from kdeval.keydiff.slots import EMPTY_POSITION
+from kdeval.keydiff.slot_moves import EMPTY_POSITION
 
 
 class BudgetLayerMixin:
@@ -130,7 +130,7 @@ class RowLayer(BufferedLayer):
     def evict(self, drop: torch.Tensor | None) -> None:
         """Rows of one length: commit the pending step and free the slots ``drop [rows, h, k]`` (``None``: keep
         everything). With ``m`` valid slots and ``k`` to drop, the kept tokens end in slots ``[0, m - k)``: the
-        step's surviving slots move into the holes below (an O(k) move, :func:`~kdeval.keydiff.slots.compact`)."""
+        step's surviving slots move into the holes below (an O(k) move, :func:`~kdeval.keydiff.slot_moves.compact`)."""
         m = self.base + self.pending
         keep_n = m if drop is None else m - drop.shape[-1]
         if keep_n < m:

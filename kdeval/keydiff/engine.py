@@ -30,7 +30,7 @@ runs over one pool of ``H * (N + B)`` slots per layer instead (kdeval/keydiff/he
 any lengths, each as it runs alone (kdeval/keydiff/batching.py, kdeval/keydiff/ragged.py).
 
 A policy scored by a repeat pass (``PolicyNeeds.repeat``, KVzip) runs a second forward after every evicting prompt
-step (kdeval/keydiff/repeat.py); ``generate_batch`` then runs its requests one at a time, as for a head pool.
+step (kdeval/keydiff/repeat_prompt.py); ``generate_batch`` then runs its requests one at a time, as for a head pool.
 """
 from __future__ import annotations
 
@@ -41,14 +41,14 @@ import torch
 
 from kdeval.keydiff.batch_requests import one_at_a_time
 from kdeval.keydiff.batching import BatchView, generate_batch
-from kdeval.keydiff.caches import LayerFactory, slot_layer
+from kdeval.keydiff.cache_maker import LayerFactory, slot_layer
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.memory import PeakMemory, own_bytes, own_kept_bytes
 from kdeval.keydiff.plan import check_ids, make_plan
 from kdeval.keydiff.policy import Policy
-from kdeval.keydiff.repeat import RepeatPrompt
+from kdeval.keydiff.repeat_prompt import RepeatPrompt
 from kdeval.keydiff.shared import SharedSteps, undiverged
 from kdeval.keydiff.state import GenerationResult, PrefillState
 from kdeval.keydiff.step import GraphRunner, Step
@@ -68,12 +68,12 @@ class Engine:
 
         The hooks tests plug their references into (not user options; no grid or config reaches them):
         ``cache_layer(capacity, state_names, static_base, shares_heads, limit)`` makes each layer of every cache
-        (default :func:`~kdeval.keydiff.caches.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
+        (default :func:`~kdeval.keydiff.cache_maker.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
         runner of one captured step (default :class:`~kdeval.keydiff.graphs.CapturedStep`, CUDA graphs, which
         need CUDA); given one, the graph path runs on any device.
 
         ``repeat_prompt``: the token ids of a repeat-pass policy's prompt (KVzip: ``RepeatPrompt.from_tokenizer``,
-        kdeval/keydiff/repeat.py); ``None``: the bare one (the chunk fed again, no instruction or template)."""
+        kdeval/keydiff/repeat_prompt.py); ``None``: the bare one (the chunk fed again, no instruction or template)."""
         self.model, self.policy, self.config = model, policy, config
         self.on_step, self.on_batch_step = on_step, on_batch_step
         #: everything decided once (budgets, layout, attention function, graphs)

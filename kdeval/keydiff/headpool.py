@@ -31,12 +31,12 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kdeval.keydiff.attention import POOL_IMPL, AttentionCapture
+from kdeval.keydiff.attention_capture import POOL_IMPL, AttentionCapture
 from kdeval.keydiff.attention_functions import no_mask
-from kdeval.keydiff.buffers import BufferedLayer, SlotBuffers
+from kdeval.keydiff.slot_buffers import BufferedLayer, SlotBuffers
 from kdeval.keydiff.cache import BudgetCache, BudgetLayerMixin
 from kdeval.keydiff.selection import lowest_oldest_first
-from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
+from kdeval.keydiff.slot_moves import EMPTY_POSITION, expand_index
 
 
 class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):

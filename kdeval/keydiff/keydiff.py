@@ -96,14 +96,3 @@ class KeyDiffWindow(KeyDiff):
     name = "keydiff-sw"
     rule = "KeyDiff plus a sliding window: window_fraction of the budget always holds the newest tokens"
     window_fraction: float = 0.25
-
-
-@register
-@dataclass
-class Full(Policy):
-    name = "full"
-    rule = "no eviction: the whole cache (same chunking, the fair baseline)"
-    evicts = False
-
-    def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        raise RuntimeError("the full cache never evicts; the engine does not call score()")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kdeval.keydiff.attention import RAGGED_IMPL, STATIC_IMPL
+from kdeval.keydiff.attention_capture import RAGGED_IMPL, STATIC_IMPL
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.headpool import HeadPoolCache, HeadTokens, select_across_heads
 from kdeval.keydiff.kvstore import HeldSlots

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL, has_sinks
+from kdeval.keydiff.attention_capture import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL, has_sinks
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.layer_kinds import LayerKind, describe, layer_kinds
 from kdeval.keydiff.policy import Policy, PolicyNeeds, unanswered_hook

@@ -20,10 +20,10 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from kdeval.keydiff.attention import AttentionNeed
+from kdeval.keydiff.attention_capture import AttentionNeed
 from kdeval.keydiff.queries import QueryNeed, RecentQueries
 from kdeval.keydiff.reads import LayerProjections
-from kdeval.keydiff.repeat import RepeatNeed
+from kdeval.keydiff.repeat_prompt import RepeatNeed
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ScoreContext:
       pool's average per head), protected ranges not counted; set by the selector before every ``score`` (0
       outside it). Rules whose stages take a fraction of N (CriticalKV) read it.
     - ``repeat``: ``[batch, kv_heads, n_new]`` float32, the scores of the step's chunk by its repeat pass
-      (``PolicyNeeds.repeat``, kdeval/keydiff/repeat.py) after an evicting prompt step; ``None`` at every other
+      (``PolicyNeeds.repeat``, kdeval/keydiff/repeat_prompt.py) after an evicting prompt step; ``None`` at every other
       step (decoding, a protected question) and for other policies.
 
     What a policy reads is declared in :class:`PolicyNeeds` and filled in by the engine in every cache layout
@@ -137,7 +137,7 @@ class PolicyNeeds:
     #: head-shared pool
     merges: bool = False
     #: after every evicting prompt step, a second forward of a repeat prompt over the cache scores the step's chunk
-    #: (``ScoreContext.repeat``; KVzip, kdeval/keydiff/repeat.py); the step runs eagerly, a ragged batch one request
+    #: (``ScoreContext.repeat``; KVzip, kdeval/keydiff/repeat_prompt.py); the step runs eagerly, a ragged batch one request
     #: at a time; ``None``: none
     repeat: RepeatNeed | None = None
 

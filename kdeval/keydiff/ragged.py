@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from kdeval.keydiff.slots import EMPTY_POSITION, expand_index
+from kdeval.keydiff.slot_moves import EMPTY_POSITION, expand_index
 
 
 class RaggedStep:

@@ -5,7 +5,7 @@ captures them during the forward (:func:`capturing`) and every cache layout's ev
 fills them into each layer's ``ScoreContext`` the same way (:meth:`StepReads.fill`), so a policy that reads
 something new needs no edit outside its own file:
 
-- ``attention``: the attention rows of the chunk's queries, computed beside SDPA (kdeval/keydiff/attention.py);
+- ``attention``: the attention rows of the chunk's queries, computed beside SDPA (kdeval/keydiff/attention_capture.py);
 - ``queries``: the layer's recent queries before RoPE and RoPE ahead (kdeval/keydiff/queries.py);
 - ``values``: the cached values ``[batch, kv_heads, tokens, head_dim]`` beside the keys, in the layout's order;
 - ``hidden_states``: ``[batch, t, hidden]``, the step's hidden states as each layer's attention takes them
@@ -22,9 +22,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from kdeval.keydiff.attention import AttentionCapture
+from kdeval.keydiff.attention_capture import AttentionCapture
 from kdeval.keydiff.queries import StepQueries, attention_modules, capture_queries
-from kdeval.keydiff.slots import EMPTY_POSITION
+from kdeval.keydiff.slot_moves import EMPTY_POSITION
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""The repeat pass's forward (kdeval/keydiff/repeat.py): the repeat prompt over the cache a step left, scoring the
+"""The repeat pass's forward (kdeval/keydiff/repeat_prompt.py): the repeat prompt over the cache a step left, scoring the
 step's chunk by the attention its reconstruction pays it, the cache left as it was.
 
-Per batch row and piece (:class:`~kdeval.keydiff.repeat.Piece`), the model's base runs ``q`` repeat tokens at
+Per batch row and piece (:class:`~kdeval.keydiff.repeat_prompt.Piece`), the model's base runs ``q`` repeat tokens at
 positions ``seen_after .. seen_after + q - 1`` over a cache of :class:`ReadOnlyLayer`\\ s holding the row's cached
 keys and values: each layer attends to them and to the repeat's own keys as usual (SDPA, the output unchanged),
 but the repeat's keys and values are returned to attention and never stored, so nothing is left to discard. Beside
@@ -24,7 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kdeval.keydiff.attention_functions import additive_mask, attention_implementation
 from kdeval.keydiff.cache import BudgetCache
-from kdeval.keydiff.repeat import Piece, RepeatInput, RepeatNeed, RepeatProgress, RepeatPrompt, pieces
+from kdeval.keydiff.repeat_prompt import Piece, RepeatInput, RepeatNeed, RepeatProgress, RepeatPrompt, pieces
 
 REPEAT_IMPL = "kdeval_repeat"
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture, AttentionNeed
+from kdeval.keydiff.attention_capture import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture, AttentionNeed
 from kdeval.keydiff.cache import BudgetCache, RowLayer
 from kdeval.keydiff.policy import Policy
 

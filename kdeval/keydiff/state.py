@@ -8,7 +8,7 @@ import torch
 
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.policy import add_range, held_tokens
-from kdeval.keydiff.repeat import RepeatProgress
+from kdeval.keydiff.repeat_prompt import RepeatProgress
 
 
 @dataclass
@@ -51,7 +51,7 @@ class RunStats:
     #: prompt steps replayed from steps other cells computed alike (kdeval/keydiff/shared.py), not computed here
     replayed_steps: int = 0
     #: tokens of the forwards a policy runs besides the prompt's and the answer's (KVzip's repeat passes,
-    #: kdeval/keydiff/repeat.py), per row; their time is in ``ttft_s``
+    #: kdeval/keydiff/repeat_prompt.py), per row; their time is in ``ttft_s``
     extra_forward_tokens: int = 0
     #: of ``kv_cache_bytes``, the windowed layers' (sliding or chunked attention: kept as the model sees them,
     #: not by the policy; 0 on a model without them)
@@ -98,7 +98,7 @@ class PrefillState:
     history: str | None = ""
     replayed: int = 0  # prompt steps replayed from a shared store instead of computed (RunStats.replayed_steps)
     extra_forward_tokens: int = 0  # RunStats.extra_forward_tokens over this state's steps
-    #: a repeat-pass policy's progress (kdeval/keydiff/repeat.py); ``None``: none ran on this state yet
+    #: a repeat-pass policy's progress (kdeval/keydiff/repeat_prompt.py); ``None``: none ran on this state yet
     repeat: RepeatProgress | None = None
 
     @property

@@ -5,7 +5,7 @@ pool, a ragged batch): the layout adapter (kdeval/keydiff/layouts.py) gives its 
 A step reads everything it decides from the :class:`~kdeval.keydiff.plan.Plan`. On the graph path
 (:attr:`Plan.use_graphs`, the static layout, kdeval/keydiff/static.py) :meth:`Step.device_step` is what a CUDA
 graph captures (kdeval/keydiff/graphs.py); steps that do not evict run eagerly on a dynamic copy of the cache
-(:meth:`CacheMaker.make_room <kdeval.keydiff.caches.CacheMaker.make_room>`).
+(:meth:`CacheMaker.make_room <kdeval.keydiff.cache_maker.CacheMaker.make_room>`).
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Callable
 
 import torch
 
-from kdeval.keydiff.attention import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture
+from kdeval.keydiff.attention_capture import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture
 from kdeval.keydiff.attention_functions import attention_implementation
 from kdeval.keydiff.cache import BudgetCache
-from kdeval.keydiff.caches import CacheMaker, LayerFactory, slot_layer
+from kdeval.keydiff.cache_maker import CacheMaker, LayerFactory, slot_layer
 from kdeval.keydiff.eviction import Evictor
 from kdeval.keydiff.graphs import CapturedStep
 from kdeval.keydiff.layouts import RaggedLayout, SlotLayout, slot_layout
@@ -25,7 +25,7 @@ from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.queries import record_step
 from kdeval.keydiff.reads import StepReads, capturing, layer_projections
-from kdeval.keydiff.repeat import RepeatInput, RepeatPrompt
+from kdeval.keydiff.repeat_prompt import RepeatInput, RepeatPrompt
 from kdeval.keydiff.repeat_pass import RepeatPass
 from kdeval.keydiff.shared import SharedSteps, StepRecord, capture_key, member_capture
 from kdeval.keydiff.state import PrefillState

@@ -12,7 +12,7 @@ from kdeval.baselines import describe, get_policy
 from kdeval.baselines.kvzip import UNSCORED, KVzip
 from kdeval.evals.run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig, load_model
-from kdeval.keydiff.repeat import FIRST, LATER, RepeatPrompt
+from kdeval.keydiff.repeat_prompt import FIRST, LATER, RepeatPrompt
 
 from ..keydiff.helpers import kept_positions, make_engine, prompt
 from ..keydiff.oracles import EMULATED, GATHER

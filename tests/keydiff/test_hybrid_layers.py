@@ -141,7 +141,7 @@ def test_sink_logits_are_in_the_captured_attention_as_the_model_computes_them():
     """TOVA/SnapKV/H2O read softmax rows: with GPT-OSS's sinks they sum to less than one, as the model's do."""
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
-    from kdeval.keydiff.attention import AttentionCapture, AttentionNeed
+    from kdeval.keydiff.attention_capture import AttentionCapture, AttentionNeed
 
     torch.manual_seed(0)
     b, hq, hk, t, m, d = 2, 4, 2, 5, 9, 16

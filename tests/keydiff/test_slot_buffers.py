@@ -1,4 +1,4 @@
-"""The one slot buffer type every cache layout is built from (kdeval/keydiff/buffers.py): allocation, growth,
+"""The one slot buffer type every cache layout is built from (kdeval/keydiff/slot_buffers.py): allocation, growth,
 compaction, row selection, reset and the one byte count, and the engine's KV byte figures on a model whose
 values are narrower than its keys."""
 import pytest
@@ -6,8 +6,8 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.buffers import SlotBuffers, state_buffers
-from kdeval.keydiff.slots import EMPTY_POSITION
+from kdeval.keydiff.slot_buffers import SlotBuffers, state_buffers
+from kdeval.keydiff.slot_moves import EMPTY_POSITION
 
 from .helpers import prompt
 

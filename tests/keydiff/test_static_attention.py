@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kdeval.keydiff.attention import AttentionCapture, AttentionNeed
+from kdeval.keydiff.attention_capture import AttentionCapture, AttentionNeed
 from kdeval.keydiff.static import static_attention_forward, static_mask
 
 from .helpers import reference_attention

@@ -133,7 +133,7 @@ def run_task(lm: Any, task: Task, settings: RunSettings = RunSettings(), *,
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
     from kdeval.keydiff.memory import model_weight_bytes
-    from kdeval.keydiff.repeat import RepeatPrompt
+    from kdeval.keydiff.repeat_prompt import RepeatPrompt
 
     s = settings
     strip = thinking_markers(lm.tokenizer) if s.thinking == "strip" else None

@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"ReportOptions": "aggregate", "build_report": "aggregate", "CellRow": "model", "MetricRow": "model",
-            "PerfRow": "model", "ProvenanceRow": "model", "Report": "model", "ReportMeta": "model", "State": "model"}
+_EXPORTS = {"ReportOptions": "aggregate", "build_report": "aggregate",
+            **{name: "report_rows" for name in ("CellRow", "MetricRow", "PerfRow", "ProvenanceRow", "Report",
+                                                 "ReportMeta", "State")}}
 
 __all__ = list(_EXPORTS)
 

@@ -1,4 +1,4 @@
-"""Slot moves of the slot buffers (kdeval/keydiff/buffers.py) and the empty slot's position.
+"""Slot moves of the slot buffers (kdeval/keydiff/slot_buffers.py) and the empty slot's position.
 
 Buffers are ``[rows, kv_heads, slots, ...]``; index tensors ``[rows, kv_heads, k]``.
 """

@@ -3,7 +3,7 @@
 The uniform and per-layer caches (kdeval/keydiff/cache.py), the ragged batch's (kdeval/keydiff/ragged.py) and the
 head-shared pool (kdeval/keydiff/headpool.py) differ in where a step writes and which slots eviction frees; they
 allocate, grow, compact, select rows and count bytes here, one way. Each buffer has the value of an empty slot:
-keys and values 0, positions ``position_fill`` (:data:`~kdeval.keydiff.slots.EMPTY_POSITION`, or 0 for a dynamic
+keys and values 0, positions ``position_fill`` (:data:`~kdeval.keydiff.slot_moves.EMPTY_POSITION`, or 0 for a dynamic
 slot layer), and each extra per-slot buffer its own (a policy's per-token state: 0; a pool's head tags: -1).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.slots import compact, move_tail, resized
+from kdeval.keydiff.slot_moves import compact, move_tail, resized
 
 
 def state_buffers(state_names: tuple[str, ...]) -> dict[str, tuple[torch.dtype, float]]:
@@ -87,11 +87,11 @@ class SlotBuffers:
 
     def compact(self, drop: torch.Tensor, keep_n: int) -> None:
         """Free the slots ``drop [rows, heads, k]`` so that the kept ones fill ``[0, keep_n)`` (an O(k) move,
-        :func:`~kdeval.keydiff.slots.compact`)."""
+        :func:`~kdeval.keydiff.slot_moves.compact`)."""
         compact(self.all(), drop, keep_n)
 
     def move_tail(self, slots: torch.Tensor, base: int) -> None:
-        """Move the tail slots ``[base, base + t)`` into ``slots [t]`` (:func:`~kdeval.keydiff.slots.move_tail`)."""
+        """Move the tail slots ``[base, base + t)`` into ``slots [t]`` (:func:`~kdeval.keydiff.slot_moves.move_tail`)."""
         move_tail(self.all(), slots, base)
 
     def select_rows(self, index: torch.Tensor) -> None:
