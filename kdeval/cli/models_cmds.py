@@ -23,13 +23,10 @@ def _short_statuses(rows: list[dict]) -> tuple[list[str], list[str]]:
     marks: dict[tuple[tuple[str, ...], str], int] = {}
     statuses = []
     for r in rows:
-        if not r["runs as"].startswith("runs"):  # the whole family is refused
-            statuses.append(f"refused [{marks.setdefault(((), r['runs as'].split(': ', 1)[-1]), len(marks) + 1)}]")
+        if r["refused family"]:
+            statuses.append(f"refused [{marks.setdefault(((), r['refused family']), len(marks) + 1)}]")
             continue
-        detail = r["runs as"].removeprefix("runs").removeprefix("; ")
-        # the layers column names the windows; the footnote-free words for the two kinds of detail
-        parts = ["runs"] + ["windows kept whole" if detail.startswith("windowed") else
-                            "latent rows" if detail.startswith("latent") else detail] * bool(detail)
+        parts = ["runs"] + [r["brief"]] * bool(r["brief"])  # the layers column names the windows
         groups = r["refusal groups"]
         if groups:
             refs = [marks.setdefault((tuple(names), cause), len(marks) + 1) for cause, names in groups]
@@ -42,7 +39,8 @@ def _short_statuses(rows: list[dict]) -> tuple[list[str], list[str]]:
 def family_rows() -> list[dict]:
     """One row per family, in the table's order: name, model_type, random model, layers, status, ``refused``:
     each registered policy the engine refuses on it -> the engine's one-line reason, and the status in its parts:
-    ``runs as`` (the status without its refused policies) and ``refusal groups`` ([cause, [policies]])."""
+    ``refused family`` (why the engine refuses the whole family; "" when it runs), ``brief`` (its detail in a few
+    words) and ``refusal groups`` ([cause, [policies]])."""
     from kdeval.baselines import get_policy, policy_names
     from kdeval.keydiff.family_status import family_statuses, refusal_reason
     from kdeval.names import RANDOM_PREFIX
@@ -51,7 +49,8 @@ def family_rows() -> list[dict]:
     return [{"family": s.family.name, "model_type": s.family.model_type,
              "random model": RANDOM_PREFIX + s.family.random_kind, "layers": s.layers, "status": s.text(),
              "refused": {name: refusal_reason(name, msg) for name, msg in s.refused},
-             "runs as": s.text(with_refused=False), "refusal groups": [[c, n] for c, n in s.refusal_groups()]}
+             "refused family": "" if s.runs else s.detail, "brief": s.brief,
+             "refusal groups": [[c, n] for c, n in s.refusal_groups()]}
             for s in family_statuses(policies)]
 
 

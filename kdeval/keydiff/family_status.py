@@ -54,6 +54,8 @@ class FamilyStatus:
     kinds: tuple[LayerKind, ...] | None
     #: (policy, the plan's one-line refusal) for every policy the engine refuses on this family, by name
     refused: tuple[tuple[str, str], ...] = ()
+    #: ``detail`` in two or three words for a narrow table ("windows kept whole", "latent rows"; "" when none)
+    brief: str = ""
 
     @property
     def runs(self) -> bool:
@@ -66,14 +68,14 @@ class FamilyStatus:
             return f"{self.family.kwargs()['num_hidden_layers']} layers"
         return describe(self.kinds)
 
-    def text(self, with_refused: bool = True) -> str:
+    def text(self) -> str:
         """``"runs"``, ``"runs; windowed layers (sliding 48) kept whole"``, ``"refused: <reason>"``, and after a
         family that runs, each group of refused policies with their shared cause (:func:`refusal_cause`):
-        ``"runs; snapkv, tova refused: <cause>"`` (``with_refused=False``: without those groups)."""
+        ``"runs; snapkv, tova refused: <cause>"``."""
         if self.state == REFUSED:
             return f"refused: {self.detail}"
         parts = ["runs"] + [self.detail] * bool(self.detail)
-        parts += [f"{', '.join(names)} refused: {cause}" for cause, names in self.refusal_groups() * with_refused]
+        parts += [f"{', '.join(names)} refused: {cause}" for cause, names in self.refusal_groups()]
         return "; ".join(parts)
 
     def refusal_groups(self) -> list[tuple[str, list[str]]]:
@@ -134,11 +136,12 @@ def family_status(family: Family, policies: Mapping[str, Policy]) -> FamilyStatu
     windowed = [k for k in kinds if k.windowed]
     if getattr(config, "kv_lora_rank", None):  # the engine's plan checks the attention's expand_kv itself
         return FamilyStatus(family, RUNS, "latent (MLA) rows: a token's latent and rotary key evicted together",
-                            kinds, refused)
+                            kinds, refused, brief="latent rows")
     if not windowed:
         return FamilyStatus(family, RUNS, "", kinds, refused)
     spans = ", ".join(sorted({k.label() for k in windowed}))
-    return FamilyStatus(family, RUNS, f"windowed layers ({spans}) kept whole", kinds, refused)
+    return FamilyStatus(family, RUNS, f"windowed layers ({spans}) kept whole", kinds, refused,
+                        brief="windows kept whole")
 
 
 def family_statuses(policies: Mapping[str, Policy]) -> list[FamilyStatus]:

@@ -5,17 +5,16 @@ from kdeval.cli.models_cmds import _short_statuses
 WINDOWED = "not supported on a model with windowed (sliding or chunked) attention layers"
 
 
-def _row(runs_as: str, groups: list) -> dict:
-    return {"runs as": runs_as, "refusal groups": groups}
+def _row(brief: str, groups: list, refused_family: str = "") -> dict:
+    return {"brief": brief, "refusal groups": groups, "refused family": refused_family}
 
 
 def test_statuses_are_short_and_families_with_the_same_refusals_share_a_footnote():
-    rows = [_row("runs", []),
-            _row("runs; windowed layers (sliding 48) kept whole", [[WINDOWED, ["kvzip", "sink-rerotate"]]]),
-            _row("runs; windowed layers (sliding 48) kept whole", [[WINDOWED, ["kvzip", "sink-rerotate"]]]),
-            _row("runs; latent (MLA) rows: a token's latent and rotary key evicted together",
-                 [["no latent", ["cam"]], [WINDOWED, ["kvzip", "sink-rerotate"]]]),
-            _row("refused: model_type 'falcon' is not supported: its attention bypasses", [])]
+    rows = [_row("", []),
+            _row("windows kept whole", [[WINDOWED, ["kvzip", "sink-rerotate"]]]),
+            _row("windows kept whole", [[WINDOWED, ["kvzip", "sink-rerotate"]]]),
+            _row("latent rows", [["no latent", ["cam"]], [WINDOWED, ["kvzip", "sink-rerotate"]]]),
+            _row("", [], refused_family="model_type 'falcon' is not supported: its attention bypasses")]
     statuses, notes = _short_statuses(rows)
     assert statuses == ["runs", "runs; windows kept whole; 2 refused [1]",
                         "runs; windows kept whole; 2 refused [1]", "runs; latent rows; 3 refused [2] [1]",
