@@ -114,8 +114,8 @@ def test_shared_steps_record_the_values_it_reads():
     runs = []
     for policy in (get_policy("keydiff"), ValuesThroughWo(), ValuesThroughWo()):
         eng = make_engine(lm.model, policy, **CONFIG)
-        eng.shared = store
-        runs.append(eng.generate(prompt(70, seed=4), max_new_tokens=5))
+        with eng.sharing(store):
+            runs.append(eng.generate(prompt(70, seed=4), max_new_tokens=5))
     assert store.replayed > 0
     alone = run(ValuesThroughWo())
     for got in runs[1:]:
