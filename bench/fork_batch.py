@@ -5,7 +5,7 @@ needle prompts, each cell three ways, side by side in one process (no Ray):
 
 - alone: the cell's samples in one batch (``Engine.generate_batch``), as a CPU worker runs a cell alone;
 - shared (today): one sample at a time, the prompt steps replayed from a store that ``full`` recorded for that
-  sample (``Engine.shared``), the cell's own steps at batch 1 after its fork;
+  sample (``Engine.sharing``), the cell's own steps at batch 1 after its fork;
 - fork, then batch: each sample's steps up to the cell's first eviction replayed from its store
   (``Engine.prefill``), then every sample's rest of the prompt and its decoding in one batch from those states
   (``Engine.generate_batch(states=...)``).
@@ -62,8 +62,8 @@ def main() -> None:
     for x in ids:  # full records every sample's trunk, as the group's `full` cell does
         store = SharedSteps([get_policy(p) for p in POLICIES], max_tokens=max(budgets) + B)
         rec = engine("full", None)
-        rec.shared = store
-        rec.generate(x, max_new_tokens=args.new, eos_token_id=eos)
+        with rec.sharing(store):
+            rec.generate(x, max_new_tokens=args.new, eos_token_id=eos)
         stores.append(store)
     record_s = time.perf_counter() - t0
 
@@ -79,19 +79,17 @@ def main() -> None:
         t0 = time.perf_counter()
         shared = []
         for x, store in zip(ids, stores):
-            eng.shared = store
-            shared.append(eng.generate(x, max_new_tokens=args.new, eos_token_id=eos).tokens[0])
-        eng.shared = None
+            with eng.sharing(store):
+                shared.append(eng.generate(x, max_new_tokens=args.new, eos_token_id=eos).tokens[0])
         seconds["shared"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
         states, rests = [], []
         for x, store in zip(ids, stores):
             k = fork_tokens(budget, B, x.shape[1])
-            eng.shared = store
-            states.append(eng.prefill(x[:, :k]))
+            with eng.sharing(store):
+                states.append(eng.prefill(x[:, :k]))
             rests.append(x[0, k:].tolist())
-        eng.shared = None
         forked = [r.tokens[0] for r in eng.generate_batch(rests, max_new_tokens=args.new, eos_token_id=eos,
                                                           states=states)]
         seconds["fork+batch"] += time.perf_counter() - t0

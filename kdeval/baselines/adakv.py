@@ -18,25 +18,24 @@ from typing import Any
 
 import torch
 
-from kdeval.baselines.wrapping import PassesOn
+from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import as_policy, register, registered
-from kdeval.names import suggest
+from kdeval.keydiff.registry import register
 
 
 def per_head_reason(policy: Policy) -> str | None:
     """Why ``policy`` cannot score a head-shared pool's heads, or ``None`` when it can."""
     if not policy.evicts:
-        return "does not score tokens"
+        return f"policy {policy.name!r} does not score tokens"
     if isinstance(policy, AdaKV):
-        return "already shares a layer's budget among its heads"
+        return f"policy {policy.name!r} already shares a layer's budget among its heads"
     needs = policy.needs()
     kept = [what for what, yes in (("per-token state", needs.token_state), ("a query window", needs.queries),
                                    ("re-rotation", needs.rerotates)) if yes]
     if kept:
-        return f"needs {', '.join(kept)}, which the pool does not keep"
+        return f"policy {policy.name!r} needs {', '.join(kept)}, which the pool does not keep"
     if needs.heads_alike:  # TOVA, ChunkKV: one selection for every head
-        return "scores all heads alike (heads='all')"
+        return f"policy {policy.name!r} scores all heads alike (heads='all')"
     return None
 
 
@@ -54,15 +53,7 @@ class AdaKV(PassesOn, Policy):
         a = self.alpha_safeguard
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < 1:
             raise ValueError(f"alpha_safeguard: must be a number in [0, 1), got {a!r}")
-        inner = as_policy(self.inner)
-        if inner is None:
-            known = [n for n, cls in sorted(registered().items()) if cls.evicts and per_head_reason(cls()) is None]
-            raise ValueError(f"inner: unknown policy {self.inner!r}{suggest(str(self.inner), known)} "
-                             f"(policies it can wrap: {', '.join(known)})")
-        why = per_head_reason(inner)
-        if why is not None:
-            raise ValueError(f"inner: policy {inner.name!r} {why}; AdaKV wraps a policy that scores each head's "
-                             f"own tokens")
+        inner = built_inner(self.inner, per_head_reason)
         self._inner: Policy = inner
 
     def needs(self) -> PolicyNeeds:

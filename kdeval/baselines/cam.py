@@ -43,6 +43,7 @@ import torch
 from kdeval.baselines.random_policy import position_hash, step_salt
 from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.attention_capture import AttentionNeed
+from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
@@ -162,6 +163,9 @@ class CaM(PassesOn, Policy):
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         return head_mean(self._inner.score(keys, ctx), ctx)
 
-    def merge(self, keys: torch.Tensor, freed: Freed, ctx: ScoreContext) -> torch.Tensor:
-        return merge_into_windows(freed, ctx, ctx.state[ATTENTION], self.merge_budget,
-                                  lambda at: hashed_draws(self.seed, ctx.layer_idx, at, ctx.seen))
+    def apply(self, eviction: LayerEviction) -> None:
+        """Merge the freed tokens into the kept values after them, then the inner policy commits."""
+        ctx = eviction.ctx
+        eviction.rewrote_values(merge_into_windows(eviction.freed(), ctx, ctx.state[ATTENTION], self.merge_budget,
+                                                   lambda at: hashed_draws(self.seed, ctx.layer_idx, at, ctx.seen)))
+        self._inner.apply(eviction)

@@ -23,10 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kdeval.baselines.wrapping import PassesOn
+from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import as_policy, register, registered
-from kdeval.names import suggest
+from kdeval.keydiff.registry import register
 
 
 def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tensor, group_size: int,
@@ -54,6 +53,19 @@ def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tens
     return torch.empty_like(mean).scatter_(-1, order, mean)
 
 
+def group_scorer_reason(policy: Policy) -> str | None:
+    """Why ChunkKV cannot rank its groups by ``policy``'s scores, or ``None``. ChunkKV ranks the groups of every KV
+    head alike; a policy that shares slots among heads (AdaKV) chooses per layer, across heads, and is not an
+    inner scorer."""
+    if policy.name == ChunkKV.name:
+        return f"cannot be {ChunkKV.name!r} itself"
+    if not policy.evicts:
+        return f"expected a policy that scores tokens, got {policy.name!r}"
+    if policy.needs().shares_heads:
+        return f"{policy.name!r} shares a layer's slots among its KV heads; expected a per-head scorer"
+    return None
+
+
 @register
 @dataclass
 class ChunkKV(PassesOn, Policy):
@@ -70,22 +82,7 @@ class ChunkKV(PassesOn, Policy):
             raise ValueError(f"group_size: must be an integer > 0, got {self.group_size!r}")
         if self.heads not in ("all", "each"):
             raise ValueError(f"heads: expected 'all' or 'each', got {self.heads!r}")
-        # ChunkKV ranks the groups of every KV head alike; a policy that shares slots among heads (AdaKV)
-        # chooses per layer, across heads, and is not an inner scorer
-        inner = as_policy(self.inner)
-        if inner is None or inner.name == self.name or not inner.evicts or inner.needs().shares_heads:
-            # the list of valid names is built for the message only
-            known = [n for n, cls in sorted(registered().items()) if n != self.name and cls.evicts
-                     and not cls().needs().shares_heads]
-            if inner is None:
-                why = f"unknown policy {self.inner!r}{suggest(str(self.inner), known)}"
-            elif inner.name == self.name:
-                why = f"cannot be {self.name!r} itself"
-            elif inner.evicts:
-                why = f"{inner.name!r} shares a layer's slots among its KV heads; expected a per-head scorer"
-            else:
-                why = f"expected a policy that scores tokens, got {inner.name!r}"
-            raise ValueError(f"inner: {why} (score-based policies: {', '.join(known)})")
+        inner = built_inner(self.inner, group_scorer_reason)
         self._inner: Policy = inner
 
     def needs(self) -> PolicyNeeds:

@@ -30,12 +30,11 @@ from typing import Any
 import torch
 
 from kdeval.baselines.adakv import AdaKV
-from kdeval.baselines.wrapping import PassesOn
+from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.reads import LayerProjections
-from kdeval.keydiff.registry import as_policy, register, registered
+from kdeval.keydiff.registry import register
 from kdeval.keydiff.selection import lowest_oldest_first, protect
-from kdeval.names import suggest
 
 
 def output_norms(values: torch.Tensor, projections: LayerProjections) -> torch.Tensor:
@@ -100,6 +99,15 @@ class TwoStages:
         return (inner + self.epsilon) * output_norms(ctx.values, ctx.projections)
 
 
+def per_head_scorer_reason(policy: Policy) -> str | None:
+    """Why CriticalKV cannot weight ``policy``'s scores, or ``None``."""
+    if not policy.evicts:
+        return f"expected a policy that scores tokens, got {policy.name!r}"
+    if policy.needs().shares_heads:
+        return f"{policy.name!r} shares a layer's slots among its KV heads (use criticaladakv)"
+    return None
+
+
 @register
 @dataclass
 class CriticalKV(TwoStages, PassesOn, Policy):
@@ -114,16 +122,7 @@ class CriticalKV(TwoStages, PassesOn, Policy):
 
     def validate(self) -> None:
         check_stages(self.epsilon, self.first_stage_ratio)
-        inner = as_policy(self.inner)
-        if inner is None or not inner.evicts or inner.needs().shares_heads:
-            known = [n for n, cls in sorted(registered().items()) if cls.evicts and not cls().needs().shares_heads]
-            if inner is None:
-                why = f"unknown policy {self.inner!r}{suggest(str(self.inner), known)}"
-            elif inner.evicts:
-                why = f"{inner.name!r} shares a layer's slots among its KV heads (use criticaladakv)"
-            else:
-                why = f"expected a policy that scores tokens, got {inner.name!r}"
-            raise ValueError(f"inner: {why} (policies it can wrap: {', '.join(known)})")
+        inner = built_inner(self.inner, per_head_scorer_reason)
         self._inner: Policy = inner
 
     def needs(self) -> PolicyNeeds:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
+from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
@@ -138,5 +139,8 @@ class Merging(PassesOn, Policy):
         """The inner policy's needs, and the merge step at every eviction."""
         return replace(self._inner.needs(), merges=True)
 
-    def merge(self, keys: torch.Tensor, freed: Freed, ctx: ScoreContext) -> torch.Tensor:
-        return merge_values(keys, freed, ctx, self.similarity_threshold, self.merge_fraction)
+    def apply(self, eviction: LayerEviction) -> None:
+        """Merge the freed tokens into the kept values, then the inner policy commits."""
+        eviction.rewrote_values(merge_values(eviction.keys, eviction.freed(), eviction.ctx, self.similarity_threshold,
+                                             self.merge_fraction))
+        self._inner.apply(eviction)

@@ -17,7 +17,7 @@ from kdeval.baselines import (  # noqa: F401  (registration)
 )
 from kdeval.keydiff import full_cache, keydiff  # noqa: F401  (registers full, keydiff*)
 from kdeval.keydiff.plan import eager_reasons
-from kdeval.keydiff.policy import Policy, PolicyNeeds, unanswered_hook
+from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.registry import registered
 from kdeval.names import suggest
 
@@ -76,8 +76,6 @@ def extra_cost(needs: PolicyNeeds, per_layer_budgets: bool = False) -> str:
         parts.append(f"the last {needs.queries.window} queries before RoPE per layer{values}")
     elif needs.values:
         parts.append("the cached values")
-    if needs.hidden_states:
-        parts.append("the step's hidden states per layer")
     if needs.projections:
         parts.append("the layer's attention projections or RoPE applied to the cached tokens at every eviction")
     if needs.rerotates:
@@ -163,11 +161,7 @@ def get_policy(name: str, **params: Any) -> Policy:
             raise ValueError(f"{key}: unknown parameter for policy '{name}'{suggest(key, list(fields))} (parameters: {known})")
     coerced = {k: _inner_policy(v, k) if k == "inner" else _coerce(v, hints.get(k), k, name)
                for k, v in params.items()}
-    policy = cls(**coerced)
-    unanswered = unanswered_hook(policy)
-    if unanswered:
-        raise ValueError(f"inner: policy '{name}' cannot wrap a policy that {unanswered} (it would not pass that on)")
-    return policy
+    return cls(**coerced)
 
 
 def describe(name: str) -> PolicyInfo:

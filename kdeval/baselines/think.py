@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
+from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.queries import QueryNeed, RecentQueries
 from kdeval.keydiff.registry import register
@@ -138,10 +139,13 @@ class ThinK(PassesOn, Policy):
         real = positions < seen.unsqueeze(-1)
         return lowest_channels(channel_scores(q, q_pos >= 0, keys, real), count)
 
-    def edit_kept_keys(self, keys: torch.Tensor, positions: torch.Tensor, ctx: ScoreContext,
-                       rows: torch.Tensor | None) -> None:
-        """Zero :meth:`pruned_channels` in the kept ``keys [b, hk, n, d]``, in the ``rows [b]`` that freed tokens."""
-        pruned = self.pruned_channels(keys, positions, ctx)
+    def apply(self, eviction: LayerEviction) -> None:
+        """The inner policy commits; then :meth:`pruned_channels` are zeroed in the kept keys of the rows that freed
+        tokens."""
+        self._inner.apply(eviction)
+        keys, positions = eviction.kept()
+        pruned = self.pruned_channels(keys, positions, eviction.ctx)
+        rows = eviction.rows()
         if rows is not None:
             pruned &= rows.view(-1, 1, 1)
         keys.masked_fill_(pruned.unsqueeze(2), 0)

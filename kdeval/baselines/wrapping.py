@@ -1,5 +1,6 @@
 """What a policy that wraps another shares: the inner policy built from a name or an object and checked, and the
-calls a wrapper passes on unchanged (sinks, recent window, per-layer budgets, observation, scores).
+calls a wrapper passes on unchanged (sinks, recent window, per-layer budgets, observation, scores, and the commit
+hook ``apply``, so a wrapped policy's merge or key edit still happens).
 
 Shapes as in :mod:`kdeval.keydiff.policy`: ``keys [batch, kv_heads, tokens, head_dim]``, scores ``[batch, kv_heads,
 tokens]``.
@@ -10,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Policy, ScoreContext
 from kdeval.keydiff.registry import as_policy, registered
 from kdeval.names import suggest
@@ -53,3 +55,7 @@ class PassesOn:
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
         """The inner policy's scores: the kept set is its own."""
         return self._inner.score(keys, ctx)
+
+    def apply(self, eviction: LayerEviction) -> None:
+        """The inner policy commits, doing to its kept entries what it does (a merge, a key edit)."""
+        self._inner.apply(eviction)

@@ -35,7 +35,8 @@ step (kdeval/keydiff/repeat_prompt.py); ``generate_batch`` then runs its request
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -79,11 +80,26 @@ class Engine:
         #: everything decided once (budgets, layout, attention function, graphs)
         self.plan = make_plan(model, policy, config, graph_runner_given=graph_runner is not None)
         self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep, repeat_prompt)
-        #: prompt steps shared with other cells of a group (kdeval/keydiff/shared.py); ``None``: every step is
-        #: computed here. Results are the same either way; only the work done differs.
-        self.shared: SharedSteps | None = None
+        self._shared: SharedSteps | None = None
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def shared(self) -> SharedSteps | None:
+        """The store of prompt steps shared with other cells of a group (kdeval/keydiff/shared.py) while a
+        :meth:`sharing` block runs; ``None``: every step is computed here. Results are the same either way; only
+        the work done differs."""
+        return self._shared
+
+    @contextmanager
+    def sharing(self, store: SharedSteps | None) -> Iterator[SharedSteps | None]:
+        """While the block runs, prompt steps are replayed from ``store`` or recorded into it (``None``: none);
+        the store before the block is back after it."""
+        before, self._shared = self._shared, store
+        try:
+            yield store
+        finally:
+            self._shared = before
 
     def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
         """An empty cache sized for the ``tokens`` the call will feed, when given (while evicting, at most a layer's
@@ -95,17 +111,21 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None,
-                collect_logits: bool = False, evict: bool = True) -> PrefillState:
+                collect_logits: bool = False, evict: bool = True, protect_last: int = 0) -> PrefillState:
         """Feed ``input_ids [batch, L]`` chunk by chunk after ``state`` (a fresh cache if ``None``).
 
-        ``evict=False``: no eviction after these chunks, and their tokens are protected (never evicted by
-        later steps, held on top of the budget): kvpress's question."""
+        ``protect_last``: the last tokens are fed after the others without eviction, and protected (never evicted
+        by later steps, held on top of the budget): kvpress's question; ``evict=False``: all of them are."""
         input_ids = check_ids(self.plan, input_ids, state)
+        protected = input_ids.shape[1] if not evict else protect_last
+        check_protect(protected, input_ids.shape[1])
         memory = PeakMemory(self.plan.device)
         state = state or self.new_state(input_ids.shape[0], input_ids.shape[1])
-        if not evict:
-            self.step.caches.make_room(state, input_ids.shape[1])
-        for ids, evicts, protect in prompt_steps(input_ids, self.config.chunk_size, 0 if evict else input_ids.shape[1]):
+        room = False
+        for ids, evicts, protect in prompt_steps(input_ids, self.config.chunk_size, protected):
+            if protect and not room:  # the protected tokens' room, made once before the first of them
+                self.step.caches.make_room(state, protected)
+                room = True
             logits = self._step(state, ids, collect_logits, evict=evicts, protect=protect, prompt=True)
             memory.sample()
             if collect_logits:
@@ -125,7 +145,7 @@ class Engine:
         the row's buffers (a batch-1 cache's figure is not the batch's); its ``peak_kv_bytes`` are its own
         tokens', as in the batch."""
         if self.shared is None or input_ids.shape[0] != 1:
-            raise ValueError("prefill_shared: needs a shared store (Engine.shared) and one prompt [1, L]")
+            raise ValueError("prefill_shared: needs a shared store (Engine.sharing) and one prompt [1, L]")
         length = input_ids.shape[1]
         check_protect(protect_last, length)
         state = self.new_state(1, length)

@@ -1,14 +1,15 @@
 """Eviction after a step: one per-layer loop for every cache layout.
 
 Per layer, five moves: the layer's context (the keys to score and what the policy reads), the policy observes
-it, how many tokens to free, which (the one selector), commit (compact the layer); a merging policy
-(``PolicyNeeds.merges``) rewrites the kept values from the freed tokens just before the commit (a quantized store
-quantizes again the rewritten values it held quantized); a re-rotating policy's kept keys are then re-rotated, and
-a policy that edits its kept keys (``PolicyNeeds.edits_kept_keys``, ThinK) edits them last, in the rows that freed
-tokens. Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts its bytes before the commit and
-quantizes the kept tokens that left the window after it, into its record of packed codes (all of them again
-after re-rotation or an edit), so the policy scores the step's incoming keys in full precision and the older ones
-as stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py); the policy and the
+it, how many tokens to free, which (the one selector), and the commit (compact the layer), which the policy's
+one hook, :meth:`~kdeval.keydiff.policy.Policy.apply`, performs on a :class:`~kdeval.keydiff.layer_eviction.
+LayerEviction`: a merging policy rewrites the kept values from the freed tokens before it, ThinK zeroes key
+channels after it, and under the contiguous-positions scheme the commit re-rotates the kept keys.
+
+Under ``kv_quant`` the layer's store (kdeval/keydiff/kvstore.py) counts its bytes before the commit and quantizes
+the kept tokens that left the window after it, into its record of packed codes (all of them again after
+re-rotation or an edit), so the policy scores the step's incoming keys in full precision and the older ones as
+stored. What each move is in a layout is the layout adapter's (kdeval/keydiff/layouts.py); the policy and the
 plan (budgets, needs) are read here only. Shapes as in :mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from kdeval.keydiff.kvstore import QuantizedStore
+from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Policy
 from kdeval.keydiff.reads import StepReads
-from kdeval.keydiff.rerotation import rerotate
 from kdeval.keydiff.selection import Selector
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ class Evictor:
         reads.done()
 
     def _evict_layer(self, layout: "SlotLayout | RaggedLayout", idx: int, reads: StepReads) -> bool:
-        """Layer ``idx``'s five moves (and re-rotation, and the policy's edit); whether its kept keys were rewritten
-        (re-rotated or edited)."""
+        """Layer ``idx``'s moves (the policy's ``apply`` commits); whether its kept keys were rewritten (re-rotated
+        or edited)."""
         k = 0
         if self.plan.trims(idx):  # a windowed layer keeps what the model sees next, whatever the policy
             k = layout.excess(idx)
@@ -65,18 +66,10 @@ class Evictor:
         if not k:
             layout.commit(idx, None)
             return False
-        before = ctx.positions.sort(dim=-1).values if self.plan.rerotate else None
         selection = layout.select(idx, keys, ctx, k, self.selector)
-        if self.plan.needs.merges:  # the policy folds the freed tokens into the kept ones' values
-            merged = self.policy.merge(keys, layout.freed(idx, selection, k), ctx)
-            if self.store is not None and merged is not None:
-                self.store.requantize_values(layout, idx, merged)
-        layout.commit(idx, selection)
-        if before is not None:
-            kept_keys, kept_positions = layout.kept(idx)
-            rerotate(self.model, kept_keys, kept_positions, before)
-        edits = self.plan.needs.edits_kept_keys
-        if edits:  # after re-rotation: what the policy edits is what the model reads from now on
-            kept_keys, kept_positions = layout.kept(idx)
-            self.policy.edit_kept_keys(kept_keys, kept_positions, ctx, layout.evicted_rows(idx))
-        return before is not None or edits
+        eviction = LayerEviction(layout, idx, keys, ctx, selection, k, self.store,
+                                 self.model if self.plan.rerotate else None)
+        self.policy.apply(eviction)
+        if not eviction.committed:
+            raise RuntimeError(f"policy '{self.policy.name}': apply() left layer {idx}'s eviction uncommitted")
+        return eviction.keys_rewritten

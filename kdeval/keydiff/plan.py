@@ -14,7 +14,7 @@ import torch
 from kdeval.keydiff.attention_capture import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL, has_sinks
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.layer_kinds import LayerKind, describe, layer_kinds
-from kdeval.keydiff.policy import Policy, PolicyNeeds, unanswered_hook
+from kdeval.keydiff.policy import Policy, PolicyNeeds
 from kdeval.keydiff.quant import KVQuant
 from kdeval.keydiff.queries import query_sources, rotary_embedding
 from kdeval.keydiff.reads import layer_projections
@@ -201,9 +201,6 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     budgets = _layer_budgets(policy, config.budget, kinds) if evicting else None
     # windowed layers and sinks take the engine's own attention, whose masks go by position
     uniform = not windowed and not sinks and (budgets is None or len(set(budgets)) == 1)
-    unanswered = unanswered_hook(policy)
-    if unanswered:
-        raise ValueError(f"policy: '{policy.name}' wraps a policy that {unanswered}, which it does not pass on")
     needs = policy.needs() if evicting else PolicyNeeds()
     if windowed:
         _check_windowed(policy.name, needs)
@@ -214,7 +211,7 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
                          f"does not do")
     if needs.queries is not None:
         query_sources(model)  # the model must have what the policy reads: refused here, not mid-run
-    if needs.projections or needs.hidden_states:
+    if needs.projections:
         layer_projections(model)
     if needs.queries is not None or needs.rerotates:
         rotary_embedding(model)
@@ -282,8 +279,7 @@ def caches_latents(model: torch.nn.Module) -> bool:
 
 
 #: what a policy may read that an MLA cache does not hold as such
-_LATENT_REFUSED = (("values", "reads the cached values"), ("hidden_states", "reads the layer's hidden states"),
-                   ("projections", "reads the layer's attention projections"),
+_LATENT_REFUSED = (("values", "reads the cached values"), ("projections", "reads the layer's attention projections"),
                    ("queries", "scores with the layer's queries and keys"), ("rerotates", "re-rotates its kept keys"),
                    ("shares_heads", "shares a layer's slots among its KV heads"),
                    ("edits_kept_keys", "edits key channels"), ("merges", "merges freed values into kept ones"),

@@ -47,8 +47,6 @@ class ScoreContext:
       ``cos``/``sin`` ahead (:class:`kdeval.keydiff.queries.RecentQueries`); ``None`` otherwise.
     - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the cached values beside ``keys``
       (``PolicyNeeds.values``); ``None`` otherwise.
-    - ``hidden_states``: ``[batch, n_new, hidden]``, the step's hidden states as the layer's attention takes them
-      (after its input norm, before the projections) (``PolicyNeeds.hidden_states``); ``None`` otherwise.
     - ``projections``: the layer's ``q_proj``/``k_proj``/``v_proj``/``o_proj``
       (:class:`~kdeval.keydiff.reads.LayerProjections`, ``PolicyNeeds.projections``); ``None`` otherwise.
     - ``budget``: the tokens the layer keeps per KV head, N (its own share under ``layer_budgets``; a head-shared
@@ -77,7 +75,6 @@ class ScoreContext:
     step: int = 0
     queries: RecentQueries | None = None
     values: torch.Tensor | None = None
-    hidden_states: torch.Tensor | None = None
     projections: LayerProjections | None = None
     budget: int = 0
     repeat: torch.Tensor | None = None
@@ -95,7 +92,7 @@ class ScoreContext:
 class PolicyNeeds:
     """What a policy's scores read besides the keys and their positions. The engine decides from it how to run
     the policy: which attention rows to capture beside SDPA, which per-token state to keep, what else to hand
-    ``ScoreContext`` (queries, values, hidden states, the layer's projections), whether the step can be one
+    ``ScoreContext`` (queries, values, the layer's projections), whether the step can be one
     captured CUDA graph (:func:`kdeval.keydiff.plan.eager_reasons`), and whether selection must break ties by
     position."""
 
@@ -113,8 +110,6 @@ class PolicyNeeds:
     queries: QueryNeed | None = None
     #: the cached values beside the keys (``ScoreContext.values``)
     values: bool = False
-    #: the step's hidden states entering the layer's attention (``ScoreContext.hidden_states``)
-    hidden_states: bool = False
     #: the layer's attention projections, ``W_q``, ``W_k``, ``W_v``, ``W_o`` (``ScoreContext.projections``)
     projections: bool = False
     #: after every eviction the kept keys are re-rotated to contiguous RoPE positions ``0 .. n-1`` (in position
@@ -128,13 +123,11 @@ class PolicyNeeds:
     #: every KV head of a layer gets the same scores (TOVA's and ChunkKV's ``heads="all"``): a head-shared pool
     #: (AdaKV) cannot wrap it
     heads_alike: bool = False
-    #: after every commit that frees tokens, :meth:`Policy.edit_kept_keys` rewrites the layer's kept keys in place
-    #: (ThinK zeroes key channels); a batch row that freed nothing is left alone; the step runs eagerly; slot
-    #: layouts and ragged batches, not a head-shared pool
+    #: its :meth:`Policy.apply` rewrites the kept keys after the commit (ThinK zeroes key channels): the step
+    #: runs eagerly; slot layouts and ragged batches, not a head-shared pool
     edits_kept_keys: bool = False
-    #: at every eviction, between the selection and the commit, :meth:`Policy.merge` may rewrite the kept tokens'
-    #: values from the freed ones (:class:`Freed`; MergingPress); slot layouts and ragged batches, not a
-    #: head-shared pool
+    #: its :meth:`Policy.apply` rewrites the kept values from the freed tokens before the commit (MergingPress,
+    #: CaM); slot layouts and ragged batches, not a head-shared pool
     merges: bool = False
     #: after every evicting prompt step, a second forward of a repeat prompt over the cache scores the step's chunk
     #: (``ScoreContext.repeat``; KVzip, kdeval/keydiff/repeat_prompt.py); the step runs eagerly, a ragged batch one request
@@ -144,7 +137,7 @@ class PolicyNeeds:
 
 @dataclass
 class Freed:
-    """A layer's eviction before its commit, as :meth:`Policy.merge` sees it (``PolicyNeeds.merges``).
+    """A layer's eviction before its commit, as a merging policy sees it (``LayerEviction.freed``).
 
     - ``values``: ``[batch, kv_heads, tokens, head_dim]``, the layer's values beside the scored keys (a view of the
       cache's buffers: what is written there is what later steps read);
@@ -224,43 +217,18 @@ class Policy:
         """``keys [batch, kv_heads, tokens, head_dim]`` → scores ``[batch, kv_heads, tokens]`` (higher = keep)."""
         raise NotImplementedError
 
-    def edit_kept_keys(self, keys: torch.Tensor, positions: torch.Tensor, ctx: ScoreContext,
-                       rows: torch.Tensor | None) -> None:
-        """Under ``PolicyNeeds.edits_kept_keys``: rewrite, in place, the layer's kept ``keys [batch, kv_heads, n,
-        head_dim]`` (a view of the cache's buffers, at ``positions [batch, kv_heads, n]``; slots that hold no token:
-        positions ``>= ctx.seen``, zero keys), right after the commit of an eviction; ``ctx``: the layer's context
-        of that eviction (its ``positions`` and ``keys`` are those before the commit); ``rows [batch]`` bool: the
-        rows that freed tokens in this step (``None``: every row). Default: nothing."""
-
-    def merge(self, keys: torch.Tensor, freed: Freed, ctx: ScoreContext) -> torch.Tensor | None:
-        """Under ``PolicyNeeds.merges``: rewrite, in place, the kept slots of ``freed.values`` from the tokens the
-        step frees (``keys [batch, kv_heads, tokens, head_dim]``, as scored); called between the selection and
-        the commit of every eviction. Returns ``[batch, kv_heads, tokens]`` bool, the slots rewritten (a quantized
-        store quantizes those it already held again), or ``None``: none. Default: nothing."""
-        return None
+    def apply(self, eviction: "LayerEviction") -> None:
+        """The one hook for what a policy does to its kept entries: commit layer ``eviction.idx``'s eviction
+        (:class:`~kdeval.keydiff.layer_eviction.LayerEviction`, after the selection), rewriting before the commit
+        the kept values from the freed tokens, or after it the kept keys. Default: commit only. A wrapper passes
+        it on to its inner policy (:class:`~kdeval.baselines.wrapping.PassesOn`)."""
+        eviction.commit()
 
     def params(self) -> dict[str, object]:
         """The policy's parameters as a plain dict (for cell identity and display)."""
         from dataclasses import asdict
 
         return asdict(self)
-
-
-#: A need, the method that answers it and what it does: a wrapper whose inner policy declares the need must answer
-#: it itself, or the engine would call the base class's no-op.
-HOOKS = (("edits_kept_keys", "edit_kept_keys", "edits its kept keys"),
-         ("merges", "merge", "merges values at eviction"))
-
-
-def unanswered_hook(policy: Policy) -> str | None:
-    """What ``policy``'s needs ask the engine to call that its class leaves to :class:`Policy`'s no-op (a wrapper
-    around ThinK or a merging policy that does not pass the call on), in words; ``None`` when every hook is
-    answered."""
-    needs = policy.needs()
-    for flag, method, what in HOOKS:
-        if getattr(needs, flag) and getattr(type(policy), method) is getattr(Policy, method):
-            return what
-    return None
 
 
 def held_tokens(ranges: Sequence[tuple[int, int]]) -> int:

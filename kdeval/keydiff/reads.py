@@ -8,8 +8,6 @@ something new needs no edit outside its own file:
 - ``attention``: the attention rows of the chunk's queries, computed beside SDPA (kdeval/keydiff/attention_capture.py);
 - ``queries``: the layer's recent queries before RoPE and RoPE ahead (kdeval/keydiff/queries.py);
 - ``values``: the cached values ``[batch, kv_heads, tokens, head_dim]`` beside the keys, in the layout's order;
-- ``hidden_states``: ``[batch, t, hidden]``, the step's hidden states as each layer's attention takes them
-  (the input of ``q_proj``: after the layer's input norm);
 - ``projections``: the layer's attention projections and the model's RoPE (:class:`LayerProjections`), e.g. to
   take values through ``W_o`` or the cached keys back to before RoPE;
 - ``repeat``: the scores a repeat pass gave the step's chunk (kdeval/keydiff/repeat_pass.py).
@@ -87,35 +85,14 @@ def layer_projections(model: torch.nn.Module) -> list[LayerProjections]:
 
 
 @contextlib.contextmanager
-def capture_hidden_states(model: torch.nn.Module) -> Iterator[dict[int, torch.Tensor]]:
-    """While open, every forward of ``model`` stores each layer's attention input (``q_proj``'s input,
-    ``[batch, t, hidden]``) in the yielded dict, by layer."""
-    out: dict[int, torch.Tensor] = {}
-    hooks = []
-
-    def hook(idx: int):
-        def store(module, args):
-            out[idx] = args[0]
-        return store
-
-    try:
-        for idx, proj in enumerate(p.q_proj for p in layer_projections(model)):
-            hooks.append(proj.register_forward_pre_hook(hook(idx)))
-        yield out
-    finally:
-        for h in hooks:
-            h.remove()
-
-
-@contextlib.contextmanager
-def capturing(model: torch.nn.Module, queries: bool, hidden_states: bool
-              ) -> Iterator[tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor] | None]]:
-    """While open, a forward of ``model`` stores each layer's queries before RoPE (``queries``) and its attention
-    input (``hidden_states``); yields the two dicts (``None`` for what is not asked)."""
-    with contextlib.ExitStack() as stack:
-        q = stack.enter_context(capture_queries(model)) if queries else None
-        h = stack.enter_context(capture_hidden_states(model)) if hidden_states else None
-        yield q, h
+def capturing(model: torch.nn.Module, queries: bool) -> Iterator[dict[int, torch.Tensor] | None]:
+    """While open, a forward of ``model`` stores each layer's queries before RoPE when ``queries``; yields the dict
+    (``None`` when not asked)."""
+    if not queries:
+        yield None
+        return
+    with capture_queries(model) as q:
+        yield q
 
 
 class StepReads:
@@ -123,7 +100,7 @@ class StepReads:
     ``PolicyNeeds``."""
 
     def __init__(self, needs, attention: AttentionCapture | None = None,
-                 queries: StepQueries | None = None, hidden_states: dict[int, torch.Tensor] | None = None,
+                 queries: StepQueries | None = None,
                  projections: list[LayerProjections] | None = None, repeat: dict[int, torch.Tensor] | None = None,
                  fold_heads: bool = False):
         """``fold_heads``: the cache holds one row a token for every query head (MLA): the captured rows of the
@@ -131,7 +108,6 @@ class StepReads:
         self.needs, self.capture, self.queries = needs, attention, queries
         self.fold_heads = fold_heads
         self.repeat = repeat  # per layer, the step's repeat-pass scores [batch, kv_heads, n_new]
-        self.hidden_states = hidden_states if needs.hidden_states else None
         self.projections = projections if needs.projections else None
 
     def attention(self, idx: int) -> torch.Tensor | None:
@@ -149,8 +125,6 @@ class StepReads:
             ctx.queries = self.queries.layer(idx)
         if self.needs.values:
             ctx.values = values()
-        if self.hidden_states is not None:
-            ctx.hidden_states = self.hidden_states[idx]
         if self.projections is not None:
             ctx.projections = self.projections[idx]
         if self.repeat is not None:

@@ -94,14 +94,11 @@ class StepRecord:
     logits: torch.Tensor  # [batch, t or 1, vocab]
     attention: dict[CaptureKey, dict[int, torch.Tensor]] = field(default_factory=dict)  # need -> layer -> rows
     queries: dict[int, torch.Tensor] | None = None  # layer -> [batch, q_heads, t, head_dim] before RoPE
-    hidden_states: dict[int, torch.Tensor] | None = None  # layer -> [batch, t, hidden], its attention's input
 
     def serves(self, plan: "Plan") -> bool:
         """Whether the record holds everything this plan's policy reads from a step."""
         need = plan.needs.attention
         if need is not None and capture_key(need, plan) not in self.attention:
-            return False
-        if plan.needs.hidden_states and self.hidden_states is None:
             return False
         return plan.needs.queries is None or self.queries is not None
 
@@ -119,7 +116,6 @@ class SharedSteps:
         needs = [p.needs() for p in policies if p.evicts]
         self.attention = list(dict.fromkeys(n.attention for n in needs if n.attention is not None))
         self.queries = any(n.queries is not None for n in needs)
-        self.hidden_states = any(n.hidden_states for n in needs)
         self.max_tokens = max_tokens
         self.chunk_bounds = dict(chunk_bounds or {})
         self.records: dict[str, StepRecord] = {}
@@ -180,9 +176,9 @@ class SharedSteps:
         return MultiCapture(caps.values()), caps
 
     def store(self, key: str, cache: BudgetCache, logits: torch.Tensor, captures: dict,
-              queries: dict[int, torch.Tensor] | None, hidden_states: dict[int, torch.Tensor] | None = None) -> None:
+              queries: dict[int, torch.Tensor] | None) -> None:
         """Record the step just run on ``cache`` (its chunk still pending, before eviction)."""
-        self.keep(key, record_of(cache, logits, captures, queries, hidden_states))
+        self.keep(key, record_of(cache, logits, captures, queries))
 
     def keep(self, key: str, record: StepRecord) -> None:
         """Hold ``record`` as the step whose history is ``key``."""
@@ -200,7 +196,7 @@ def next_history(history: str, signature: str, seen: int, ids: torch.Tensor) -> 
 
 
 def record_of(cache: BudgetCache, logits: torch.Tensor, captures: dict, queries: dict[int, torch.Tensor] | None,
-              hidden_states: dict[int, torch.Tensor] | None, row: int | None = None) -> StepRecord:
+              row: int | None = None) -> StepRecord:
     """Copies of what the step just run on ``cache`` wrote (its chunk still pending) and what the member policies
     read, of every batch row (``row``: of that one only, as a batch-1 step would have recorded it)."""
     pick = (lambda x: x.clone()) if row is None else (lambda x: x[row : row + 1].clone())  # noqa: E731
@@ -211,7 +207,7 @@ def record_of(cache: BudgetCache, logits: torch.Tensor, captures: dict, queries:
         values.append(pick(layer.values[:, :, lo:hi]))
     rows = {k: {i: pick(r) for i, r in cap.by_layer.items()} for k, cap in captures.items()}
     copies = lambda d: {i: pick(x) for i, x in d.items()} if d is not None else None  # noqa: E731
-    return StepRecord(keys, values, pick(logits), rows, copies(queries), copies(hidden_states))
+    return StepRecord(keys, values, pick(logits), rows, copies(queries))
 
 
 def undiverged(state: "PrefillState", plan: "Plan") -> bool:

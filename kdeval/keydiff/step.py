@@ -129,14 +129,13 @@ class Step:
             kwargs["kdeval_capture"] = passed
         store = recording[0] if recording is not None else None
         want_queries = needs.queries is not None or (store is not None and store.queries)
-        want_hidden = needs.hidden_states or (store is not None and store.hidden_states)
         with attention_implementation(self.model, layout.attention(impl)), \
-                capturing(self.model, want_queries, want_hidden) as (queries, hidden):
+                capturing(self.model, want_queries) as queries:
             out = self.model(input_ids=ids, past_key_values=layout.cache, use_cache=True,
                              logits_to_keep=layout.logits_to_keep, **kwargs)
         if store is not None:
-            store.store(recording[1], layout.cache, out.logits, captures, queries, hidden)
-        self._evict(layout, capture, queries, hidden, repeat)
+            store.store(recording[1], layout.cache, out.logits, captures, queries)
+        self._evict(layout, capture, queries, repeat)
         return out.logits
 
     def replay_step(self, cache: BudgetCache, record: StepRecord, positions: torch.Tensor, seen_after: int,
@@ -149,15 +148,11 @@ class Step:
         layout.begin()
         for idx, (keys, values) in enumerate(zip(record.keys, record.values)):
             cache.update(keys, values, idx)
-        hidden = record.hidden_states
-        if hidden is not None and self.plan.needs.hidden_states:  # copies: a policy may work on them in place
-            hidden = {i: h.clone() for i, h in hidden.items()}
-        self._evict(layout, member_capture(record, self.plan), record.queries, hidden, repeat)
+        self._evict(layout, member_capture(record, self.plan), record.queries, repeat)
         return record.logits.clone()
 
     def _evict(self, layout: SlotLayout | RaggedLayout, capture: AttentionCapture | None,
-               queries: dict[int, torch.Tensor] | None, hidden: dict[int, torch.Tensor] | None,
-               repeat: RepeatInput | None = None) -> None:
+               queries: dict[int, torch.Tensor] | None, repeat: RepeatInput | None = None) -> None:
         """Eviction after the step's forward (or replay), with what the policy reads (``repeat``: the step's repeat
         pass, run here over the cache the forward left)."""
         needs = self.plan.needs
@@ -166,7 +161,7 @@ class Step:
             recent = record_step(self.model, needs.queries, layout.cache, queries, layout.query_positions,
                                  layout.seen_after)
         scores = self.repeat.scores(layout.cache, repeat) if repeat is not None and repeat.rows else None
-        self.evictor.evict(layout, StepReads(needs, capture, recent, hidden, self.projections, scores,
+        self.evictor.evict(layout, StepReads(needs, capture, recent, self.projections, scores,
                                              fold_heads=self.plan.latent))
 
     def _repeat_input(self, state: PrefillState, ids: torch.Tensor, evicting_prompt: bool) -> RepeatInput | None:

@@ -33,14 +33,14 @@ class RowRecording:
 
     def __init__(self, stores: Sequence[SharedSteps], keys: Sequence[str]):
         self.stores, self.keys = list(stores), list(keys)
-        self.queries, self.hidden_states = self.stores[0].queries, self.stores[0].hidden_states
+        self.queries = self.stores[0].queries
 
     def recording_capture(self, plan: "Plan"):
         return self.stores[0].recording_capture(plan)
 
-    def store(self, key: str | None, cache, logits: torch.Tensor, captures: dict, queries, hidden_states) -> None:
+    def store(self, key: str | None, cache, logits: torch.Tensor, captures: dict, queries) -> None:
         for r, (store, row_key) in enumerate(zip(self.stores, self.keys)):
-            store.keep(row_key, record_of(cache, logits, captures, queries, hidden_states, row=r))
+            store.keep(row_key, record_of(cache, logits, captures, queries, row=r))
 
 
 def batch_signature(plan: "Plan") -> str | None:

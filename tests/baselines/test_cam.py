@@ -109,9 +109,10 @@ class Recording(CaM):
         self.steps.append((ctx.layer_idx, ctx.positions.clone(), ctx.positions < ctx.seen, before,
                            ctx.state[ATTENTION].clone()))
 
-    def merge(self, keys, freed, ctx):
+    def apply(self, eviction):
+        ctx = eviction.ctx
         self.merges.append((ctx.layer_idx, ctx.positions.clone(), ctx.state[ATTENTION].clone(), ctx.seen))
-        return super().merge(keys, freed, ctx)
+        super().apply(eviction)
 
 
 def head_mean_best(scores, n_keep):

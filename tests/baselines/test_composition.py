@@ -3,6 +3,7 @@ Python code as the object itself; its bad parameters get one line naming the nes
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.snapkv import SnapKV
@@ -62,21 +63,40 @@ def test_a_grid_composes_policies_and_hashes_the_inner_policys_code():
     assert files == ["baselines/adakv.py", "baselines/snapkv.py", "baselines/wrapping.py"]
 
 
-@pytest.mark.parametrize("wrapper, inner, what", [
-    ("criticalkv", "think", "edits its kept keys"),
-    ("merging", "think", "edits its kept keys"),
-    ("think", "merging", "merges values at eviction"),
-    ("chunkkv", "merging", "merges values at eviction"),
-])
-def test_a_wrapper_that_would_drop_its_inner_policys_edit_is_refused(wrapper, inner, what):
-    """ThinK's key edit and a merging policy's value merge are calls the engine makes on the outer policy: a
-    wrapper that does not pass them on would run its inner policy without them, so it is refused, by name and
-    as an object handed to the engine."""
-    with pytest.raises(ValueError, match=f"^inner: policy '{wrapper}' cannot wrap a policy that {what}"):
-        get_policy(wrapper, inner=inner)
-    from kdeval.baselines.registry import policy_class
+def _cache(policy, ids):
+    """Per layer, the kept (positions, keys, values) after a chunked prefill, each row in position order."""
+    lm = tiny("random:llama-tiny", 2, "float64")
+    state = Engine(lm.model, policy, EngineConfig(budget=48, chunk_size=16)).prefill(ids)
+    out = []
+    for layer in state.cache.layers:
+        keys, positions, _ = layer.view()
+        order = positions.argsort(dim=-1)
+        pick = order.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        out.append((positions.gather(-1, order), keys.gather(2, pick), layer.values[:, :, : keys.shape[2]].gather(2, pick)))
+    return out
 
-    outer = policy_class(wrapper)(inner=get_policy(inner))
-    lm = tiny("random:llama-tiny", 1, "float32")
-    with pytest.raises(ValueError, match=f"^policy: '{wrapper}' wraps a policy that {what}"):
-        Engine(lm.model, outer, EngineConfig(budget=32, chunk_size=16)).prefill(prompt(64, seed=1))
+
+@pytest.mark.parametrize("outer, inner, base, effect", [
+    ("criticalkv", "think", "snapkv", "keys"),
+    ("chunkkv", "think", "snapkv", "keys"),
+    ("merging", "think", "knorm", "keys"),
+    ("think", "merging", "knorm", "values"),
+    ("chunkkv", "merging", "knorm", "values"),
+    ("criticalkv", "merging", "snapkv", "values"),
+])
+def test_a_wrapper_passes_on_its_inner_policys_merge_or_key_edit(outer, inner, base, effect):
+    """ThinK's key edit and a merging policy's value merge happen in the policy's commit hook (``apply``), which
+    every wrapper passes on: ``outer(inner(base))`` leaves the cache that ``inner(outer(base))`` leaves (the same
+    kept tokens, the same edit), and the edit shows against ``outer(base)`` alone (ThinK's zeroed key channels; merged
+    values)."""
+    ids = prompt(130, seed=2)
+    nested = _cache(get_policy(outer, inner=get_policy(inner, inner=base)), ids)
+    swapped = _cache(get_policy(inner, inner=get_policy(outer, inner=base)), ids)
+    plain = _cache(get_policy(outer, inner=base), ids)
+    for (pos, keys, values), (pos2, keys2, values2), (pos3, keys3, values3) in zip(nested, swapped, plain):
+        assert torch.equal(pos, pos2) and torch.equal(keys, keys2) and torch.equal(values, values2)
+        if effect == "keys":  # ThinK zeroed half of each head's key channels in every kept key
+            zeroed = (keys == 0).all(dim=2).sum(dim=-1)  # [b, h]
+            assert (zeroed == keys.shape[-1] // 2).all() and not (keys3 == 0).all(dim=2).any()
+        else:
+            assert not torch.equal(values, values3)

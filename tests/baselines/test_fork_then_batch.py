@@ -39,9 +39,8 @@ def forked(eng, ids, trunks, protect):
     """Each prompt replayed (or recorded) to its fork through its own store, then the rests in one batch."""
     states = []
     for x, store, p in zip(ids, trunks, protect):
-        eng.shared = store
-        states.append(eng.prefill_shared(x.unsqueeze(0), p))
-    eng.shared = None
+        with eng.sharing(store):
+            states.append(eng.prefill_shared(x.unsqueeze(0), p))
     rests = [x[s.seen:] for x, s in zip(ids, states)]
     return states, eng.generate_batch(rests, max_new_tokens=NEW, states=states, protect_last=protect)
 

@@ -6,9 +6,9 @@ import torch
 from kdeval.baselines import get_policy
 from kdeval.baselines.leverage import gaussian_sketch, z_scores
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.reads import capture_hidden_states, layer_projections
+from kdeval.keydiff.reads import layer_projections
 
-from ..keydiff.helpers import kept_positions, prompt, tiny
+from ..keydiff.helpers import capture_hidden_states, kept_positions, prompt, tiny
 
 L, N = 64, 24
 

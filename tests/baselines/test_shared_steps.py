@@ -17,8 +17,8 @@ POLICIES = policy_names()
 def generate(policy: str, chunk: int, protect: int, store: SharedSteps | None, budget: int = N, model=None):
     lm = model or tiny("random:llama-tiny", 2)
     eng = make_engine(lm.model, get_policy(policy), budget=budget, chunk_size=chunk)
-    eng.shared = store
-    return eng, eng.generate(prompt(L, seed=3), max_new_tokens=NEW, protect_last=protect)
+    with eng.sharing(store):
+        return eng, eng.generate(prompt(L, seed=3), max_new_tokens=NEW, protect_last=protect)
 
 
 def assert_same(got, ref) -> None:

@@ -3,7 +3,6 @@ each sample's context is set on the engine only around that context's calls (run
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 
@@ -47,7 +46,12 @@ def test_run_task_needs_a_batch_size_before_anything_runs():
 
 
 def test_sharing_sets_the_store_of_one_sample_and_clears_it():
-    eng, store = SimpleNamespace(shared=None), object()
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff import Engine, EngineConfig
+    from tests.keydiff.helpers import tiny
+
+    eng = Engine(tiny().model, get_policy("keydiff"), EngineConfig(budget=32, chunk_size=16))
+    store = object()
     with sharing(eng, {"a": store}, "a") as got:
         assert got is store and eng.shared is store
     assert eng.shared is None

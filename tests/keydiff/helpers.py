@@ -1,13 +1,16 @@
 """Helpers shared by the engine tests: tiny models, kept positions, a reference one-pass forward."""
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Iterator
 
 import torch
 
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
 from kdeval.keydiff.models import LoadedModel, load_model
+from kdeval.keydiff.reads import layer_projections
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,3 +72,24 @@ def assert_ragged_batch_matches_alone(policy) -> None:
     ps = [torch.randint(0, 256, (n,), generator=g) for n in (37, 70, 5)]
     for ids, got in zip(ps, eng.generate_batch(ps, max_new_tokens=8)):
         assert_same_run(got, eng.generate(ids.unsqueeze(0), max_new_tokens=8))
+
+
+@contextlib.contextmanager
+def capture_hidden_states(model: torch.nn.Module) -> Iterator[dict[int, torch.Tensor]]:
+    """While open, every forward of ``model`` stores each layer's attention input (``q_proj``'s input,
+    ``[batch, t, hidden]``) in the yielded dict, by layer."""
+    out: dict[int, torch.Tensor] = {}
+    hooks = []
+
+    def hook(idx: int):
+        def store(module, args):
+            out[idx] = args[0]
+        return store
+
+    try:
+        for idx, proj in enumerate(p.q_proj for p in layer_projections(model)):
+            hooks.append(proj.register_forward_pre_hook(hook(idx)))
+        yield out
+    finally:
+        for h in hooks:
+            h.remove()

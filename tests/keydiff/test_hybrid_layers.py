@@ -171,8 +171,8 @@ def test_shared_steps_on_a_hybrid_equal_alone_and_share_while_every_window_is_as
 
     def generate(policy, shared):
         eng = Engine(model, get_policy(policy), EngineConfig(budget=None if policy == "full" else 48, chunk_size=16))
-        eng.shared = shared
-        return eng.generate(prompt, max_new_tokens=3)
+        with eng.sharing(shared):
+            return eng.generate(prompt, max_new_tokens=3)
 
     generate("full", store)
     for policy in policies:

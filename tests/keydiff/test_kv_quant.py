@@ -142,8 +142,8 @@ def test_shared_execution_equals_alone(chunk, quant):
 
     def run(policy, budget, quant, shared):
         eng = make_engine(lm.model, get_policy(policy), budget=budget, chunk_size=chunk, kv_quant=quant)
-        eng.shared = shared
-        return eng.generate(prompt(64, seed=5), max_new_tokens=4, protect_last=10)
+        with eng.sharing(shared):
+            return eng.generate(prompt(64, seed=5), max_new_tokens=4, protect_last=10)
 
     run("full", None, None, store)  # a 16-bit trunk
     before = store.replayed

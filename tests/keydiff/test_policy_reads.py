@@ -1,5 +1,5 @@
-"""A policy that reads values, hidden states and the layer's projections gets them in every cache layout, from
-its own declaration alone: the policy below is all there is (its file plus a registry line, here a fixture)."""
+"""A policy that reads values and the layer's projections gets them in every cache layout, from its own declaration
+alone: the policy below is all there is (its file plus a registry line, here a fixture)."""
 from dataclasses import dataclass
 
 import pytest
@@ -10,38 +10,43 @@ from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register, unregister
 from kdeval.keydiff.shared import SharedSteps
 
-from .helpers import assert_same_run, make_engine, prompt, tiny
+from .helpers import assert_same_run, capture_hidden_states, make_engine, prompt, tiny
 from .oracles import EMULATED, GATHER
+
+
+HIDDEN: dict[int, torch.Tensor] | None = None
 
 
 @dataclass
 class ValuesThroughWo(Policy):
-    """Keep the tokens whose values ``W_o`` maps furthest, nudged by the keys' match with the projection of the
-    step's last hidden state: reads values, hidden states and projections, no attention rows."""
+    """Keep the tokens whose values ``W_o`` maps furthest: reads values and projections, no attention rows. While
+    ``HIDDEN`` is a dict (a test's capture of each layer's attention input), it also keeps each step's hidden
+    states from it, to check the values it is handed against ``v_proj`` of them."""
 
     name = "test-values-through-wo"
     rule = "keep the tokens with the largest |W_o v| (a test policy)"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.seen: list[tuple] = []  # per observed layer: (ctx, the step's values and hidden states, copied)
+        self.seen: list[tuple] = []  # per observed layer: (ctx, the step's values, its hidden states), copied
 
     def needs(self) -> PolicyNeeds:
-        return PolicyNeeds(values=True, hidden_states=True, projections=True)
+        return PolicyNeeds(values=True, projections=True)
 
     def observe(self, ctx: ScoreContext) -> None:
-        self.seen.append((ctx, ctx.values[:, :, -ctx.n_new :].clone(), ctx.hidden_states.clone()))
+        if HIDDEN is not None:
+            self.seen.append((ctx, ctx.values[:, :, -ctx.n_new :].clone(), HIDDEN[ctx.layer_idx].clone()))
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        """``keys [b, h, n, d]`` → ``[b, h, n]``: ``|W_o[:, head h's first query head] v|`` plus a small
-        ``k . W_k h_last`` term (the last column is real in every row of a ragged step)."""
+        """``keys [b, h, n, d]`` → ``[b, h, n]``: ``|W_o[:, head h's first query head] v|`` plus a small ``|W_q^T k|``
+        term (the projections read once more)."""
         proj, d = ctx.projections, ctx.projections.head_dim
-        b, h, n, _ = keys.shape
+        h = keys.shape[1]
         group = proj.o_proj.weight.shape[1] // d // h
         w_o = proj.o_proj.weight.view(-1, h, group, d)[:, :, 0]  # [hidden, h, d]
         through = torch.einsum("bhnd,ehd->bhne", ctx.values.to(w_o.dtype), w_o).norm(dim=-1)
-        k_last = proj.k_proj(ctx.hidden_states[:, -1]).view(b, h, d)  # [b, h, d]
-        return through + 1e-3 * (keys * k_last.unsqueeze(2)).sum(-1)
+        w_q = proj.q_proj.weight.view(h, group, d, -1)[:, 0]  # [h, d, hidden]
+        return through + 1e-3 * torch.einsum("bhnd,hde->bhne", keys.to(w_q.dtype), w_q).norm(dim=-1)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -61,10 +66,14 @@ def run(policy, layout="slot", n=70, new=5, dtype="float32"):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_the_step_hands_values_hidden_states_and_projections(layout):
-    """The chunk's values are ``v_proj`` of its hidden states, both as the layer's own modules compute them."""
+def test_the_step_hands_values_and_projections(layout):
+    """The chunk's values are ``v_proj`` of its hidden states (captured by the test at each layer's attention
+    input), as the layer's own modules compute them."""
+    global HIDDEN
     policy = get_policy(ValuesThroughWo.name)
-    got = run(policy, layout)
+    with capture_hidden_states(tiny("random:llama-tiny", 2, "float32").model) as HIDDEN:
+        got = run(policy, layout)
+    HIDDEN = None
     assert got.stats.kept_tokens == 24
     model = tiny("random:llama-tiny", 2, "float32").model
     assert len(policy.seen) > 0
@@ -98,15 +107,15 @@ def test_a_batch_row_keeps_what_it_keeps_alone():
         assert_same_run(got, eng.generate(ids.unsqueeze(0), max_new_tokens=6))
 
 
-def test_shared_steps_record_the_hidden_states_it_reads():
+def test_shared_steps_record_the_values_it_reads():
     """Through a shared store (its steps replayed from another cell's recording) it keeps what it keeps alone."""
     lm = tiny("random:llama-tiny", 2)
     store = SharedSteps([get_policy("keydiff"), ValuesThroughWo()], max_tokens=32)
     runs = []
     for policy in (get_policy("keydiff"), ValuesThroughWo(), ValuesThroughWo()):
         eng = make_engine(lm.model, policy, **CONFIG)
-        eng.shared = store
-        runs.append(eng.generate(prompt(70, seed=4), max_new_tokens=5))
+        with eng.sharing(store):
+            runs.append(eng.generate(prompt(70, seed=4), max_new_tokens=5))
     assert store.replayed > 0
     alone = run(ValuesThroughWo())
     for got in runs[1:]:

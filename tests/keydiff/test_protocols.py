@@ -278,3 +278,20 @@ def test_model_weight_bytes_known_answer():
     lm = load_model("random:llama-tiny", device="cpu", dtype="float64")
     per_layer = 128 * 128 * 2 + 128 * 32 * 2 + 3 * 128 * 256 + 2 * 128
     assert model_weight_bytes(lm.model) == (259 * 128 + 3 * per_layer + 128) * 8 + 2 * 8 * 4
+
+
+@pytest.mark.parametrize("store", list(ENGINES))
+def test_prefill_with_a_protected_question_is_the_context_then_the_question(store):
+    """``prefill(ids, protect_last=q)`` feeds the context evicting, then the question protected: the same state as
+    two calls (``prefill(context)``, ``prefill(question, evict=False)``), and what ``generate`` continues from."""
+    lm = lively()
+    ids = prompt(70, seed=4)
+    eng = make_engine(lm.model, get_policy("keydiff"), budget=24, chunk_size=16, **ENGINES[store])
+    one = eng.prefill(ids, protect_last=10)
+    two = eng.prefill(ids[:, 60:], eng.prefill(ids[:, :60]), evict=False)
+    assert (one.seen, one.steps, one.protected) == (two.seen, two.steps, two.protected) == (70, 5, [(60, 70)])
+    assert all(torch.equal(a, b) for a, b in zip(kept_positions(one), kept_positions(two)))
+    assert torch.equal(one.last_logits, two.last_logits)
+    for bad in (-1, 71, 2.5, True):
+        with pytest.raises(ValueError, match=r"^protect_last: expected 0 \.\. 70 prompt tokens, got "):
+            eng.prefill(ids, protect_last=bad)

@@ -211,12 +211,9 @@ def _decode(eng: Any, talks: Sequence[_Dialogue], feeds: Sequence[tuple[list[int
 def _advance(eng: Any, state: Any, ids: list[int], protect: int, device: Any) -> Any:
     """``state`` after ``ids`` fed as prompt steps: the same chunks ``generate`` feeds them in (the unprotected
     part evicting, then the last ``protect`` tokens without eviction, protected)."""
-    split = len(ids) - protect
-    if split:
-        state = eng.prefill(torch.tensor([ids[:split]], device=device), state=state, evict=True)
-    if protect:
-        state = eng.prefill(torch.tensor([ids[split:]], device=device), state=state, evict=False)
-    return state
+    if not ids:
+        return state
+    return eng.prefill(torch.tensor([ids], device=device), state=state, protect_last=protect)
 
 
 def _row(task: Task, d: _Dialogue, t: int, feed: tuple[list[int], int], res: Any, conv: Conversation,

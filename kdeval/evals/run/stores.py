@@ -2,8 +2,8 @@
 :class:`~kdeval.keydiff.shared.SharedSteps` of its context, filled by the other cells of a group
 (:func:`kdeval.evals.run.group_run.run_group`), at any batch size.
 
-The engine replays or records a prompt's steps through the store in ``Engine.shared``; :func:`sharing` is where
-the run side sets it, for the engine calls of one sample's context, and clears it after.
+The engine replays or records a prompt's steps through the store of an ``Engine.sharing`` block; :func:`sharing`
+is where the run side opens it, for the engine calls of one sample's context.
 """
 from __future__ import annotations
 
@@ -20,8 +20,5 @@ Stores = Mapping[str, "SharedSteps"]
 @contextmanager
 def sharing(eng: Any, stores: Stores | None, sample_id: str) -> Iterator["SharedSteps | None"]:
     """``eng`` with the store of sample ``sample_id``'s context (none without ``stores``) while the block runs."""
-    eng.shared = stores[sample_id] if stores else None
-    try:
-        yield eng.shared
-    finally:
-        eng.shared = None
+    with eng.sharing(stores[sample_id] if stores else None) as store:
+        yield store

@@ -143,6 +143,11 @@ def test_layout_widths():
     lines = [ln.rstrip() for ln in _lines(render(view, 42), 42)]
     assert "group a-very-long-group-name-that-is-wide" in lines  # grouped under a heading, not cut
     assert any(ln.split() == ["alpha", "1.00"] for ln in lines) and all(len(ln) <= 42 for ln in lines)
+    two = TableView("t", "title", view.columns, view.rows + [["gamma", "another-group-name-also-wide-ish", "3.00"]])
+    lines = [ln.rstrip() for ln in _lines(render(two, 42), 42)]
+    headings = [i for i, ln in enumerate(lines) if ln.startswith("group ")]
+    assert len(headings) == 2 and sum(ln.split() == ["name", "v"] for ln in lines) == 1  # one header, then rows
+    assert any(ln.split() == ["gamma", "3.00"] for ln in lines[headings[1]:])
     wide = TableView("t", "title", view.columns + [Column("other", key=True)],
                      [row + ["another-long-name-of-26-ch"] for row in view.rows])
     records = [ln.rstrip() for ln in _lines(render(wide, 36), 36)]  # no grouping fits: one line per column

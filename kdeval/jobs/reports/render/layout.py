@@ -5,7 +5,7 @@ wide: names and ids (``Column.key``) stay whole on one line; numbers are never s
 ``1.01 [0.913, 1.10]`` wraps before its interval, or, only if that cannot fit, at the interval's space);
 notes and errors wrap, and fold only a word longer than their column. When even that is wider than the
 console, the rows are grouped under headings by their widest name column (task, say), which leaves that
-column out; the groups share column widths, so they read as one table. Still too wide, each row is
+column out; the groups share column widths and the first one's header, so they read as one table. Still too wide, each row is
 printed as a record: one "header  value" line per column.
 Only rich is imported here (the CLI's listings use it too).
 """
@@ -121,8 +121,8 @@ def _text(text: str | None, style: str) -> Text | None:
 
 
 def _table(view: TableView, columns: list[int], rows: list[int], widths: list[int] | None, title: str | None,
-           caption: str | None, whole_intervals: bool = True) -> Table:
-    t = Table(title=_text(title, _TITLE), caption=_text(caption, _CAPTION), box=box.SIMPLE_HEAD,
+           caption: str | None, whole_intervals: bool = True, show_header: bool = True) -> Table:
+    t = Table(title=_text(title, _TITLE), caption=_text(caption, _CAPTION), box=box.SIMPLE_HEAD, show_header=show_header,
               padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, title_justify="left", caption_justify="left", title_style="bold")
     for k, j in enumerate(columns):
         c = view.columns[j]
@@ -177,9 +177,9 @@ def _fit(view: TableView, columns: list[int], width: int, whole_intervals: bool)
     for i in rows:
         groups.setdefault(view.rows[i][by], []).append(i)
     parts: list[RenderableType] = [Text(view.title, style="bold")]
-    for value, members in groups.items():  # the heading spans the console, not the narrower table
+    for k, (value, members) in enumerate(groups.items()):  # the heading spans the console, not the table
         parts += [Text(f"{view.columns[by].header} {value}", style="bold"),
-                  _table(view, rest, members, grouped, None, None, whole_intervals)]
+                  _table(view, rest, members, grouped, None, None, whole_intervals, show_header=k == 0)]
     if caption:
         parts.append(Text(caption))
     return Group(*parts)
