@@ -7,6 +7,7 @@ No Ray variable is set here: the product sets what it needs itself, kdeval subpr
 (``sandbox_ray``)."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -103,6 +104,33 @@ def _stop_local_ray() -> None:
     if ray is not None and ray.is_initialized() and _ours(ray):
         ray.shutdown()
     _RAY_ADDRESS.clear()
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist, never called
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``) with one change: the test files that ask for local_ray are one unit of
+    work, run one after another on one worker, as in a serial run. local_ray then stays up from one such file to
+    the next (each start costs seconds) instead of stopping whenever its worker turns to a file without it, and
+    the two workers never both run an in-process Ray of 2 CPUs on a 2-core machine. The controller collects no
+    tests: a file asks when its text names ``local_ray``."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LocalRayFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return LOCAL_RAY_FILES if _names_local_ray(path) else path
+
+    return LocalRayFilesTogether(config, log)
+
+
+LOCAL_RAY_FILES = "the test files that ask for local_ray"
+
+
+@functools.cache
+def _names_local_ray(path: str) -> bool:
+    return "local_ray" in (REPO / path).read_text(encoding="utf-8")
 
 
 @pytest.fixture(autouse=True)
