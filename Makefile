@@ -25,8 +25,9 @@ $(STAMP): requirements-ci.txt pyproject.toml Makefile
 	touch $(STAMP)
 
 # Two pytest-xdist workers, each taking whole test files (a file's module fixtures, a model, a Ray, a PostgreSQL
-# server, are built once): tests spend much of their time waiting on subprocesses, Ray and PostgreSQL, with
-# one core idle. PYTEST_XDIST= runs the suite in one process; PYTEST_ARGS adds options (--durations=30).
+# server, are built once; tests/conftest.py keeps the files that ask for local_ray on one worker): tests spend
+# much of their time waiting on subprocesses, Ray and PostgreSQL, with one core idle. PYTEST_XDIST= runs the
+# suite in one process; PYTEST_ARGS adds options (--durations=30).
 PYTEST_XDIST ?= -n 2 --dist loadfile
 
 test: venv
