@@ -1,6 +1,7 @@
 """Shared fixtures: the offline data directory; a temp index and results directory (``paths``, or ``store`` opened);
-a local Ray kept from test to test; the service commands as a Typer app; one torch thread in this process; the
-``kdeval.cli`` modules imported before any test (their consoles follow each call's COLUMNS).
+a local Ray kept from test to test (under pytest-xdist, the files that ask for it run on one worker); the service
+commands as a Typer app; one torch thread in this process; the ``kdeval.cli`` modules imported before any test
+(their consoles follow each call's COLUMNS).
 
 No Ray variable is set here: the product sets what it needs itself, kdeval subprocesses run without any
 (``tests/user_env.py``), and the fixtures that build a Ray cluster in this process set its sandbox settings
@@ -111,8 +112,8 @@ def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (``make test``) with one change: the test files that ask for local_ray are one unit of
     work, run one after another on one worker, as in a serial run. local_ray then stays up from one such file to
     the next (each start costs seconds) instead of stopping whenever its worker turns to a file without it, and
-    the two workers never both run an in-process Ray of 2 CPUs on a 2-core machine. The controller collects no
-    tests: a file asks when its text names ``local_ray``."""
+    the two workers never both run a local_ray of 2 CPUs on a 2-core machine. The controller collects no tests:
+    a file asks when its text names ``local_ray``."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -130,7 +131,8 @@ LOCAL_RAY_FILES = "the test files that ask for local_ray"
 
 @functools.cache
 def _names_local_ray(path: str) -> bool:
-    return "local_ray" in (REPO / path).read_text(encoding="utf-8")
+    file = REPO / path  # a node id's file, relative to the rootdir: this checkout
+    return file.is_file() and "local_ray" in file.read_text(encoding="utf-8")
 
 
 @pytest.fixture(autouse=True)
