@@ -24,8 +24,14 @@ $(STAMP): requirements-ci.txt pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# Two pytest-xdist workers, each taking whole test files (a file's module fixtures, a model, a Ray, a PostgreSQL
+# server, are built once; tests/conftest.py keeps the files that ask for local_ray on one worker): tests spend
+# much of their time waiting on subprocesses, Ray and PostgreSQL, with one core idle. PYTEST_XDIST= runs the
+# suite in one process; PYTEST_ARGS adds options (--durations=30).
+PYTEST_XDIST ?= -n 2 --dist loadfile
+
 test: venv
-	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	KDEVAL_DATA_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The demo grid: SmolLM2 offline on CPU, local Ray. Reruns reuse the cells already done in .kdeval/demo.
 DEMO := .kdeval/demo

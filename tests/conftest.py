@@ -1,11 +1,14 @@
 """Shared fixtures: the offline data directory; a temp index and results directory (``paths``, or ``store`` opened);
-a local Ray kept from test to test; the service commands as a Typer app; one torch thread in this process.
+a local Ray kept from test to test (under pytest-xdist, the files that ask for it run on one worker); the service
+commands as a Typer app; one torch thread in this process; the ``kdeval.cli`` modules imported before any test
+(their consoles follow each call's COLUMNS).
 
 No Ray variable is set here: the product sets what it needs itself, kdeval subprocesses run without any
 (``tests/user_env.py``), and the fixtures that build a Ray cluster in this process set its sandbox settings
 (``sandbox_ray``)."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -17,6 +20,24 @@ from tests.user_env import sandbox_ray
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_sessionstart(session):
+    """Every ``kdeval.cli`` module imported before any test, with no COLUMNS set. Several make a rich Console at
+    import, and a Console made while COLUMNS is set keeps that width for good: first imported inside a test's
+    ``CliRunner().invoke(..., env={"COLUMNS": "80"})``, a module would print 80 columns wide to every later test of
+    the process, whatever width that test asks for, so what a test sees would depend on which tests ran before
+    it in its process (under pytest-xdist, on its worker). Made without COLUMNS, a Console reads the width at each
+    call, as in a ``kdeval`` process of its own."""
+    import importlib
+    import pkgutil
+
+    import kdeval.cli
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("COLUMNS", raising=False)
+        for module in pkgutil.iter_modules(kdeval.cli.__path__):
+            importlib.import_module(f"kdeval.cli.{module.name}")
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +105,34 @@ def _stop_local_ray() -> None:
     if ray is not None and ray.is_initialized() and _ours(ray):
         ray.shutdown()
     _RAY_ADDRESS.clear()
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist, never called
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``) with one change: the test files that ask for local_ray are one unit of
+    work, run one after another on one worker, as in a serial run. local_ray then stays up from one such file to
+    the next (each start costs seconds) instead of stopping whenever its worker turns to a file without it, and
+    the two workers never both run a local_ray of 2 CPUs on a 2-core machine. The controller collects no tests:
+    a file asks when its text names ``local_ray``."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LocalRayFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return LOCAL_RAY_FILES if _names_local_ray(path) else path
+
+    return LocalRayFilesTogether(config, log)
+
+
+LOCAL_RAY_FILES = "the test files that ask for local_ray"
+
+
+@functools.cache
+def _names_local_ray(path: str) -> bool:
+    file = REPO / path  # a node id's file, relative to the rootdir: this checkout
+    return file.is_file() and "local_ray" in file.read_text(encoding="utf-8")
 
 
 @pytest.fixture(autouse=True)

@@ -80,13 +80,15 @@ def test_formats_to_stdout_and_to_files(db, tmp_path):
 
 def test_report_says_where_the_leaderboard_is(db, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(app, ["report", "r1", "--db", db, "--resamples", "0"])
+    # wide enough that the index's path is never folded inside itself (a pytest-xdist worker's temp path is longer)
+    wide = {"COLUMNS": "300"}
+    res = CliRunner().invoke(app, ["report", "r1", "--db", db, "--resamples", "0"], env=wide)
     assert res.exit_code == 0, res.output
     flat = " ".join(res.output.split())  # the line wraps at the terminal's width
     assert flat.endswith(f"leaderboard (every run of the index): `kdeval leaderboard --db {db}`; with --format html it "
                     f"is written to .kdeval/leaderboard/leaderboard.html")
     assert _run(["--db", db, "--format", "html"]).exit_code == 0  # the default place
-    res = CliRunner().invoke(app, ["report", "r1", "--db", db, "--resamples", "0"])
+    res = CliRunner().invoke(app, ["report", "r1", "--db", db, "--resamples", "0"], env=wide)
     flat = " ".join(res.output.split())
     assert flat.endswith(f"leaderboard (every run of the index): .kdeval/leaderboard/leaderboard.html; "
                          f"`kdeval leaderboard --db {db} --format html` refreshes it")
