@@ -36,16 +36,18 @@ Shapes: ``keys``/``values [batch, kv_heads, tokens, head_dim]``, freed slots ``[
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from kdeval.baselines.random_policy import position_hash, step_salt
 from kdeval.baselines.wrapping import PassesOn, built_inner
 from kdeval.keydiff.attention_capture import AttentionNeed
-from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.layer_eviction import LayerEviction
 
 #: the per-token state: attention received since the token was cached, averaged over the KV head's query heads
 ATTENTION = "cam_attention"

@@ -29,14 +29,16 @@ Shapes: ``keys``/``values [batch, kv_heads, tokens, head_dim]``, freed slots ``[
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.layer_eviction import LayerEviction
 
 #: kvpress' epsilon for the key norms and the value-norm ratio
 EPS = 1e-6

@@ -39,15 +39,17 @@ scores ``[batch, kv_heads, head_dim]``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.queries import QueryNeed, RecentQueries
 from kdeval.keydiff.registry import register
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.layer_eviction import LayerEviction
 
 
 def channel_scores(queries: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor, real: torch.Tensor

@@ -7,14 +7,16 @@ tokens]``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from kdeval.keydiff.layer_eviction import LayerEviction
 from kdeval.keydiff.policy import Policy, ScoreContext
 from kdeval.keydiff.registry import as_policy, registered
 from kdeval.names import suggest
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.layer_eviction import LayerEviction
 
 
 def built_inner(inner: Any, reason: Callable[[Policy], str | None]) -> Policy:
