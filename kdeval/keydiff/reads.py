@@ -1,9 +1,9 @@
 """What a policy reads besides the keys and their positions, gathered during a step and handed to its scores.
 
 A policy declares its reads in ``PolicyNeeds`` (kdeval/keydiff/policy.py); the step (kdeval/keydiff/step.py)
-captures them during the forward (:func:`capturing`) and every cache layout's eviction (kdeval/keydiff/layouts.py)
-fills them into each layer's ``ScoreContext`` the same way (:meth:`StepReads.fill`), so a policy that reads
-something new needs no edit outside its own file:
+captures them during the forward (queries by :func:`~kdeval.keydiff.queries.capture_queries`) and every cache
+layout's eviction (kdeval/keydiff/layouts.py) fills them into each layer's ``ScoreContext`` the same way
+(:meth:`StepReads.fill`), so a policy that reads something new needs no edit outside its own file:
 
 - ``attention``: the attention rows of the chunk's queries, computed beside SDPA (kdeval/keydiff/attention_capture.py);
 - ``queries``: the layer's recent queries before RoPE and RoPE ahead (kdeval/keydiff/queries.py);
@@ -14,14 +14,13 @@ something new needs no edit outside its own file:
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from kdeval.keydiff.attention_capture import AttentionCapture
-from kdeval.keydiff.queries import StepQueries, attention_modules, capture_queries
+from kdeval.keydiff.queries import StepQueries, attention_modules
 from kdeval.keydiff.slot_moves import EMPTY_POSITION
 
 
@@ -82,17 +81,6 @@ def layer_projections(model: torch.nn.Module) -> list[LayerProjections]:
         head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
         out.append(LayerProjections(*mods, head_dim=head_dim, rotary=rotary))
     return out
-
-
-@contextlib.contextmanager
-def capturing(model: torch.nn.Module, queries: bool) -> Iterator[dict[int, torch.Tensor] | None]:
-    """While open, a forward of ``model`` stores each layer's queries before RoPE when ``queries``; yields the dict
-    (``None`` when not asked)."""
-    if not queries:
-        yield None
-        return
-    with capture_queries(model) as q:
-        yield q
 
 
 class StepReads:

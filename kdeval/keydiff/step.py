@@ -9,6 +9,7 @@ graph captures (kdeval/keydiff/graphs.py); steps that do not evict run eagerly o
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -23,8 +24,8 @@ from kdeval.keydiff.layouts import RaggedLayout, SlotLayout, slot_layout
 from kdeval.keydiff.memory import layer_lengths, own_peak_bytes
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
-from kdeval.keydiff.queries import record_step
-from kdeval.keydiff.reads import StepReads, capturing, layer_projections
+from kdeval.keydiff.queries import capture_queries, record_step
+from kdeval.keydiff.reads import StepReads, layer_projections
 from kdeval.keydiff.repeat_prompt import RepeatInput, RepeatPrompt
 from kdeval.keydiff.repeat_pass import RepeatPass
 from kdeval.keydiff.shared import SharedSteps, StepRecord, capture_key, member_capture
@@ -130,7 +131,7 @@ class Step:
         store = recording[0] if recording is not None else None
         want_queries = needs.queries is not None or (store is not None and store.queries)
         with attention_implementation(self.model, layout.attention(impl)), \
-                capturing(self.model, want_queries) as queries:
+                (capture_queries(self.model) if want_queries else nullcontext()) as queries:
             out = self.model(input_ids=ids, past_key_values=layout.cache, use_cache=True,
                              logits_to_keep=layout.logits_to_keep, **kwargs)
         if store is not None:

@@ -122,7 +122,8 @@ def _text(text: str | None, style: str) -> Text | None:
 
 def _table(view: TableView, columns: list[int], rows: list[int], widths: list[int] | None, title: str | None,
            caption: str | None, whole_intervals: bool = True, show_header: bool = True) -> Table:
-    t = Table(title=_text(title, _TITLE), caption=_text(caption, _CAPTION), box=box.SIMPLE_HEAD, show_header=show_header,
+    t = Table(title=_text(title, _TITLE), caption=_text(caption, _CAPTION), box=box.SIMPLE_HEAD,
+              show_header=show_header,
               padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, title_justify="left", caption_justify="left", title_style="bold")
     for k, j in enumerate(columns):
         c = view.columns[j]
