@@ -28,7 +28,7 @@ from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.decoding import Feed, GenerationLoop, eos_ids
 from kdeval.keydiff.layouts import RaggedLayout
 from kdeval.keydiff.memory import PeakMemory, own_bytes
-from kdeval.keydiff.ragged import RaggedStep
+from kdeval.keydiff.ragged import RaggedStep, layer_steps
 from kdeval.keydiff.state import GenerationResult
 
 if TYPE_CHECKING:
@@ -72,22 +72,6 @@ class _Batch:
         self.results: list[GenerationResult | None] = [None] * len(rows)
         self.share = 0  # the rows' share of the K/V buffers' bytes after the last step
 
-    def _geometries(self, rows: list[Row], t: list[int], feeds: list[Feed]) -> list[RaggedStep]:
-        """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row (layers whose rows hold and keep
-        the same counts share one)."""
-        eng = self.runner
-        seen = [row.state.seen for row in rows]
-        by_counts: dict = {}
-        out = []
-        for idx, lengths in enumerate(self.cache.lengths):
-            keep = [eng.plan.keep(idx, a, b, s + b, f[1], row.state.n_protected)
-                    for row, a, b, s, f in zip(rows, lengths, t, seen, feeds)]
-            key = (tuple(lengths), tuple(keep))
-            if key not in by_counts:
-                by_counts[key] = RaggedStep(list(lengths), t, keep, seen, eng.plan.device, eng.plan.rerotate)
-            out.append(by_counts[key])
-        return out
-
     def run(self) -> list[GenerationResult]:
         self.loop.run(self._step, self._leave)
         return self.results  # type: ignore[return-value]
@@ -96,8 +80,9 @@ class _Batch:
         """One ragged step of every row (left-padded to the widest) → the last column's logits ``[rows, vocab]``."""
         eng, cache = self.runner, self.cache
         t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
-        layer_steps = self._geometries(rows, t, feeds)
-        step = layer_steps[0]
+        geometry = layer_steps(eng.plan, cache.lengths, t, [row.state.seen for row in rows],
+                              [f[1] for f in feeds], [row.state.n_protected for row in rows])
+        step = geometry[0]
         ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.plan.device)
         for r, (f, tr) in enumerate(zip(feeds, t)):
             ids[r, step.T - tr :] = f[0]
@@ -108,7 +93,7 @@ class _Batch:
         steps_arg = steps[0] if len(set(steps)) == 1 else torch.tensor(
             steps, dtype=torch.long, device=eng.plan.device).view(-1, 1, 1)
         before = cache.lengths
-        logits = self._forward(rows, ids, layer_steps, steps_arg)
+        logits = self._forward(rows, ids, geometry, steps_arg)
         self.share = cache.held_nbytes() // step.rows
         for r, (row, f, b) in enumerate(zip(rows, feeds, t)):
             state = row.state
@@ -132,10 +117,10 @@ class _Batch:
             return self.share
         return own_bytes(self.cache.layers, [n[r] for n in lengths], extra)
 
-    def _forward(self, rows: list[Row], ids: torch.Tensor, layer_steps: list[RaggedStep], steps) -> torch.Tensor:
+    def _forward(self, rows: list[Row], ids: torch.Tensor, geometry: list[RaggedStep], steps) -> torch.Tensor:
         """The engine's one forward on ``ids [rows, T]`` over the ragged layout, then eviction; the last column's
         logits."""
-        layout = RaggedLayout(self.runner.plan, self.cache, layer_steps, steps, [row.state.protected for row in rows])
+        layout = RaggedLayout(self.runner.plan, self.cache, geometry, steps, [row.state.protected for row in rows])
         return self.runner.forward(layout, ids)[:, -1, :]
 
     def _leave(self, finished: list[int]) -> None:

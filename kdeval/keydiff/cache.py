@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache
 from kdeval.keydiff.slot_buffers import BufferedLayer, SlotBuffers, state_buffers
 from kdeval.keydiff.kvstore import StoredBytes
 from kdeval.keydiff.queries import QueryWindow
+from kdeval.keydiff.ragged import RaggedStep, clear_past, compact_rows
 from kdeval.keydiff.slot_moves import EMPTY_POSITION
 
 
@@ -127,15 +128,17 @@ class RowLayer(BufferedLayer):
             m = self.base + self.pending if self.pending else self.length
         return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
 
-    def evict(self, drop: torch.Tensor | None) -> None:
-        """Rows of one length: commit the pending step and free the slots ``drop [rows, h, k]`` (``None``: keep
-        everything). With ``m`` valid slots and ``k`` to drop, the kept tokens end in slots ``[0, m - k)``: the
-        step's surviving slots move into the holes below (an O(k) move, :func:`~kdeval.keydiff.slot_moves.compact`)."""
-        m = self.base + self.pending
-        keep_n = m if drop is None else m - drop.shape[-1]
-        if keep_n < m:
-            self.slot_buffers.compact(drop, keep_n)
-        self.settle([keep_n] * len(self.lengths))
+    def keep_slots(self, kept: torch.Tensor | None, step: RaggedStep) -> None:
+        """Commit the step of geometry ``step``: row ``r`` keeps the slots ``kept [rows, h, M]`` (``None``: all its
+        real ones), ``step.keep[r]`` of them, moved into ``[0, keep[r])`` (:func:`~kdeval.keydiff.ragged.compact_rows`,
+        each hole below ``keep[r]`` filled by the lowest kept slot above it); the slots past a row's count are
+        then clean."""
+        if not step.in_place:  # in place: every row filled the whole step after a full-length head, kept all
+            if kept is None:
+                kept = step.valid.unsqueeze(1).expand(-1, self.keys.shape[1], -1)
+            compact_rows(self.buffers(), kept, step.keep, step.movers)
+            clear_past(self.keys, self.positions, step.keep, min(step.host_keep), step.M)
+        self.settle(step.host_keep)
 
     def settle(self, lengths: list[int]) -> None:
         """End the step: row ``r`` holds ``lengths[r]`` tokens in ``[0, lengths[r])``."""
@@ -293,8 +296,6 @@ class BudgetCache(Cache):
         pos = positions.view(1, 1, -1)
         for layer in self.layers:
             layer.next_positions = pos
-            if isinstance(layer, RowLayer):
-                layer.base = layer.length
 
     def begin_step(self, bases: list[int], positions: torch.Tensor) -> None:
         """A ragged step: the next forward writes the cache positions ``[rows, 1, T]`` at ``bases[l]`` in layer

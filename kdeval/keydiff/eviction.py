@@ -25,7 +25,7 @@ from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.selection import Selector
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.layouts import RaggedLayout, SlotLayout
+    from kdeval.keydiff.layouts import Layout
     from kdeval.keydiff.plan import Plan
 
 
@@ -38,7 +38,7 @@ class Evictor:
         self.selector = Selector(policy, plan.needs.exact_ties)
         self.store = QuantizedStore(plan.kv_quant, plan.num_layers) if plan.kv_quant is not None else None
 
-    def evict(self, layout: "SlotLayout | RaggedLayout", reads: StepReads) -> None:
+    def evict(self, layout: "Layout", reads: StepReads) -> None:
         """Score and free slots per layer of ``layout``'s cache after its step; ``reads``: what the step gathered
         for the policy. Without eviction (the full cache) every layer keeps its tokens and the policy sees
         nothing."""
@@ -51,7 +51,7 @@ class Evictor:
                 store.settle(layout, idx, requantize=rewritten)
         reads.done()
 
-    def _evict_layer(self, layout: "SlotLayout | RaggedLayout", idx: int, reads: StepReads) -> bool:
+    def _evict_layer(self, layout: "Layout", idx: int, reads: StepReads) -> bool:
         """Layer ``idx``'s moves (the policy's ``apply`` commits); whether its kept keys were rewritten (re-rotated
         or edited)."""
         k = 0

@@ -25,7 +25,7 @@ from kdeval.keydiff.rerotation import rerotate
 
 if TYPE_CHECKING:
     from kdeval.keydiff.kvstore import QuantizedStore
-    from kdeval.keydiff.layouts import RaggedLayout, SlotLayout
+    from kdeval.keydiff.layouts import Layout
 
 
 class LayerEviction:
@@ -33,7 +33,7 @@ class LayerEviction:
     ``layout``, with the ``keys`` as scored and the policy's ``ctx``; ``rerotating``: the model whose rotary
     embedding re-rotates the kept keys at the commit (``None``: positions stay absolute)."""
 
-    def __init__(self, layout: "SlotLayout | RaggedLayout", idx: int, keys: torch.Tensor, ctx: ScoreContext,
+    def __init__(self, layout: "Layout", idx: int, keys: torch.Tensor, ctx: ScoreContext,
                  selection: torch.Tensor, k: int, store: "QuantizedStore | None" = None,
                  rerotating: torch.nn.Module | None = None):
         self.layout, self.idx, self.keys, self.ctx = layout, idx, keys, ctx

@@ -15,9 +15,11 @@ one per-layer loop of five moves; an adapter says what each move is in its layou
 - ``stored(idx)`` and ``seen_range(idx)``: the layer's held slots and the tokens seen before and after the step,
   which a quantized store (kdeval/keydiff/kvstore.py) quantizes and counts.
 
-Layouts: :class:`SlotLayout` (the uniform and per-layer slot caches, the static layout of the graph path, a
-test's gather store), :class:`PoolLayout` (a head-shared pool, AdaKV) and :class:`RaggedLayout` (a batch of
-independent requests). Shapes as in :mod:`kdeval.keydiff.policy`.
+Layouts: :class:`RaggedLayout`, the eager cache of every request (a request alone is a batch of one row, rows
+that share their positions a batch without padding, independent requests a ragged batch), and the two other
+arrangements: :class:`StaticLayout` (the graph path's fixed shapes) and :class:`PoolLayout` (a head-shared pool,
+AdaKV). :func:`step_layout` picks the layout of a step whose rows share their positions. Shapes as in
+:mod:`kdeval.keydiff.policy`.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.headpool import HeadPoolCache, HeadTokens, select_across_heads
 from kdeval.keydiff.kvstore import HeldSlots
 from kdeval.keydiff.policy import Freed, ScoreContext, held_tokens
-from kdeval.keydiff.ragged import RaggedStep, clear_past, compact_rows, kept_mask
+from kdeval.keydiff.ragged import RaggedStep, kept_mask, layer_steps
 from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.selection import Selector
 from kdeval.keydiff.static import static_inputs
@@ -50,13 +52,49 @@ def scored_keys(plan: "Plan", keys: torch.Tensor, values: torch.Tensor) -> torch
     return torch.cat([keys, values[:, :, : keys.shape[2]]], dim=-1)
 
 
-class SlotLayout:
-    """A step of ``t`` tokens at absolute ``positions [t]`` on a slot cache (every row the same positions).
+def window_masks(plan: "Plan", cache: BudgetCache, positions: torch.Tensor) -> list[torch.Tensor | None]:
+    """Per layer of a step whose rows share ``positions [t]``, a windowed layer's mask ``[1, 1, t, n + t]`` (True:
+    visible) over its ``n`` cached tokens and the step's, by position (:meth:`LayerKind.visible`); ``None`` for a
+    full layer (all of the cache, causal within the step). Layers of one kind hold the same positions: one mask
+    serves them all."""
+    q, t = positions.view(-1, 1), positions.shape[0]
+    out, made = [], {}
+    for idx, layer in enumerate(cache.layers):
+        kind = plan.kind(idx)
+        if not kind.windowed:
+            out.append(None)
+            continue
+        if (kind, layer.length) not in made:
+            cached = layer.positions[0, 0, : layer.length] if layer.length else positions[:0]
+            k = torch.cat([cached, positions]).view(1, -1)
+            made[kind, layer.length] = ((k <= q) & kind.visible(k, q)).view(1, 1, t, -1)
+        out.append(made[kind, layer.length])
+    return out
+
+
+def shared_inputs(plan: "Plan", cache: BudgetCache, positions: torch.Tensor, batch: int) -> dict:
+    """The model's inputs besides the ids for a step whose rows share ``positions [t]``: RoPE positions ``[batch,
+    t]`` (a re-rotating policy's start after the cached tokens) and, on a model with windowed layers, each layer's
+    mask (:func:`window_masks`); attention is the model's own causal one over each layer's slots."""
+    t = positions.shape[0]
+    rope = positions
+    if plan.rerotate:
+        n = cache.length
+        rope = torch.arange(n, n + t, device=positions.device)
+    out = {"position_ids": rope.unsqueeze(0).expand(batch, t)}
+    if plan.windowed:
+        out["kdeval_layer_masks"] = window_masks(plan, cache, positions)
+    return out
+
+
+class SharedLayout:
+    """What the layouts of the other arrangements share, a step of ``t`` tokens at absolute ``positions [t]``
+    (every row the same): the static layout of the graph path (:class:`StaticLayout`) and a head-shared pool
+    (:class:`PoolLayout`).
 
     ``seen_after``: tokens seen after the step (an int, or a 0-d device tensor under graphs); ``steps``: eviction
     steps before it; ``evict=False``: the policy observes and everything is kept; ``protected``: position ranges
-    held on top of the budget. A static-layout cache feeds its chunk to the tail slots under
-    :func:`~kdeval.keydiff.static.static_inputs`."""
+    held on top of the budget."""
 
     def __init__(self, plan: "Plan", cache: BudgetCache, positions: torch.Tensor, seen_after: int | torch.Tensor,
                  steps: int, all_logits: bool = False, evict: bool = True, protected: Ranges = ()):
@@ -67,49 +105,51 @@ class SlotLayout:
         self.logits_to_keep = 0 if all_logits else 1
         self.query_positions = positions.unsqueeze(0)  # [1, t]
         self.num_layers = len(cache.layers)
-        self.empty = self.mask = None
 
     def begin(self) -> None:
         """Tell the cache where the step's tokens go (before the forward, or a replay, writes them)."""
         self.cache.begin_chunk(self.positions)
-        if self.cache.static_base is not None:
-            self.empty, self.mask = static_inputs(self.cache.static_base, self.cache.length, self.t, self.seen_after,
-                                                  self.positions.device, self.plan.group)
 
     def attention(self, impl: str | None) -> str | None:
-        """The attention implementation the step runs under (``impl``: the plan's, for a dynamic cache)."""
-        return STATIC_IMPL if self.cache.static_base is not None else impl
+        return impl
 
     def inputs(self, batch: int) -> dict:
-        """The model's inputs besides the ids: RoPE positions ``[batch, t]`` (a re-rotating policy's start after
-        the cached tokens) and the static layout's mask while its head fills."""
-        rope = self.positions
-        if self.plan.rerotate:
-            n = self.cache.length
-            rope = torch.arange(n, n + self.t, device=self.positions.device)
-        out = {"position_ids": rope.unsqueeze(0).expand(batch, self.t)}
+        return shared_inputs(self.plan, self.cache, self.positions, batch)
+
+    def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, positions, _ = self.cache.layers[idx].view()
+        return keys, positions
+
+    def evicted_rows(self, idx: int) -> torch.Tensor | None:
+        """Every row shares the step's positions: all of them freed tokens."""
+        return None
+
+    def seen_range(self, idx: int) -> tuple[int | torch.Tensor, int | torch.Tensor]:
+        return self.seen_after - self.t, self.seen_after
+
+
+class StaticLayout(SharedLayout):
+    """The graph path's static layout (kdeval/keydiff/static.py): every chunk is fed to the tail slots ``[N, N +
+    t)`` under :func:`~kdeval.keydiff.static.static_inputs`, and eviction frees exactly its ``t`` slots of the
+    ``N + t``, the empty head slots first. It always evicts: a step that does not runs on an eager copy
+    (``CacheMaker.make_room``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.empty = self.mask = None
+
+    def begin(self) -> None:
+        super().begin()
+        self.empty, self.mask = static_inputs(self.cache.static_base, self.cache.length, self.t, self.seen_after,
+                                              self.positions.device, self.plan.group)
+
+    def attention(self, impl: str | None) -> str:
+        return STATIC_IMPL
+
+    def inputs(self, batch: int) -> dict:
+        out = super().inputs(batch)
         if self.mask is not None:
             out["attention_mask"] = self.mask
-        if self.plan.windowed:
-            out["kdeval_layer_masks"] = self._window_masks()
-        return out
-
-    def _window_masks(self) -> list[torch.Tensor | None]:
-        """Per layer, a windowed layer's mask ``[1, 1, t, n + t]`` (True: visible) over its ``n`` cached tokens
-        and the step's, by position (:meth:`LayerKind.visible`); ``None`` for a full layer (all of the cache,
-        causal within the step). Layers of one kind hold the same positions: one mask serves them all."""
-        q = self.positions.view(-1, 1)
-        out, made = [], {}
-        for idx, layer in enumerate(self.cache.layers):
-            kind = self.plan.kind(idx)
-            if not kind.windowed:
-                out.append(None)
-                continue
-            if (kind, layer.length) not in made:
-                cached = layer.positions[0, 0, : layer.length] if layer.length else self.positions[:0]
-                k = torch.cat([cached, self.positions]).view(1, -1)
-                made[kind, layer.length] = ((k <= q) & kind.visible(k, q)).view(1, 1, self.t, -1)
-            out.append(made[kind, layer.length])
         return out
 
     # ---------------------------------------------------------------- eviction, per layer
@@ -122,25 +162,21 @@ class SlotLayout:
         return scored_keys(self.plan, keys, layer.values), ctx
 
     def excess(self, idx: int) -> int:
-        layer = self.cache.layers[idx]
-        if self.empty is not None:  # the static layout: N + t slots scored, the empty ones freed first
-            if self.empty.room_slots is not None:
-                return 0  # the chunk moves into the empty head slots (commit)
-            return self.t if self.evict else 0
-        n, t = layer.length, layer.pending
-        return n + t - self.plan.keep(idx, n, t, self.seen_after, self.evict, self.held)
+        if self.empty.room_slots is not None:
+            return 0  # the chunk moves into the empty head slots (commit)
+        return self.t
 
     def window_selection(self, idx: int, k: int) -> torch.Tensor:
-        """A windowed layer's ``k`` oldest slots ``[b, h, k]`` (every row and head holds the same positions)."""
+        """A windowed layer's ``k`` oldest slots ``[b, h, k]`` (every row and head holds the same positions; the
+        empty slots' positions sort last)."""
         _, positions, _ = self.cache.layers[idx].view()
         return positions.topk(k, dim=-1, largest=False).indices
 
     def select(self, idx: int, keys: torch.Tensor, ctx: ScoreContext, k: int, selector: Selector) -> torch.Tensor:
-        empty = self.empty.mask if self.empty is not None else None
-        return selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected, empty=empty)
+        return selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected, empty=self.empty.mask)
 
     def freed(self, idx: int, drop: torch.Tensor, k: int) -> Freed:
-        """``drop [b, h, k]``: the freed slots; the kept ones are the rest (the static layout's empty slots too)."""
+        """``drop [b, h, k]``: the freed slots; the kept ones are the rest (the empty slots too)."""
         layer = self.cache.layers[idx]
         values = layer.values[:, :, : layer.view()[0].shape[2]]
         kept = torch.ones(values.shape[:3], dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
@@ -148,18 +184,10 @@ class SlotLayout:
 
     def commit(self, idx: int, drop: torch.Tensor | None) -> None:
         layer = self.cache.layers[idx]
-        if drop is None and self.empty is not None and self.empty.room_slots is not None:
+        if drop is None and self.empty.room_slots is not None:
             layer.commit_into(self.empty.room_slots)  # the empty head slots take the whole chunk
         else:
             layer.evict(drop)
-
-    def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, positions, _ = self.cache.layers[idx].view()
-        return keys, positions
-
-    def evicted_rows(self, idx: int) -> torch.Tensor | None:
-        """Every row shares the step's positions: all of them freed tokens."""
-        return None
 
     def stored(self, idx: int) -> HeldSlots:
         """The layer's slots in use: the kept ones and, before the commit, the step's."""
@@ -168,11 +196,8 @@ class SlotLayout:
         valid = torch.ones((), dtype=torch.bool, device=keys.device)
         return HeldSlots(keys, layer.values[:, :, : keys.shape[2]], positions, valid, num_heads=keys.shape[1])
 
-    def seen_range(self, idx: int) -> tuple[int | torch.Tensor, int | torch.Tensor]:
-        return self.seen_after - self.t, self.seen_after
 
-
-class PoolLayout(SlotLayout):
+class PoolLayout(SharedLayout):
     """A step on a head-shared pool (kdeval/keydiff/headpool.py): the layer's ``H * (budget + held)`` best tokens
     kept across its KV heads, scored over each head's tokens regrouped (:class:`HeadTokens`)."""
 
@@ -222,30 +247,51 @@ class PoolLayout(SlotLayout):
 
 
 class RaggedLayout:
-    """A step of a ragged batch on the eager cache (kdeval/keydiff/ragged.py), layer ``idx`` with its geometry
-    ``layer_steps[idx]``: row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as at batch 1 (its
-    own ``protected[r]`` ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction
-    steps before this one (an int when they agree, else ``[rows, 1, 1]``)."""
+    """A step on the engine's eager cache (kdeval/keydiff/ragged.py), layer ``idx`` with its geometry
+    ``layer_steps[idx]``: row ``r`` keeps ``step.keep[r]`` tokens in ``[0, keep[r])``, chosen as alone (its own
+    ``protected[r]`` ranges raised), the empty and padding slots freed first; ``steps``: the rows' eviction steps
+    before this one (an int when they agree, else ``[rows, 1, 1]``); ``all_logits``: the logits of every column.
 
-    logits_to_keep = 1
+    ``positions [T]``: the rows share the step's positions, their counts and their protected ranges (a request
+    alone is a batch of one such row; ``Engine.generate``'s rows; a recording batch): no row has padding or empty
+    slots, so the step runs under the model's own causal attention (the plan's attention function, no mask),
+    the policy sees the host's ``seen`` as an int, and the selection frees the same ``k`` slots in every row.
+    ``None``: rows of their own (a ragged batch): the step's masks, per-row ``seen``."""
 
     def __init__(self, plan: "Plan", cache: BudgetCache, layer_steps: list[RaggedStep], steps: int | torch.Tensor,
-                 protected: list[list[tuple[int, int]]]):
+                 protected: list[list[tuple[int, int]]], all_logits: bool = False,
+                 positions: torch.Tensor | None = None):
         self.plan, self.cache, self.layer_steps, self.steps, self.protected = plan, cache, layer_steps, steps, protected
+        self.logits_to_keep = 0 if all_logits else 1
+        self.positions = positions
         first = layer_steps[0]
-        self.seen_after = first.seen_after
-        self.query_positions = first.cache_positions[:, 0]  # [rows, T] (padding: past every real position)
+        if positions is not None:
+            self.seen_after = first.host_seen[0] + first.T
+            self.query_positions = positions.unsqueeze(0)  # [1, T]
+        else:
+            self.seen_after = first.seen_after
+            self.query_positions = first.cache_positions[:, 0]  # [rows, T] (padding: past every real position)
         self.num_layers = len(cache.layers)
         self.committed: set[int] = set()  # layers whose step is committed (stored() then reads the kept slots)
+        self.drops: dict[int, torch.Tensor] = {}  # shared positions: each layer's freed slots [rows, h, k]
+
+    @property
+    def shared(self) -> bool:
+        """The rows share their positions (class docstring)."""
+        return self.positions is not None
 
     def begin(self) -> None:
-        self.cache.begin_step([s.base for s in self.layer_steps], self.layer_steps[0].cache_positions)
+        positions = self.positions.view(1, 1, -1) if self.shared else self.layer_steps[0].cache_positions
+        self.cache.begin_step([s.base for s in self.layer_steps], positions)
 
-    def attention(self, impl: str | None) -> str:
-        return RAGGED_IMPL
+    def attention(self, impl: str | None) -> str | None:
+        return impl if self.shared else RAGGED_IMPL
 
     def inputs(self, batch: int) -> dict:
-        """Each row's positions and the step's mask (one per layer when the layers' geometries differ)."""
+        """Each row's positions and the step's mask (one per layer when the layers' geometries differ); rows that
+        share their positions: :func:`shared_inputs`."""
+        if self.shared:
+            return shared_inputs(self.plan, self.cache, self.positions, batch)
         step = self.layer_steps[0]
         masks = {id(s): s.mask() for s in self.layer_steps}
         out = {"position_ids": step.position_ids, "attention_mask": masks[id(step)]}
@@ -270,7 +316,8 @@ class RaggedLayout:
     def context(self, idx: int, reads: StepReads) -> tuple[torch.Tensor, ScoreContext]:
         layer, step = self.cache.layers[idx], self.layer_steps[idx]
         keys, positions, state = layer.view(step.M)
-        ctx = ScoreContext(idx, positions, step.seen_after, step.T, reads.attention(idx), state, self.steps)
+        seen = self.seen_after if self.shared else step.seen_after
+        ctx = ScoreContext(idx, positions, seen, step.T, reads.attention(idx), state, self.steps)
         reads.fill(ctx, lambda: layer.values[:, :, : step.M])
         return scored_keys(self.plan, keys, layer.values), ctx
 
@@ -281,6 +328,10 @@ class RaggedLayout:
     def select(self, idx: int, keys: torch.Tensor, ctx: ScoreContext, k: int, selector: Selector) -> torch.Tensor:
         """→ the kept slots, ``[rows, h, M]`` bool."""
         step = self.layer_steps[idx]
+        if self.shared:  # every slot holds a token and every row frees k
+            drop = self.drops[idx] = selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected[0])
+            return torch.ones(drop.shape[:2] + (step.M,), dtype=torch.bool, device=drop.device).scatter_(-1, drop,
+                                                                                                        False)
         tail = keys[:, :, step.base : step.M]
         tail.masked_fill_(step.pad[:, step.base :].view(step.rows, 1, step.T, 1), 0)  # zero keys: no anchor
         # eager (a ragged batch's shapes change every step); the row's own protected ranges
@@ -292,6 +343,8 @@ class RaggedLayout:
         """A windowed layer's kept slots ``[rows, h, M]``: each row's real slots from the oldest position its next
         query sees on."""
         step, layer = self.layer_steps[idx], self.cache.layers[idx]
+        if self.shared:
+            return layer.positions[:, :, : step.M] >= self.plan.kind(idx).first_kept(self.seen_after)
         first = self.plan.kind(idx).first_kept(step.seen_after)  # [rows, 1, 1]
         return step.valid.unsqueeze(1) & (layer.positions[:, :, : step.M] >= first)
 
@@ -299,18 +352,15 @@ class RaggedLayout:
         """``kept [rows, h, M]``: the kept slots; a row's freed slots first in ``slots``, then (a row that frees
         fewer than ``k``) kept ones."""
         step = self.layer_steps[idx]
-        slots = torch.sort((~kept).to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :k]
+        if self.shared:
+            slots = self.drops[idx]
+        else:
+            slots = torch.sort((~kept).to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :k]
         return Freed(self.cache.layers[idx].values[:, :, : step.M], slots, kept)
 
     def commit(self, idx: int, kept: torch.Tensor | None) -> None:
-        layer, step = self.cache.layers[idx], self.layer_steps[idx]
         self.committed.add(idx)
-        if not step.in_place:  # in place: every row filled the whole step after a full-length head, kept all
-            if kept is None:
-                kept = step.valid.unsqueeze(1).expand(-1, layer.keys.shape[1], -1)
-            compact_rows(layer.buffers(), kept, step.keep, step.movers)
-            clear_past(layer.keys, layer.positions, step.keep, min(step.host_keep), step.M)
-        layer.settle(step.host_keep)
+        self.cache.layers[idx].keep_slots(kept, self.layer_steps[idx])
 
     def kept(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         layer, n = self.cache.layers[idx], max(self.layer_steps[idx].host_keep)
@@ -320,25 +370,46 @@ class RaggedLayout:
         """``[rows]`` bool: the rows whose real tokens outnumbered their ``keep[r]`` (``None``: every row)."""
         step = self.layer_steps[idx]
         freed = [k < n + t for k, n, t in zip(step.host_keep, step.host_n, step.host_t)]
-        return None if all(freed) else torch.tensor(freed, device=step.keep.device)
+        return None if all(freed) else torch.tensor(freed, device=step.device)
 
     def stored(self, idx: int) -> HeldSlots:
         """Each row's real slots: before the commit the step's ``[0, M)`` less empty and padding slots, after it
         ``[0, keep[r])`` (the commit sets ``committed``)."""
         layer, step = self.cache.layers[idx], self.layer_steps[idx]
-        if idx in self.committed:
-            m = max(step.host_keep)
-            valid = (torch.arange(m, device=step.keep.device).view(1, -1) < step.keep.view(-1, 1)).unsqueeze(1)
+        m = max(step.host_keep) if idx in self.committed else step.M
+        if self.shared:
+            valid = torch.ones((), dtype=torch.bool, device=layer.keys.device)
+        elif idx in self.committed:
+            valid = (torch.arange(m, device=step.device).view(1, -1) < step.keep.view(-1, 1)).unsqueeze(1)
         else:
-            m, valid = step.M, step.valid.unsqueeze(1)
+            valid = step.valid.unsqueeze(1)
         return HeldSlots(layer.keys[:, :, :m], layer.values[:, :, :m], layer.positions[:, :, :m], valid,
                          num_heads=layer.keys.shape[1])
 
-    def seen_range(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def seen_range(self, idx: int) -> tuple[int | torch.Tensor, int | torch.Tensor]:
+        if self.shared:
+            return self.seen_after - self.layer_steps[idx].T, self.seen_after
         step = self.layer_steps[idx]
         return step.seen_after - step.t.view(-1, 1, 1), step.seen_after
 
 
-def slot_layout(plan: "Plan", cache: BudgetCache, *args, **kwargs) -> SlotLayout:
-    """The adapter of a batch-1 (or shared-positions) cache: a pool's or a slot cache's."""
-    return (PoolLayout if isinstance(cache, HeadPoolCache) else SlotLayout)(plan, cache, *args, **kwargs)
+def step_layout(plan: "Plan", cache: BudgetCache, rows: int, positions: torch.Tensor, seen_after: int | torch.Tensor,
+                steps: int, all_logits: bool = False, evict: bool = True, protected: Ranges = ()
+                ) -> StaticLayout | PoolLayout | RaggedLayout:
+    """The layout of a step of ``t`` tokens at ``positions [t]`` in ``rows`` rows that share them (a request alone,
+    ``Engine.generate``'s rows, a recording batch): a head-shared pool's, the static layout's, else the eager
+    cache's as rows that share their positions (:class:`RaggedLayout`)."""
+    if isinstance(cache, HeadPoolCache):
+        return PoolLayout(plan, cache, positions, seen_after, steps, all_logits, evict, protected)
+    if cache.static_base is not None:
+        return StaticLayout(plan, cache, positions, seen_after, steps, all_logits, evict, protected)
+    t = positions.shape[0]
+    seen = int(seen_after) - t
+    held = held_tokens(protected)
+    lengths = [[layer.length] * rows for layer in cache.layers]
+    geometry = layer_steps(plan, lengths, [t] * rows, [seen] * rows, [evict] * rows, [held] * rows)
+    return RaggedLayout(plan, cache, geometry, steps, [list(protected)] * rows, all_logits, positions)
+
+
+#: any layout a step runs on
+Layout = StaticLayout | PoolLayout | RaggedLayout

@@ -21,19 +21,27 @@ positions keep position-ordered pooling (SnapKV) as at batch 1; other scores of 
 """
 from __future__ import annotations
 
+from functools import cached_property
+from typing import TYPE_CHECKING
+
 import torch
 
 from kdeval.keydiff.slot_moves import EMPTY_POSITION, expand_index
 
+if TYPE_CHECKING:
+    from kdeval.keydiff.plan import Plan
+
 
 class RaggedStep:
-    """The geometry of one step of a ragged batch in the layers whose rows hold the same counts (every layer
-    under a uniform budget; per-layer budgets make one geometry per distinct budget).
+    """The geometry of one step of a batch in the layers whose rows hold the same counts (every layer under a
+    uniform budget; per-layer budgets and windowed layers make one geometry per distinct count).
 
     Row ``r`` holds ``n[r]`` tokens, feeds ``t[r]`` (``1 <= t[r] <= T``) and keeps ``keep[r]`` afterwards;
-    ``seen[r]``: its tokens processed before the step. Tensors ``[rows]`` are on ``device``. ``rerotate``: the
-    model positions start after each row's ``n[r]`` cached tokens instead of ``seen[r]`` (a policy that
-    re-rotates its kept keys, kdeval/keydiff/rerotation.py); the cache positions stay absolute.
+    ``seen[r]``: its tokens processed before the step. ``rerotate``: the model positions start after each row's
+    ``n[r]`` cached tokens instead of ``seen[r]`` (a policy that re-rotates its kept keys,
+    kdeval/keydiff/rerotation.py); the cache positions stay absolute. The host's lists decide everything the
+    step does; the tensors ``[rows, ...]`` on ``device`` are made when first read (a step whose rows share their
+    positions, a request alone, reads few of them).
     """
 
     def __init__(self, n: list[int], t: list[int], keep: list[int], seen: list[int], device: torch.device,
@@ -41,13 +49,8 @@ class RaggedStep:
         self.rows = len(n)
         self.base, self.T = max(n), max(t)
         self.M = self.base + self.T
-        self.host_n, self.host_t, self.host_keep = n, t, keep
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        self.n, self.t, self.keep = as_t(n), as_t(t), as_t(keep)
-        self.slots = torch.arange(self.M, device=device)
-        first = (self.base + self.T - self.t).view(-1, 1)  # [rows, 1]: a row's first real tail slot
-        self.pad = (self.slots >= self.base) & (self.slots < first)  # [rows, M]
-        self.valid = (self.slots < self.n.view(-1, 1)) | (self.slots >= first)  # [rows, M]
+        self.host_n, self.host_t, self.host_keep, self.host_seen = n, t, keep, seen
+        self.device, self.rerotate = device, rerotate
         #: real tokens dropped by some row: eviction must score
         self.drops = any(k < a + b for k, a, b in zip(keep, n, t))
         #: every row fills the whole step after a full-length head and keeps everything: nothing moves
@@ -55,26 +58,91 @@ class RaggedStep:
         #: the most kept slots at or past a row's ``keep[r]`` (they move down): its real tail tokens, plus any
         #: cached ones past ``keep[r]`` (a state holding more than this engine keeps)
         self.movers = min(self.M, max(max(a - k, 0) + b for a, b, k in zip(n, t, keep)))
-        col = torch.arange(self.T, device=device)
-        offset = col.view(1, -1) - (self.T - self.t).view(-1, 1)  # [rows, T]: < 0 on padding
-        seen_t = as_t(seen).view(-1, 1)
-        #: model positions ``[rows, T]`` (padding: the row's next position, never cached)
-        self.position_ids = (self.n.view(-1, 1) if rerotate else seen_t) + offset.clamp(min=0)
-        #: cache positions ``[rows, 1, T]`` (padding: EMPTY_POSITION)
-        self.cache_positions = torch.where(offset >= 0, seen_t + offset, EMPTY_POSITION).unsqueeze(1)
-        #: tokens seen after the step, ``[rows, 1, 1]`` (what ``ScoreContext.seen`` is in a ragged batch)
-        self.seen_after = (seen_t + self.t.view(-1, 1)).view(-1, 1, 1)
+
+    def _long(self, xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.long, device=self.device)
+
+    @cached_property
+    def n(self) -> torch.Tensor:
+        return self._long(self.host_n)
+
+    @cached_property
+    def t(self) -> torch.Tensor:
+        return self._long(self.host_t)
+
+    @cached_property
+    def keep(self) -> torch.Tensor:
+        return self._long(self.host_keep)
+
+    @cached_property
+    def slots(self) -> torch.Tensor:
+        return torch.arange(self.M, device=self.device)
+
+    @cached_property
+    def _first(self) -> torch.Tensor:
+        """``[rows, 1]``: each row's first real tail slot."""
+        return (self.base + self.T - self.t).view(-1, 1)
+
+    @cached_property
+    def pad(self) -> torch.Tensor:
+        """``[rows, M]``: the step's padding slots."""
+        return (self.slots >= self.base) & (self.slots < self._first)
+
+    @cached_property
+    def valid(self) -> torch.Tensor:
+        """``[rows, M]``: the slots that hold a real token (cached or fed)."""
+        return (self.slots < self.n.view(-1, 1)) | (self.slots >= self._first)
+
+    @cached_property
+    def _offset(self) -> torch.Tensor:
+        """``[rows, T]``: each column's index among its row's real tokens (< 0 on padding)."""
+        col = torch.arange(self.T, device=self.device)
+        return col.view(1, -1) - (self.T - self.t).view(-1, 1)
+
+    @cached_property
+    def position_ids(self) -> torch.Tensor:
+        """Model positions ``[rows, T]`` (padding: the row's next position, never cached)."""
+        start = self.n.view(-1, 1) if self.rerotate else self._long(self.host_seen).view(-1, 1)
+        return start + self._offset.clamp(min=0)
+
+    @cached_property
+    def cache_positions(self) -> torch.Tensor:
+        """Cache positions ``[rows, 1, T]`` (padding: EMPTY_POSITION)."""
+        seen = self._long(self.host_seen).view(-1, 1)
+        return torch.where(self._offset >= 0, seen + self._offset, EMPTY_POSITION).unsqueeze(1)
+
+    @cached_property
+    def seen_after(self) -> torch.Tensor:
+        """Tokens seen after the step, ``[rows, 1, 1]`` (what ``ScoreContext.seen`` is in a ragged batch)."""
+        return self._long([s + b for s, b in zip(self.host_seen, self.host_t)]).view(-1, 1, 1)
 
     def mask(self) -> torch.Tensor:
         """``[rows, 1, T, M]`` (True: visible): a real query sees its row's cached slots ``[0, n_r)`` and its
         row's real tail slots up to its own; a padding query sees only its own slot."""
         tail = (self.slots - self.base).view(1, 1, -1)  # [1, 1, M]
-        col = torch.arange(self.T, device=self.slots.device).view(1, -1, 1)  # [1, T, 1]
+        col = torch.arange(self.T, device=self.device).view(1, -1, 1)  # [1, T, 1]
         first = (self.T - self.t).view(-1, 1, 1)  # [rows, 1, 1]: first real column
         head = (self.slots.view(1, 1, -1) < self.n.view(-1, 1, 1))
         causal = (tail >= first) & (tail <= col)
         real = col >= first  # [rows, T, 1]
         return torch.where(real, head | causal, tail == col).unsqueeze(1)
+
+
+def layer_steps(plan: "Plan", lengths: list[list[int]], t: list[int], seen: list[int], evicts: list[bool],
+                held: list[int]) -> list[RaggedStep]:
+    """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row after ``seen[r]``: ``lengths[l][r]``
+    held in layer ``l``, ``evicts[r]`` whether row ``r``'s step evicts, ``held[r]`` its protected tokens; what a
+    row keeps is the plan's one keep rule (:meth:`Plan.keep`). Layers whose rows hold and keep the same counts
+    share one."""
+    by_counts: dict = {}
+    out = []
+    for idx, n in enumerate(lengths):
+        keep = [plan.keep(idx, a, b, s + b, e, h) for a, b, s, e, h in zip(n, t, seen, evicts, held)]
+        key = (tuple(n), tuple(keep))
+        if key not in by_counts:
+            by_counts[key] = RaggedStep(list(n), t, keep, seen, plan.device, plan.rerotate)
+        out.append(by_counts[key])
+    return out
 
 
 def kept_mask(order: torch.Tensor, drop: torch.Tensor, m: int) -> torch.Tensor:

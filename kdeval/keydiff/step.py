@@ -20,7 +20,7 @@ from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.cache_maker import CacheMaker, LayerFactory, slot_layer
 from kdeval.keydiff.eviction import Evictor
 from kdeval.keydiff.graphs import CapturedStep
-from kdeval.keydiff.layouts import RaggedLayout, SlotLayout, slot_layout
+from kdeval.keydiff.layouts import Layout, step_layout
 from kdeval.keydiff.memory import layer_lengths, own_peak_bytes
 from kdeval.keydiff.plan import Plan
 from kdeval.keydiff.policy import Policy
@@ -104,10 +104,11 @@ class Step:
         that change from chunk to chunk. ``evict=False`` and ``protected`` (position ranges never evicted, on
         top of the budget) take the eager path only: a dynamic-layout cache. ``recording``: (store, step key) to
         record this step in (eager only); ``repeat``: the step's repeat pass (eager only)."""
-        layout = slot_layout(self.plan, cache, positions, seen_after, steps, all_logits, evict, protected)
+        layout = step_layout(self.plan, cache, ids.shape[0], positions, seen_after, steps, all_logits, evict,
+                             protected)
         return self.forward(layout, ids, recording, repeat)
 
-    def forward(self, layout: SlotLayout | RaggedLayout, ids: torch.Tensor,
+    def forward(self, layout: Layout, ids: torch.Tensor,
                 recording: tuple[SharedSteps, str] | None = None, repeat: RepeatInput | None = None) -> torch.Tensor:
         """The one forward of a step on any layout: ``ids [batch, t]`` through the model under the layout's inputs
         and attention function, capturing what the policy reads (and, ``recording``, what every member of a
@@ -145,14 +146,15 @@ class Step:
         """A recorded step instead of its forward (kdeval/keydiff/shared.py): its keys and values written into
         ``cache`` as the model writes them, the policy's reads from the record, then this plan's own eviction;
         returns the recorded logits."""
-        layout = slot_layout(self.plan, cache, positions, seen_after, steps, False, evict, protected)
+        layout = step_layout(self.plan, cache, record.logits.shape[0], positions, seen_after, steps, False, evict,
+                             protected)
         layout.begin()
         for idx, (keys, values) in enumerate(zip(record.keys, record.values)):
             cache.update(keys, values, idx)
         self._evict(layout, member_capture(record, self.plan), record.queries, repeat)
         return record.logits.clone()
 
-    def _evict(self, layout: SlotLayout | RaggedLayout, capture: AttentionCapture | None,
+    def _evict(self, layout: Layout, capture: AttentionCapture | None,
                queries: dict[int, torch.Tensor] | None, repeat: RepeatInput | None = None) -> None:
         """Eviction after the step's forward (or replay), with what the policy reads (``repeat``: the step's repeat
         pass, run here over the cache the forward left)."""

@@ -61,18 +61,25 @@ class GatherLayer(BudgetLayerMixin, DynamicLayer):
     def reserve(self, capacity: int) -> None:
         """Nothing to do: the gather store allocates what each step needs."""
 
-    def view(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    @property
+    def lengths(self) -> list[int]:
+        """Every row holds the same count (the engine's rows that share their positions)."""
+        return [self.length] * (self.keys.shape[0] if self.is_initialized else 1)
+
+    def view(self, m: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Every held token and the step's (the gather store holds nothing else)."""
         return self.keys, self.positions, self.state
 
-    def evict(self, drop: torch.Tensor | None) -> None:
+    def keep_slots(self, kept: torch.Tensor | None, step) -> None:
+        """Commit the step: gather the slots ``kept [b, h, m]`` (``None``: all) in slot order, which is position
+        order here."""
         m = self.length + self.pending
         self.pending = 0
-        if drop is None or drop.shape[-1] == 0:
+        if kept is None or bool(kept.all()):
             self.length = m
             return
-        b, h = drop.shape[:2]
-        keep_mask = torch.ones(b, h, m, dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
-        keep = keep_mask.nonzero()[:, -1].view(b, h, m - drop.shape[-1])  # row-major: ascending slots
+        b, h = kept.shape[:2]
+        keep = kept.nonzero()[:, -1].view(b, h, -1)  # row-major: ascending slots
         self.keys = self.keys.gather(2, expand_index(keep, self.keys))
         self.values = self.values.gather(2, expand_index(keep, self.values))
         self.positions = self.positions.gather(2, keep)
