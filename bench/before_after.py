@@ -4,7 +4,9 @@ Each case runs in a fresh subprocess with ``PYTHONPATH`` set to one tree (``--be
 alternate case by case and round by round, so load from other processes on the machine falls on both alike.
 A case: SmolLM2-135M (offline) in float32, one prompt of ``L`` random tokens, budget ``N``, chunk ``B``: the
 median of three chunked prefills after a warm-up, then ``G`` greedy tokens after a fresh prefill (the decode
-time is ``RunStats.decode_s``: from the first generated token to the last).
+time is ``RunStats.decode_s``: from the first generated token to the last); with ``--rows R`` (default 4; 0: none)
+also one ``generate_batch`` of ``R`` prompts of ``L``, ``L - L/2R``, ... tokens, ``G`` greedy tokens each, timed
+whole (batch 1 is the cases above).
 
     git worktree add ../kdeval-before d5ff9d2
     python bench/before_after.py --before ../kdeval-before --after . --rounds 2
@@ -43,9 +45,16 @@ def run_case(case: dict) -> dict:
         engine.prefill(ids)
         prefill.append(time.perf_counter() - start)
     res = engine.generate(ids, max_new_tokens=case["G"])
-    return {**case, "prefill_s": statistics.median(prefill),
-            "decode_ms_per_token": 1e3 * res.stats.decode_s / max(res.stats.decode_tokens - 1, 1),
-            "tokens": res.tokens[0], "threads": torch.get_num_threads()}
+    out = {**case, "prefill_s": statistics.median(prefill),
+           "decode_ms_per_token": 1e3 * res.stats.decode_s / max(res.stats.decode_tokens - 1, 1),
+           "tokens": [res.tokens[0]], "threads": torch.get_num_threads()}
+    if case["rows"]:
+        lengths = [case["L"] - i * case["L"] // (2 * case["rows"]) for i in range(case["rows"])]
+        start = time.perf_counter()
+        batch = engine.generate_batch([ids[0, :n] for n in lengths], max_new_tokens=case["G"])
+        out["batch_s"] = time.perf_counter() - start
+        out["tokens"] += [r.tokens[0] for r in batch]
+    return out
 
 
 def spawn(tree: str, case: dict) -> dict:
@@ -68,6 +77,7 @@ def main() -> None:
     ap.add_argument("--N", type=int, default=512)
     ap.add_argument("--B", type=int, default=128)
     ap.add_argument("--G", type=int, default=16)
+    ap.add_argument("--rows", type=int, default=4)
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))))
@@ -77,7 +87,8 @@ def main() -> None:
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in range(args.rounds):
         for policy in args.policies.split(","):
-            case = {"model": "smollm2-135m", "policy": policy, "L": args.L, "N": args.N, "B": args.B, "G": args.G}
+            case = {"model": "smollm2-135m", "policy": policy, "L": args.L, "N": args.N, "B": args.B, "G": args.G,
+                    "rows": args.rows}
             order = (("before", args.before), ("after", args.after))
             for side, tree in order if r % 2 == 0 else order[::-1]:
                 rows.setdefault((policy, side), []).append(spawn(tree, case))
@@ -85,16 +96,20 @@ def main() -> None:
     print(f"\nL={args.L}, N={args.N}, B={args.B}, {args.G} greedy tokens, smollm2-135m float32, CPU; median over "
           f"{args.rounds} interleaved rounds\n")
     print("| policy | prefill s before | prefill s after | after/before | decode ms/token before | after | "
-          "after/before | same tokens |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"after/before | batch of {args.rows} s before | after | after/before | same tokens |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for policy in args.policies.split(","):
         b, a = rows[(policy, "before")], rows[(policy, "after")]
         pb, pa = statistics.median(x["prefill_s"] for x in b), statistics.median(x["prefill_s"] for x in a)
         db = statistics.median(x["decode_ms_per_token"] for x in b)
         da = statistics.median(x["decode_ms_per_token"] for x in a)
         same = all(x["tokens"] == y["tokens"] for x, y in zip(a, b))
-        print(f"| {policy} | {pb:.2f} | {pa:.2f} | {pa / pb:.2f}x | {db:.1f} | {da:.1f} | {da / db:.2f}x | "
-              f"{'yes' if same else 'NO'} |")
+        batch = "| - | - | - "
+        if args.rows:
+            bb, ba = (statistics.median(x["batch_s"] for x in side) for side in (b, a))
+            batch = f"| {bb:.2f} | {ba:.2f} | {ba / bb:.2f}x "
+        print(f"| {policy} | {pb:.2f} | {pa:.2f} | {pa / pb:.2f}x | {db:.1f} | {da:.1f} | {da / db:.2f}x "
+              f"{batch}| {'yes' if same else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.layer_eviction import LayerEviction
+    from kdeval.keydiff.eviction import LayerEviction
 
 #: the per-token state: attention received since the token was cached, averaged over the KV head's query heads
 ATTENTION = "cam_attention"

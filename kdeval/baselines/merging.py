@@ -38,7 +38,7 @@ from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
 from kdeval.keydiff.registry import register
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.layer_eviction import LayerEviction
+    from kdeval.keydiff.eviction import LayerEviction
 
 #: kvpress' epsilon for the key norms and the value-norm ratio
 EPS = 1e-6

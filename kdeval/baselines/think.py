@@ -49,7 +49,7 @@ from kdeval.keydiff.queries import QueryNeed, RecentQueries
 from kdeval.keydiff.registry import register
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.layer_eviction import LayerEviction
+    from kdeval.keydiff.eviction import LayerEviction
 
 
 def channel_scores(queries: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor, real: torch.Tensor

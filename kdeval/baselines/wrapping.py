@@ -16,7 +16,7 @@ from kdeval.keydiff.registry import as_policy, registered
 from kdeval.names import suggest
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.layer_eviction import LayerEviction
+    from kdeval.keydiff.eviction import LayerEviction
 
 
 def built_inner(inner: Any, reason: Callable[[Policy], str | None]) -> Policy:

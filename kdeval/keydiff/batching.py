@@ -10,7 +10,7 @@ why). Each row keeps its own absolute positions (its first token is position 0, 
 own budget and kept set, and stops at its own eos or generation length; a finished row leaves the batch.
 
 The requests are checked and made rows in kdeval/keydiff/batch_requests.py, the batch's cache is planned and
-made in kdeval/keydiff/batch_capacity.py (the start states' tokens in their rows), and each step is the engine's
+made in kdeval/keydiff/capacity.py (the start states' tokens in their rows), and each step is the engine's
 one forward over a ragged layout (kdeval/keydiff/layouts.py). Requests run eagerly (no CUDA graphs): the shapes
 change from step to step. A state prefilled on the graph path is read as it is; a row's resulting state is its
 row of the batch's cache, which the same engine can continue.
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from kdeval.keydiff.batch_capacity import batch_cache
+from kdeval.keydiff.capacity import batch_cache
 from kdeval.keydiff.batch_requests import Row, batch_rows
 from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.decoding import Feed, GenerationLoop, eos_ids
 from kdeval.keydiff.layouts import RaggedLayout
 from kdeval.keydiff.memory import PeakMemory, own_bytes
-from kdeval.keydiff.ragged import RaggedStep, layer_steps
+from kdeval.keydiff.ragged import RaggedStep
 from kdeval.keydiff.state import GenerationResult
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ class _Batch:
         """One ragged step of every row (left-padded to the widest) → the last column's logits ``[rows, vocab]``."""
         eng, cache = self.runner, self.cache
         t = [f[0].shape[0] if isinstance(f[0], torch.Tensor) else 1 for f in feeds]
-        geometry = layer_steps(eng.plan, cache.lengths, t, [row.state.seen for row in rows],
-                              [f[1] for f in feeds], [row.state.n_protected for row in rows])
+        geometry = eng.plan.layer_steps(cache.lengths, t, [row.state.seen for row in rows],
+                                        [f[1] for f in feeds], [row.state.n_protected for row in rows])
         step = geometry[0]
         ids = torch.full((step.rows, step.T), PAD_ID, dtype=torch.long, device=eng.plan.device)
         for r, (f, tr) in enumerate(zip(feeds, t)):

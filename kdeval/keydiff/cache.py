@@ -5,14 +5,14 @@ absolute ``positions`` ``[rows, kv_heads, tokens]`` of those tokens and any per-
 buffer (:class:`~kdeval.keydiff.slot_buffers.SlotBuffers`). Its layers are one of three arrangements:
 
 - :class:`RowLayer`, the eager cache of every request: row ``r``'s kept tokens fill slots ``[0, lengths[r])``
-  and a step's columns land after the fullest row, in ``[base, base + T)``. A request alone is a batch of one row;
-  rows that share positions (``Engine.generate``) hold one length and evict by the freed slots: the step's
-  surviving tokens move into the freed ones (an O(k) move, no gather of the whole cache), so slot order is not
-  position order and the causal mask transformers builds from the cache length (all of the cache, causal within
-  the chunk) is right. Rows of their own lengths are a ragged batch (kdeval/keydiff/ragged.py). A state moves
-  between batches as a selection of rows (:func:`rows_of`): into a batch's row, out of it as a state of its own.
-  Steps that do not evict (kvpress's question, decoding without eviction) grow the buffers, at once when the
-  engine knows how much (:meth:`BudgetCache.reserve_more`).
+  and a step's columns land after the fullest row, in ``[base, base + T)``. A request alone is a batch of one row,
+  rows that share positions (``Engine.generate``) a batch without padding, independent requests a ragged batch
+  (kdeval/keydiff/ragged.py): each row keeps its own count, its kept slots moved into the holes below it (an O(k)
+  move, no gather of the whole cache), so slot order is not position order; where the rows share positions the
+  causal mask transformers builds from the cache length (all of the cache, causal within the chunk) is right. A
+  state moves between batches as a selection of rows (:func:`rows_of`): into a batch's row, out of it as a state
+  of its own. The buffers are sized for a call's steps when it starts (kdeval/keydiff/capacity.py); a later call
+  that continues a state grows them, at once when the engine knows how much (:meth:`BudgetCache.reserve_more`).
 - :class:`StaticLayer`, the graph path's (kdeval/keydiff/static.py): every chunk of ``t`` tokens is written to the
   tail slots ``[N, N + t)`` and attention, scoring and eviction always see all ``N + t`` slots; empty head slots
   are masked and evicted first. It cannot grow: a step without eviction first thaws it into an eager cache
@@ -31,11 +31,10 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache
 
-from kdeval.keydiff.slot_buffers import BufferedLayer, SlotBuffers, state_buffers
 from kdeval.keydiff.kvstore import StoredBytes
 from kdeval.keydiff.queries import QueryWindow
-from kdeval.keydiff.ragged import RaggedStep, clear_past, compact_rows
-from kdeval.keydiff.slot_moves import EMPTY_POSITION
+from kdeval.keydiff.ragged import RaggedStep
+from kdeval.keydiff.slot_buffers import EMPTY_POSITION, BufferedLayer, SlotBuffers, clear_past, state_buffers
 
 
 class BudgetLayerMixin:
@@ -62,10 +61,9 @@ class BudgetLayerMixin:
 class RowLayer(BufferedLayer):
     """The engine's eager cache layer, for a request alone as for a batch: slot buffers ``[rows, kv_heads,
     capacity, ...]`` where row ``r``'s kept tokens fill ``[0, lengths[r])`` and a step's ``T`` columns land in the
-    tail ``[base, base + T)`` of every row (``base``: the fullest row's count). Rows of one length (a request alone,
-    rows that share positions) compact by the freed slots (:meth:`evict`); rows of their own lengths (a ragged
-    batch, kdeval/keydiff/ragged.py) by their kept slots (:meth:`settle` after the layout's move). Slots past a
-    row's length are empty (zero keys, :data:`EMPTY_POSITION`) once a ragged step committed.
+    tail ``[base, base + T)`` of every row (``base``: the fullest row's count). A step commits by each row's kept
+    slots (:meth:`keep_slots`, one compaction whatever the rows); slots past a row's length are then empty (zero
+    keys, :data:`EMPTY_POSITION`).
 
     ``limit``: the most slots an evicting layer ever needs (its budget plus a chunk): the buffers double up to it,
     not past it, when a later call continues the state; ``rows``: rows known before allocation (a batch's).
@@ -130,13 +128,13 @@ class RowLayer(BufferedLayer):
 
     def keep_slots(self, kept: torch.Tensor | None, step: RaggedStep) -> None:
         """Commit the step of geometry ``step``: row ``r`` keeps the slots ``kept [rows, h, M]`` (``None``: all its
-        real ones), ``step.keep[r]`` of them, moved into ``[0, keep[r])`` (:func:`~kdeval.keydiff.ragged.compact_rows`,
+        real ones), ``step.keep[r]`` of them, moved into ``[0, keep[r])`` (:func:`~kdeval.keydiff.slot_buffers.compact`,
         each hole below ``keep[r]`` filled by the lowest kept slot above it); the slots past a row's count are
         then clean."""
         if not step.in_place:  # in place: every row filled the whole step after a full-length head, kept all
             if kept is None:
                 kept = step.valid.unsqueeze(1).expand(-1, self.keys.shape[1], -1)
-            compact_rows(self.buffers(), kept, step.keep, step.movers)
+            self.slot_buffers.compact(kept, step.keep, step.movers)
             clear_past(self.keys, self.positions, step.keep, min(step.host_keep), step.M)
         self.settle(step.host_keep)
 
@@ -181,7 +179,8 @@ class StaticLayer(BudgetLayerMixin, BufferedLayer):
         self.pending = 0
         if drop is None or drop.shape[-1] != t:
             raise ValueError(f"drop: the static layout frees exactly the chunk's {t} slots per step")
-        self.slot_buffers.compact(drop, self.static_base)
+        kept = torch.ones(*drop.shape[:2], self.static_base + t, dtype=torch.bool, device=drop.device)
+        self.slot_buffers.compact(kept.scatter_(-1, drop, False), self.static_base, t)
         self.length = min(self.length + t, self.static_base)
 
 

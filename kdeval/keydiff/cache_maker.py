@@ -46,24 +46,22 @@ class CacheMaker:
         """The released static cache kept for the next request of ``batch`` rows (``None``: none)."""
         return self._spare.get(batch)
 
-    def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
-        """An empty cache sized for the ``tokens`` the call will feed, when given (while evicting, at most a layer's
-        budget plus a chunk); it still grows if needed. A spare cache of ``batch`` rows is reused, emptied."""
-        spare = self._spare.pop(batch, None)
-        if spare is not None:
-            spare.reset()
-            return PrefillState(spare, 0, torch.empty(0))
+    def new_state(self, batch: int = 1, capacities: list[int] | None = None) -> PrefillState:
+        """An empty cache of ``batch`` rows: on the graph path the static layout's ``N + B`` slots per layer (a
+        spare one of ``batch`` rows reused, emptied); otherwise ``capacities[l]`` slots in layer ``l`` (planned for
+        the call, kdeval/keydiff/capacity.py), or when not given a layer's limit plus a chunk (a chunk for a layer
+        that keeps everything), grown if needed."""
         plan = self.plan
         B = plan.config.chunk_size
-        if plan.use_graphs:  # the static layout: N + B slots, whatever the call
-            cap = [b + B for b in plan.budgets]
-        else:
-            # an evicting (or windowed) layer: its limit plus a chunk, or less when the call feeds fewer tokens (B
-            # past the prompt); a layer that keeps everything: what the call will hold, when it says
-            limits = [plan.layer_limit(i) for i in range(plan.num_layers)]
-            cap = [(tokens or B) if lim is None else min(lim + B, tokens) if tokens else lim + B for lim in limits]
-        cache = self.new_cache(cap, plan.config.budget if plan.use_graphs else None)
-        return PrefillState(cache, 0, torch.empty(0))
+        if plan.use_graphs:
+            spare = self._spare.pop(batch, None)
+            if spare is not None:
+                spare.reset()
+                return PrefillState(spare, 0, torch.empty(0))
+            return PrefillState(self.new_cache([b + B for b in plan.budgets], plan.config.budget), 0, torch.empty(0))
+        if capacities is None:
+            capacities = [B if lim is None else lim + B for lim in map(plan.layer_limit, range(plan.num_layers))]
+        return PrefillState(self.new_cache(capacities), 0, torch.empty(0))
 
     def new_cache(self, capacities: list[int], static_base: int | None = None) -> BudgetCache:
         """An empty cache of this plan's kind with ``capacities[i]`` slots per KV head in layer ``i`` (the static

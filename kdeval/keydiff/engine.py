@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from itertools import accumulate
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -43,6 +44,7 @@ import torch
 from kdeval.keydiff.batch_requests import one_at_a_time
 from kdeval.keydiff.batching import BatchView, generate_batch
 from kdeval.keydiff.cache_maker import LayerFactory, slot_layer
+from kdeval.keydiff.capacity import forwards, planned
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.graphs import CapturedStep
@@ -101,13 +103,17 @@ class Engine:
         finally:
             self._shared = before
 
-    def new_state(self, batch: int = 1, tokens: int = 0) -> PrefillState:
-        """An empty cache sized for the ``tokens`` the call will feed, when given (while evicting, at most a layer's
-        budget plus a chunk); it still grows if needed.
+    def new_state(self, batch: int = 1) -> PrefillState:
+        """An empty cache of ``batch`` rows: each layer's limit plus a chunk, grown if a call needs more
+        (``prefill`` and ``generate`` size theirs for what they will feed, kdeval/keydiff/capacity.py).
 
         On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
         with the graphs captured on it."""
-        return self.step.caches.new_state(batch, tokens)
+        return self.step.caches.new_state(batch)
+
+    def _planned_state(self, batch: int, request: Request, decode_evict: bool = True) -> PrefillState:
+        """An empty cache of ``batch`` rows that each run ``request``'s steps, sized for all of them."""
+        return self.step.caches.new_state(batch, planned(self.plan, [forwards(request, decode_evict)]))
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, state: PrefillState | None = None,
@@ -120,9 +126,10 @@ class Engine:
         protected = input_ids.shape[1] if not evict else protect_last
         check_protect(protected, input_ids.shape[1])
         memory = PeakMemory(self.plan.device)
-        state = state or self.new_state(input_ids.shape[0], input_ids.shape[1])
+        steps = prompt_steps(input_ids, self.config.chunk_size, protected)
+        state = state or self._planned_state(input_ids.shape[0], Request(0, steps, 0))
         room = False
-        for ids, evicts, protect in prompt_steps(input_ids, self.config.chunk_size, protected):
+        for ids, evicts, protect in steps:
             if protect and not room:  # the protected tokens' room, made once before the first of them
                 self.step.caches.make_room(state, protected)
                 room = True
@@ -148,9 +155,11 @@ class Engine:
             raise ValueError("prefill_shared: needs a shared store (Engine.sharing) and one prompt [1, L]")
         length = input_ids.shape[1]
         check_protect(protect_last, length)
-        state = self.new_state(1, length)
         end = trunk_end(length, protect_last)  # the last token, or the question, stay for the caller
-        for ids, _, _ in prompt_steps(input_ids, self.config.chunk_size, protect_last):
+        steps = prompt_steps(input_ids, self.config.chunk_size, protect_last)
+        steps = [s for s, e in zip(steps, accumulate(ids.shape[1] for ids, _, _ in steps)) if e <= end]
+        state = self._planned_state(1, Request(0, steps, 0))
+        for ids, _, _ in steps:
             if state.seen + ids.shape[1] > end or not self.shared.serves_next(self.plan, state, ids):
                 break
             self.prefill(ids, state)
@@ -184,15 +193,15 @@ class Engine:
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         input_ids = check_ids(self.plan, input_ids, state, max_new)
         check_protect(protect_last, input_ids.shape[1])
-        batch, length = input_ids.shape
+        batch = input_ids.shape[0]
         requests = [Request(r, prompt_steps(input_ids[r], self.config.chunk_size, protect_last),
                             min(max_new, 1) if prompt_only else max_new) for r in range(batch)]
         memory = PeakMemory(self.plan.device)
         loop = GenerationLoop(requests, eos_ids(eos_token_id), decode_evict, memory, rows_leave=False)
         # a decode step holds one more token than the cache keeps; without eviction each one stays
         decode_room = 0 if max_new < 2 else (1 if decode_evict else max_new - 1)
-        # a cache that does not evict is sized once for all it will hold
-        state = state or self.new_state(batch, length + max_new if length > protect_last else length + decode_room)
+        # sized once for every step, the rest of max_new_tokens included when the call stops at the first token
+        state = state or self._planned_state(batch, Request(0, requests[0].steps, max_new), decode_evict)
         results: list[GenerationResult] = []
         question_ahead = protect_last > 0
 

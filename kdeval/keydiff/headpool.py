@@ -33,10 +33,9 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kdeval.keydiff.attention_capture import POOL_IMPL, AttentionCapture
 from kdeval.keydiff.attention_functions import no_mask
-from kdeval.keydiff.slot_buffers import BufferedLayer, SlotBuffers
 from kdeval.keydiff.cache import BudgetCache, BudgetLayerMixin
 from kdeval.keydiff.selection import lowest_oldest_first
-from kdeval.keydiff.slot_moves import EMPTY_POSITION, expand_index
+from kdeval.keydiff.slot_buffers import EMPTY_POSITION, BufferedLayer, SlotBuffers, expand_index
 
 
 class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):
@@ -126,9 +125,8 @@ class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):
             return
         b, k = kept.shape
         if k < m:
-            keep = torch.zeros(b, m, dtype=torch.bool, device=kept.device).scatter_(1, kept, True)
-            drop = (~keep).nonzero()[:, 1].view(b, 1, m - k)
-            self.slot_buffers.compact(drop, k)
+            keep = torch.zeros(b, 1, m, dtype=torch.bool, device=kept.device).scatter_(2, kept.unsqueeze(1), True)
+            self.slot_buffers.compact(keep, k, min(k, m - k))
         self.length = k // self.heads
 
 

@@ -32,7 +32,7 @@ from kdeval.keydiff.cache import BudgetCache
 from kdeval.keydiff.headpool import HeadPoolCache, HeadTokens, select_across_heads
 from kdeval.keydiff.kvstore import HeldSlots
 from kdeval.keydiff.policy import Freed, ScoreContext, held_tokens
-from kdeval.keydiff.ragged import RaggedStep, kept_mask, layer_steps
+from kdeval.keydiff.ragged import RaggedStep, kept_mask
 from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.selection import Selector
 from kdeval.keydiff.static import static_inputs
@@ -218,11 +218,13 @@ class PoolLayout(SharedLayout):
         return heads.keys, ctx
 
     def _keep(self, idx: int) -> int:
-        return self.cache.layers[idx].heads * (self.plan.budgets[idx] + self.held)
+        """The pool's kept slots: ``H`` times the plan's keep rule for a head's share (the pool holds ``H *
+        length`` tokens and the step's ``H * pending``)."""
+        layer = self.cache.layers[idx]
+        return layer.heads * self.plan.keep(idx, layer.length, layer.pending, self.seen_after, self.evict, self.held)
 
     def excess(self, idx: int) -> int:
-        filled, keep = self.cache.layers[idx].filled(), self._keep(idx)
-        return filled - keep if self.evict and filled > keep else 0
+        return self.cache.layers[idx].filled() - self._keep(idx)
 
     def select(self, idx: int, keys: torch.Tensor, ctx: ScoreContext, k: int, selector: Selector) -> torch.Tensor:
         budget, heads = self.plan.budgets[idx], self.heads[idx]
@@ -407,7 +409,7 @@ def step_layout(plan: "Plan", cache: BudgetCache, rows: int, positions: torch.Te
     seen = int(seen_after) - t
     held = held_tokens(protected)
     lengths = [[layer.length] * rows for layer in cache.layers]
-    geometry = layer_steps(plan, lengths, [t] * rows, [seen] * rows, [evict] * rows, [held] * rows)
+    geometry = plan.layer_steps(lengths, [t] * rows, [seen] * rows, [evict] * rows, [held] * rows)
     return RaggedLayout(plan, cache, geometry, steps, [list(protected)] * rows, all_logits, positions)
 
 

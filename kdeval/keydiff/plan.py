@@ -20,6 +20,7 @@ from kdeval.keydiff.queries import query_sources, rotary_embedding
 from kdeval.keydiff.reads import layer_projections
 
 if TYPE_CHECKING:
+    from kdeval.keydiff.ragged import RaggedStep
     from kdeval.keydiff.state import PrefillState
 
 #: the model attention implementations the engine's own attention functions (all SDPA-based) may replace
@@ -126,6 +127,24 @@ class Plan:
         if self.evicting and evict:
             return min(self.budgets[idx] + held, n + t)
         return n + t
+
+    def layer_steps(self, lengths: list[list[int]], t: list[int], seen: list[int], evicts: list[bool],
+                    held: list[int]) -> list["RaggedStep"]:
+        """Each layer's step geometry (:class:`~kdeval.keydiff.ragged.RaggedStep`) for a step of ``t[r]`` tokens per
+        row after ``seen[r]``: ``lengths[l][r]`` held in layer ``l``, ``evicts[r]`` whether row ``r``'s step evicts,
+        ``held[r]`` its protected tokens; what a row keeps is :meth:`keep`. Layers whose rows hold and keep the
+        same counts share one."""
+        from kdeval.keydiff.ragged import RaggedStep  # here: the plan is also read where transformers is not loaded
+
+        by_counts: dict = {}
+        out = []
+        for idx, n in enumerate(lengths):
+            keep = [self.keep(idx, a, b, s + b, e, h) for a, b, s, e, h in zip(n, t, seen, evicts, held)]
+            key = (tuple(n), tuple(keep))
+            if key not in by_counts:
+                by_counts[key] = RaggedStep(list(n), t, keep, seen, self.device, self.rerotate)
+            out.append(by_counts[key])
+        return out
 
     @property
     def rerotate(self) -> bool:

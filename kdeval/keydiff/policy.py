@@ -219,7 +219,7 @@ class Policy:
 
     def apply(self, eviction: "LayerEviction") -> None:
         """The one hook for what a policy does to its kept entries: commit layer ``eviction.idx``'s eviction
-        (:class:`~kdeval.keydiff.layer_eviction.LayerEviction`, after the selection), rewriting before the commit
+        (:class:`~kdeval.keydiff.eviction.LayerEviction`, after the selection), rewriting before the commit
         the kept values from the freed tokens, or after it the kept keys. Default: commit only. A wrapper passes
         it on to its inner policy (:class:`~kdeval.baselines.wrapping.PassesOn`)."""
         eviction.commit()

@@ -13,7 +13,7 @@ of every column, or of a different column per row.
 Padding never takes budget and is never seen: the step's mask (:meth:`RaggedStep.mask`) lets a real query
 see its row's ``n_r`` cached slots and its row's real tail slots up to its own (causal), and a padding query
 only its own slot (so its softmax row is finite and its attention never lands on a real token); eviction
-(:func:`compact_rows`) ranks the empty and padding slots below every real token and frees them first, so each
+(:func:`~kdeval.keydiff.slot_buffers.compact`) ranks the empty and padding slots below every real token and frees them first, so each
 row keeps ``keep_r`` real tokens in ``[0, keep_r)``. Between steps every slot at or past a row's length is
 *clean*: zero key, the empty position (:data:`EMPTY_POSITION`, which sorts after every real position). Zero
 keys leave KeyDiff's anchor unchanged (the sum of unit keys, or of raw keys, gains nothing), and empty
@@ -22,14 +22,9 @@ positions keep position-ordered pooling (SnapKV) as at batch 1; other scores of 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
-
 import torch
 
-from kdeval.keydiff.slot_moves import EMPTY_POSITION, expand_index
-
-if TYPE_CHECKING:
-    from kdeval.keydiff.plan import Plan
+from kdeval.keydiff.slot_buffers import EMPTY_POSITION
 
 
 class RaggedStep:
@@ -128,23 +123,6 @@ class RaggedStep:
         return torch.where(real, head | causal, tail == col).unsqueeze(1)
 
 
-def layer_steps(plan: "Plan", lengths: list[list[int]], t: list[int], seen: list[int], evicts: list[bool],
-                held: list[int]) -> list[RaggedStep]:
-    """Each layer's :class:`RaggedStep` for a step of ``t[r]`` tokens per row after ``seen[r]``: ``lengths[l][r]``
-    held in layer ``l``, ``evicts[r]`` whether row ``r``'s step evicts, ``held[r]`` its protected tokens; what a
-    row keeps is the plan's one keep rule (:meth:`Plan.keep`). Layers whose rows hold and keep the same counts
-    share one."""
-    by_counts: dict = {}
-    out = []
-    for idx, n in enumerate(lengths):
-        keep = [plan.keep(idx, a, b, s + b, e, h) for a, b, s, e, h in zip(n, t, seen, evicts, held)]
-        key = (tuple(n), tuple(keep))
-        if key not in by_counts:
-            by_counts[key] = RaggedStep(list(n), t, keep, seen, plan.device, plan.rerotate)
-        out.append(by_counts[key])
-    return out
-
-
 def kept_mask(order: torch.Tensor, drop: torch.Tensor, m: int) -> torch.Tensor:
     """``order [rows, h, k]`` slots, lowest first; ``drop [rows, 1, 1]`` how many of them each row frees →
     ``[rows, h, m]`` True where a slot is kept."""
@@ -152,29 +130,3 @@ def kept_mask(order: torch.Tensor, drop: torch.Tensor, m: int) -> torch.Tensor:
     freed = (torch.arange(k, device=order.device).view(1, 1, -1) < drop).expand_as(order)
     out = torch.ones(*order.shape[:2], m, dtype=torch.bool, device=order.device)
     return out.scatter_(-1, order, ~freed)
-
-
-def compact_rows(buffers, kept: torch.Tensor, keep: torch.Tensor, width: int) -> None:
-    """Move each row's kept slots (``kept [rows, h, m]``, ``keep[r]`` of them) into ``[0, keep[r])`` of every
-    buffer ``[rows, h, slots, ...]``: each free slot below ``keep[r]`` (a hole) receives one kept slot from
-    ``[keep[r], m)``, at most ``width`` per row and head (``RaggedStep.movers``); an O(width) move."""
-    m = kept.shape[-1]
-    slot = torch.arange(m, device=kept.device)
-    below = slot < keep.view(-1, 1, 1)
-    holes = torch.where(below & ~kept, slot, m).topk(width, dim=-1, largest=False, sorted=True).values
-    movers = torch.where(~below & kept, slot, m).topk(width, dim=-1, largest=False, sorted=True).values
-    unused = holes == m  # as many holes as movers per row and head: unused entries copy slot m - 1 onto itself
-    dst, src = holes.masked_fill(unused, m - 1), movers.masked_fill(unused, m - 1)
-    for buf in buffers:
-        moved = buf.gather(2, expand_index(src, buf))
-        buf.scatter_(2, expand_index(dst, buf), moved)
-
-
-def clear_past(keys: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, lo: int, m: int) -> None:
-    """Make slots ``[keep[r], m)`` of every row clean (zero keys, empty positions): ``keys [rows, h, slots, d]``,
-    ``positions [rows, h, slots]``; ``lo``: the smallest ``keep[r]`` (known on the host)."""
-    if lo >= m:
-        return
-    past = (torch.arange(lo, m, device=keys.device).view(1, 1, -1) >= keep.view(-1, 1, 1))  # [rows, 1, m - lo]
-    keys[:, :, lo:m].masked_fill_(past.unsqueeze(-1), 0)
-    positions[:, :, lo:m].masked_fill_(past, EMPTY_POSITION)

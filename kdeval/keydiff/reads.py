@@ -21,7 +21,7 @@ import torch
 
 from kdeval.keydiff.attention_capture import AttentionCapture
 from kdeval.keydiff.queries import StepQueries, attention_modules
-from kdeval.keydiff.slot_moves import EMPTY_POSITION
+from kdeval.keydiff.slot_buffers import EMPTY_POSITION
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""The slot buffer every cache layout is built from: one layer's named buffers ``[rows, heads, slots, ...]``.
+"""The slot buffer every cache layout is built from: one layer's named buffers ``[rows, heads, slots, ...]``, and the
+moves of slots within them (index tensors ``[rows, heads, k]``).
 
 The uniform and per-layer caches (kdeval/keydiff/cache.py), the ragged batch's (kdeval/keydiff/ragged.py) and the
 head-shared pool (kdeval/keydiff/headpool.py) differ in where a step writes and which slots eviction frees; they
 allocate, grow, compact, select rows and count bytes here, one way. Each buffer has the value of an empty slot:
-keys and values 0, positions ``position_fill`` (:data:`~kdeval.keydiff.slot_moves.EMPTY_POSITION`, or 0 for a dynamic
+keys and values 0, positions ``position_fill`` (:data:`EMPTY_POSITION`, or 0 for a dynamic
 slot layer), and each extra per-slot buffer its own (a policy's per-token state: 0; a pool's head tags: -1).
 """
 from __future__ import annotations
@@ -11,7 +12,59 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.slot_moves import compact, move_tail, resized
+
+
+def expand_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``index [b, h, k]`` → ``[b, h, k, *like.shape[3:]]`` for gather/scatter along dim 2."""
+    return index.view(*index.shape, *([1] * (like.dim() - 3))).expand(*index.shape, *like.shape[3:])
+
+
+#: The position recorded for an empty slot of the static layout: sorts after every real position.
+EMPTY_POSITION = 2**62
+
+
+def resized(buf: torch.Tensor, capacity: int, keep: int, fill: int | float = 0) -> torch.Tensor:
+    """A new buffer ``[rows, heads, capacity, ...]`` holding ``buf``'s first ``keep`` slots, the others ``fill``:
+    how every slot buffer (uniform, per-layer, ragged, head pool) grows or is copied."""
+    out = buf.new_full((*buf.shape[:2], capacity, *buf.shape[3:]), fill)
+    out[:, :, :keep] = buf[:, :, :keep]
+    return out
+
+
+def move_tail(buffers, slots: torch.Tensor, base: int) -> None:
+    """Move the ``t`` tail slots ``[base, base + t)`` of every buffer ``[rows, h, slots, ...]`` into ``slots [t]``
+    (empty head slots, below ``base``): what :func:`compact` does when the free slots are exactly those."""
+    t = slots.shape[0]
+    for buf in buffers:
+        buf.index_copy_(2, slots, buf[:, :, base : base + t].clone())  # the clone: source and target share a buffer
+
+
+def compact(buffers, kept: torch.Tensor, keep: torch.Tensor | int, width: int) -> None:
+    """Move each row's kept slots (``kept [rows, h, m]``, True: kept; ``keep[r]`` of them, or ``keep`` in every
+    row) into ``[0, keep[r])`` of every buffer ``[rows, h, slots, ...]``: each free slot below ``keep[r]`` (a hole)
+    receives the lowest kept slot of ``[keep[r], m)`` not yet moved, at most ``width`` per row and head; an
+    O(width) move, no gather of the whole cache. The one compaction of every arrangement: the eager rows
+    (``width``: ``RaggedStep.movers``), the static layout (the chunk's ``t``) and the head pool."""
+    m = kept.shape[-1]
+    slot = torch.arange(m, device=kept.device)
+    below = slot < (keep.view(-1, 1, 1) if isinstance(keep, torch.Tensor) else keep)
+    holes = torch.where(below & ~kept, slot, m).topk(width, dim=-1, largest=False, sorted=True).values
+    movers = torch.where(~below & kept, slot, m).topk(width, dim=-1, largest=False, sorted=True).values
+    unused = holes == m  # as many holes as movers per row and head: unused entries copy slot m - 1 onto itself
+    dst, src = holes.masked_fill(unused, m - 1), movers.masked_fill(unused, m - 1)
+    for buf in buffers:
+        moved = buf.gather(2, expand_index(src, buf))
+        buf.scatter_(2, expand_index(dst, buf), moved)
+
+
+def clear_past(keys: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, lo: int, m: int) -> None:
+    """Make slots ``[keep[r], m)`` of every row clean (zero keys, empty positions): ``keys [rows, h, slots, d]``,
+    ``positions [rows, h, slots]``; ``lo``: the smallest ``keep[r]`` (known on the host)."""
+    if lo >= m:
+        return
+    past = (torch.arange(lo, m, device=keys.device).view(1, 1, -1) >= keep.view(-1, 1, 1))  # [rows, 1, m - lo]
+    keys[:, :, lo:m].masked_fill_(past.unsqueeze(-1), 0)
+    positions[:, :, lo:m].masked_fill_(past, EMPTY_POSITION)
 
 
 def state_buffers(state_names: tuple[str, ...]) -> dict[str, tuple[torch.dtype, float]]:
@@ -85,13 +138,13 @@ class SlotBuffers:
             buf[:, :, start:end] = given.get(name, self.fills[name])
         return end
 
-    def compact(self, drop: torch.Tensor, keep_n: int) -> None:
-        """Free the slots ``drop [rows, heads, k]`` so that the kept ones fill ``[0, keep_n)`` (an O(k) move,
-        :func:`~kdeval.keydiff.slot_moves.compact`)."""
-        compact(self.all(), drop, keep_n)
+    def compact(self, kept: torch.Tensor, keep: torch.Tensor | int, width: int) -> None:
+        """Move the kept slots ``kept [rows, heads, m]`` into ``[0, keep)`` (per row when ``keep`` is a tensor
+        ``[rows]``), at most ``width`` moves per row and head (:func:`compact`)."""
+        compact(self.all(), kept, keep, width)
 
     def move_tail(self, slots: torch.Tensor, base: int) -> None:
-        """Move the tail slots ``[base, base + t)`` into ``slots [t]`` (:func:`~kdeval.keydiff.slot_moves.move_tail`)."""
+        """Move the tail slots ``[base, base + t)`` into ``slots [t]`` (:func:`move_tail`)."""
         move_tail(self.all(), slots, base)
 
     def select_rows(self, index: torch.Tensor) -> None:

@@ -4,7 +4,7 @@ A static-layout cache (``BudgetCache.static_base = N``, its layers :class:`~kdev
 ``N + B`` slots per layer from the first chunk on. Every chunk of ``t`` tokens is written to the tail slots
 ``[N, N + t)`` and attention, scoring and eviction always see all ``N + t`` slots, so every full chunk has the
 same shapes. While fewer than ``N`` tokens are cached, slots ``[cached, N)`` are empty (zero keys,
-:data:`~kdeval.keydiff.slot_moves.EMPTY_POSITION`): :func:`static_mask` hides them from attention and
+:data:`~kdeval.keydiff.slot_buffers.EMPTY_POSITION`): :func:`static_mask` hides them from attention and
 :class:`EmptySlots` makes eviction free them first, lowest slot first, so the valid tokens stay in
 ``[0, cached)`` with ``cached = min(tokens seen, N)``.
 

@@ -1,6 +1,7 @@
 """One engine step: the forward of a chunk (or a generated token) with what the policy reads, then eviction to
-the budget. One forward serves every cache layout (a slot cache, the static layout of the graph path, a head-shared
-pool, a ragged batch): the layout adapter (kdeval/keydiff/layouts.py) gives its inputs and its part of eviction.
+the budget. One forward serves every cache arrangement (the eager cache of every request, alone or batched; the
+static layout of the graph path; a head-shared pool): the layout adapter (kdeval/keydiff/layouts.py) gives its
+inputs and its part of eviction.
 
 A step reads everything it decides from the :class:`~kdeval.keydiff.plan.Plan`. On the graph path
 (:attr:`Plan.use_graphs`, the static layout, kdeval/keydiff/static.py) :meth:`Step.device_step` is what a CUDA

@@ -82,8 +82,8 @@ def record_trunks(step: "Step", prompts: Sequence[torch.Tensor], stores: Sequenc
     if len(todo) < 2 or count == 0:
         return 0
     ids = torch.stack([prompts[r][: count * B] for r in todo])  # [rows, count * B]
-    state = step.caches.new_state(len(todo), count * B)
-    step.caches.make_room(state, count * B)
+    state = step.caches.new_state(len(todo), [count * B] * plan.num_layers)  # nothing evicted: all of them held
+    step.caches.make_room(state, count * B)  # the graph path's static cache: thawed to hold them
     histories = [fresh] * len(todo)
     for k, (chunk, _, _) in enumerate(prompt_steps(ids, B, 0)):
         s = k * B

@@ -15,7 +15,7 @@ from transformers.cache_utils import DynamicLayer
 from kdeval.keydiff.cache import BudgetLayerMixin
 from kdeval.keydiff.graphs import StepInputs
 from kdeval.keydiff.headpool import HeadPoolLayer
-from kdeval.keydiff.slot_moves import expand_index
+from kdeval.keydiff.slot_buffers import expand_index
 
 
 class GatherLayer(BudgetLayerMixin, DynamicLayer):

@@ -9,7 +9,7 @@ import torch
 from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.selection import rank_empty
-from kdeval.keydiff.slot_moves import EMPTY_POSITION
+from kdeval.keydiff.slot_buffers import EMPTY_POSITION
 from kdeval.keydiff.static import EmptySlots, static_mask
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny

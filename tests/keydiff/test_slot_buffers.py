@@ -6,8 +6,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.slot_buffers import SlotBuffers, state_buffers
-from kdeval.keydiff.slot_moves import EMPTY_POSITION
+from kdeval.keydiff.slot_buffers import EMPTY_POSITION, SlotBuffers, state_buffers
 
 from .helpers import prompt
 
@@ -61,10 +60,21 @@ def test_grow_before_allocation_keeps_only_the_number():
 
 def test_compact_moves_the_surviving_tail_into_the_holes():
     buf = filled(capacity=6, rows=1, heads=1)
-    buf.compact(torch.tensor([[[1, 4]]]), keep_n=4)  # slot 1 is a hole, slot 4 is dropped: slot 5 moves to 1
+    kept = torch.tensor([[[True, False, True, True, False, True]]])
+    buf.compact(kept, 4, width=2)  # slot 1 is a hole, slot 4 is dropped: slot 5 moves to 1
     assert buf.tensors["positions"][0, 0, :4].tolist() == [0, 5, 2, 3]
     assert buf.tensors["keys"][0, 0, :4, 0].tolist() == [1.0, 6.0, 3.0, 4.0]
     assert buf.tensors["votes"][0, 0, 1].item() == pytest.approx(0.5)
+
+
+def test_compact_keeps_each_rows_own_count_in_slot_order():
+    buf = filled(capacity=6, rows=2, heads=1)
+    kept = torch.tensor([[[False, True, True, False, True, True]],
+                         [[True, False, False, True, False, False]]])
+    buf.compact(kept, torch.tensor([4, 2]), width=2)
+    positions = buf.tensors["positions"][:, 0]
+    assert positions[0, :4].tolist() == [4, 1, 2, 5]  # holes 0 and 3 take slots 4 and 5
+    assert positions[1, :2].tolist() == [0, 3]
 
 
 def test_select_rows_reset_and_copy():
