@@ -131,8 +131,8 @@ class HeadPoolLayer(BudgetLayerMixin, BufferedLayer):
 
 
 class HeadPoolCache(BudgetCache):
-    """A :class:`BudgetCache` of :class:`HeadPoolLayer` (``capacity``: slots per KV head), which the engine
-    the engine evicts through its pool adapter (kdeval/keydiff/layouts.py)."""
+    """A :class:`BudgetCache` of :class:`HeadPoolLayer` (``capacity``: slots per KV head), which the engine evicts
+    through its pool adapter (kdeval/keydiff/layouts.py)."""
 
 
 def pool_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -21,7 +21,6 @@ import torch
 
 from kdeval.keydiff.attention_capture import AttentionCapture
 from kdeval.keydiff.queries import StepQueries, attention_modules
-from kdeval.keydiff.slot_buffers import EMPTY_POSITION
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,8 @@ class LayerProjections:
         hold no token (zero keys) stay zero."""
         # imported here: the policy interface imports this module where grids are validated, without transformers
         from transformers.models.llama.modeling_llama import rotate_half
+
+        from kdeval.keydiff.slot_buffers import EMPTY_POSITION
 
         if self.rotary is None:
             raise ValueError("model: it has no rotary embedding (rotary_emb) to take the keys back to before RoPE")

@@ -111,11 +111,6 @@ class SlotBuffers:
         self.tensors = {name: tensors[name] for name in self.fills}
         self.capacity = tensors["keys"].shape[2]
 
-    def copy_of(self, other: "SlotBuffers", keep: int) -> None:
-        """Hold copies of ``other``'s first ``keep`` slots in buffers of this ``capacity`` (the rest empty)."""
-        self.tensors = {name: resized(buf, self.capacity, keep, self.fills[name])
-                        for name, buf in other.tensors.items()}
-
     def grow(self, need: int, keep: int, exact: bool = False, limit: int | None = None) -> None:
         """At least ``need`` slots (``exact``: exactly ``need``; otherwise at least double, but not past ``limit``
         when given), keeping the first ``keep`` slots, the new ones empty; a no-op when there are ``need`` slots

@@ -39,13 +39,6 @@ class GatherLayer(BudgetLayerMixin, DynamicLayer):
     def held_nbytes(self) -> int:
         return self._held
 
-    def load(self, keys, values, positions, state) -> None:
-        """Hold these tensors as this empty layer's tokens (a batch row's state)."""
-        self.keys, self.values, self.positions, self.state = keys, values, positions, state
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self.length, self.pending = keys.shape[2], 0
-        self._held = self.nbytes()
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = DynamicLayer.update(self, key_states, value_states)
         b, h, t = key_states.shape[:3]
