@@ -1,7 +1,6 @@
 """Shared fixtures: the offline data directory; a temp index and results directory (``paths``, or ``store`` opened);
 a local Ray kept from test to test (under pytest-xdist, the files that ask for it run on one worker); the service
-commands as a Typer app; one torch thread in this process; the ``kdeval.cli`` modules imported before any test
-(their consoles follow each call's COLUMNS).
+commands as a Typer app; one torch thread in this process.
 
 No Ray variable is set here: the product sets what it needs itself, kdeval subprocesses run without any
 (``tests/user_env.py``), and the fixtures that build a Ray cluster in this process set its sandbox settings
@@ -20,24 +19,6 @@ from tests.user_env import sandbox_ray
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def pytest_sessionstart(session):
-    """Every ``kdeval.cli`` module imported before any test, with no COLUMNS set. Several make a rich Console at
-    import, and a Console made while COLUMNS is set keeps that width for good: first imported inside a test's
-    ``CliRunner().invoke(..., env={"COLUMNS": "80"})``, a module would print 80 columns wide to every later test of
-    the process, whatever width that test asks for, so what a test sees would depend on which tests ran before
-    it in its process (under pytest-xdist, on its worker). Made without COLUMNS, a Console reads the width at each
-    call, as in a ``kdeval`` process of its own."""
-    import importlib
-    import pkgutil
-
-    import kdeval.cli
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("COLUMNS", raising=False)
-        for module in pkgutil.iter_modules(kdeval.cli.__path__):
-            importlib.import_module(f"kdeval.cli.{module.name}")
 
 
 @pytest.fixture(scope="session")

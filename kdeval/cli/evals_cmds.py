@@ -17,14 +17,13 @@ def tasks_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
     if as_json:
         typer.echo(json.dumps([s.to_dict() for s in specs], indent=2))
         return
-    from rich.console import Console
-
+    from kdeval.cli.consoles import stdout
     from kdeval.jobs.reports.render.layout import Column, TableView, render
 
     view = TableView("tasks", f"{len(specs)} tasks (`kdeval score TASK` and grids name them as printed)",
                      [Column("task", key=True), Column("benchmark"), Column("metric", fold=True), Column("data source", fold=True)],
                      [[s.name, s.benchmark, s.metric, s.source] for s in specs])
-    console = Console()
+    console = stdout()
     console.print(render(view, console.width))  # task names stay whole: they are typed as printed
 
 
@@ -44,15 +43,14 @@ def score_cmd(
     if as_json:
         typer.echo(json.dumps({"task": task, "samples": rows, "aggregate": headline}, indent=2, ensure_ascii=False))
         return
-    from rich.console import Console
-
+    from kdeval.cli.consoles import stdout
     from kdeval.jobs.reports.render.layout import Column, TableView, render
 
     subs = [k for k in rows[0] if k not in ("id", "score", "length", "depth", "level")]
     view = TableView("samples", f"{task}: per-sample scores (0-1)",
                      [Column("id", key=True), Column("score", numeric=True)] + [Column(k, numeric=True) for k in subs],
                      [[str(r["id"]), f"{r['score']:.4f}", *(f"{r[k]:.4f}" for k in subs)] for r in rows])
-    console = Console()
+    console = stdout()
     console.print(render(view, console.width))
     console.print(f"{task}: " + ", ".join(f"{k}={v}" for k, v in headline.items() if not isinstance(v, (list, dict))))
 

@@ -12,14 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
 from kdeval.jobs.interop.export import DIR_FORMATS, FORMATS, export_run
-
-out = Console()
-err = Console(stderr=True)
 
 
 def export(
@@ -40,6 +37,7 @@ def export(
         index = open_index(db, write=False)  # export only reads the index
         res = export_run(index, run, fmt, out_file, results_dir=results_dir)
     target = Path(out_file).expanduser().absolute()
+    out, err = stdout(), stderr()
     out.print(f"run {res.run_id}: {res.table.num_rows} rows of {res.cells} cells -> {target}",
               highlight=False, markup=False, soft_wrap=True)
     if res.not_done:
@@ -59,6 +57,7 @@ def _export_dir(run: str, fmt: str, out_dir: Path, db: Optional[str], results_di
         index = open_index(db, write=False)
         done, target, parts = export_dir(index, run, fmt, out_dir, results_dir=results_dir)
     what = "kvpress result directories" if fmt == "kvpress" else "lm-eval model folders"
+    out, err = stdout(), stderr()
     out.print(f"run {done.run_id}: {len(done.cells)} cells -> {target} ({len(parts)} {what})",
               highlight=False, soft_wrap=True)
     if done.not_done:

@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kdeval.cli.consoles import stdout
 from kdeval.cli.errors import bad_input
-
-console = Console()
 
 #: How the stats of ``generate`` are printed: (label, kind of :mod:`kdeval.jobs.reports.render.units`).
 STAT_LABELS: dict[str, tuple[str, str]] = {
@@ -153,6 +151,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"model": model, "policy": policy, "params": pol.params(), "budget": budget,
                               "chunk": chunk, "eviction": eviction, "answer": answer, "stats": stats}))
             return
+        console = stdout()
         console.print(eviction, style="bold", markup=False, highlight=False)
         console.print(f"[bold]answer[/bold]: {escape(answer)}", highlight=False)
         console.print(stats_table(stats))
@@ -181,6 +180,7 @@ def register(app: typer.Typer) -> None:
         view = TableView("policies", f"{len(infos)} policies (`--policy NAME --param key=value`)",
                          [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
                           Column("extra cost (defaults)", fold=True)], rows)
+        console = stdout()
         console.print(render(view, console.width))
         console.print(PROTOCOLS_NOTE, highlight=False, soft_wrap=True)
         from kdeval.keydiff.quant import EXPLANATION

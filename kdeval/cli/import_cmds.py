@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, open_index
 from kdeval.storage import IndexStorageError
 
-out = Console()
-err = Console(stderr=True, markup=False, highlight=False)
 imports = typer.Typer(help="Import another tool's results (kvpress) as an external run that reports compare.",
                       no_args_is_help=True)
 
@@ -44,6 +42,7 @@ def kvpress(
         results_dir = results_dir or service.DEFAULT_RESULTS_DIR
         check_results_dir(results_dir)
         index = open_index(db, must_exist=False)
+        err = stderr(markup=False, highlight=False)
         try:
             run_id, cells = import_kvpress(index, directory, results_dir, model=model, seed=seed, cells=cells)
         except OSError as e:  # the results directory filled up: what was written is removed, the index untouched
@@ -54,8 +53,8 @@ def kvpress(
             err.print(f"error: the import is not recorded: {e}; the import can be run again", soft_wrap=True)
             raise typer.Exit(EXIT_FAILED)
     n = sum(len(c.rows) for c in cells)
-    out.print(f"run {run_id}: {len(cells)} cells, {n} predictions imported from kvpress (external)",
-              highlight=False, soft_wrap=True)
+    stdout().print(f"run {run_id}: {len(cells)} cells, {n} predictions imported from kvpress (external)",
+                   highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_OK)
 
 

@@ -11,20 +11,18 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 import typer
-from rich.console import Console
 
+from kdeval.cli.consoles import stderr
 from kdeval.cli.errors import EXIT_BAD_INPUT
 from kdeval.storage import DB_ENV, DEFAULT_DB_PATH, IndexAccessError, RunIndex, db_url, sqlite_path
 
 DB_HELP = (f"Index database: a path, a SQLAlchemy URL, or @FILE holding one (keeps a password out of `ps`) "
            f"(default ${DB_ENV}, else {DEFAULT_DB_PATH}).")
 
-err = Console(stderr=True)
-
 
 def _fail(message: str) -> NoReturn:
     """One unwrapped line on stderr, exit 2."""
-    err.print(message, markup=False, highlight=False, soft_wrap=True)
+    stderr().print(message, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 

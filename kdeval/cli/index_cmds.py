@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from kdeval.cli.index_access import DB_HELP, open_index
 
-out = Console(markup=False, highlight=False)
-err = Console(stderr=True, markup=False, highlight=False)
 
 index_app = typer.Typer(help="Rebuild the index from a results directory: runs, cells and summaries (not attempt "
                              "history).", no_args_is_help=True)
@@ -34,6 +32,7 @@ def rebuild(
     from kdeval.jobs.run import service
     from kdeval.jobs.run.recovery import rebuild_index
 
+    out, err = stdout(markup=False, highlight=False), stderr(markup=False, highlight=False)
     if not (results_dir / "cells").is_dir() and not (results_dir / "runs").is_dir():
         err.print(f"error: --results-dir: {results_dir} holds no cells/ or runs/ directory (not a kdeval results "
                   "directory)", soft_wrap=True)

@@ -14,10 +14,9 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.errors import EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
-
-err = Console(stderr=True)
 
 #: Where ``--format html`` writes without ``--out`` (``kdeval report`` points at it).
 DEFAULT_DIR = Path(".kdeval") / "leaderboard"
@@ -89,12 +88,12 @@ def leaderboard(
         board = build_leaderboard(index, filters, options)
     if not board.rows:
         what = "; ".join(f"{k} {', '.join(v)}" for k, v in board.meta.filters.items()) or "any filter"
-        _say(err, f"nothing found: no done cell in the index matches {what}")
+        _say(stderr(), f"nothing found: no done cell in the index matches {what}")
         raise typer.Exit(EXIT_FAILED)
     if to_stdout:
         sys.stdout.write({"md": views.to_markdown, "csv": views.to_csv, "json": views.to_json}[files[0]](board))
         raise typer.Exit(EXIT_OK)
-    out = Console()  # made here, not at import: it follows the terminal's width of this call
+    out = stdout()
     if "table" in fmts:
         _say(out, views.summary_line(board))
         for view in views.table_views(board, long=False):

@@ -71,8 +71,7 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON in
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-
+    from kdeval.cli.consoles import stdout
     from kdeval.jobs.reports.render.layout import Column, TableView, render
 
     statuses, notes = _short_statuses(rows)
@@ -81,7 +80,7 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON in
                       Column("layers", key=True), Column("status", fold=True)],
                      [[r["family"], r["model_type"], r["random model"], _layers(r["layers"]), status]
                       for r, status in zip(rows, statuses)])
-    console = Console()
+    console = stdout()
     console.print(render(view, console.width))
     console.print("\n".join(notes), highlight=False, soft_wrap=True)
     console.print(STATUS_NOTE, highlight=False, soft_wrap=True)

@@ -14,9 +14,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kdeval.cli.consoles import stdout
 from kdeval.cli.errors import EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
-from kdeval.cli.report_cmds import out, print_report
+from kdeval.cli.report_cmds import print_report
 
 #: The gate.json keys ``--json`` prints (the per-night series the history page needs are left out).
 SUMMARY_KEYS = ("run", "grid", "grid_hash", "baseline", "passed", "checked", "regressions", "speed_regressions",
@@ -79,6 +80,7 @@ def nightly(
     from kdeval.jobs.nightly.spec import load_nightly
     from kdeval.jobs.run import service
 
+    out = stdout()
     if history_of is not None or str(nightly_file) == "history":
         with bad_input():
             if str(nightly_file) != "history" or history_of is None:
@@ -97,7 +99,7 @@ def nightly(
     if as_json:
         print(verdict_summary(outcome.summary))
         raise typer.Exit(outcome.exit_code)
-    print_report(outcome.report)
+    print_report(outcome.report, out)
     g = outcome.gate
     verb = "resumed" if outcome.resumed else "ran"
     out.print(f"nightly {nf.grid.name}: {verb if run is None else 'gated'} run {outcome.run}; baseline "

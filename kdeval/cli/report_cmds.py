@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.console import Console
 
+from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index  # storage: SQLAlchemy and pyarrow, no torch or Ray
 from kdeval.cli.leaderboard_cmds import where_line
@@ -21,13 +22,10 @@ from kdeval.storage import RunIndex
 if TYPE_CHECKING:
     from kdeval.jobs.reports import Report
 
-out = Console()  # the terminal's width: tables fold to fit it
-err = Console(stderr=True)
-
 RESULTS_HELP = "Where the Parquet files are, when moved since the run (default: as recorded in the index)."
 
 
-def print_report(report: "Report", console: Console = out, detail: bool = False) -> None:
+def print_report(report: "Report", console: Console, detail: bool = False) -> None:
     """The terminal tables of a report: scores, contrasts, conversations by turn, speed, answer length, memory,
     cells not done; then its warnings."""
     from kdeval.jobs.reports.render.terminal import (cells_table, contrast_tables, conversation_tables, length_table,
@@ -50,7 +48,7 @@ def print_report(report: "Report", console: Console = out, detail: bool = False)
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def print_broken(report: "Report", console: Console = out) -> None:
+def print_broken(report: "Report", console: Console) -> None:
     """``kdeval report --broken``: the broken-sample table (or a line saying there is none), then the warnings."""
     from kdeval.jobs.reports.render.terminal import broken_table, warning_lines
 
@@ -102,8 +100,9 @@ def report(
         run_ids = list(runs) if runs else _latest_run(index)
         rep = build_report(index, run_ids, ReportOptions(compare=compare, resamples=resamples, seed=seed,
                                                         results_dir=results_dir))
+    out, err = stdout(), stderr()  # this call's terminal width: tables fold to fit it
     if broken:
-        print_broken(rep)
+        print_broken(rep, out)
         raise typer.Exit(EXIT_FAILED if rep.n_incomplete_cells else EXIT_OK)
     files = [f for f in fmts if f != "table"]
     if files and out_dir is None and files != ["html"] and len(files) == 1:
@@ -114,7 +113,7 @@ def report(
             err.print(line, highlight=False, soft_wrap=True)
     else:
         if "table" in fmts:
-            print_report(rep, detail=detail)
+            print_report(rep, out, detail=detail)
         else:
             for line in warning_lines(rep):
                 out.print(line, highlight=False, soft_wrap=True)

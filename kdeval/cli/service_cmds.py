@@ -17,11 +17,11 @@ from typing import Optional
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.detach import detach_local, detach_ray_job
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
@@ -37,11 +37,8 @@ from kdeval.jobs.run.progress import RunProgress
 from kdeval.shown import shown
 from kdeval.storage import TERMINAL_RUN_STATES, IndexStorageError, RunIndex, RunState
 
-# Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (styles are
-# given as Text).
-out = Console(markup=False)
-err = Console(stderr=True, markup=False)
-
+# Names, model ids, errors and paths come from users: nothing printed here is read as rich markup (every console is
+# made with markup=False; styles are given as Text). Consoles are made per call (kdeval.cli.consoles).
 
 
 CONNECT_HELP = ("Seconds the driver may take to join the cluster at --address; past them (or at once, when nothing "
@@ -55,14 +52,14 @@ def _check_address(address: Optional[str]) -> None:
         if address:
             check_address(address)
     except AddressError as e:
-        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        stderr(markup=False).print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _run_or_exit(index: RunIndex, ref: str):
     run = index.get_run(ref)
     if run is None:
-        err.print(f"error: no run '{shown(ref)}' (or the prefix is ambiguous); see `kdeval ls`")
+        stderr(markup=False).print(f"error: no run '{shown(ref)}' (or the prefix is ambiguous); see `kdeval ls`")
         raise typer.Exit(EXIT_BAD_INPUT)
     return run
 
@@ -82,6 +79,7 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
 
     from kdeval.jobs.run.outcomes import ResultsDirError  # pyarrow: imported when a run executes, not for `ls`
 
+    out, err = stdout(markup=False), stderr(markup=False)
     display = (RichProgress if err.is_terminal else PlainProgress)(err, run_id, describe)
     last: list[RunProgress] = []
 
@@ -145,7 +143,8 @@ def _print_plan(name: str, p: "service.RunPlan") -> None:
     for c in p.cells:
         state = "done" if c.id in p.done else "to run" + (f" ({p.invalid[c.id]})" if c.id in p.invalid else "")
         t.add_row(c.id[:10], state, str(c.task.max_new_tokens), c.task.data_source, c.describe())
-    out.print(t)
+    stdout(markup=False).print(t)
+    err = stderr(markup=False)
     for note in p.notes:
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
 
@@ -163,6 +162,7 @@ def submit(
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
     from kdeval.jobs.grid.prompt_fit import check_prompts  # transformers' tokenizers: only when a grid is submitted
 
+    out, err = stdout(markup=False), stderr(markup=False)
     try:
         grid, text = load_grid(grid_file)
         index = open_index(db, write=False) if dry_run and missing_index(db) is None else None
@@ -236,6 +236,7 @@ def status(
     if as_json:
         print(status_json(index, run_id))
         raise typer.Exit(EXIT_OK)
+    out = stdout(markup=False)
     render = (lambda: status_table(index, run_id, out.width)) if run_id else (lambda: runs_table(index))
     if not watch:
         out.print(render())
@@ -251,7 +252,7 @@ def status(
 
 def ls(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """List runs, newest first."""
-    out.print(runs_table(open_index(db, write=False)))
+    stdout(markup=False).print(runs_table(open_index(db, write=False)))
 
 
 def cancel(
@@ -262,6 +263,7 @@ def cancel(
     index = open_index(db)
     r = _run_or_exit(index, run)
     before = service.cancel_run(index, r.id)
+    out = stdout(markup=False)
     if before in TERMINAL_RUN_STATES:
         out.print(f"run {r.id} already {before}")
     else:
@@ -279,6 +281,7 @@ def rescore(
     r = _run_or_exit(index, run)
     with bad_input():
         report = rescore_run(index, r.id)
+    out = stdout(markup=False)
     out.print(f"rescored {report.cells} cells ({report.rows} rows, {report.changed} scores changed)")
     if report.skipped:
         out.print(f"skipped {len(report.skipped)} cells: " + "; ".join(report.skipped[:5]))

@@ -33,8 +33,7 @@ def test_detached_submit_finishes_in_background(app, paths, monkeypatch):
     assert time.monotonic() - t0 < 120
 
 
-def test_a_background_driver_that_died_before_taking_its_run_reads_failed_with_its_last_log_line(app, paths,
-                                                                                                monkeypatch):
+def test_a_background_driver_that_died_before_taking_its_run_reads_failed_with_its_last_log_line(app, paths):
     """Not ``pending`` for good: ``status`` and ``ls`` say the driver is gone, and what its log said last."""
     import socket
     import subprocess
@@ -59,10 +58,7 @@ def test_a_background_driver_that_died_before_taking_its_run_reads_failed_with_i
     assert f"run {run_id} (stub-grid, stub:0.02): failed (driver gone)" in said, st.output
     assert (f"the background driver (pid {alive.pid} on {socket.gethostname()}) exited before it ran the run; its "
             f"log's last line: MemoryError: out of memory; `kdeval resume {run_id}` runs it") in said, st.output
-    from kdeval.cli import service_cmds
-
-    monkeypatch.setattr(service_cmds.out, "width", 300)  # one line per run
-    ls = CliRunner().invoke(app, ["ls", "--db", str(paths["db"])])
+    ls = CliRunner().invoke(app, ["ls", "--db", str(paths["db"])], env={"COLUMNS": "300"})  # one line per run
     assert re.search(rf"{run_id}\s+stub-grid\s+failed \(driver gone\)", ls.output), ls.output
     assert idx.get_run(run_id).state == "pending"  # status only reads the index
     idx.close()

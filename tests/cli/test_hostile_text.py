@@ -9,7 +9,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.cli import report_cmds, service_cmds
 from kdeval.cli.app import app as kdeval_app
 from kdeval.cluster.stub import StubWorkload
 from kdeval.jobs.run import service
@@ -26,9 +25,8 @@ HOSTILE = f"{CLOSE} {BOLD} {IMG}"
 
 @pytest.fixture
 def wide(monkeypatch):
-    """The CLI consoles 400 cells wide: whole names on one line, so the test can find them."""
-    for console in (service_cmds.out, service_cmds.err, report_cmds.out, report_cmds.err):
-        monkeypatch.setattr(console, "width", 400)
+    """The CLI consoles (made per call) 400 cells wide: whole names on one line, so the test can find them."""
+    monkeypatch.setenv("COLUMNS", "400")
 
 
 @pytest.fixture

@@ -38,12 +38,9 @@ def test_an_unknown_grid_key_is_echoed_escaped(tmp_path, where):
 
 
 @pytest.fixture
-def wide(monkeypatch):
-    """The CLI's consoles 400 cells wide (made when their module was first imported, at whatever width)."""
-    from kdeval.cli import service_cmds
-
-    for console in (service_cmds.out, service_cmds.err):
-        monkeypatch.setattr(console, "width", 400)
+def wide() -> dict[str, str]:
+    """The environment that makes the CLI's consoles (made per call) 400 cells wide."""
+    return {"COLUMNS": "400"}
 
 
 @pytest.fixture
@@ -67,7 +64,7 @@ def test_an_unknown_run_id_is_echoed_escaped(index, command):
 
 def test_status_and_ls_show_a_stored_name_escaped(index, wide):
     for args in (["ls"], ["status"], ["status", "r1"]):
-        r = runner.invoke(kdeval_app, [*args, "--db", index], env=ENV)
+        r = runner.invoke(kdeval_app, [*args, "--db", index], env=wide)
         assert r.exit_code == 0, r.output
         _raw_free(r.output)
         assert "\\u202eevil\\u2066x\\u2069\\u200b" in r.output, r.output

@@ -17,7 +17,6 @@ import pytest
 
 from typer.testing import CliRunner
 
-from kdeval.cli import service_cmds
 from kdeval.cli.app import app as kdeval_app
 from kdeval.storage import IndexAccessError, RunIndex
 from tests.user_env import user_env
@@ -48,9 +47,8 @@ def small_disk(tmp_path):
 
 @pytest.fixture
 def wide(monkeypatch):
-    """Messages on one line whatever their length (the CLI's consoles 400 cells wide)."""
-    for console in (service_cmds.out, service_cmds.err):
-        monkeypatch.setattr(console, "width", 400)
+    """Messages on one line whatever their length (the CLI's consoles, made per call, 400 cells wide)."""
+    monkeypatch.setenv("COLUMNS", "400")
 
 
 def _cli(*args: str) -> list[str]:

@@ -19,11 +19,11 @@ GRID = ("name: fit\nmodels: [random:llama-tiny]\npolicies: [full, keydiff]\nbudg
         "tasks: [{name: needle, lengths: [512], samples: 1}]\ngeneration: {max_new_tokens: 2}\n")
 
 
-def _submit(tmp_path, text: str, dry: bool = True):
+def _submit(tmp_path, text: str, dry: bool = True, env: dict[str, str] = ENV):
     grid = tmp_path / "g.yaml"
     grid.write_text(text)
     args = ["submit", str(grid), "--db", str(tmp_path / "i.sqlite"), "--results-dir", str(tmp_path / "results")]
-    return runner.invoke(kdeval_app, args + (["--dry-run"] if dry else []), env=ENV)
+    return runner.invoke(kdeval_app, args + (["--dry-run"] if dry else []), env=env)
 
 
 CASES = {
@@ -64,13 +64,9 @@ def test_a_setting_the_model_cannot_take_is_one_line_at_submit(tmp_path, case, d
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]  # no index, no results directory
 
 
-def test_an_unset_kivi_group_is_derived_from_head_dim_and_said(tmp_path, monkeypatch):
-    from kdeval.cli import service_cmds
-
-    for console in (service_cmds.out, service_cmds.err):  # made at first import, at whatever width: the table whole
-        monkeypatch.setattr(console, "width", 400)
+def test_an_unset_kivi_group_is_derived_from_head_dim_and_said(tmp_path):
     text = GRID.replace("[random:llama-tiny]", "[random:llama-tiny, random:qwen2-tiny]") + "kv_quant: [{bits: 4}]\n"
-    r = _submit(tmp_path, text)
+    r = _submit(tmp_path, text, env={"COLUMNS": "400"})  # the table whole
     assert r.exit_code == 0, r.output
     assert ("note: kv_quant[0].group_size: unset, so 16 for random:llama-tiny (its head_dim 16 does not take "
             "KIVI's 32)") in r.output, r.output

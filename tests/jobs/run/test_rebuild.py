@@ -10,7 +10,6 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.cli import report_cmds, service_cmds
 from kdeval.cli.app import app as kdeval_app
 from kdeval.storage import RunIndex, part_files, read_cell_rows, write_cell_rows
 
@@ -24,8 +23,7 @@ GRID = stub_grid(cost=0.01, workers=2).replace("resources: {workers: 2}", "resou
 
 @pytest.fixture
 def wide(monkeypatch):
-    for console in (service_cmds.out, report_cmds.out):
-        monkeypatch.setattr(console, "width", 300)
+    monkeypatch.setenv("COLUMNS", "300")  # the CLI's consoles are made per call and read it
 
 
 def _files(results: Path) -> dict[str, tuple[str, int]]:

@@ -10,7 +10,6 @@ import functools
 import pytest
 from typer.testing import CliRunner
 
-from kdeval.cli import service_cmds
 from kdeval.cli.app import app as kdeval_app
 from kdeval.cluster.stub import StubWorkload
 from kdeval.jobs.run import outcomes, service
@@ -22,7 +21,7 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
 def test_an_unwritable_results_dir_stops_the_run_in_one_line_without_retries(local_ray, paths, monkeypatch, code):
-    monkeypatch.setattr(service_cmds.err, "width", 400)
+    monkeypatch.setenv("COLUMNS", "400")  # the CLI's consoles are made per call and read it
     monkeypatch.setattr(service, "execute_run", functools.partial(service.execute_run, workload=StubWorkload(),
                                                                   num_cpus=2))
     real = outcomes.write_part
