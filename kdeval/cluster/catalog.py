@@ -62,6 +62,25 @@ def policy_attention_error(name: str, params: dict[str, Any], attn_implementatio
     return own_attention_reason(policy.needs(), len(set(policy.layer_budgets(1024, 32))) > 1)
 
 
+def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | None:
+    """Why policy ``name`` cannot run on a model of ``shape`` (:func:`model_shape`): beside windowed layers, or on an
+    MLA cache, in the engine's own words (``kdeval.keydiff.plan``), else None (also for an unknown policy or bad
+    parameters, which :func:`policy_param_error` reports)."""
+    from kdeval.baselines import get_policy
+    from kdeval.keydiff.plan import latent_refusal, windowed_refusal
+
+    if not (shape.windowed or shape.latent):
+        return None
+    try:
+        policy = get_policy(name, **params)
+    except (TypeError, ValueError):
+        return None
+    if not policy.evicts:
+        return None
+    needs = policy.needs()
+    return (windowed_refusal(needs) if shape.windowed else None) or (latent_refusal(needs) if shape.latent else None)
+
+
 def engine_setting_error(name: str, value: Any) -> str | None:
     """The engine's own message when ``value`` breaks its rule for setting ``name`` (``chunk_size``: "must be a
     positive number of tokens, got 0", without the name), else None (``kdeval.keydiff.config.RULES``)."""

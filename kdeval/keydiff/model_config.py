@@ -18,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from kdeval.keydiff.random_models import RANDOM_CONFIGS
@@ -46,13 +47,16 @@ _HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
 @dataclass(frozen=True)
 class ModelShape:
     """What settings are checked against: ``head_dim`` (channels per KV head), ``context`` (the longest prompt
-    + generation the model takes: ``max_position_embeddings``; 0 when its config names none) and where they
-    were read (``source``, for messages)."""
+    + generation the model takes: ``max_position_embeddings``; 0 when its config names none), whether some layer
+    is windowed (sliding or chunked attention: a hybrid model) or the cache holds latents (MLA: ``kv_lora_rank``),
+    and where they were read (``source``, for messages)."""
 
     head_dim: int
     context: int
     kv_heads: int
     source: str
+    windowed: bool = False
+    latent: bool = False
 
 
 def shape_of(config: dict[str, Any], source: str) -> ModelShape | None:
@@ -65,7 +69,19 @@ def shape_of(config: dict[str, Any], source: str) -> ModelShape | None:
         return None
     context = config.get("max_position_embeddings")
     return ModelShape(head_dim=head_dim, context=context if isinstance(context, int) and context > 0 else 0,
-                      kv_heads=int(config.get("num_key_value_heads") or heads or 0), source=source)
+                      kv_heads=int(config.get("num_key_value_heads") or heads or 0), source=source,
+                      windowed=_windowed(config), latent=config.get("kv_lora_rank") is not None)
+
+
+def _windowed(config: dict[str, Any]) -> bool:
+    """Whether some layer of the config (a mapping) is windowed, by the engine's own rule (:func:`layer_kinds`);
+    False where the config cannot say (a layer type the engine refuses when the model loads)."""
+    from kdeval.keydiff.layer_kinds import layer_kinds  # here: it imports torch, which reading a shape does not need
+
+    try:
+        return any(kind.windowed for kind in layer_kinds(SimpleNamespace(**config)))
+    except (TypeError, ValueError, AttributeError):
+        return False
 
 
 def _read_config(path: Path) -> dict[str, Any] | None:

@@ -221,10 +221,11 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     # windowed layers and sinks take the engine's own attention, whose masks go by position
     uniform = not windowed and not sinks and (budgets is None or len(set(budgets)) == 1)
     needs = policy.needs() if evicting else PolicyNeeds()
-    if windowed:
-        _check_windowed(policy.name, needs)
-    if latent:
-        _check_latent(policy.name, needs, config)
+    for why in (windowed_refusal(needs) if windowed else None, latent_refusal(needs) if latent else None):
+        if why is not None:
+            raise ValueError(f"policy: '{policy.name}' {why}")
+    if latent and config.kv_quant is not None:
+        raise ValueError("kv_quant: a multi-head latent attention (MLA) cache is not quantized by the engine")
     if needs.merges and needs.shares_heads:
         raise ValueError(f"policy: '{policy.name}' merges freed tokens into kept ones, which a head-shared pool "
                          f"does not do")
@@ -305,25 +306,24 @@ _LATENT_REFUSED = (("values", "reads the cached values"), ("projections", "reads
                    ("repeat", "scores a repeat pass"))
 
 
-def _check_latent(name: str, needs: PolicyNeeds, config: EngineConfig) -> None:
-    """Refuse (``ValueError`` naming ``policy`` or ``kv_quant``) what an MLA cache cannot serve: its rows are one
-    latent and one shared rotary key a token, not per-head keys and values."""
+def latent_refusal(needs: PolicyNeeds) -> str | None:
+    """Why a policy of ``needs`` cannot run on a multi-head latent attention (MLA) cache, whose rows are one latent
+    and one shared rotary key a token, not per-head keys and values (``None``: it can); make_plan and the grid's
+    submit-time check (kdeval/jobs/grid/fit.py) say it alike."""
     for flag, what in _LATENT_REFUSED:
         if getattr(needs, flag) not in (None, False):
-            raise ValueError(f"policy: '{name}' {what}, which a multi-head latent attention (MLA) cache does not hold "
-                             f"(it keeps one compressed latent and one shared rotary key a token)")
-    if config.kv_quant is not None:
-        raise ValueError("kv_quant: a multi-head latent attention (MLA) cache is not quantized by the engine")
+            return (f"{what}, which a multi-head latent attention (MLA) cache does not hold (it keeps one compressed "
+                    f"latent and one shared rotary key a token)")
+    return None
 
 
-def _check_windowed(name: str, needs: PolicyNeeds) -> None:
-    """Refuse (``ValueError`` naming ``policy``) what the engine does not run beside windowed layers."""
+def windowed_refusal(needs: PolicyNeeds) -> str | None:
+    """Why a policy of ``needs`` does not run beside windowed layers (``None``: it does), as :func:`latent_refusal`."""
     why = ("shares a layer's slots among its KV heads" if needs.shares_heads
            else "re-rotates its kept keys to contiguous positions, which windowed layers do not share"
            if needs.rerotates else "scores a repeat pass" if needs.repeat is not None else None)
-    if why:
-        raise ValueError(f"policy: '{name}' {why}; not supported on a model with windowed (sliding or chunked) "
-                         f"attention layers")
+    return None if why is None else f"{why}; not supported on a model with windowed (sliding or chunked) attention " \
+                                    "layers"
 
 
 def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None", max_new: int = 0) -> torch.Tensor:

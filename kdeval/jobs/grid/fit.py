@@ -4,7 +4,9 @@ take is refused at submit (``--dry-run`` included), one line naming the field, i
 of its cells at run time:
 
 - ``kv_quant[j].group_size`` must divide the head_dim (an unset one is derived from it: :func:`resolved_quant`);
-- ``budgets``, ``chunk_sizes`` and each task's ``lengths`` must fit the context (``max_position_embeddings``).
+- ``budgets``, ``chunk_sizes`` and each task's ``lengths`` must fit the context (``max_position_embeddings``);
+- each policy must run on the model's layers: not one the engine refuses beside windowed layers (a hybrid model)
+  or on a multi-head latent attention cache (:func:`kdeval.cluster.catalog.policy_model_error`).
 
 These run with the grid's validation (no transformers); what needs a tokenizer (a length too short for a task's
 template) is :mod:`kdeval.jobs.grid.prompt_fit`'s.
@@ -61,6 +63,10 @@ def fit_issues(grid: GridSpec, model_shapes: list[Any]) -> list[GridIssue]:
         if shape is None:
             continue
         who = _name(m, model)
+        for i, p in enumerate(grid.policies):
+            why = catalog.policy_model_error(p.name, dict(p.params), shape)
+            if why is not None:
+                issues.append(GridIssue(f"policies[{i}]", f"'{p.name}' {why} (models[{m}] {model.id})"))
         for j, q in enumerate(grid.kv_quant):
             if q is not None and q.group_size is not None and shape.head_dim % q.group_size:
                 issues.append(GridIssue(f"kv_quant[{j}].group_size", f"expected a divisor of {who}'s head_dim "

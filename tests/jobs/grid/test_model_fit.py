@@ -48,6 +48,15 @@ CASES = {
                     "models[0].id: ../../../../../../etc is a directory without config.json"),
     "file-url": (GRID.replace("[random:llama-tiny]", "['file:///etc/passwd']"), "models[0].id: a URL is not a model id"),
     "http-url": (GRID.replace("[random:llama-tiny]", "['http://127.0.0.1:9/x']"), "models[0].id: a URL is not a model id"),
+    "windowed-policy": (GRID.replace("[random:llama-tiny]", "[random:gemma3-tiny]").replace("[full, keydiff]",
+                                                                                         "[full, ada-keydiff]"),
+                        "policies[1]: 'ada-keydiff' shares a layer's slots among its KV heads; not supported on a model "
+                        "with windowed (sliding or chunked) attention layers (models[0] random:gemma3-tiny)"),
+    "latent-policy": (GRID.replace("[random:llama-tiny]", "[random:deepseek-v3-tiny]").replace(
+        "[full, keydiff]", "[full, expected-attention]"),
+        "policies[1]: 'expected-attention' reads the cached values, which a multi-head latent attention (MLA) cache "
+        "does not hold (it keeps one compressed latent and one shared rotary key a token) "
+        "(models[0] random:deepseek-v3-tiny)"),
     "bad-hub-id": (GRID.replace("[random:llama-tiny]", "['a/b/c']"), "models[0].id: expected a known name, a local"),
 }
 
