@@ -26,6 +26,7 @@ from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, 
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
 LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
+NAME_WIDTH = 24  # a run name up to this many characters stays whole in the runs table
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
 SHORT_COLUMNS = ("cell", "N/B", "state", "s")
 
@@ -61,9 +62,10 @@ def runs_table(index: RunIndex) -> Table:
     t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     runs = index.list_runs()
     for col in ("run", "name", "state", "done", "failed", "left", "created"):
-        # a run id is what a user types next: it never folds; the name folds instead
-        t.add_column(col, overflow="fold", no_wrap=col in ("run", "created"),
-                     min_width=max([len(col)] + [len(r.id) for r in runs]) if col == "run" else len(col),
+        # a run id is what a user types next: it never folds; the name folds instead, past NAME_WIDTH
+        least = {"run": max([len(col)] + [len(r.id) for r in runs]),
+                 "name": min(max([len(col)] + [len(shown(r.name)) for r in runs]), NAME_WIDTH)}
+        t.add_column(col, overflow="fold", no_wrap=col in ("run", "created"), min_width=least.get(col, len(col)),
                      justify="right" if col in ("done", "failed", "left") else "left")
     for r in runs:
         c = r.counts
@@ -184,6 +186,12 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
         rows[-1] = [shown(x) for x in rows[-1]]  # names, tasks and errors: terminal escapes shown, not obeyed
     # each column pads one space on its right, and one separator stands between columns
     widths = _fit(cols, rows, metrics, width - len(cols) - (len(cols) - 1))
+    room = widths[-1] if widths else 0
+    errors = []  # an error longer than its column is said whole under the table, not folded a word a line
+    for c, row in zip(cells, rows):
+        if c.state == CellState.FAILED.value and len(row[-1]) > room:
+            errors.append(Text(f"cell {row[0]}: {row[-1]}"))
+            row[-1] = "error below"
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for i, col in enumerate(cols):
         t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
@@ -194,7 +202,7 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     if common:
         budgetless = any(not protocol_parts(c.spec) for c in cells)
         said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common}"))
-    parts = [Text(title, style="bold"), t] + said + ([Text(shown(caption))] if caption else [])
+    parts = [Text(title, style="bold"), t] + said + errors + ([Text(shown(caption))] if caption else [])
     return Group(*parts)
 
 
