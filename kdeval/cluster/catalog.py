@@ -44,38 +44,37 @@ def policy_budget_error(name: str, params: dict[str, Any], budget: int) -> str |
     return None
 
 
-def policy_attention_error(name: str, params: dict[str, Any], attn_implementation: str) -> str | None:
-    """Why policy ``name`` cannot run on a model loaded with ``attn_implementation`` (it needs the engine's
-    SDPA-based attention: attention rows, per-layer budgets, a head-shared pool), else None (also for an
-    unknown policy or bad parameters, which :func:`policy_param_error` reports)."""
+def _evicting_policy(name: str, params: dict[str, Any]) -> Any:
+    """Policy ``name`` built with ``params`` when it evicts, else None (also for an unknown policy or bad
+    parameters, which :func:`policy_param_error` reports)."""
     from kdeval.baselines import get_policy
-    from kdeval.keydiff.plan import SDPA_FAMILY, own_attention_reason
 
-    if attn_implementation in SDPA_FAMILY:
-        return None
     try:
         policy = get_policy(name, **params)
     except (TypeError, ValueError):
         return None
-    if not policy.evicts:
+    return policy if policy.evicts else None
+
+
+def policy_attention_error(name: str, params: dict[str, Any], attn_implementation: str) -> str | None:
+    """Why policy ``name`` cannot run on a model loaded with ``attn_implementation`` (it needs the engine's
+    SDPA-based attention: attention rows, per-layer budgets, a head-shared pool), else None (also for an
+    unknown policy or bad parameters, which :func:`policy_param_error` reports)."""
+    from kdeval.keydiff.plan import SDPA_FAMILY, own_attention_reason
+
+    policy = None if attn_implementation in SDPA_FAMILY else _evicting_policy(name, params)
+    if policy is None:
         return None
     return own_attention_reason(policy.needs(), len(set(policy.layer_budgets(1024, 32))) > 1)
 
 
 def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | None:
     """Why policy ``name`` cannot run on a model of ``shape`` (:func:`model_shape`): beside windowed layers, or on an
-    MLA cache, in the engine's own words (``kdeval.keydiff.plan``), else None (also for an unknown policy or bad
-    parameters, which :func:`policy_param_error` reports)."""
-    from kdeval.baselines import get_policy
+    MLA cache, in the engine's own words (``kdeval.keydiff.plan``), else None (as :func:`policy_attention_error`)."""
     from kdeval.keydiff.plan import latent_refusal, windowed_refusal
 
-    if not (shape.windowed or shape.latent):
-        return None
-    try:
-        policy = get_policy(name, **params)
-    except (TypeError, ValueError):
-        return None
-    if not policy.evicts:
+    policy = _evicting_policy(name, params) if shape.windowed or shape.latent else None
+    if policy is None:
         return None
     needs = policy.needs()
     return (windowed_refusal(needs) if shape.windowed else None) or (latent_refusal(needs) if shape.latent else None)
