@@ -237,7 +237,7 @@ def status(
         print(status_json(index, run_id))
         raise typer.Exit(EXIT_OK)
     out = stdout(markup=False)
-    render = (lambda: status_table(index, run_id, out.width)) if run_id else (lambda: runs_table(index))
+    render = (lambda: status_table(index, run_id, out.width)) if run_id else (lambda: runs_table(index, out.width))
     if not watch:
         out.print(render())
         raise typer.Exit(EXIT_OK)
@@ -252,7 +252,8 @@ def status(
 
 def ls(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """List runs, newest first."""
-    stdout(markup=False).print(runs_table(open_index(db, write=False)))
+    out = stdout(markup=False)
+    out.print(runs_table(open_index(db, write=False), out.width))
 
 
 def cancel(

@@ -26,7 +26,6 @@ from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, 
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
 LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
-NAME_WIDTH = 24  # a run name up to this many characters stays whole in the runs table
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
 SHORT_COLUMNS = ("cell", "N/B", "state", "s")
 
@@ -58,20 +57,26 @@ def counts_line(counts: dict[str, int]) -> str:
     return "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
 
 
-def runs_table(index: RunIndex) -> Table:
+def runs_table(index: RunIndex, width: int = 120) -> Table:
+    """Every run, newest first, in ``width`` columns: the run id (what a user types next), the counts and the time
+    whole, the state folding only past its own width, the name taking what is left (it folds past that)."""
     t = Table(title="runs (created UTC)", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
-    runs = index.list_runs()
-    for col in ("run", "name", "state", "done", "failed", "left", "created"):
-        # a run id is what a user types next: it never folds; the name folds instead, past NAME_WIDTH
-        least = {"run": max([len(col)] + [len(r.id) for r in runs]),
-                 "name": min(max([len(col)] + [len(shown(r.name)) for r in runs]), NAME_WIDTH)}
-        t.add_column(col, overflow="fold", no_wrap=col in ("run", "created"), min_width=least.get(col, len(col)),
-                     justify="right" if col in ("done", "failed", "left") else "left")
-    for r in runs:
+    cols = ("run", "name", "state", "done", "failed", "left", "created")
+    rows = []
+    for r in index.list_runs():
         c = r.counts
         left = c.get("pending", 0) + c.get("running", 0)
-        t.add_row(r.id, shown(r.name), shown_state(r), str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
-                  r.created_at.strftime("%m-%d %H:%M"))
+        rows.append([r.id, shown(r.name), shown_state(r), str(c.get("done", 0)), str(c.get("failed", 0)), str(left),
+                     r.created_at.strftime("%m-%d %H:%M")])
+    natural = [max([len(col)] + [len(row[i]) for row in rows]) for i, col in enumerate(cols)]
+    # each column pads one space on its right, and one separator stands between columns
+    room = width - len(cols) - (len(cols) - 1) - sum(n for i, n in enumerate(natural) if cols[i] != "name")
+    for i, col in enumerate(cols):
+        t.add_column(col, overflow="fold", no_wrap=col != "name",
+                     width=max(len(col), min(natural[i], room)) if col == "name" else natural[i],
+                     justify="right" if col in ("done", "failed", "left") else "left")
+    for row in rows:
+        t.add_row(*row)
     return t
 
 
@@ -185,13 +190,15 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""])
         rows[-1] = [shown(x) for x in rows[-1]]  # names, tasks and errors: terminal escapes shown, not obeyed
     # each column pads one space on its right, and one separator stands between columns
-    widths = _fit(cols, rows, metrics, width - len(cols) - (len(cols) - 1))
-    room = widths[-1] if widths else 0
+    room = width - len(cols) - (len(cols) - 1)
+    widths = _fit(cols, rows, metrics, room)
     errors = []  # an error longer than its column is said whole under the table, not folded a word a line
     for c, row in zip(cells, rows):
-        if c.state == CellState.FAILED.value and len(row[-1]) > room:
+        if c.state == CellState.FAILED.value and len(row[-1]) > (widths[-1] if widths else 0):
             errors.append(Text(f"cell {row[0]}: {row[-1]}"))
             row[-1] = "error below"
+    if errors:  # the column no longer holds those errors: fit it to what it does hold
+        widths = _fit(cols, rows, metrics, room)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for i, col in enumerate(cols):
         t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,

@@ -26,15 +26,18 @@ order), plugged in through ``Engine(cache_layer=...)``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers.cache_utils import Cache
 
 from kdeval.keydiff.kvstore import StoredBytes
 from kdeval.keydiff.queries import QueryWindow
-from kdeval.keydiff.ragged import RaggedStep
-from kdeval.keydiff.slot_buffers import EMPTY_POSITION, BufferedLayer, SlotBuffers, clear_past, state_buffers
+from kdeval.keydiff.slot_buffers import (EMPTY_POSITION, BufferedLayer, SlotBuffers, clear_past, kept_but,
+                                         state_buffers)
+
+if TYPE_CHECKING:
+    from kdeval.keydiff.ragged import RaggedStep
 
 
 class BudgetLayerMixin:
@@ -126,7 +129,7 @@ class RowLayer(BufferedLayer):
             m = self.base + self.pending if self.pending else self.length
         return self.keys[:, :, :m], self.positions[:, :, :m], {n: s[:, :, :m] for n, s in self.state.items()}
 
-    def keep_slots(self, kept: torch.Tensor | None, step: RaggedStep) -> None:
+    def keep_slots(self, kept: torch.Tensor | None, step: "RaggedStep") -> None:
         """Commit the step of geometry ``step``: row ``r`` keeps the slots ``kept [rows, h, M]`` (``None``: all its
         real ones), ``step.keep[r]`` of them, moved into ``[0, keep[r])`` (:func:`~kdeval.keydiff.slot_buffers.compact`,
         each hole below ``keep[r]`` filled by the lowest kept slot above it); the slots past a row's count are
@@ -179,8 +182,7 @@ class StaticLayer(BudgetLayerMixin, BufferedLayer):
         self.pending = 0
         if drop is None or drop.shape[-1] != t:
             raise ValueError(f"drop: the static layout frees exactly the chunk's {t} slots per step")
-        kept = torch.ones(*drop.shape[:2], self.static_base + t, dtype=torch.bool, device=drop.device)
-        self.slot_buffers.compact(kept.scatter_(-1, drop, False), self.static_base, t)
+        self.slot_buffers.compact(kept_but(drop, self.static_base + t), self.static_base, t)
         self.length = min(self.length + t, self.static_base)
 
 

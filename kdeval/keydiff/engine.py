@@ -160,7 +160,7 @@ class Engine:
         steps = [s for s, e in zip(steps, accumulate(ids.shape[1] for ids, _, _ in steps)) if e <= end]
         state = self._planned_state(1, Request(0, steps, 0))
         for ids, _, _ in steps:
-            if state.seen + ids.shape[1] > end or not self.shared.serves_next(self.plan, state, ids):
+            if not self.shared.serves_next(self.plan, state, ids):
                 break
             self.prefill(ids, state)
             if not undiverged(state, self.plan):  # this cell's first eviction: its own steps from here

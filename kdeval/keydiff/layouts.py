@@ -35,6 +35,7 @@ from kdeval.keydiff.policy import Freed, ScoreContext, held_tokens
 from kdeval.keydiff.ragged import RaggedStep, kept_mask
 from kdeval.keydiff.reads import StepReads
 from kdeval.keydiff.selection import Selector
+from kdeval.keydiff.slot_buffers import kept_but
 from kdeval.keydiff.static import static_inputs
 
 if TYPE_CHECKING:
@@ -179,8 +180,7 @@ class StaticLayout(SharedLayout):
         """``drop [b, h, k]``: the freed slots; the kept ones are the rest (the empty slots too)."""
         layer = self.cache.layers[idx]
         values = layer.values[:, :, : layer.view()[0].shape[2]]
-        kept = torch.ones(values.shape[:3], dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
-        return Freed(values, drop, kept)
+        return Freed(values, drop, kept_but(drop, values.shape[2]))
 
     def commit(self, idx: int, drop: torch.Tensor | None) -> None:
         layer = self.cache.layers[idx]
@@ -332,8 +332,7 @@ class RaggedLayout:
         step = self.layer_steps[idx]
         if self.shared:  # every slot holds a token and every row frees k
             drop = self.drops[idx] = selector.free(keys, ctx, k, self.plan.budgets[idx], self.protected[0])
-            return torch.ones(drop.shape[:2] + (step.M,), dtype=torch.bool, device=drop.device).scatter_(-1, drop,
-                                                                                                        False)
+            return kept_but(drop, step.M)
         tail = keys[:, :, step.base : step.M]
         tail.masked_fill_(step.pad[:, step.base :].view(step.rows, 1, step.T, 1), 0)  # zero keys: no anchor
         # eager (a ragged batch's shapes change every step); the row's own protected ranges

@@ -322,8 +322,9 @@ def windowed_refusal(needs: PolicyNeeds) -> str | None:
     why = ("shares a layer's slots among its KV heads" if needs.shares_heads
            else "re-rotates its kept keys to contiguous positions, which windowed layers do not share"
            if needs.rerotates else "scores a repeat pass" if needs.repeat is not None else None)
-    return None if why is None else f"{why}; not supported on a model with windowed (sliding or chunked) attention " \
-                                    "layers"
+    if why is None:
+        return None
+    return f"{why}; not supported on a model with windowed (sliding or chunked) attention layers"
 
 
 def check_ids(plan: Plan, input_ids: torch.Tensor, state: "PrefillState | None", max_new: int = 0) -> torch.Tensor:

@@ -1,27 +1,30 @@
-"""A ragged step: a batch of independent requests, each row with its own length, positions and kept set.
+"""A step's geometry on the eager cache: each row with its own length, positions and kept set (a request alone is
+one row; a batch of independent requests is ragged).
 
 The cache is the engine's one eager cache (:class:`~kdeval.keydiff.cache.RowLayer`), ``[rows, kv_heads, slots,
-...]``. Row ``r``'s kept tokens fill slots ``[0, n_r)`` (``n_r``: its own length, known on the host). A step feeds ``T`` columns per row, *left-padded*: row ``r``'s
-``t_r`` real tokens are the step's last ``t_r`` columns and its first ``T - t_r`` columns are padding. Every
-row writes the step's ``T`` columns to the same tail slots ``[base, base + T)``, ``base = max_r n_r``, so the
-write is one slice, as in the slot store, and slots ``[n_r, base)`` of a shorter row are empty.
+...]``. Row ``r``'s kept tokens fill slots ``[0, n_r)`` (``n_r``: its own length, known on the host). A step feeds
+``T`` columns per row, *left-padded*: row ``r``'s ``t_r`` real tokens are the step's last ``t_r`` columns and its
+first ``T - t_r`` columns are padding. Every row writes the step's ``T`` columns to the same tail slots ``[base,
+base + T)``, ``base = max_r n_r``, so the write is one slice, as in the slot store, and slots ``[n_r, base)`` of a
+shorter row are empty.
 
-Why the padding goes on the left of a step: the model then returns every row's next-token logits from the
-step's last column (``logits_to_keep=1``), whatever the rows' lengths; right padding would need the logits
-of every column, or of a different column per row.
+Why the padding goes on the left of a step: the model then returns every row's next-token logits from the step's
+last column (``logits_to_keep=1``), whatever the rows' lengths; right padding would need the logits of every column,
+or of a different column per row.
 
-Padding never takes budget and is never seen: the step's mask (:meth:`RaggedStep.mask`) lets a real query
-see its row's ``n_r`` cached slots and its row's real tail slots up to its own (causal), and a padding query
-only its own slot (so its softmax row is finite and its attention never lands on a real token); eviction
-(:func:`~kdeval.keydiff.slot_buffers.compact`) ranks the empty and padding slots below every real token and frees them first, so each
-row keeps ``keep_r`` real tokens in ``[0, keep_r)``. Between steps every slot at or past a row's length is
-*clean*: zero key, the empty position (:data:`EMPTY_POSITION`, which sorts after every real position). Zero
-keys leave KeyDiff's anchor unchanged (the sum of unit keys, or of raw keys, gains nothing), and empty
-positions keep position-ordered pooling (SnapKV) as at batch 1; other scores of those slots are overridden.
+Padding never takes budget and is never seen: the step's mask (:meth:`RaggedStep.mask`) lets a real query see its
+row's ``n_r`` cached slots and its row's real tail slots up to its own (causal), and a padding query only its own
+slot (so its softmax row is finite and its attention never lands on a real token); eviction ranks the empty and
+padding slots below every real token and frees them first, so each row keeps ``keep_r`` real tokens, moved into
+``[0, keep_r)`` (:func:`~kdeval.keydiff.slot_buffers.compact`). Between steps every slot at or past a row's length
+is *clean*: zero key, the empty position (:data:`EMPTY_POSITION`, which sorts after every real position). Zero keys
+leave KeyDiff's anchor unchanged (the sum of unit keys, or of raw keys, gains nothing), and empty positions keep
+position-ordered pooling (SnapKV) as at batch 1; other scores of those slots are overridden.
 """
 from __future__ import annotations
 
 from functools import cached_property
+
 import torch
 
 from kdeval.keydiff.slot_buffers import EMPTY_POSITION
@@ -70,6 +73,11 @@ class RaggedStep:
         return self._long(self.host_keep)
 
     @cached_property
+    def seen(self) -> torch.Tensor:
+        """``[rows, 1]``: each row's tokens processed before the step."""
+        return self._long(self.host_seen).view(-1, 1)
+
+    @cached_property
     def slots(self) -> torch.Tensor:
         return torch.arange(self.M, device=self.device)
 
@@ -97,19 +105,18 @@ class RaggedStep:
     @cached_property
     def position_ids(self) -> torch.Tensor:
         """Model positions ``[rows, T]`` (padding: the row's next position, never cached)."""
-        start = self.n.view(-1, 1) if self.rerotate else self._long(self.host_seen).view(-1, 1)
+        start = self.n.view(-1, 1) if self.rerotate else self.seen
         return start + self._offset.clamp(min=0)
 
     @cached_property
     def cache_positions(self) -> torch.Tensor:
         """Cache positions ``[rows, 1, T]`` (padding: EMPTY_POSITION)."""
-        seen = self._long(self.host_seen).view(-1, 1)
-        return torch.where(self._offset >= 0, seen + self._offset, EMPTY_POSITION).unsqueeze(1)
+        return torch.where(self._offset >= 0, self.seen + self._offset, EMPTY_POSITION).unsqueeze(1)
 
     @cached_property
     def seen_after(self) -> torch.Tensor:
         """Tokens seen after the step, ``[rows, 1, 1]`` (what ``ScoreContext.seen`` is in a ragged batch)."""
-        return self._long([s + b for s, b in zip(self.host_seen, self.host_t)]).view(-1, 1, 1)
+        return (self.seen + self.t.view(-1, 1)).view(-1, 1, 1)
 
     def mask(self) -> torch.Tensor:
         """``[rows, 1, T, M]`` (True: visible): a real query sees its row's cached slots ``[0, n_r)`` and its

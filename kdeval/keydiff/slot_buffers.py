@@ -31,6 +31,11 @@ def resized(buf: torch.Tensor, capacity: int, keep: int, fill: int | float = 0) 
     return out
 
 
+def kept_but(drop: torch.Tensor, m: int) -> torch.Tensor:
+    """``[rows, h, m]`` bool: every slot kept but the freed ones, ``drop [rows, h, k]``."""
+    return torch.ones(*drop.shape[:2], m, dtype=torch.bool, device=drop.device).scatter_(-1, drop, False)
+
+
 def move_tail(buffers, slots: torch.Tensor, base: int) -> None:
     """Move the ``t`` tail slots ``[base, base + t)`` of every buffer ``[rows, h, slots, ...]`` into ``slots [t]``
     (empty head slots, below ``base``): what :func:`compact` does when the free slots are exactly those."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from kdeval.keydiff.capacity import planned
 from kdeval.keydiff.decoding import prompt_steps
 from kdeval.keydiff.shared import SharedSteps, forward_signature, next_history, record_of
 from kdeval.keydiff.state import PrefillState
@@ -82,7 +83,7 @@ def record_trunks(step: "Step", prompts: Sequence[torch.Tensor], stores: Sequenc
     if len(todo) < 2 or count == 0:
         return 0
     ids = torch.stack([prompts[r][: count * B] for r in todo])  # [rows, count * B]
-    state = step.caches.new_state(len(todo), [count * B] * plan.num_layers)  # nothing evicted: all of them held
+    state = step.caches.new_state(len(todo), planned(plan, [[(B, False, False)] * count]))  # nothing evicted
     step.caches.make_room(state, count * B)  # the graph path's static cache: thawed to hold them
     histories = [fresh] * len(todo)
     for k, (chunk, _, _) in enumerate(prompt_steps(ids, B, 0)):

@@ -1,6 +1,9 @@
-"""`kdeval status` in an 80-column terminal: a run's name stays whole in the runs table, and a failed cell's long
-error is said whole under the cells table instead of folded one word a line in its column."""
+"""`kdeval status` in a narrow terminal: the runs table keeps the run id and its time whole and gives the name what
+is left (whole where it fits), and a failed cell's long error is said whole under the cells table instead of
+folded one word a line in its column."""
 from __future__ import annotations
+
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -15,24 +18,35 @@ ERROR = ("ValueError: policy: 'ada-keydiff' shares a layer's slots among its KV 
          "with windowed (sliding or chunked) attention layers")
 
 
-@pytest.fixture
-def index(tmp_path) -> str:
+def _store(tmp_path, name: str) -> str:
     idx = RunIndex.open(tmp_path / "index.sqlite")
     store_run(idx, tmp_path / "results", RUN, [
         FakeCell("full", None, model="random:gemma3-tiny", rows=rows([1, 0, 1])),
         FakeCell("keydiff", 64, model="random:gemma3-tiny", rows=rows([1, 0, 0])),
         FakeCell("ada-keydiff", 64, model="random:gemma3-tiny", rows=None, error=ERROR),
-    ], name="paper-claims-gemma3-2k")
+    ], name=name)
     db = str(idx.engine.url)
     idx.close()
     return db
 
 
-def test_the_runs_table_keeps_a_run_name_whole_at_80_columns(index):
-    out = runner.invoke(kdeval_app, ["status", "--db", index], env={"COLUMNS": "80"})
+@pytest.fixture
+def index(tmp_path) -> str:
+    return _store(tmp_path, "paper-claims-gemma3-2k")
+
+
+@pytest.mark.parametrize("name, columns, whole", [("one-cache-check", 80, True), ("paper-claims-gemma3-2k", 90, True),
+                                                  ("paper-claims-gemma3-2k", 80, False)])
+def test_the_runs_table_keeps_the_id_and_time_whole_and_the_name_where_it_fits(tmp_path, name, columns, whole):
+    out = runner.invoke(kdeval_app, ["status", "--db", _store(tmp_path, name)], env={"COLUMNS": str(columns)})
     assert out.exit_code == 0, out.output
-    assert "paper-claims-gemma3-2k" in out.output, out.output
-    assert max(len(line) for line in out.output.splitlines()) <= 80
+    lines = out.output.splitlines()
+    assert max(len(line) for line in lines) <= columns, out.output
+    row = next(i for i, line in enumerate(lines) if line.startswith(RUN + " "))
+    assert re.search(r"\d\d-\d\d \d\d:\d\d$", lines[row].rstrip()), out.output  # the time, whole
+    assert (name in lines[row]) == whole, out.output
+    folded = "".join(line[len(RUN) + 2 :].split(" ")[0] for line in lines[row:])
+    assert folded.startswith(name), out.output  # folded or not, the whole name in order
 
 
 def test_a_long_error_is_said_whole_under_the_cells_table_at_80_columns(index):
