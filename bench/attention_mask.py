@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.models import load_model
+from kdeval.zoo.loading import load_model
 
 N, B, CONTEXT, QUESTION, NEW = 512, 128, 2000, 16, 16
 

@@ -30,7 +30,8 @@ def run_case(case: dict) -> dict:
     import torch
 
     from kdeval.baselines import get_policy
-    from kdeval.keydiff import Engine, EngineConfig, load_model
+    from kdeval.keydiff import Engine, EngineConfig
+    from kdeval.zoo import load_model
 
     torch.manual_seed(0)
     lm = load_model(case["model"], device="cpu")

@@ -102,8 +102,8 @@ def replay(layer: int, keys: torch.Tensor, values: torch.Tensor, attention: torc
     ``draws(positions)``. Returns the kept mask ``[h, L]`` and the merged values ``[h, L, d]``."""
     from kdeval.baselines import get_policy
     from kdeval.baselines.cam import merge_into_windows
-    from kdeval.keydiff.policy import Freed, ScoreContext
-    from kdeval.keydiff.selection import Selector
+    from kdeval.keydiff.policy.interface import Freed, ScoreContext
+    from kdeval.keydiff.policy.selection import Selector
 
     policy = get_policy("cam", inner="knorm", merge_budget=M)
     h, n = keys.shape[1], keys.shape[2]
@@ -182,8 +182,8 @@ def engine_run(lm, ids: torch.Tensor) -> tuple[list, list, list]:
 
 def run(reuse: str | None) -> None:
     from kdeval.baselines.cam import hashed_draws
-    from kdeval.keydiff import load_model
-    from kdeval.keydiff.models import smollm2_safetensors_dir
+    from kdeval.zoo import load_model
+    from kdeval.zoo.loading import smollm2_safetensors_dir
 
     t0 = time.perf_counter()
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from kdeval.keydiff.attention_capture import AttentionCapture, AttentionNeed
+from kdeval.keydiff.attention.capture import AttentionCapture, AttentionNeed
 
 
 def main(repeats: int = 3) -> None:

@@ -17,7 +17,8 @@ import torch
 
 import kdeval
 from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig, load_model
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
 
 ROOT = Path(kdeval.__file__).resolve().parent
 B, N = 32, 64

@@ -75,7 +75,7 @@ def install(timers: Timers) -> None:
     from kdeval.evals.run import group_run
     from kdeval.evals.run.group_decode import GroupDecoder
     from kdeval.keydiff.engine import Engine
-    from kdeval.keydiff.step import Step
+    from kdeval.keydiff.step.step import Step
 
     def forward_kind(step, layout, ids, recording=None, repeat=None):
         kind = "prompt" if ids.shape[1] > 1 else "decode"

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from kdeval.keydiff.memory import current_rss_bytes
+from kdeval.keydiff.loop.memory import current_rss_bytes
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
@@ -44,7 +44,8 @@ def run_case(case: dict) -> dict:
     import torch
 
     from kdeval.baselines import get_policy
-    from kdeval.keydiff import Engine, EngineConfig, load_model
+    from kdeval.keydiff import Engine, EngineConfig
+    from kdeval.zoo import load_model
 
     torch.manual_seed(0)
     overrides = {"max_position_embeddings": 16384} if case["model"].startswith("random:") else None

@@ -45,7 +45,7 @@ def main() -> None:
 
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
-    from kdeval.keydiff.shared import SharedSteps
+    from kdeval.keydiff.step.shared import SharedSteps
 
     lm, _, (_, built) = needle_group(args.length, args.samples, args.new)
     eos = lm.eos_token_ids

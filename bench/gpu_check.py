@@ -181,7 +181,7 @@ def timing(spec: dict, device: str, emit, deadline: float) -> None:
 
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine
-    from kdeval.keydiff.keydiff import keydiff_scores
+    from kdeval.keydiff.policy.keydiff import keydiff_scores
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model = build(spec["shape"], device, dtype)

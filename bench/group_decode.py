@@ -28,7 +28,8 @@ from kdeval.evals import get_task
 from kdeval.evals.run.generation_jobs import GenerateJob
 from kdeval.evals.run.group_decode import Driven, GroupDecoder
 from kdeval.evals.run.runner import model_prompts
-from kdeval.keydiff import Engine, EngineConfig, load_model
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
 
 
 def one_request(job):

@@ -5,7 +5,7 @@ prompt's full cache.
 Runs ``evals.run.group_run.run_group`` in this process over bench/shared_grid.py's cells (``leaderboard``: one-shot,
 both protocols, three shares; ``paper``: chunked at N = L/8, L/4, L/2 with B = L/16, the 2K grid's fork points),
 batch size unset as ``kdeval submit`` leaves it on a CPU, and watches every ``SharedSteps`` alive at once after
-each record it keeps. Not counted: while a window's trunks are recorded as one batch (kdeval/keydiff/trunk.py),
+each record it keeps. Not counted: while a window's trunks are recorded as one batch (kdeval/keydiff/batch/trunk.py),
 its batch cache holds their keys and values a second time.
 
     KDEVAL_DATA_DIR=../shared/data python bench/group_memory.py --grid leaderboard --length 1024 --samples 2
@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from kdeval.evals.run import group_run
-    from kdeval.keydiff.shared import SharedSteps
+    from kdeval.keydiff.step.shared import SharedSteps
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     if args.grid == "paper":

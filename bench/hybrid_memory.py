@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.layer_kinds import layer_kinds
+from kdeval.keydiff.attention.layer_kinds import layer_kinds
 
 MiB = 2**20
 

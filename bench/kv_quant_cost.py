@@ -6,10 +6,10 @@ Two measurements, interleaved (every repeat runs each configuration once, in tur
    heads, head_dim 64) at N + B slots: what a store holding codes does beyond what the 16-bit cache does. The
    16-bit cache writes the step's tokens into its buffer; a codes store also quantizes the tokens that leave
    the window (a chunk's B, or one per decoded token) and dequantizes the whole cache for the step's attention.
-   Timed with the engine's own rule (kdeval/keydiff/quant.py).
+   Timed with the engine's own rule (kdeval/keydiff/quant/rule.py).
 2. **The engine end to end**: KeyDiff on SmolLM2, a chunked prompt then greedy decoding, with kept tokens at the
    model's width and under a 4-bit store of each scheme (what kdeval runs: quantize-on-leave into the working
-   buffers, kdeval/keydiff/kvstore.py).
+   buffers, kdeval/keydiff/quant/store.py).
 
     python bench/kv_quant_cost.py [--tokens 1024] [--budget 256] [--chunk 128] [--new 16] [--repeats 5]
 """
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from kdeval.keydiff.quant import dequantize, quantize
+from kdeval.keydiff.quant.rule import dequantize, quantize
 
 LAYERS, HEADS, DIM = 30, 3, 64
 
@@ -85,7 +85,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     from kdeval.baselines import get_policy
-    from kdeval.keydiff import Engine, EngineConfig, load_model
+    from kdeval.keydiff import Engine, EngineConfig
+    from kdeval.zoo import load_model
 
     lm = load_model("smollm2-135m", device="cpu")
     ids = torch.tensor([lm.tokenizer("The city was founded on the river bank. " * (a.tokens // 8)).input_ids[: a.tokens]])

@@ -30,7 +30,8 @@ def main() -> None:
     from transformers.cache_utils import QuantizedCache
 
     from kdeval.baselines import get_policy
-    from kdeval.keydiff import Engine, EngineConfig, load_model
+    from kdeval.keydiff import Engine, EngineConfig
+    from kdeval.zoo import load_model
 
     lm = load_model("smollm2-135m", device="cpu")
     m = lm.model

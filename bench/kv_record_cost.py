@@ -1,4 +1,4 @@
-"""What the quantized store's record (kdeval/keydiff/packed.py) costs: the engine with the store as it is, side by
+"""What the quantized store's record (kdeval/keydiff/quant/packed.py) costs: the engine with the store as it is, side by
 side in one process with the in-place-only store that came before it (quantized tokens written back into the
 working buffers, bytes from a formula, no record), loaded from that version's ``kvstore.py``.
 
@@ -7,7 +7,7 @@ decoding, 4-bit, groups of 32, a 32-token window. Reported: the run's seconds, t
 store's calls (``before_commit``, ``settle``, ``requantize_values``: their share per chunk and per decoded
 token), and whether the tokens and ``peak_kv_bytes`` are the same under both stores.
 
-    git show <commit before the record>:kdeval/keydiff/kvstore.py > kvstore_before.py
+    git show <commit before the record>:kdeval/keydiff/quant/store.py > kvstore_before.py
     python bench/kv_record_cost.py --before kvstore_before.py [--tokens 1024] [--budget 256] [--chunk 128]
         [--new 16] [--repeats 3]
 """
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from kdeval.keydiff import eviction
+from kdeval.keydiff.step import eviction
 
 
 def load_before(path: str):
@@ -60,7 +60,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     from kdeval.baselines import get_policy
-    from kdeval.keydiff import Engine, EngineConfig, load_model
+    from kdeval.keydiff import Engine, EngineConfig
+    from kdeval.zoo import load_model
 
     current = eviction.QuantizedStore
     stores = {"record": timed(current), "in place only": timed(load_before(a.before))}

@@ -354,7 +354,7 @@ def record_composed(press, kept: dict, kept_keys: dict) -> None:
 
 def kvpress_python() -> Path:
     """The kvpress virtualenv's interpreter, created on first use (about a minute with the wheels cached)."""
-    from kdeval.keydiff.models import cache_dir
+    from kdeval.zoo.loading import cache_dir
 
     venv = cache_dir() / f"kvpress-{KVPRESS}-venv"
     python = venv / "bin" / "python"
@@ -374,7 +374,7 @@ def prompt_ids(tokenizer, chat: bool = False) -> torch.Tensor:
     """The essays' first ``L`` tokens; ``chat``: the chat template's head (system prompt, user header) first, as
     kvpress' pipeline opens a context (the KVzip cases: kvpress does not reconstruct those tokens)."""
     from kdeval.evals.tasks.data import require_data_file
-    from kdeval.keydiff.repeat_prompt import RepeatPrompt
+    from kdeval.keydiff.attention.repeat_prompt import RepeatPrompt
 
     path = require_data_file(None, "haystack/PaulGrahamEssays.json", "It ships in the shared data directory.")
     text = json.loads(path.read_text())["text"]
@@ -391,7 +391,7 @@ def ours_kept(lm, ids: torch.Tensor, case: dict, chat_ids: torch.Tensor | None =
     of ``h`` sorted position tensors (one per KV head, of its own length) and no keys nor values."""
     from kdeval.baselines import get_policy
     from kdeval.keydiff import Engine, EngineConfig
-    from kdeval.keydiff.repeat_prompt import RepeatPrompt
+    from kdeval.keydiff.attention.repeat_prompt import RepeatPrompt
 
     name, params = case["ours"]
     policy = get_policy(name, **params)
@@ -443,8 +443,8 @@ def agreement(ours: list, theirs: list) -> dict:
 
 
 def run(print_only: bool, reuse: str | None) -> None:
-    from kdeval.keydiff import load_model
-    from kdeval.keydiff.models import smollm2_safetensors_dir
+    from kdeval.zoo import load_model
+    from kdeval.zoo.loading import smollm2_safetensors_dir
 
     t0 = time.perf_counter()
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")

@@ -163,8 +163,8 @@ def kdeval_sides(lm, samples: list[tuple[torch.Tensor, int]], eos: int | None):
 
 def run(rounds: int, per_round: int) -> str:
     from kdeval.evals.tasks.data import require_data_file
-    from kdeval.keydiff import load_model
-    from kdeval.keydiff.models import smollm2_safetensors_dir
+    from kdeval.zoo import load_model
+    from kdeval.zoo.loading import smollm2_safetensors_dir
 
     assert int(L * (1 - RATIO)) == N
     torch.set_num_threads(THREADS)

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from kdeval.keydiff.keydiff import keydiff_scores
-from kdeval.keydiff.models import load_model
+from kdeval.keydiff.policy.keydiff import keydiff_scores
+from kdeval.zoo.loading import load_model
 
 MODEL = "random:deepseek-v3-tiny"
 

@@ -126,7 +126,7 @@ def kvpress_runs(name: str = "leaderboard") -> list[tuple[str | None, float, boo
 
 
 def kvpress_seconds(texts: list[list[str]], runs: list, new: int, tmp: Path) -> float:
-    from kdeval.keydiff.models import smollm2_safetensors_dir
+    from kdeval.zoo.loading import smollm2_safetensors_dir
 
     request = tmp / "kvpress-request.json"
     request.write_text(json.dumps({"texts": texts, "runs": runs, "new": new}))
@@ -141,7 +141,7 @@ def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
     """The needle samples' contexts and questions as text (what kdeval's grid runs), for kvpress."""
     from kdeval.evals import get_task
     from kdeval.evals.tasks.prompting import PromptBuilder
-    from kdeval.keydiff import load_model
+    from kdeval.zoo import load_model
 
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")
     task = get_task("needle", lengths=[length], depths=depths(samples), max_new_tokens=new)
@@ -172,7 +172,7 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
 
     from kdeval.evals import get_task
     from kdeval.evals.run import group_run, runner
-    from kdeval.keydiff import load_model
+    from kdeval.zoo import load_model
 
     torch.set_num_threads(THREADS)
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")

@@ -21,7 +21,7 @@ def needle_group(length: int, samples: int, new: int) -> tuple:
 
     from kdeval.evals import get_task
     from kdeval.evals.run import runner
-    from kdeval.keydiff import load_model
+    from kdeval.zoo import load_model
 
     torch.set_num_threads(THREADS)
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")

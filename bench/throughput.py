@@ -36,9 +36,10 @@ import torch
 from kdeval.baselines import get_policy
 from kdeval.evals import get_task
 from kdeval.evals.run.runner import model_prompts
-from kdeval.keydiff import Engine, EngineConfig, load_model
+from kdeval.keydiff import Engine, EngineConfig
 
 #: SmolLM2-135M's dimensions, for ``--smollm2-shape`` (random weights; the byte-level vocabulary stays, so
+from kdeval.zoo import load_model
 #: its output layer is far smaller than SmolLM2's 49152-way one)
 SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                      num_key_value_heads=3, head_dim=64, max_position_embeddings=8192)

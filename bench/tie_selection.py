@@ -1,5 +1,5 @@
 """SnapKV's selection (k lowest scores, ties oldest first) at the fused 3B shape: the stable sort it replaced
-against the 64-bit-key ``topk`` (kdeval.keydiff.selection.lowest_oldest_first), on whatever device is there.
+against the 64-bit-key ``topk`` (kdeval.keydiff.policy.selection.lowest_oldest_first), on whatever device is there.
 
     PYTHONPATH=. python bench/tie_selection.py
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from kdeval.keydiff.selection import lowest_oldest_first, sort_oldest_first
+from kdeval.keydiff.policy.selection import lowest_oldest_first, sort_oldest_first
 
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_modes import SHAPES, clock  # noqa: E402

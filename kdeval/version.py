@@ -16,9 +16,9 @@ from kdeval import __version__
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 
-#: Package-relative files and folders whose code computes every cell's result, whatever its policy. The
-#: engine folder's policy modules are left out here and hashed only into their own policies' cells.
-ENGINE_CODE = ("keydiff", "baselines/registry.py")
+#: Package-relative files and folders whose code computes every cell's result, whatever its policy (the zoo
+#: builds the model and its tokenizer). The engine folder's policy modules are left out here and hashed only into their own policies' cells.
+ENGINE_CODE = ("keydiff", "zoo", "baselines/registry.py")
 TASK_CODE = ("evals",)
 EXECUTION_CODE = ("cluster/execute.py",)
 #: what a ``stub:`` model's cells run instead of the engine (hashed into those cells only)

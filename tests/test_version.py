@@ -17,11 +17,11 @@ def test_source_hash_changes_with_any_source_file(tmp_path):
 
 
 def test_result_code_is_engine_tasks_execution_and_the_policys_own_modules(tmp_path):
-    every = ["keydiff/keydiff.py", "baselines/snapkv.py", "baselines/sink.py"]
+    every = ["keydiff/policy/keydiff.py", "baselines/snapkv.py", "baselines/sink.py"]
     files = result_code_files(["baselines/snapkv.py"], every)
     assert "baselines/snapkv.py" in files and "keydiff/engine.py" in files and "evals/benchmarks/needle.py" in files
     assert "cluster/execute.py" in files
-    assert not {"keydiff/keydiff.py", "baselines/sink.py"} & set(files)  # other policies' modules
+    assert not {"keydiff/policy/keydiff.py", "baselines/sink.py"} & set(files)  # other policies' modules
     assert not [f for f in files if f.startswith(("cli/", "jobs/", "storage/"))]
     copy = tmp_path / "kdeval"
     shutil.copytree(Path(kdeval.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -45,7 +45,7 @@ def test_a_wrapping_policy_hashes_its_inner_policys_code_too():
     from kdeval.cluster import catalog
 
     assert catalog.policy_source_files("chunkkv") == ["baselines/chunkkv.py", "baselines/wrapping.py",
-                                                      "keydiff/keydiff.py"]
+                                                      "keydiff/policy/keydiff.py"]
     assert catalog.policy_source_files("chunkkv", {"inner": "snapkv"}) == ["baselines/chunkkv.py",
                                                                           "baselines/snapkv.py",
                                                                           "baselines/wrapping.py"]

@@ -5,7 +5,7 @@ A layer keeps ``H * N`` tokens in all (``H`` KV heads, budget ``N``), shared amo
 best tokens are always kept (kvpress' ``AdaKVPress`` safeguard, so no head is starved), and the best ``H * N``
 of the layer's tokens are kept, whichever heads they belong to. The inner policy's protected tokens (sink,
 recent window) are kept in every head. The engine runs such a policy over one pool of slots per layer shared by
-its heads, with exactly the uniform cache's memory (kdeval/keydiff/headpool.py).
+its heads, with exactly the uniform cache's memory (kdeval/keydiff/cache/headpool.py).
 
 Differences from kvpress: kvpress only masks the evicted keys of a full prefill; here they are freed, chunk by
 chunk, and the cache never holds more than ``H * (N + B)`` tokens per layer. Inner policies with per-token
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 def per_head_reason(policy: Policy) -> str | None:

@@ -42,12 +42,12 @@ import torch
 
 from kdeval.baselines.random_policy import position_hash, step_salt
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.attention_capture import AttentionNeed
-from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.attention.capture import AttentionNeed
+from kdeval.keydiff.policy.interface import Freed, Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.eviction import LayerEviction
+    from kdeval.keydiff.step.eviction import LayerEviction
 
 #: the per-token state: attention received since the token was cached, averaged over the KV head's query heads
 ATTENTION = "cam_attention"

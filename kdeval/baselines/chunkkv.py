@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 def group_means(scores: torch.Tensor, positions: torch.Tensor, order: torch.Tensor, group_size: int,

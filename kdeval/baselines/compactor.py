@@ -32,9 +32,9 @@ import torch
 from kdeval.baselines.leverage import gaussian_sketch, leverage_scores, z_scores
 from kdeval.baselines.snapkv import pool_scores
 from kdeval.baselines.ties import significant_bits
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.queries import QueryNeed
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.attention.queries import QueryNeed
+from kdeval.keydiff.policy.registry import register
 
 PAD_LOGIT = -1e-9  # kvpress' logit of a padding key
 

@@ -31,10 +31,10 @@ import torch
 
 from kdeval.baselines.adakv import AdaKV
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.reads import LayerProjections
-from kdeval.keydiff.registry import register
-from kdeval.keydiff.selection import lowest_oldest_first, protect
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.attention.reads import LayerProjections
+from kdeval.keydiff.policy.registry import register
+from kdeval.keydiff.policy.selection import lowest_oldest_first, protect
 
 
 def output_norms(values: torch.Tensor, projections: LayerProjections) -> torch.Tensor:
@@ -158,13 +158,13 @@ class CriticalAdaKV(TwoStages, AdaKV):
         return replace(super().needs(), values=True, projections=True)
 
     def score(self, keys: torch.Tensor, ctx: ScoreContext) -> torch.Tensor:
-        """``keys [b, H, L, d]`` (a layer's tokens regrouped per head, kdeval/keydiff/headpool.py) → ``[b, H, L]``:
+        """``keys [b, H, L, d]`` (a layer's tokens regrouped per head, kdeval/keydiff/cache/headpool.py) → ``[b, H, L]``:
         +inf for each head's ``n_h`` chosen tokens, the weighted inner scores else."""
         inner = self._inner.score(keys, ctx)
         inner = inner if inner.dtype == torch.float64 else inner.float()
         ranked, valid = self.ranked(inner, ctx)
         safe = self.head_safeguard(ctx.budget)
-        from kdeval.keydiff.headpool import select_across_heads  # not at the top: it loads transformers
+        from kdeval.keydiff.cache.headpool import select_across_heads  # not at the top: it loads transformers
 
         # each head's count: AdaKV's selection of the layer's H x N best by the inner scores
         counts = select_across_heads(ranked, ctx.positions, valid, safe, keys.shape[1] * ctx.budget).sum(-1)

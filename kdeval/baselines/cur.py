@@ -29,8 +29,8 @@ import torch
 
 from kdeval.baselines.chunkkv import group_means
 from kdeval.baselines.ties import significant_bits
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 LEVERAGES = ("key", "value", "kv_avg", "kv_product")
 SKETCH = 20  # kvpress' projection width

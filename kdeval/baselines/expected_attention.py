@@ -4,7 +4,7 @@ expected to attend to, from the statistics of recent queries and the RoPE rotati
 The rule, per layer:
 
 1. Statistics window: the layer's recent queries *before RoPE*: the last ``query_window`` queries the request
-   has fed (prompt chunks and decode steps alike, kept across steps by the engine, kdeval/keydiff/queries.py),
+   has fed (prompt chunks and decode steps alike, kept across steps by the engine, kdeval/keydiff/attention/queries.py),
    leaving out those at positions ``< n_sink_tokens`` (outliers). Their mean ``mu`` and (biased) covariance
    ``cov`` per query head. With one chunk covering the prompt and ``query_window >=`` its length, that is the
    prompt's queries after the sinks: kvpress' window. Chunked, a running window of the last 512 queries (the
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.queries import QueryNeed
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.attention.queries import QueryNeed
+from kdeval.keydiff.policy.registry import register
 
 
 def query_statistics(queries: torch.Tensor, skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ the tokens after a delimiter) attend causally to the cached keys (``q . k / sqrt
 count", ``arange(L - window, L)``), so late queries, whose attention is spread over more keys, are not outvoted;
 a token's score is the mean of those rows over the window's queries and its KV head's query heads. The window is
 always kept (kvpress pads its scores with the maximum + 1), inside the budget N. With ``rerotate`` the kept keys are
-re-rotated to RoPE positions ``0 .. n-1`` after every eviction (kdeval/keydiff/rerotation.py), as kvpress'
+re-rotated to RoPE positions ``0 .. n-1`` after every eviction (kdeval/keydiff/attention/rerotation.py), as kvpress'
 ``rerotate_keys`` does.
 
 The window is a fixed number of tokens here: kdeval's engine is not told where the question starts, so kvpress'
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.queries import QueryNeed
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.attention.queries import QueryNeed
+from kdeval.keydiff.policy.registry import register
 
 
 def window_votes(q: torch.Tensor, q_rank: torch.Tensor, keys: torch.Tensor, k_rank: torch.Tensor,

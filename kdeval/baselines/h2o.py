@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.attention_capture import AttentionNeed
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.attention.capture import AttentionNeed
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 @register

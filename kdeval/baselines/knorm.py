@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 @register

@@ -3,7 +3,7 @@ reconstruction.
 
 After the compressed tokens' forward the model is fed a repeat prompt, "Repeat the previous context exactly." in
 the chat template's form, then those tokens again, over the cache (one extra forward, in pieces of at most
-``repeat_chunk`` tokens; kdeval/keydiff/repeat_prompt.py, kdeval/keydiff/repeat_pass.py). A cached token's score is the
+``repeat_chunk`` tokens; kdeval/keydiff/attention/repeat_prompt.py, kdeval/keydiff/step/repeat_pass.py). A cached token's score is the
 largest attention any repeated token pays it, over the query heads of its KV head, each query's softmax taken over
 the first ``n_sink_tokens`` positions, the piece being reconstructed and the repeat's own tokens. The first
 ``n_sink_tokens`` positions are always kept; the chat template's head at the start of a prompt (its system prompt)
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
-from kdeval.keydiff.repeat_prompt import RepeatNeed
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
+from kdeval.keydiff.attention.repeat_prompt import RepeatNeed
 
 #: the score of a token no repeat pass reconstructed: above every attention probability
 UNSCORED = 2.0

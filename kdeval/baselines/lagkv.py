@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 def partition_runs(positions: torch.Tensor, n_sink: int, lag_size: int) -> tuple[torch.Tensor, torch.Tensor]:

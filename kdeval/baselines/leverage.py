@@ -10,7 +10,7 @@ rounded to 16 significant bits (kdeval/baselines/ties.py): a token repeated in t
 RoPE at the first layer, and so the same leverage, up to the rounding of rotating it and back.
 
 Chunk by chunk the rule runs over the ``N + B`` cached tokens at every eviction (their mean, their sketch); the
-keys before RoPE are the cached keys rotated back by their positions (kdeval/keydiff/reads.py), within float
+keys before RoPE are the cached keys rotated back by their positions (kdeval/keydiff/attention/reads.py), within float
 rounding of kvpress' ``k_proj`` of the hidden states. Slots that hold no token take no part in the mean, the Gram
 matrix or the normalization.
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from kdeval.baselines.ties import significant_bits
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 def gaussian_sketch(seed: int, layer: int, heads: int, dim: int, width: int, like: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ Chunk by chunk (the paper's protocol) the rule runs at every eviction over the `
 values are what later steps read and score, and a kept token that was merged into carries its merged value into
 later merges. The cache holds exactly the inner policy's kept tokens, ``N + B`` at most during a step: the KV bytes
 are the inner policy's. Through ``PolicyNeeds.merges`` the engine calls :meth:`Merging.merge` between selection
-and commit (kdeval/keydiff/eviction.py), on the slot caches, the static layout of the graph path and ragged batches;
-under ``kv_quant`` a merged value the store held quantized is quantized again (kdeval/keydiff/kvstore.py), one not
+and commit (kdeval/keydiff/step/eviction.py), on the slot caches, the static layout of the graph path and ragged batches;
+under ``kv_quant`` a merged value the store held quantized is quantized again (kdeval/keydiff/quant/store.py), one not
 yet quantized is when it leaves the window. A head-shared pool (``ada*``) is refused.
 
 Differences from kvpress: none in the rule. kvpress breaks an exact tie of two kept keys' similarities by the kept
@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.policy import Freed, Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Freed, Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.eviction import LayerEviction
+    from kdeval.keydiff.step.eviction import LayerEviction
 
 #: kvpress' epsilon for the key norms and the value-norm ratio
 EPS = 1e-6

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from kdeval.baselines.snapkv import SnapKV
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.registry import register
 
 
 def pyramid_shares(total: int, num_layers: int, beta: float) -> list[int]:

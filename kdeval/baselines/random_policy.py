@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 _M = 2147483647  # 2^31 - 1, the Park-Miller modulus: products stay inside int64
 

@@ -1,8 +1,8 @@
-"""Every eviction policy by name: KeyDiff's variants (kdeval/keydiff/keydiff.py), ``full``
-(kdeval/keydiff/full_cache.py) and the baselines.
+"""Every eviction policy by name: KeyDiff's variants (kdeval/keydiff/policy/keydiff.py), ``full``
+(kdeval/keydiff/policy/full.py) and the baselines.
 
 Importing this module imports every built-in policy module, so the table they register into
-(:mod:`kdeval.keydiff.registry`) is complete before any lookup reads it. A new baseline module is imported below.
+(:mod:`kdeval.keydiff.policy.registry`) is complete before any lookup reads it. A new baseline module is imported below.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from kdeval.baselines import (  # noqa: F401  (registration)
     adakv, cam, chunkkv, compactor, criticalkv, cur, expected_attention, finch, h2o, knorm, kvzip, lagkv,
     leverage, merging, pyramidkv, random_policy, sink, sink_rerotate, snapkv, think, tova,
 )
-from kdeval.keydiff import full_cache, keydiff  # noqa: F401  (registers full, keydiff*)
-from kdeval.keydiff.plan import eager_reasons
-from kdeval.keydiff.policy import Policy, PolicyNeeds
-from kdeval.keydiff.registry import registered
+from kdeval.keydiff.policy import full, keydiff  # noqa: F401  (registers full, keydiff*)
+from kdeval.keydiff.plan.plan import eager_reasons
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds
+from kdeval.keydiff.policy.registry import registered
 from kdeval.names import suggest
 
 

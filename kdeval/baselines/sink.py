@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kdeval.keydiff.policy import Policy, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 @register

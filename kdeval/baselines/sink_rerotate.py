@@ -4,7 +4,7 @@ kept tokens always hold contiguous RoPE positions.
 After every eviction the kept keys are re-rotated so that the ``n`` kept tokens sit at RoPE positions
 ``0 .. n-1`` (the sinks first, then the recent window in order), and new tokens are fed from position ``n``: the
 model sees distances within the cache, never the true distance to the dropped middle, and never a position past
-``budget + chunk``. The engine does it (``rerotates``, kdeval/keydiff/rerotation.py); the kept set is ``sink``'s.
+``budget + chunk``. The engine does it (``rerotates``, kdeval/keydiff/attention/rerotation.py); the kept set is ``sink``'s.
 
 A policy of its own rather than a ``rerotate`` parameter of ``sink``: it changes what the model is fed, not which
 tokens are kept, so it is compared with ``sink`` as another row, and ``sink`` stays kvpress' StreamingLLMPress
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kdeval.baselines.sink import Sink
-from kdeval.keydiff.policy import PolicyNeeds
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import PolicyNeeds
+from kdeval.keydiff.policy.registry import register
 
 
 @register

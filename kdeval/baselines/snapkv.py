@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kdeval.keydiff.attention_capture import AttentionNeed
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.attention.capture import AttentionNeed
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register
 
 
 def pool_scores(scores: torch.Tensor, kernel: int, pooling: str, order: torch.Tensor | None = None,

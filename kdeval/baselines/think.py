@@ -13,9 +13,9 @@ channels over the keys it kept. Here ``inner`` is that token press; its kept set
 no score), and the default, SnapKV, is kvpress' example.
 
 Where it acts: right after the commit of every eviction (``PolicyNeeds.edits_kept_keys``,
-kdeval/keydiff/eviction.py), in the rows that freed tokens. A step that evicts nothing (the cache not full yet,
+kdeval/keydiff/step/eviction.py), in the rows that freed tokens. A step that evicts nothing (the cache not full yet,
 kvpress' protocol's question, decoding with ``decode: keep``) edits nothing, so until its first eviction a ThinK
-cell's cache is the full cache's and shares its steps (kdeval/keydiff/shared.py), and a kept prompt is decoded
+cell's cache is the full cache's and shares its steps (kdeval/keydiff/step/shared.py), and a kept prompt is decoded
 like any other (kdeval/evals/run/group_decode.py).
 
 Chunk by chunk: at every eviction the channel scores are recomputed over the ``N`` keys kept out of the ``N + B``
@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kdeval.baselines.wrapping import PassesOn, built_inner
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.queries import QueryNeed, RecentQueries
-from kdeval.keydiff.registry import register
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.attention.queries import QueryNeed, RecentQueries
+from kdeval.keydiff.policy.registry import register
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.eviction import LayerEviction
+    from kdeval.keydiff.step.eviction import LayerEviction
 
 
 def channel_scores(queries: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor, real: torch.Tensor

@@ -2,7 +2,7 @@
 calls a wrapper passes on unchanged (sinks, recent window, per-layer budgets, observation, scores, and the commit
 hook ``apply``, so a wrapped policy's merge or key edit still happens).
 
-Shapes as in :mod:`kdeval.keydiff.policy`: ``keys [batch, kv_heads, tokens, head_dim]``, scores ``[batch, kv_heads,
+Shapes as in :mod:`kdeval.keydiff.policy.interface`: ``keys [batch, kv_heads, tokens, head_dim]``, scores ``[batch, kv_heads,
 tokens]``.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from kdeval.keydiff.policy import Policy, ScoreContext
-from kdeval.keydiff.registry import as_policy, registered
+from kdeval.keydiff.policy.interface import Policy, ScoreContext
+from kdeval.keydiff.policy.registry import as_policy, registered
 from kdeval.names import suggest
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.eviction import LayerEviction
+    from kdeval.keydiff.step.eviction import LayerEviction
 
 
 def built_inner(inner: Any, reason: Callable[[Policy], str | None]) -> Policy:

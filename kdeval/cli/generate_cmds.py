@@ -125,8 +125,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
         from kdeval.baselines import get_policy
-        from kdeval.keydiff import Engine, EngineConfig, load_model
-        from kdeval.keydiff.repeat_prompt import RepeatPrompt
+        from kdeval.keydiff import Engine, EngineConfig
+        from kdeval.zoo import load_model
+        from kdeval.keydiff.attention.repeat_prompt import RepeatPrompt
 
         with third_party_quiet(verbose):
             with bad_input():
@@ -183,6 +184,6 @@ def register(app: typer.Typer) -> None:
         console = stdout()
         console.print(render(view, console.width))
         console.print(PROTOCOLS_NOTE, highlight=False, soft_wrap=True)
-        from kdeval.keydiff.quant import EXPLANATION
+        from kdeval.keydiff.quant.rule import EXPLANATION
 
         console.print(EXPLANATION, highlight=False, soft_wrap=True)

@@ -1,5 +1,5 @@
-"""`kdeval models`: every decoder family the engine is tested on (kdeval/keydiff/families.py), with its layer
-kinds and what the engine does with it, as the engine's own checks say (kdeval/keydiff/family_status.py)."""
+"""`kdeval models`: every decoder family the engine is tested on (kdeval/zoo/families.py), with its layer
+kinds and what the engine does with it, as the engine's own checks say (kdeval/zoo/family_status.py)."""
 from __future__ import annotations
 
 import json
@@ -42,7 +42,7 @@ def family_rows() -> list[dict]:
     ``refused family`` (why the engine refuses the whole family; "" when it runs), ``brief`` (its detail in a few
     words) and ``refusal groups`` ([cause, [policies]])."""
     from kdeval.baselines import get_policy, policy_names
-    from kdeval.keydiff.family_status import family_statuses, refusal_reason
+    from kdeval.zoo.family_status import family_statuses, refusal_reason
     from kdeval.names import RANDOM_PREFIX
 
     policies = {name: get_policy(name) for name in policy_names()}
@@ -55,7 +55,7 @@ def family_rows() -> list[dict]:
 
 
 def _layers(text: str) -> str:
-    """``"1 full, 2 sliding 48"`` from :func:`~kdeval.keydiff.layer_kinds.describe`'s ``"3 layers: 1 full, ..."``."""
+    """``"1 full, 2 sliding 48"`` from :func:`~kdeval.keydiff.attention.layer_kinds.describe`'s ``"3 layers: 1 full, ..."``."""
     return text.split(": ", 1)[-1]
 
 

@@ -155,7 +155,7 @@ def grid_page() -> str:
 def policies_page() -> str:
     """Every registered eviction policy: rule, parameters with defaults, extra cost at its defaults."""
     from kdeval.baselines import list_policies
-    from kdeval.keydiff.quant import EXPLANATION
+    from kdeval.keydiff.quant.rule import EXPLANATION
 
     infos = list_policies()
     rows = ["| policy | rule | parameters (default) | extra cost per step and layer (defaults) |",

@@ -60,7 +60,7 @@ def policy_attention_error(name: str, params: dict[str, Any], attn_implementatio
     """Why policy ``name`` cannot run on a model loaded with ``attn_implementation`` (it needs the engine's
     SDPA-based attention: attention rows, per-layer budgets, a head-shared pool), else None (also for an
     unknown policy or bad parameters, which :func:`policy_param_error` reports)."""
-    from kdeval.keydiff.plan import SDPA_FAMILY, own_attention_reason
+    from kdeval.keydiff.plan.plan import SDPA_FAMILY, own_attention_reason
 
     policy = None if attn_implementation in SDPA_FAMILY else _evicting_policy(name, params)
     if policy is None:
@@ -70,8 +70,8 @@ def policy_attention_error(name: str, params: dict[str, Any], attn_implementatio
 
 def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | None:
     """Why policy ``name`` cannot run on a model of ``shape`` (:func:`model_shape`): beside windowed layers, or on an
-    MLA cache, in the engine's own words (``kdeval.keydiff.plan``), else None (as :func:`policy_attention_error`)."""
-    from kdeval.keydiff.plan import latent_refusal, windowed_refusal
+    MLA cache, in the engine's own words (``kdeval.keydiff.plan.plan``), else None (as :func:`policy_attention_error`)."""
+    from kdeval.keydiff.plan.plan import latent_refusal, windowed_refusal
 
     policy = _evicting_policy(name, params) if shape.windowed or shape.latent else None
     if policy is None:
@@ -91,8 +91,8 @@ def engine_setting_error(name: str, value: Any) -> str | None:
 def kv_quant_field_error(name: str, value: Any) -> str | None:
     """The engine's message when ``value`` breaks its rule for ``kv_quant`` field ``name`` (``bits``: "expected
     one of [2, 4, 8], got 3"), else None; None too for a name it does not know (the grid's schema reports it)
-    and a value of the wrong type (idem) (``kdeval.keydiff.quant.RULES``)."""
-    from kdeval.keydiff.quant import RULES, KVQuant
+    and a value of the wrong type (idem) (``kdeval.keydiff.quant.rule.RULES``)."""
+    from kdeval.keydiff.quant.rule import RULES, KVQuant
 
     if name not in RULES or type(value) is not type(getattr(KVQuant(), name)):
         return None
@@ -109,7 +109,7 @@ def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list
     from pathlib import Path
 
     from kdeval.baselines import policy_class
-    from kdeval.keydiff import policy as interface
+    from kdeval.keydiff.policy import interface
     from kdeval.version import PACKAGE_ROOT
 
     files = []
@@ -136,30 +136,30 @@ def every_policy_source_file() -> tuple[str, ...]:
 
 def random_model_names() -> list[str]:
     """Names of the built-in tiny random models."""
-    from kdeval.keydiff.random_models import random_model_names as names
+    from kdeval.zoo.random_models import random_model_names as names
 
     return list(names())
 
 
 def model_shape(model_id: str, revision: str | None = None) -> Any:
-    """The model's shape without its weights (``head_dim``, ``context``; :mod:`kdeval.keydiff.model_config`), or
+    """The model's shape without its weights (``head_dim``, ``context``; :mod:`kdeval.zoo.model_config`), or
     None when it cannot be known offline."""
-    from kdeval.keydiff.model_config import model_shape as shape
+    from kdeval.zoo.model_config import model_shape as shape
 
     return shape(model_id, revision)
 
 
 def model_id_problem(model_id: str) -> str | None:
     """Why ``model_id`` names no model that can be loaded (a path without config.json, a URL, a malformed hub
-    id), else None (:func:`kdeval.keydiff.model_config.model_id_problem`)."""
-    from kdeval.keydiff.model_config import model_id_problem as problem
+    id), else None (:func:`kdeval.zoo.model_config.model_id_problem`)."""
+    from kdeval.zoo.model_config import model_id_problem as problem
 
     return problem(model_id)
 
 
 def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
     """The model's tokenizer when it can be had offline, else None (imports transformers;
-    :func:`kdeval.keydiff.model_config.model_tokenizer`)."""
-    from kdeval.keydiff.model_config import model_tokenizer as tokenizer
+    :func:`kdeval.zoo.model_config.model_tokenizer`)."""
+    from kdeval.zoo.model_config import model_tokenizer as tokenizer
 
     return tokenizer(model_id, revision)

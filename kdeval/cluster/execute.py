@@ -163,7 +163,7 @@ class EvalWorkload:
     def load(self, task: CellTask) -> Any:
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().load(task)
-        from kdeval.keydiff.models import load_model
+        from kdeval.zoo.loading import load_model
 
         return load_model(task.model_id, dtype=task.dtype, attn_implementation=task.attn_implementation,
                           revision=task.revision, device=self.device)

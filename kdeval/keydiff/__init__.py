@@ -1,5 +1,9 @@
 """The eviction core: policy interface, budgeted caches, the chunked engine, KeyDiff and its variants.
 
+Rooms, bottom up: ``quant/``, ``attention/``, ``policy/``, ``cache/``, ``loop/``, ``plan/``, ``step/``, ``batch/``,
+then ``engine.py`` (``config.py`` beside it); docs/engine.md maps them. Models are loaded by the zoo beside the
+engine (``kdeval.zoo``), which the engine never imports.
+
 Policies are looked up by name in ``kdeval.baselines`` (``get_policy``, ``policy_names``, ...), the layer above,
 which imports every built-in policy; this package only holds the table they register into (``register``).
 
@@ -12,9 +16,9 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "Engine": "engine", "EngineConfig": "config", "GenerationResult": "state", "PrefillState": "state",
-    "RunStats": "state", "LoadedModel": "models", "UnsupportedModelError": "models", "load_model": "models",
-    "Policy": "policy", "ScoreContext": "policy", "register": "registry",
+    "Engine": "engine", "EngineConfig": "config", "GenerationResult": "loop.state", "PrefillState": "loop.state",
+    "RunStats": "loop.state", "Policy": "policy.interface", "ScoreContext": "policy.interface",
+    "register": "policy.registry",
 }
 
 __all__ = list(_WHERE)

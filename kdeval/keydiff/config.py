@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-from kdeval.keydiff.quant import KVQuant
+from kdeval.keydiff.quant.rule import KVQuant
 
 SCORE_PRECISIONS = ("model", "float32")
 
@@ -50,7 +50,7 @@ class EngineConfig:
     #: (a half-precision product with float32 accumulation, then a float32 softmax, as in transformers'
     #: eager attention and kvpress) or "float32" (the keys copied to float32 first). No effect otherwise.
     score_precision: str = "model"
-    #: store kept tokens quantized (kdeval/keydiff/quant.py; a ``KVQuant`` or its fields as a dict); ``None``: at
+    #: store kept tokens quantized (kdeval/keydiff/quant/rule.py; a ``KVQuant`` or its fields as a dict); ``None``: at
     #: the model's width. Applies with or without eviction (the full cache in 4 bits is a configuration too).
     kv_quant: KVQuant | None = None
 

@@ -6,7 +6,7 @@ makes that bound each layer's own budget, the layers' total staying ``layers * b
 absolute: chunk ``[s, s + t)`` of the prompt is fed with ``position_ids = s .. s + t - 1`` even when only
 ``budget`` older tokens remain cached, so RoPE sees the true distances (a policy that ``rerotates``,
 StreamingLLM's cache, is fed after the cached tokens instead and its kept keys are re-rotated:
-kdeval/keydiff/rerotation.py).
+kdeval/keydiff/attention/rerotation.py).
 
 Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and ``decode_evict``):
 
@@ -18,19 +18,19 @@ Two evaluation protocols run on these steps (``generate``'s ``protect_last`` and
   protected ones are held on top of it, so an evicting step leaves ``min(N, unprotected) + P`` tokens.
   ``decode_evict=False`` stops eviction after the prompt: the cache grows by one token per decode step.
 
-The engine is a front: :func:`~kdeval.keydiff.plan.make_plan` decides once what runs (budgets, layout,
-attention function, graphs), :class:`~kdeval.keydiff.step.Step` runs one forward with its eviction, and one
-generation loop (:class:`~kdeval.keydiff.decoding.GenerationLoop`) feeds it each request's prompt chunks and
+The engine is a front: :func:`~kdeval.keydiff.plan.plan.make_plan` decides once what runs (budgets, layout,
+attention function, graphs), :class:`~kdeval.keydiff.step.step.Step` runs one forward with its eviction, and one
+generation loop (:class:`~kdeval.keydiff.loop.decoding.GenerationLoop`) feeds it each request's prompt chunks and
 generated tokens, for ``generate`` (batch 1 is a batch of one row) as for ``generate_batch``.
 
 A policy that shares a layer's ``H * N`` kept tokens among its KV heads (``PolicyNeeds.shares_heads``, AdaKV)
-runs over one pool of ``H * (N + B)`` slots per layer instead (kdeval/keydiff/headpool.py), eagerly.
+runs over one pool of ``H * (N + B)`` slots per layer instead (kdeval/keydiff/cache/headpool.py), eagerly.
 
 ``generate`` takes rows of one length that share positions; ``generate_batch`` takes independent requests of
-any lengths, each as it runs alone (kdeval/keydiff/batching.py, kdeval/keydiff/ragged.py).
+any lengths, each as it runs alone (kdeval/keydiff/batch/batching.py, kdeval/keydiff/cache/ragged.py).
 
 A policy scored by a repeat pass (``PolicyNeeds.repeat``, KVzip) runs a second forward after every evicting prompt
-step (kdeval/keydiff/repeat_prompt.py); ``generate_batch`` then runs its requests one at a time, as for a head pool.
+step (kdeval/keydiff/attention/repeat_prompt.py); ``generate_batch`` then runs its requests one at a time, as for a head pool.
 """
 from __future__ import annotations
 
@@ -41,21 +41,21 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from kdeval.keydiff.batch_requests import one_at_a_time
-from kdeval.keydiff.batching import BatchView, generate_batch
-from kdeval.keydiff.cache_maker import LayerFactory, slot_layer
-from kdeval.keydiff.capacity import forwards, planned
+from kdeval.keydiff.batch.requests import one_at_a_time
+from kdeval.keydiff.batch.batching import BatchView, generate_batch
+from kdeval.keydiff.plan.cache_maker import LayerFactory, slot_layer
+from kdeval.keydiff.plan.capacity import forwards, planned
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
-from kdeval.keydiff.graphs import CapturedStep
-from kdeval.keydiff.memory import PeakMemory, own_bytes, own_kept_bytes
-from kdeval.keydiff.plan import check_ids, make_plan
-from kdeval.keydiff.policy import Policy
-from kdeval.keydiff.repeat_prompt import RepeatPrompt
-from kdeval.keydiff.shared import SharedSteps, undiverged
-from kdeval.keydiff.state import GenerationResult, PrefillState
-from kdeval.keydiff.step import GraphRunner, Step
-from kdeval.keydiff.trunk import record_trunks, trunk_end
+from kdeval.keydiff.loop.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
+from kdeval.keydiff.step.graphs import CapturedStep
+from kdeval.keydiff.loop.memory import PeakMemory, own_bytes, own_kept_bytes
+from kdeval.keydiff.plan.plan import check_ids, make_plan
+from kdeval.keydiff.policy.interface import Policy
+from kdeval.keydiff.attention.repeat_prompt import RepeatPrompt
+from kdeval.keydiff.step.shared import SharedSteps, undiverged
+from kdeval.keydiff.loop.state import GenerationResult, PrefillState
+from kdeval.keydiff.step.step import GraphRunner, Step
+from kdeval.keydiff.batch.trunk import record_trunks, trunk_end
 
 
 class Engine:
@@ -71,12 +71,12 @@ class Engine:
 
         The hooks tests plug their references into (not user options; no grid or config reaches them):
         ``cache_layer(capacity, state_names, static_base, shares_heads, limit)`` makes each layer of every cache
-        (default :func:`~kdeval.keydiff.cache_maker.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
-        runner of one captured step (default :class:`~kdeval.keydiff.graphs.CapturedStep`, CUDA graphs, which
+        (default :func:`~kdeval.keydiff.plan.cache_maker.slot_layer`); ``graph_runner(step, batch, t, device)`` makes the
+        runner of one captured step (default :class:`~kdeval.keydiff.step.graphs.CapturedStep`, CUDA graphs, which
         need CUDA); given one, the graph path runs on any device.
 
         ``repeat_prompt``: the token ids of a repeat-pass policy's prompt (KVzip: ``RepeatPrompt.from_tokenizer``,
-        kdeval/keydiff/repeat_prompt.py); ``None``: the bare one (the chunk fed again, no instruction or template)."""
+        kdeval/keydiff/attention/repeat_prompt.py); ``None``: the bare one (the chunk fed again, no instruction or template)."""
         self.model, self.policy, self.config = model, policy, config
         self.on_step, self.on_batch_step = on_step, on_batch_step
         #: everything decided once (budgets, layout, attention function, graphs)
@@ -88,7 +88,7 @@ class Engine:
 
     @property
     def shared(self) -> SharedSteps | None:
-        """The store of prompt steps shared with other cells of a group (kdeval/keydiff/shared.py) while a
+        """The store of prompt steps shared with other cells of a group (kdeval/keydiff/step/shared.py) while a
         :meth:`sharing` block runs; ``None``: every step is computed here. Results are the same either way; only
         the work done differs."""
         return self._shared
@@ -105,7 +105,7 @@ class Engine:
 
     def new_state(self, batch: int = 1) -> PrefillState:
         """An empty cache of ``batch`` rows: each layer's limit plus a chunk, grown if a call needs more
-        (``prefill`` and ``generate`` size theirs for what they will feed, kdeval/keydiff/capacity.py).
+        (``prefill`` and ``generate`` size theirs for what they will feed, kdeval/keydiff/plan/capacity.py).
 
         On the graph path a cache handed back by :meth:`release` for the same batch size is reused, emptied,
         with the graphs captured on it."""
@@ -172,7 +172,7 @@ class Engine:
                       protect_last: Sequence[int]) -> int:
         """Record in one batch the shared steps that :meth:`prefill_shared` would record one prompt at a time:
         ``prompts[i]`` (token ids ``[L_i]``) into ``stores[i]``, its protected question ``protect_last[i]`` tokens
-        (kdeval/keydiff/trunk.py). :meth:`prefill_shared` then replays them. Returns the chunks recorded per
+        (kdeval/keydiff/batch/trunk.py). :meth:`prefill_shared` then replays them. Returns the chunks recorded per
         prompt (0: none)."""
         return record_trunks(self.step, prompts, stores, protect_last)
 
@@ -256,7 +256,7 @@ class Engine:
         the row's final state (a dynamic cache this engine can continue).
 
         Rows are aligned on their first token and left-padded within each step; padding is masked and never
-        kept, and finished rows leave the batch (kdeval/keydiff/batching.py). Runs eagerly, also on an
+        kept, and finished rows leave the batch (kdeval/keydiff/batch/batching.py). Runs eagerly, also on an
         engine that uses CUDA graphs.
         """
         if self.plan.shares_heads or self.plan.needs.repeat is not None:  # a pool's mask, a request's repeat pass

@@ -1,5 +1,5 @@
 """AdaKV: a layer's H x N kept tokens shared among its KV heads by an inner policy's scores, over one pool of
-H x (N + B) slots per layer (kdeval/keydiff/headpool.py)."""
+H x (N + B) slots per layer (kdeval/keydiff/cache/headpool.py)."""
 import pytest
 import torch
 
@@ -7,8 +7,8 @@ from kdeval.baselines import get_policy
 from kdeval.jobs.grid.errors import GridError
 from kdeval.jobs.grid.load import parse_grid
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.headpool import select_across_heads
-from kdeval.keydiff.keydiff import keydiff_scores
+from kdeval.keydiff.cache.headpool import select_across_heads
+from kdeval.keydiff.policy.keydiff import keydiff_scores
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine, prompt, tiny
 from ..keydiff.oracles import EMULATED, GATHER

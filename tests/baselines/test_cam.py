@@ -10,8 +10,8 @@ import torch
 from kdeval.baselines import get_policy
 from kdeval.baselines.cam import ATTENTION, CaM, hashed_draws, merge_into_windows
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.kvstore import QuantizedStore
-from kdeval.keydiff.policy import Freed, ScoreContext
+from kdeval.keydiff.quant.store import QuantizedStore
+from kdeval.keydiff.policy.interface import Freed, ScoreContext
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, kept_positions, make_engine, prompt, tiny
 from ..keydiff.test_kv_quant import KIVI, PER_TOKEN, assert_stored_quantized

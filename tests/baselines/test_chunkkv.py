@@ -4,8 +4,8 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.policy import ScoreContext
-from kdeval.keydiff.selection import lowest_oldest_first
+from kdeval.keydiff.policy.interface import ScoreContext
+from kdeval.keydiff.policy.selection import lowest_oldest_first
 
 from ..keydiff.helpers import (assert_ragged_batch_matches_alone, assert_same_run, kept_positions, make_engine,
                                prompt, tiny)

@@ -6,7 +6,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.keydiff import keydiff_scores
+from kdeval.keydiff.policy.keydiff import keydiff_scores
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, kept_positions, prompt, tiny
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff.policy import ScoreContext
+from kdeval.keydiff.policy.interface import ScoreContext
 
 
 def windowed(x, w):

@@ -10,9 +10,9 @@ from kdeval.baselines import policy_names
 from kdeval.baselines.expected_attention import (ExpectedAttention, expected_attention_scores, mean_rotation,
                                                  query_statistics, window_statistics)
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.policy import ScoreContext
-from kdeval.keydiff.selection import protect
-from kdeval.keydiff.queries import QueryWindow
+from kdeval.keydiff.policy.interface import ScoreContext
+from kdeval.keydiff.policy.selection import protect
+from kdeval.keydiff.attention.queries import QueryWindow
 
 from ..keydiff.helpers import kept_positions, prompt, tiny
 

@@ -7,7 +7,8 @@ import torch
 from kdeval.baselines import get_policy
 from kdeval.baselines.finch import Finch
 from kdeval.evals.run.settings import RunSettings
-from kdeval.keydiff import Engine, EngineConfig, load_model
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, kept_positions, prompt
 from .test_policy_rules import eager_attentions

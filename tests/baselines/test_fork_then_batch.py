@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import kdeval.keydiff.engine as engine_mod
-import kdeval.keydiff.shared as shared_mod
+import kdeval.keydiff.step.shared as shared_mod
 from kdeval.baselines import get_policy, policy_names
-from kdeval.keydiff.shared import SharedSteps
+from kdeval.keydiff.step.shared import SharedSteps
 
-from kdeval.keydiff.models import load_model
+from kdeval.zoo.loading import load_model
 
 from ..keydiff.helpers import kept_positions, make_engine, prompt
 

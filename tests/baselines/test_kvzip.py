@@ -11,8 +11,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from kdeval.baselines import describe, get_policy
 from kdeval.baselines.kvzip import UNSCORED, KVzip
 from kdeval.evals.run.settings import RunSettings
-from kdeval.keydiff import Engine, EngineConfig, load_model
-from kdeval.keydiff.repeat_prompt import FIRST, LATER, RepeatPrompt
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
+from kdeval.keydiff.attention.repeat_prompt import FIRST, LATER, RepeatPrompt
 
 from ..keydiff.helpers import kept_positions, make_engine, prompt
 from ..keydiff.oracles import EMULATED, GATHER

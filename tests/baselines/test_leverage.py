@@ -6,7 +6,7 @@ import torch
 from kdeval.baselines import get_policy
 from kdeval.baselines.leverage import gaussian_sketch, z_scores
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.reads import layer_projections
+from kdeval.keydiff.attention.reads import layer_projections
 
 from ..keydiff.helpers import capture_hidden_states, kept_positions, prompt, tiny
 

@@ -11,8 +11,8 @@ from kdeval.baselines import get_policy
 from kdeval.baselines.merging import Merging, merge_values
 from kdeval.evals.run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.kvstore import QuantizedStore
-from kdeval.keydiff.policy import Freed, ScoreContext
+from kdeval.keydiff.quant.store import QuantizedStore
+from kdeval.keydiff.policy.interface import Freed, ScoreContext
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, kept_positions, make_engine, prompt, tiny
 from ..keydiff.oracles import EMULATED

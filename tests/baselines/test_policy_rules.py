@@ -4,8 +4,9 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.snapkv import pool_scores
-from kdeval.keydiff import Engine, EngineConfig, load_model
-from kdeval.keydiff.policy import ScoreContext
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
+from kdeval.keydiff.policy.interface import ScoreContext
 
 from ..keydiff.helpers import prompt
 

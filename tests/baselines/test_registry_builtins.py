@@ -30,7 +30,7 @@ def test_import_keydiff_does_not_import_baselines():
     got = fresh(
         "import json, sys\n"
         "import kdeval.keydiff\n"
-        "import kdeval.keydiff.registry\n"
+        "import kdeval.keydiff.policy.registry\n"
         "before = sorted(m for m in sys.modules if m.startswith('kdeval.baselines'))\n"
         "print(json.dumps({'before': before, 'lookup': hasattr(kdeval.keydiff, 'get_policy')}))\n"
     )

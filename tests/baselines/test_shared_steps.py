@@ -1,12 +1,12 @@
-"""Shared prompt steps (kdeval/keydiff/shared.py): every registered policy gives, through a store other cells fill,
+"""Shared prompt steps (kdeval/keydiff/step/shared.py): every registered policy gives, through a store other cells fill,
 exactly what it gives alone — tokens, kept positions, keys and values, per-token state, KV bytes — under both
 protocols, chunked and one-shot; a cell forks at the step it first evicts, not a step later or earlier."""
 import pytest
 import torch
 
-import kdeval.keydiff.shared as shared_mod
+import kdeval.keydiff.step.shared as shared_mod
 from kdeval.baselines import get_policy, policy_names
-from kdeval.keydiff.shared import SharedSteps, forward_signature
+from kdeval.keydiff.step.shared import SharedSteps, forward_signature
 
 from ..keydiff.helpers import make_engine, prompt, tiny
 

@@ -7,8 +7,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.models import load_model
-from kdeval.keydiff.rerotation import rerotate, rotate, rotation
+from kdeval.zoo.loading import load_model
+from kdeval.keydiff.attention.rerotation import rerotate, rotate, rotation
 
 from ..keydiff.helpers import assert_ragged_batch_matches_alone, assert_same_run, kept_positions, prompt, tiny
 from ..keydiff.oracles import EMULATED, STORES

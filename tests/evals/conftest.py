@@ -66,7 +66,7 @@ def emulated_graphs(monkeypatch) -> None:
 def captured_steps(monkeypatch) -> list:
     """The arguments of every graph step made while the test runs (its static inputs: a CUDA graph, or the emulated
     graphs' plain calls on CPU)."""
-    from kdeval.keydiff import graphs
+    from kdeval.keydiff.step import graphs
 
     made: list = []
     init = graphs.StepInputs.__init__
@@ -82,7 +82,7 @@ def captured_steps(monkeypatch) -> list:
 @pytest.fixture(scope="session")
 def smollm2():
     """The offline SmolLM2-135M (skips where its package is missing)."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     try:
         return load_model("smollm2-135m")

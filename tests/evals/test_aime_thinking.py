@@ -100,7 +100,7 @@ def test_row_scores_the_stripped_answer_and_keeps_the_raw_prediction():
 
 def test_run_task_with_thinking_strip_adds_the_answer_column(fixtures_dir):
     from kdeval.evals.run.runner import run_task
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     tiny = load_model("random:llama-tiny")
     task = get_task("aime2025", data_dir=str(fixtures_dir), limit=1, max_new_tokens=4)

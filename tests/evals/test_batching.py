@@ -21,7 +21,7 @@ BATCH_DEPENDENT = {"ttft_s", "decode_s", "shared_prefill_s", "peak_memory_bytes"
 
 @pytest.fixture(scope="module")
 def lively():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
 

@@ -68,7 +68,7 @@ def test_resolution_follows_kvpress_floats_not_exact_fractions():
 
 @pytest.fixture(scope="module")
 def lively():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
 

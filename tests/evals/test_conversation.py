@@ -23,7 +23,7 @@ TIMING = {"ttft_s", "decode_s", "timing_batch", "peak_memory_bytes", "shared_pre
 @pytest.fixture(scope="module")
 def lively():
     """llama-tiny in float64 with larger weights: its greedy tokens vary, so eviction shows in predictions."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
 
@@ -165,7 +165,7 @@ def test_a_conversation_longer_than_the_context_is_refused_before_it_runs(lively
     context of that size and not one token less."""
     from kdeval.evals.run.conversation import TurnFrame, check_fits
     from kdeval.evals.tasks.base import ContextTooLongError
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     task = kv(turns=3)
     rows = run_task(lively, task, RunSettings(policy="full", chunk_size=48, max_new_tokens=4))

@@ -8,7 +8,7 @@ from kdeval.baselines import get_policy, policy_names
 from kdeval.evals.run.generation_jobs import GenerateJob, answer_alone
 from kdeval.evals.run.group_decode import GroupDecoder, batchable
 
-from kdeval.keydiff.models import load_model
+from kdeval.zoo.loading import load_model
 
 from ..keydiff.helpers import make_engine, prompt
 

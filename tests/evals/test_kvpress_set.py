@@ -22,7 +22,7 @@ def data_dir(tmp_path):
 
 
 def test_samples_are_kvpress_rows_in_order(data_dir):
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     lm = load_model("random:llama-tiny")
     t = get_task("ruler.vt", lengths=[4096], num_samples=2, source="kvpress", data_dir=str(data_dir))

@@ -21,7 +21,7 @@ TASKS = [
 
 @pytest.fixture(scope="module")
 def tiny():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny")
 

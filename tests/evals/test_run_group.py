@@ -21,7 +21,7 @@ NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "share
 
 @pytest.fixture(scope="module")
 def tiny():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny")
 
@@ -136,7 +136,7 @@ def test_members_in_batches_on_a_conversation_run_alone(varied):
 @pytest.fixture(scope="module")
 def varied():
     """Weights large enough that kept sets change the tokens (the default init repeats one token)."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
 

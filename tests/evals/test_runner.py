@@ -16,7 +16,7 @@ from kdeval.evals.tasks.prompting import PromptBuilder
 
 @pytest.fixture(scope="module")
 def tiny():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny")
 
@@ -70,7 +70,7 @@ def test_subset_and_context_errors_before_generation(tiny):
 def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_steps, emulated_graphs):
     """The graph path (emulated) through run_task: the same predictions as the default path, and the second
     request runs on the first one's released cache, so no step is captured again."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     lm = load_model("random:llama-tiny", dtype="float64")
     made = captured_steps
@@ -88,7 +88,7 @@ def test_engine_options_reach_the_engine_and_requests_reuse_one_cache(captured_s
 
 
 def test_engine_options_are_checked():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     lm = load_model("random:llama-tiny", dtype="float64")
     task = get_task("needle", lengths=[600], depths=[0], haystack="noise", max_new_tokens=4)

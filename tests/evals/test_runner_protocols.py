@@ -15,7 +15,7 @@ from kdeval.evals.tasks.prompting import PromptBuilder
 @pytest.fixture(scope="module")
 def tiny():
     """llama-tiny, float32: it repeats one token and never emits eos, so every run generates max_new_tokens."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny")
 
@@ -23,7 +23,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def lively():
     """llama-tiny in float64 with larger weights: its greedy tokens vary, so eviction shows in predictions."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
 
@@ -82,7 +82,7 @@ def test_decode_keep_grows_the_cache_by_the_generated_tokens(tiny, compress):
 def test_graph_path_under_context_protocol_reuses_its_captured_steps(captured_steps, emulated_graphs):
     """Emulated graphs under compress="context": the predictions of the default path, and the static cache
     thawed for each question goes back to the pool, so later requests capture nothing."""
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     lm = load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
     made = captured_steps
@@ -131,7 +131,7 @@ def test_protocol_values_and_a_task_without_a_question_refused(tiny, data_dir):
 def test_rows_carry_kv_bytes_memory_kind_and_weights(tiny):
     """keydiff at N=128, B=64 holds N + B tokens at its peak whatever the length; the full cache its prompt and
     all but the last generated token; the summary adds the KV peak and the weights."""
-    from kdeval.keydiff.memory import model_weight_bytes
+    from kdeval.keydiff.loop.memory import model_weight_bytes
 
     kv, full = {}, {}
     for length in (600, 900):

@@ -148,7 +148,7 @@ def test_repoqa_finds_the_function_in_every_language(lang, code, function):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny")
 

@@ -16,7 +16,7 @@ TIMINGS = {"ttft_s", "decode_s", "shared_prefill_s", "kv_buffer_bytes", "peak_me
 
 @pytest.fixture(scope="module")
 def lively():
-    from kdeval.keydiff.models import load_model
+    from kdeval.zoo.loading import load_model
 
     return load_model("random:llama-tiny", dtype="float64", overrides={"initializer_range": 0.1})
 

@@ -9,8 +9,8 @@ import torch
 
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
-from kdeval.keydiff.models import LoadedModel, load_model
-from kdeval.keydiff.reads import layer_projections
+from kdeval.zoo.loading import LoadedModel, load_model
+from kdeval.keydiff.attention.reads import layer_projections
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.cache import BudgetLayerMixin
-from kdeval.keydiff.graphs import StepInputs
-from kdeval.keydiff.headpool import HeadPoolLayer
-from kdeval.keydiff.slot_buffers import expand_index
+from kdeval.keydiff.cache.budget_cache import BudgetLayerMixin
+from kdeval.keydiff.step.graphs import StepInputs
+from kdeval.keydiff.cache.headpool import HeadPoolLayer
+from kdeval.keydiff.cache.slot_buffers import expand_index
 
 
 class GatherLayer(BudgetLayerMixin, DynamicLayer):

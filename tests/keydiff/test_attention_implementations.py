@@ -11,8 +11,9 @@ import pytest
 from kdeval.baselines import get_policy, policy_names
 from kdeval.jobs.grid.errors import GridError
 from kdeval.jobs.grid.load import parse_grid
-from kdeval.keydiff import Engine, EngineConfig, load_model
-from kdeval.keydiff.plan import own_attention_reason
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import load_model
+from kdeval.keydiff.plan.plan import own_attention_reason
 
 from .helpers import assert_same_run, kept_positions, prompt
 from .oracles import EMULATED

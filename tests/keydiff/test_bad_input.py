@@ -3,8 +3,9 @@ import pytest
 from transformers import AutoConfig
 
 from kdeval.baselines import UnknownPolicyError, get_policy
-from kdeval.keydiff import Engine, EngineConfig, UnsupportedModelError, load_model
-from kdeval.keydiff.models import check_supported
+from kdeval.keydiff import Engine, EngineConfig
+from kdeval.zoo import UnsupportedModelError, load_model
+from kdeval.zoo.loading import check_supported
 
 from .helpers import prompt, tiny
 
@@ -43,7 +44,7 @@ def test_policy_parameters_validated():
 
 
 def test_a_sliding_window_model_loads_with_its_windowed_layers():
-    from kdeval.keydiff.layer_kinds import layer_kinds
+    from kdeval.keydiff.attention.layer_kinds import layer_kinds
 
     lm = load_model("random:qwen2-tiny", overrides={"use_sliding_window": True, "sliding_window": 64,
                                                     "max_window_layers": 1})

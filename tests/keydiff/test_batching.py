@@ -11,8 +11,8 @@ import torch
 
 from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.models import load_model
-from kdeval.keydiff.slot_buffers import EMPTY_POSITION
+from kdeval.zoo.loading import load_model
+from kdeval.keydiff.cache.slot_buffers import EMPTY_POSITION
 
 from .helpers import kept_positions, make_engine
 from .oracles import EMULATED, GATHER

@@ -5,7 +5,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.cache import EMPTY_POSITION
+from kdeval.keydiff.cache.budget_cache import EMPTY_POSITION
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
 from .oracles import EMULATED, GATHER

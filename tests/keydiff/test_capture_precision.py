@@ -8,8 +8,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.attention_capture import AttentionCapture, AttentionNeed
-from kdeval.keydiff.static import static_attention_forward, static_mask
+from kdeval.keydiff.attention.capture import AttentionCapture, AttentionNeed
+from kdeval.keydiff.cache.static import static_attention_forward, static_mask
 
 from .helpers import prompt, tiny
 from .oracles import EMULATED

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from kdeval.keydiff.models import load_model, resolve_dtype
+from kdeval.zoo.loading import load_model, resolve_dtype
 
 
 def _config(**kw):

@@ -1,4 +1,4 @@
-"""Every family of the table (kdeval/keydiff/families.py), as its status says, in float32 and bfloat16.
+"""Every family of the table (kdeval/zoo/families.py), as its status says, in float32 and bfloat16.
 
 A family the engine refuses must be refused from its config, before any weight is built. A family that runs is
 built as ``random:<key>-tiny`` and must, on a 120-token prompt (N = 32, B = 16, 4 new tokens; past the hybrids'
@@ -23,14 +23,14 @@ from typer.testing import CliRunner
 
 from kdeval.baselines import get_policy, policy_names
 from kdeval.cli.app import app
-from kdeval.keydiff import family_status as status_module
-from kdeval.keydiff import models
+from kdeval.zoo import family_status as status_module
+from kdeval.zoo import loading as models
 from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.engine import Engine
-from kdeval.keydiff.families import FAMILIES, WINDOW, family
-from kdeval.keydiff.family_status import PROBE_CONFIG, family_status
-from kdeval.keydiff.layer_kinds import layer_kinds
-from kdeval.keydiff.models import UnsupportedModelError, load_model
+from kdeval.zoo.families import FAMILIES, WINDOW, family
+from kdeval.zoo.family_status import PROBE_CONFIG, family_status
+from kdeval.keydiff.attention.layer_kinds import layer_kinds
+from kdeval.zoo.loading import UnsupportedModelError, load_model
 from kdeval.names import RANDOM_PREFIX
 
 from .helpers import kept_positions

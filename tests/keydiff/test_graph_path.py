@@ -8,9 +8,9 @@ import torch
 
 from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.selection import rank_empty
-from kdeval.keydiff.slot_buffers import EMPTY_POSITION
-from kdeval.keydiff.static import EmptySlots, static_mask
+from kdeval.keydiff.policy.selection import rank_empty
+from kdeval.keydiff.cache.slot_buffers import EMPTY_POSITION
+from kdeval.keydiff.cache.static import EmptySlots, static_mask
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt, tiny
 from .oracles import EMULATED, GATHER

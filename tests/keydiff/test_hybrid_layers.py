@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.layer_kinds import layer_kinds
+from kdeval.keydiff.attention.layer_kinds import layer_kinds
 
 WINDOW = 40
 BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -141,7 +141,7 @@ def test_sink_logits_are_in_the_captured_attention_as_the_model_computes_them():
     """TOVA/SnapKV/H2O read softmax rows: with GPT-OSS's sinks they sum to less than one, as the model's do."""
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
-    from kdeval.keydiff.attention_capture import AttentionCapture, AttentionNeed
+    from kdeval.keydiff.attention.capture import AttentionCapture, AttentionNeed
 
     torch.manual_seed(0)
     b, hq, hk, t, m, d = 2, 4, 2, 5, 9, 16
@@ -162,7 +162,7 @@ def test_sink_logits_are_in_the_captured_attention_as_the_model_computes_them():
 def test_shared_steps_on_a_hybrid_equal_alone_and_share_while_every_window_is_as_the_full_cache_holds():
     """A group's cells replay the steps the full cache recorded while each layer holds what the full cache holds
     (its windowed layers their window, cut alike in every cell), then compute their own."""
-    from kdeval.keydiff.shared import SharedSteps
+    from kdeval.keydiff.step.shared import SharedSteps
 
     model = hybrid("gemma3_text")
     policies = ["keydiff", "snapkv", "tova", "pyramidkv"]
@@ -191,7 +191,7 @@ def test_shared_steps_on_a_hybrid_equal_alone_and_share_while_every_window_is_as
 
 
 def test_a_quantized_store_on_a_hybrid_keeps_the_window_and_the_budget():
-    from kdeval.keydiff.quant import KVQuant
+    from kdeval.keydiff.quant.rule import KVQuant
 
     model = hybrid("gemma3_text")
     kinds = layer_kinds(model.config)

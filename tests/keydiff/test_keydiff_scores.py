@@ -6,7 +6,7 @@ from transformers import DynamicCache
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.keydiff import keydiff_scores
+from kdeval.keydiff.policy.keydiff import keydiff_scores
 
 from .helpers import prompt, tiny
 from .oracles import STORES

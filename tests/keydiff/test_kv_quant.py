@@ -1,4 +1,4 @@
-"""The quantized KV store (kdeval/keydiff/kvstore.py) in the engine: what it holds against a float64 oracle of
+"""The quantized KV store (kdeval/keydiff/quant/store.py) in the engine: what it holds against a float64 oracle of
 its definition, its bytes by hand, every policy storing quantized tokens under both protocols, a batch and a
 shared store giving exactly what a cell gives alone."""
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 
 from kdeval.baselines import get_policy, policy_names
 from kdeval.keydiff import EngineConfig
-from kdeval.keydiff.shared import SharedSteps
+from kdeval.keydiff.step.shared import SharedSteps
 
 from .helpers import assert_same_run, make_engine, prompt, tiny
 from .test_quant_rule import oracle_group
@@ -74,7 +74,7 @@ def distinct_levels(x: torch.Tensor, groups: torch.Tensor) -> int:
 
 def assert_stored_quantized(result, quant: dict) -> None:
     """Every kept token older than the frontier is on its groups' grid: at most 2^bits values per group."""
-    from kdeval.keydiff.quant import KVQuant
+    from kdeval.keydiff.quant.rule import KVQuant
 
     q = KVQuant.of(quant)
     frontier = q.frontier(result.state.seen)

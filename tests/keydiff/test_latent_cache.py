@@ -6,8 +6,8 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.models import load_model
-from kdeval.keydiff.quant import KVQuant
+from kdeval.zoo.loading import load_model
+from kdeval.keydiff.quant.rule import KVQuant
 
 N, B = 32, 16
 
@@ -38,7 +38,7 @@ def test_latent_and_rotary_rows_are_evicted_together_within_n_plus_b(mla):
 
 def test_one_token_id_at_two_positions_scores_apart(mla):
     """KeyDiff scores a token's whole cached row (latent and rotary key): the latent alone carries no position."""
-    from kdeval.keydiff.layouts import scored_keys
+    from kdeval.keydiff.cache.layouts import scored_keys
 
     eng = Engine(mla, get_policy("keydiff"), EngineConfig(budget=N, chunk_size=B))
     state = eng.prefill(torch.tensor([[7] * 20]))

@@ -7,9 +7,9 @@ import importlib.util
 
 import pytest
 
-from kdeval.keydiff import offline_models
-from kdeval.keydiff.model_config import OFFLINE_CONFIGS, QWEN25_CODER_CONFIG
-from kdeval.keydiff.models import load_model
+from kdeval.zoo import offline as offline_models
+from kdeval.zoo.model_config import OFFLINE_CONFIGS, QWEN25_CODER_CONFIG
+from kdeval.zoo.loading import load_model
 
 NAME = "qwen2.5-coder-0.5b"
 

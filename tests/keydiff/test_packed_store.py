@@ -1,4 +1,4 @@
-"""The quantized store's record (kdeval/keydiff/packed.py): codes packed and unpacked exactly, and after every step
+"""The quantized store's record (kdeval/keydiff/quant/packed.py): codes packed and unpacked exactly, and after every step
 of chunked runs with eviction (slot cache, head-shared pool, ragged batch, a re-rotating and a merging policy) the
 record holds exactly the held tokens below the frontier, once each, dequantizes bit for bit to what the buffers
 hold, and its bytes are the analytical figure of a store of codes."""
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff.kvstore import QuantizedStore
-from kdeval.keydiff.packed import LayerRecord, pack, packed_width, token_keys, unpack
-from kdeval.keydiff.quant import KVQuant
+from kdeval.keydiff.quant.store import QuantizedStore
+from kdeval.keydiff.quant.packed import LayerRecord, pack, packed_width, token_keys, unpack
+from kdeval.keydiff.quant.rule import KVQuant
 
 from .helpers import make_engine, prompt, tiny
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kdeval.baselines import get_policy
-from kdeval.keydiff.policy import Policy, PolicyNeeds, ScoreContext
-from kdeval.keydiff.registry import register, unregister
-from kdeval.keydiff.shared import SharedSteps
+from kdeval.keydiff.policy.interface import Policy, PolicyNeeds, ScoreContext
+from kdeval.keydiff.policy.registry import register, unregister
+from kdeval.keydiff.step.shared import SharedSteps
 
 from .helpers import assert_same_run, capture_hidden_states, make_engine, prompt, tiny
 from .oracles import EMULATED, GATHER

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.policy import Policy
+from kdeval.keydiff.policy.interface import Policy
 
 from .helpers import prompt, tiny
 from .oracles import STORES

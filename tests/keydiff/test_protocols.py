@@ -11,8 +11,8 @@ from transformers.cache_utils import DynamicCache
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.memory import model_weight_bytes
-from kdeval.keydiff.models import load_model
+from kdeval.keydiff.loop.memory import model_weight_bytes
+from kdeval.zoo.loading import load_model
 
 from .helpers import assert_same_run, kept_positions, make_engine, prompt
 from .oracles import EMULATED, GATHER, STORES

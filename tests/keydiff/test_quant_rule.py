@@ -1,10 +1,10 @@
-"""The quantize/dequantize rule (kdeval/keydiff/quant.py) against a float64 oracle written from its definition
+"""The quantize/dequantize rule (kdeval/keydiff/quant/rule.py) against a float64 oracle written from its definition
 (loops over groups, numpy), and the setting's checks."""
 import numpy as np
 import pytest
 import torch
 
-from kdeval.keydiff.quant import KVQuant, per_channel_roundtrip, per_token_roundtrip
+from kdeval.keydiff.quant.rule import KVQuant, per_channel_roundtrip, per_token_roundtrip
 
 
 def oracle_group(x: np.ndarray, bits: int) -> np.ndarray:

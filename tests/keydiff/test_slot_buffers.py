@@ -1,4 +1,4 @@
-"""The one slot buffer type every cache layout is built from (kdeval/keydiff/slot_buffers.py): allocation, growth,
+"""The one slot buffer type every cache layout is built from (kdeval/keydiff/cache/slot_buffers.py): allocation, growth,
 compaction, row selection, reset and the one byte count, and the engine's KV byte figures on a model whose
 values are narrower than its keys."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
-from kdeval.keydiff.slot_buffers import EMPTY_POSITION, SlotBuffers, state_buffers
+from kdeval.keydiff.cache.slot_buffers import EMPTY_POSITION, SlotBuffers, state_buffers
 
 from .helpers import prompt
 

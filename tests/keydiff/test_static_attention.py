@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kdeval.keydiff.attention_capture import AttentionCapture, AttentionNeed
-from kdeval.keydiff.static import static_attention_forward, static_mask
+from kdeval.keydiff.attention.capture import AttentionCapture, AttentionNeed
+from kdeval.keydiff.cache.static import static_attention_forward, static_mask
 
 from .helpers import reference_attention
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdeval.keydiff.cache import EMPTY_POSITION
-from kdeval.keydiff.selection import lowest_oldest_first, sort_oldest_first
+from kdeval.keydiff.cache.budget_cache import EMPTY_POSITION
+from kdeval.keydiff.policy.selection import lowest_oldest_first, sort_oldest_first
 
 
 def by_sort(scores: torch.Tensor, positions: torch.Tensor, k: int) -> torch.Tensor:

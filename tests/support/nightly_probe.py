@@ -20,8 +20,8 @@ from kdeval.baselines import get_policy
 from kdeval.cluster import provenance
 from kdeval.cluster.stub import StubModel
 from kdeval.cluster.workload import CellResult, CellTask
-from kdeval.keydiff.keydiff import KeyDiff
-from kdeval.keydiff.policy import ScoreContext
+from kdeval.keydiff.policy.keydiff import KeyDiff
+from kdeval.keydiff.policy.interface import ScoreContext
 from kdeval.storage import CellState, RunIndex, RunState
 from tests.jobs.reports.helpers import record_done
 
@@ -44,7 +44,7 @@ class WeakenablePolicy(KeyDiff):
 def use_weakenable(monkeypatch) -> None:
     """Register :class:`WeakenablePolicy` for one test; ``monkeypatch`` takes it out again after it. Registered when
     this module is imported, it would join every test collected later over all registered policies."""
-    from kdeval.keydiff import registry
+    from kdeval.keydiff.policy import registry
 
     monkeypatch.setitem(registry._REGISTRY, WeakenablePolicy.name, WeakenablePolicy)
 

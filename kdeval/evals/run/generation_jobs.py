@@ -1,5 +1,5 @@
 """The requests a question loop sends to the engine, as values: a loop written as a generator yields each
-:class:`GenerateJob` and is sent back its :class:`~kdeval.keydiff.state.GenerationResult`.
+:class:`GenerateJob` and is sent back its :class:`~kdeval.keydiff.loop.state.GenerationResult`.
 
 A cell run on its own answers every job at once with its own ``Engine.generate`` (:func:`answer_alone`); a group
 of cells (:func:`kdeval.evals.run.group_run.run_group`) may collect the jobs of several cells first and decode them

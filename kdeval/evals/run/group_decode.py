@@ -45,7 +45,7 @@ class Driven:
 
 def batchable(job: GenerateJob) -> bool:
     """Whether ``job``'s tokens after the first may be decoded in a batch with other cells' (module docstring)."""
-    from kdeval.keydiff.attention_capture import RAGGED_IMPL
+    from kdeval.keydiff.attention.capture import RAGGED_IMPL
 
     plan = job.engine.plan
     return (not job.decode_evict and job.max_new_tokens >= 2 and not plan.rerotate and not plan.shares_heads
@@ -103,7 +103,7 @@ class GroupDecoder:
         """Decode the waiting jobs' remaining tokens in one batch; each loop's answer is its alone result."""
         if not waiting:
             return
-        from kdeval.keydiff.state import GenerationResult
+        from kdeval.keydiff.loop.state import GenerationResult
 
         t0 = time.perf_counter()
         rest = self.engine.generate_batch(

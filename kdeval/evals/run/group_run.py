@@ -1,5 +1,5 @@
 """Running several cells of one task on the same samples as a group: the prompt steps they compute alike are
-computed once (:mod:`kdeval.keydiff.shared`), their decoding batched where they do not evict while decoding
+computed once (:mod:`kdeval.keydiff.step.shared`), their decoding batched where they do not evict while decoding
 (:mod:`kdeval.evals.run.group_decode`), and every cell's rows are what :func:`~kdeval.evals.run.runner.run_task`
 gives it alone (timings aside)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kdeval.evals.tasks.base import Sample, Task
 from kdeval.evals.tasks.prompting import BuiltPrompt
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.shared import SharedSteps
+    from kdeval.keydiff.step.shared import SharedSteps
 
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ def run_group(lm: Any, task: Task, members: Sequence[RunSettings],
               on_samples: Callable[[int, int], None] | None = None,
               on_rows: Callable[[int, list[dict[str, Any]], float], None] | None = None) -> list[MemberResult]:
     """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
-    (:mod:`kdeval.keydiff.shared`): ``members[i]`` are the :class:`~kdeval.evals.run.settings.RunSettings` of cell
+    (:mod:`kdeval.keydiff.step.shared`): ``members[i]`` are the :class:`~kdeval.evals.run.settings.RunSettings` of cell
     ``i``. Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
 
     A member's ``batch_size`` None is chosen here: ``batch_size`` for a chunked member of a task with one question
@@ -186,14 +186,14 @@ def _add_rows(result: MemberResult, rows: list[dict[str, Any]], seconds: float, 
 
 def _store(policies: Iterable[Any], bounds: dict[int, int]) -> "SharedSteps":
     """A shared store for one context group, bounded per chunk size by ``bounds`` (:func:`_most_held`)."""
-    from kdeval.keydiff.shared import SharedSteps
+    from kdeval.keydiff.step.shared import SharedSteps
 
     return SharedSteps(policies, max(bounds.values(), default=0), chunk_bounds=bounds)
 
 
 def _most_held(members: Sequence[RunSettings], policies: Mapping[int, Any], which: Sequence[int],
                samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> dict[int, int]:
-    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.shared.SharedSteps`'s bounds), per
+    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.step.shared.SharedSteps`'s bounds), per
     chunk size the members resolve for these samples: the largest budget + chunk of the evicting members of that
     chunk size (0 where none evicts: no member forks there, so nothing is worth recording)."""
     most: dict[int, int] = {}

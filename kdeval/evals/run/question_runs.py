@@ -93,7 +93,7 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
     prefilled once; its questions are rows continuing from that state (read, not forked) and it goes back to the
     engine once the last of them has run.
 
-    ``stores``: sample id -> the :class:`~kdeval.keydiff.shared.SharedSteps` of its context, filled by the other
+    ``stores``: sample id -> the :class:`~kdeval.keydiff.step.shared.SharedSteps` of its context, filled by the other
     cells of a group (:func:`kdeval.evals.run.group_run.run_group`). A shared context is then prefilled through its
     store; the samples of their own have their trunks recorded there ``batch_size`` at a time
     (:func:`_record_trunks`) unless another cell did, then each replays (or records what is left of) its prompt

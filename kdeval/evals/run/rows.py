@@ -28,7 +28,7 @@ class EvalRow(TypedDict):
     context_shared: bool       # the context prefill was shared with other questions
     shared_prefill_s: float | None  # seconds of the shared context prefill (0.0 when not shared; None as ttft_s)
     execution: str             # "alone", or "shared": prompt steps recorded for or replayed from other cells
-    replayed_steps: int        # prompt steps replayed from other cells' identical steps (kdeval/keydiff/shared.py)
+    replayed_steps: int        # prompt steps replayed from other cells' identical steps (kdeval/keydiff/step/shared.py)
     prediction: str            # decoded generation (special tokens skipped)
     generated_tokens: int      # number of generated tokens (eos excluded)
     references: list[str]      # acceptable answers

@@ -132,8 +132,8 @@ def run_task(lm: Any, task: Task, settings: RunSettings = RunSettings(), *,
             cells' together) instead of running it; the arguments are checked first either way.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
-    from kdeval.keydiff.memory import model_weight_bytes
-    from kdeval.keydiff.repeat_prompt import RepeatPrompt
+    from kdeval.keydiff.loop.memory import model_weight_bytes
+    from kdeval.keydiff.attention.repeat_prompt import RepeatPrompt
 
     s = settings
     strip = thinking_markers(lm.tokenizer) if s.thinking == "strip" else None

@@ -1,5 +1,5 @@
 """The shared-step stores a run is given: ``run_task(shared=...)`` maps each sample's id to the
-:class:`~kdeval.keydiff.shared.SharedSteps` of its context, filled by the other cells of a group
+:class:`~kdeval.keydiff.step.shared.SharedSteps` of its context, filled by the other cells of a group
 (:func:`kdeval.evals.run.group_run.run_group`), at any batch size.
 
 The engine replays or records a prompt's steps through the store of an ``Engine.sharing`` block; :func:`sharing`
@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
-    from kdeval.keydiff.shared import SharedSteps
+    from kdeval.keydiff.step.shared import SharedSteps
 
 #: sample id -> the store of its context
 Stores = Mapping[str, "SharedSteps"]

@@ -1,4 +1,4 @@
-"""The ``kv_quant`` grid axis: how each cell stores its kept tokens (``kdeval.keydiff.quant``).
+"""The ``kv_quant`` grid axis: how each cell stores its kept tokens (``kdeval.keydiff.quant.rule``).
 
 A grid lists settings; every cell runs once per entry::
 

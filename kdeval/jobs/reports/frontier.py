@@ -3,7 +3,7 @@
 A configuration is a policy (with its protocol and KV-store tags: ``keydiff [kivi-4b-g32-w128]``) × budget ×
 chunk size; its score pools the task's lengths and seeds (points, mean over samples), its bytes are the most
 any of its samples' caches held (``peak_kv_bytes``: payload, scales, zeros and the full-precision window of a
-quantized store, kdeval/keydiff/kvstore.py). A configuration is *dominated* when another scores at least as much
+quantized store, kdeval/keydiff/quant/store.py). A configuration is *dominated* when another scores at least as much
 with at most its bytes (one of the two strictly); the others form the Pareto frontier. At a frontier
 configuration's bytes it is the best any configuration does (that is what being on the frontier means), and its
 row gives the margin over the best other configuration within those bytes, paired by sample with a bootstrap CI:

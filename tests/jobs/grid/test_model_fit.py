@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kdeval.cli.app import app as kdeval_app
-from kdeval.keydiff.model_config import model_shape
+from kdeval.zoo.model_config import model_shape
 
 runner = CliRunner()
 ENV = {"COLUMNS": "300"}

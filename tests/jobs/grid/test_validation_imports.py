@@ -24,7 +24,7 @@ from kdeval.jobs.grid.cells import expand
 from kdeval.jobs.grid.load import parse_grid
 cells = expand(parse_grid({GRID!r}))
 print(json.dumps({{"cells": len(cells), "loaded": sorted(m for m in ("transformers", "kdeval.keydiff.engine",
-                                                                  "kdeval.keydiff.models") if m in sys.modules)}}))
+                                                                  "kdeval.zoo.loading") if m in sys.modules)}}))
 """
 
 

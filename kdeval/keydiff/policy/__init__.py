@@ -1,0 +1,1 @@
+"""The policy interface, the table policies register into, the one selector, KeyDiff and ``full``."""

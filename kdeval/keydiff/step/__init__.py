@@ -1,0 +1,1 @@
+"""One step: the forward with what it captures, eviction per layer, the repeat pass, CUDA graphs, shared steps."""

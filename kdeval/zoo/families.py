@@ -1,0 +1,133 @@
+"""The decoder families of transformers the engine is proven on, each as a tiny random config: the family table.
+
+One :class:`Family` per row: the name people call it, transformers' ``model_type`` and the keyword arguments of
+a config small enough to build and run in well under a second (hidden 64, 4 query heads over 2 KV heads of width
+16, MLP 128, 2 layers, a few small experts for MoE). A hybrid family gets the layers it needs to hold both of its
+kinds and a window of :data:`WINDOW` tokens, so that a prompt of a few hundred tokens runs past it.
+
+Each family loads as the random model ``random:<key>-tiny`` (kdeval/zoo/random_models.py), so the table is
+what the tests build, what ``kdeval models`` lists and what a grid can name. What the engine does with a family
+(runs, windowed layers kept whole, refused and why) is never written here: kdeval/zoo/family_status.py
+computes it from the engine's own checks.
+
+Pure data: this module imports neither torch nor transformers (grids are validated without them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the window (sliding) or attention chunk (Llama 4) of the hybrid families' windowed layers, in tokens
+WINDOW = 48
+#: every family's context: far longer than :data:`WINDOW`, and no shorter than the original context some families'
+#: default RoPE scaling names
+CONTEXT = 8192
+
+#: the shape every family starts from (a family's own keywords replace these)
+BASE: dict[str, Any] = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, max_position_embeddings=CONTEXT,
+)
+#: a family's keyword set to this drops that key of :data:`BASE` (the config's own default then applies)
+DROP = "<drop>"
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_LOCAL_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One decoder family: ``name`` as people say it, ``key`` (its random model is ``random:<key>-tiny``),
+    transformers' ``model_type`` and the config keywords on top of :data:`BASE` (:data:`DROP`: leave that key of
+    :data:`BASE` out)."""
+
+    name: str
+    key: str
+    model_type: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def random_kind(self) -> str:
+        """Its name among the random models (``random:`` + this)."""
+        return f"{self.key}-tiny"
+
+    def kwargs(self) -> dict[str, Any]:
+        """The config's keywords: :data:`BASE` with this family's own on top, ``model_type`` included."""
+        out = {**BASE, **self.config, "model_type": self.model_type}
+        return {k: v for k, v in out.items() if v != DROP}
+
+
+FAMILIES: tuple[Family, ...] = (
+    # ---- every layer full attention
+    # the suite's own models (random:llama-tiny, random:qwen2-tiny): 3 layers, wider; GQA 4:1 and 2:1
+    Family("Llama", "llama", "llama", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                                           num_attention_heads=8, max_position_embeddings=4096)),
+    Family("Mistral", "mistral", "mistral", dict(sliding_window=None)),
+    Family("Qwen2", "qwen2", "qwen2", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, head_dim=DROP,
+                                           max_position_embeddings=4096)),
+    Family("Qwen3", "qwen3", "qwen3"),
+    Family("Qwen3-MoE", "qwen3-moe", "qwen3_moe", _MOE),
+    Family("Qwen2-MoE", "qwen2-moe", "qwen2_moe", dict(_MOE, shared_expert_intermediate_size=64)),
+    Family("Mixtral", "mixtral", "mixtral", dict(_LOCAL_MOE, sliding_window=None)),
+    Family("Phi-3", "phi3", "phi3"),
+    Family("Phi", "phi", "phi", dict(head_dim=DROP)),
+    Family("Gemma", "gemma", "gemma"),
+    Family("OLMo", "olmo", "olmo"),
+    Family("OLMo 2", "olmo2", "olmo2"),
+    Family("OLMoE", "olmoe", "olmoe", dict(num_experts=4, num_experts_per_tok=2)),
+    Family("Granite", "granite", "granite"),
+    Family("Granite MoE", "granitemoe", "granitemoe", _LOCAL_MOE),
+    Family("Cohere", "cohere", "cohere"),
+    Family("StarCoder2", "starcoder2", "starcoder2", dict(sliding_window=None)),
+    Family("GPT-NeoX", "gpt-neox", "gpt_neox", dict(head_dim=DROP, num_key_value_heads=DROP)),
+    Family("SmolLM3", "smollm3", "smollm3"),
+    Family("GLM", "glm", "glm"),
+    Family("GLM-4", "glm4", "glm4"),
+    Family("Seed-OSS", "seed-oss", "seed_oss"),
+    Family("Hunyuan (dense)", "hunyuan", "hunyuan_v1_dense"),
+    Family("Arcee", "arcee", "arcee"),
+    Family("ERNIE 4.5", "ernie4.5", "ernie4_5"),
+    Family("Apertus", "apertus", "apertus", dict(max_position_embeddings=65536)),  # its llama3 RoPE scales 8K
+    Family("Helium", "helium", "helium"),
+    Family("Nemotron", "nemotron", "nemotron"),
+    Family("StableLM", "stablelm", "stablelm", dict(head_dim=DROP)),
+    Family("Falcon", "falcon", "falcon", dict(head_dim=DROP, num_key_value_heads=DROP, new_decoder_architecture=True,
+                                              num_kv_heads=2)),
+    # ---- hybrids: sliding-window (or chunked) layers beside full ones
+    Family("Gemma 2", "gemma2", "gemma2", dict(sliding_window=WINDOW, query_pre_attn_scalar=16)),
+    Family("Gemma 3", "gemma3", "gemma3_text", dict(sliding_window=WINDOW, query_pre_attn_scalar=16,
+                                                     num_hidden_layers=3, layer_types=[_SLIDING, _SLIDING, _FULL])),
+    Family("Cohere 2", "cohere2", "cohere2", dict(sliding_window=WINDOW, num_hidden_layers=3,
+                                                  layer_types=[_SLIDING, _SLIDING, _FULL])),
+    Family("EXAONE 4", "exaone4", "exaone4", dict(sliding_window=WINDOW, num_hidden_layers=3,
+                                                  layer_types=[_SLIDING, _SLIDING, _FULL])),
+    Family("OLMo 3", "olmo3", "olmo3", dict(sliding_window=WINDOW, num_hidden_layers=3,
+                                            layer_types=[_SLIDING, _SLIDING, _FULL])),
+    Family("GPT-OSS", "gpt-oss", "gpt_oss", dict(_LOCAL_MOE, sliding_window=WINDOW,
+                                                 max_position_embeddings=131072)),  # its YaRN scales 4K by 32
+    Family("Mistral (sliding window)", "mistral-sliding", "mistral", dict(sliding_window=WINDOW)),
+    Family("Ministral", "ministral", "ministral", dict(sliding_window=WINDOW, layer_types=[_SLIDING, _FULL])),
+    Family("Qwen2 (sliding window)", "qwen2-sliding", "qwen2", dict(use_sliding_window=True, sliding_window=WINDOW,
+                                                                        max_window_layers=1)),
+    Family("Llama 4 (chunked attention)", "llama4", "llama4_text", dict(
+        attention_chunk_size=WINDOW, intermediate_size_mlp=128, num_local_experts=2, num_experts_per_tok=1,
+        layer_types=["chunked_attention", _FULL], no_rope_layers=[1, 0])),
+    # ---- multi-head latent attention
+    Family("DeepSeek-V3", "deepseek-v3", "deepseek_v3", dict(
+        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,
+        head_dim=DROP, num_key_value_heads=4)),
+    Family("DeepSeek-V2", "deepseek-v2", "deepseek_v2", dict(
+        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,
+        head_dim=DROP, num_key_value_heads=4)),
+)
+
+_BY_KEY = {f.key: f for f in FAMILIES}
+
+
+def family(key: str) -> Family:
+    """The family ``key`` (``KeyError`` naming the known keys otherwise)."""
+    if key not in _BY_KEY:
+        raise KeyError(f"family: unknown '{key}'; expected one of {sorted(_BY_KEY)}")
+    return _BY_KEY[key]
