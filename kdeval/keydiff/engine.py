@@ -49,7 +49,7 @@ from kdeval.keydiff.config import EngineConfig
 from kdeval.keydiff.loop.decoding import GenerationLoop, Request, check_protect, eos_ids, prompt_steps
 from kdeval.keydiff.step.graphs import CapturedStep
 from kdeval.keydiff.loop.memory import PeakMemory, own_bytes, own_kept_bytes
-from kdeval.keydiff.plan.plan import check_ids, make_plan
+from kdeval.keydiff.plan.plan import expanded_latent_groups, check_ids, make_plan
 from kdeval.keydiff.policy.interface import Policy
 from kdeval.keydiff.attention.repeat_prompt import RepeatPrompt
 from kdeval.keydiff.step.shared import SharedSteps, undiverged
@@ -79,6 +79,7 @@ class Engine:
         kdeval/keydiff/attention/repeat_prompt.py); ``None``: the bare one (the chunk fed again, no instruction or template)."""
         self.model, self.policy, self.config = model, policy, config
         self.on_step, self.on_batch_step = on_step, on_batch_step
+        expanded_latent_groups(model)
         #: everything decided once (budgets, layout, attention function, graphs)
         self.plan = make_plan(model, policy, config, graph_runner_given=graph_runner is not None)
         self.step = Step(model, policy, self.plan, cache_layer, graph_runner or CapturedStep, repeat_prompt)

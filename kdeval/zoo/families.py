@@ -32,6 +32,9 @@ BASE: dict[str, Any] = dict(
 DROP = "<drop>"
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 _LOCAL_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+#: DeepSeek-style routed experts (a dense first layer, one expert group)
+_DEEPSEEK_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                     n_group=1, topk_group=1)
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 
 
@@ -93,6 +96,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("StableLM", "stablelm", "stablelm", dict(head_dim=DROP)),
     Family("Falcon", "falcon", "falcon", dict(head_dim=DROP, num_key_value_heads=DROP, new_decoder_architecture=True,
                                               num_kv_heads=2)),
+    Family("MiniMax-M2", "minimax-m2", "minimax_m2", _LOCAL_MOE),
+    Family("GLM-4-MoE", "glm4-moe", "glm4_moe", _DEEPSEEK_MOE),
+    Family("Hunyuan-MoE", "hunyuan-moe", "hunyuan_v1_moe", dict(num_experts=4, moe_topk=2)),
+    Family("ERNIE 4.5 MoE", "ernie4.5-moe", "ernie4_5_moe", dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32)),
+    Family("dots.llm1", "dots1", "dots1", dict(_DEEPSEEK_MOE, n_shared_experts=1, sliding_window=None)),
     # ---- hybrids: sliding-window (or chunked) layers beside full ones
     Family("Gemma 2", "gemma2", "gemma2", dict(sliding_window=WINDOW, query_pre_attn_scalar=16)),
     Family("Gemma 3", "gemma3", "gemma3_text", dict(sliding_window=WINDOW, query_pre_attn_scalar=16,
@@ -117,6 +125,12 @@ FAMILIES: tuple[Family, ...] = (
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,
         head_dim=DROP, num_key_value_heads=4)),
+    # LongCat-Flash: two attention sublayers per decoder layer (num_layers=1 holds num_hidden_layers=2 caches);
+    # head_dim is its rotary width
+    Family("LongCat-Flash", "longcat-flash", "longcat_flash", dict(
+        kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
+        n_routed_experts=4, moe_topk=2, zero_expert_num=2, expert_ffn_hidden_size=32, ffn_hidden_size=128,
+        num_key_value_heads=4, num_layers=1)),
     Family("DeepSeek-V2", "deepseek-v2", "deepseek_v2", dict(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,

@@ -63,3 +63,21 @@ def test_what_a_latent_cache_does_not_hold_is_refused_in_one_line(mla, policy, w
 def test_kv_quant_is_refused_on_a_latent_cache(mla):
     with pytest.raises(ValueError, match=r"^kv_quant: a multi-head latent attention \(MLA\) cache is not quantized"):
         Engine(mla, get_policy("keydiff"), EngineConfig(budget=N, chunk_size=B, kv_quant=KVQuant(bits=4, group_size=8)))
+
+
+def test_fewer_kv_heads_than_query_heads_runs_and_chunked_equals_one_pass():
+    """DeepSeek-V3 with 4 query heads over num_key_value_heads 2 (transformers builds it): expand_kv already gives
+    every query head its key, so nothing is repeated again (it failed inside SDPA with 8 key heads for 4 query heads,
+    under every policy, once a chunk had a mask)."""
+    mla2 = load_model("random:deepseek-v3-tiny", device="cpu", overrides={"num_key_value_heads": 2}).model
+    ids = torch.randint(0, 256, (1, 90), generator=torch.Generator().manual_seed(3))
+    lasts = []
+    for chunk in (B, 90):
+        state = Engine(mla2, get_policy("full"), EngineConfig(chunk_size=chunk)).prefill(ids)
+        lasts.append(state.last_logits[0].float())
+    assert all(m.num_key_value_groups == 1 for m in mla2.modules() if hasattr(m, "expand_kv"))
+    with torch.no_grad():
+        reference = mla2(ids).logits[0, -1]  # one pass of transformers itself, no cache
+    assert torch.allclose(lasts[0], lasts[1], atol=1e-5) and torch.allclose(lasts[1], reference, atol=1e-5)
+    res = Engine(mla2, get_policy("keydiff"), EngineConfig(budget=N, chunk_size=B)).generate(ids, max_new_tokens=2)
+    assert res.state.cache.layers[0].length == N

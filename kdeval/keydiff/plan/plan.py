@@ -298,6 +298,16 @@ def caches_latents(model: torch.nn.Module) -> bool:
     return any(callable(getattr(m, "expand_kv", None)) for m in model.modules())
 
 
+def expanded_latent_groups(model: torch.nn.Module) -> None:
+    """Make every MLA attention module's ``num_key_value_groups`` 1: its ``expand_kv`` already gives each query
+    head its own key and value, so attention must not repeat them again. transformers sets it from
+    ``num_attention_heads // num_key_value_heads`` (2 for 4 heads over 2) and its SDPA repeats the expanded keys
+    whenever a mask is passed, as every chunk after the first has: 8 key heads for 4 query heads."""
+    for m in model.modules():
+        if callable(getattr(m, "expand_kv", None)) and getattr(m, "num_key_value_groups", 1) != 1:
+            m.num_key_value_groups = 1
+
+
 #: what a policy may read that an MLA cache does not hold as such
 _LATENT_REFUSED = (("values", "reads the cached values"), ("projections", "reads the layer's attention projections"),
                    ("queries", "scores with the layer's queries and keys"), ("rerotates", "re-rotates its kept keys"),
