@@ -258,9 +258,11 @@ class Engine:
 
         Rows are aligned on their first token and left-padded within each step; padding is masked and never
         kept, and finished rows leave the batch (kdeval/keydiff/batch/batching.py). Runs eagerly, also on an
-        engine that uses CUDA graphs.
+        engine that uses CUDA graphs. On a model with recurrent layers (whose states padding would enter), under a
+        head-shared pool and with a repeat pass, the requests run one at a time.
         """
-        if self.plan.shares_heads or self.plan.needs.repeat is not None:  # a pool's mask, a request's repeat pass
+        # a pool's mask, a request's repeat pass; a recurrent layer's state, which a row's padding would enter
+        if self.plan.shares_heads or self.plan.needs.repeat is not None or self.plan.recurrent:
             return one_at_a_time(self.generate, self.config.max_new_tokens, prompts, max_new_tokens, eos_token_id,
                                  states, protect_last, decode_evict)
         return generate_batch(self.step, prompts, max_new_tokens, eos_token_id, states, protect_last, decode_evict,

@@ -35,7 +35,12 @@ _LOCAL_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 #: DeepSeek-style routed experts (a dense first layer, one expert group)
 _DEEPSEEK_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
                      n_group=1, topk_group=1)
-_SLIDING, _FULL = "sliding_attention", "full_attention"
+_SLIDING, _FULL, _LINEAR_T = "sliding_attention", "full_attention", "linear_attention"
+#: a gated DeltaNet layer's (Qwen3.5, Qwen3-Next, OLMo Hybrid) heads: 2 key heads over 2 value heads of width 16
+_LINEAR = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+               linear_num_value_heads=2)
+#: a Mamba2 mixer's (Granite 4.0-H, Bamba, Falcon-H1): 4 heads of width 16, state 16, scan chunks of one B
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16, mamba_expand=1)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,34 @@ FAMILIES: tuple[Family, ...] = (
     Family("Llama 4 (chunked attention)", "llama4", "llama4_text", dict(
         attention_chunk_size=WINDOW, intermediate_size_mlp=128, num_local_experts=2, num_experts_per_tok=1,
         layer_types=["chunked_attention", _FULL], no_rope_layers=[1, 0])),
+    # ---- recurrent hybrids: linear-attention, Mamba or short-conv layers (their states kept whole) beside
+    # full-attention ones; the states' own sizes are as small as each layer allows
+    Family("Qwen3.5", "qwen3.5", "qwen3_5_text", dict(_LINEAR, num_hidden_layers=3,
+                                                      layer_types=[_LINEAR_T, _LINEAR_T, _FULL])),
+    Family("Qwen3.5 MoE", "qwen3.5-moe", "qwen3_5_moe_text", dict(
+        **_LINEAR, **_MOE, shared_expert_intermediate_size=32, num_hidden_layers=2, layer_types=[_LINEAR_T, _FULL])),
+    Family("Qwen3-Next", "qwen3-next", "qwen3_next", dict(
+        **_LINEAR, **_MOE, shared_expert_intermediate_size=32, num_hidden_layers=2, layer_types=[_LINEAR_T, _FULL])),
+    Family("OLMo Hybrid", "olmo-hybrid", "olmo_hybrid", dict(_LINEAR, num_hidden_layers=2,
+                                                             layer_types=[_LINEAR_T, _FULL])),
+    Family("LFM2", "lfm2", "lfm2", dict(head_dim=DROP, num_hidden_layers=2, layer_types=["conv", _FULL])),
+    Family("Granite 4.0-H", "granite4-h", "granitemoehybrid", dict(
+        **_MAMBA2, **_LOCAL_MOE, shared_intermediate_size=64, head_dim=DROP, num_hidden_layers=2,
+        layer_types=["mamba", "attention"])),
+    Family("Bamba", "bamba", "bamba", dict(_MAMBA2, head_dim=DROP, num_hidden_layers=2, attn_layer_indices=[1])),
+    Family("Nemotron-H", "nemotron-h", "nemotron_h", dict(
+        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=16, use_mamba_kernels=False,
+        num_hidden_layers=3, layers_block_type=["mamba", "mlp", "attention"])),
+    Family("Jamba", "jamba", "jamba", dict(
+        num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+        num_experts=4, num_experts_per_tok=2, mamba_d_state=8, use_mamba_kernels=False, head_dim=DROP)),
+    Family("MiniMax-Text-01", "minimax-text-01", "minimax", dict(
+        **_LOCAL_MOE, num_hidden_layers=2, layer_types=["linear_attention", _FULL], block_size=16)),
+    # ---- attention and a Mamba block side by side in one layer (the attention evicted, the state kept)
+    Family("Falcon-H1", "falcon-h1", "falcon_h1", dict(_MAMBA2, mamba_d_ssm=64)),
+    Family("Zamba2", "zamba2", "zamba2", dict(
+        n_mamba_heads=4, mamba_d_state=16, chunk_size=16, use_mamba_kernels=False, head_dim=DROP, num_hidden_layers=2,
+        layers_block_type=["mamba", "hybrid"])),
     # ---- multi-head latent attention
     Family("DeepSeek-V3", "deepseek-v3", "deepseek_v3", dict(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,

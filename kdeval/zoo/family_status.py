@@ -134,14 +134,19 @@ def family_status(family: Family, policies: Mapping[str, Policy]) -> FamilyStatu
     model = load_model(RANDOM_PREFIX + family.random_kind, device="cpu").model
     refused = policy_refusals(model, policies)
     windowed = [k for k in kinds if k.windowed]
+    parts, briefs = [], []
+    if any(k.holds_state for k in kinds):
+        parts.append("recurrent layers' states kept whole, apart from N; a batch runs one request at a time "
+                     "(padding would enter the states)")
+        briefs.append("states kept")
     if getattr(config, "kv_lora_rank", None):  # the engine's plan checks the attention's expand_kv itself
-        return FamilyStatus(family, RUNS, "latent (MLA) rows: a token's latent and rotary key evicted together",
-                            kinds, refused, brief="latent rows")
-    if not windowed:
-        return FamilyStatus(family, RUNS, "", kinds, refused)
-    spans = ", ".join(sorted({k.label() for k in windowed}))
-    return FamilyStatus(family, RUNS, f"windowed layers ({spans}) kept whole", kinds, refused,
-                        brief="windows kept whole")
+        parts.append("latent (MLA) rows: a token's latent and rotary key evicted together")
+        briefs.append("latent rows")
+    if windowed:
+        spans = ", ".join(sorted({k.kind if k.holds_state else k.label() for k in windowed}))
+        parts.append(f"windowed layers ({spans}) kept whole")
+        briefs.append("windows kept whole")
+    return FamilyStatus(family, RUNS, "; ".join(parts), kinds, refused, brief=", ".join(briefs))
 
 
 def family_statuses(policies: Mapping[str, Policy]) -> list[FamilyStatus]:

@@ -39,10 +39,8 @@ _UNSUPPORTED_TYPES = {
     "falcon_mamba": "a state-space model has no KV cache",
     "rwkv": "a recurrent model has no KV cache",
     "recurrent_gemma": "hybrid recurrent layers have no KV cache",
-    "jamba": "hybrid Mamba/attention layers",
-    "zamba": "hybrid Mamba/attention layers",
-    "zamba2": "hybrid Mamba/attention layers",
-    "bamba": "hybrid Mamba/attention layers",
+    "minimax": "its lightning-attention layers keep their state in a cache class of its own (MiniMaxCache), which "
+               "the engine's cache cannot stand in for",
     # FalconAttention computes attention in its own code (its own SDPA call, or eager code that adds the mask to the
     # scores), never through transformers' attention interface: the engine's masks and attention rows never reach it
     "falcon": "its attention never runs through transformers' attention interface, so the engine can neither mask "
@@ -94,7 +92,8 @@ def check_supported(config: PretrainedConfig, name: str = "model") -> None:
     unknown = unknown_layer_types(config)
     if unknown:
         raise UnsupportedModelError(f"{name}: layer types {unknown} are not supported: the engine evicts from "
-                                    "attention layers (full, sliding-window or chunked) only")
+                                    "attention layers (full, sliding-window or chunked) and keeps recurrent and "
+                                    "conv layers' states whole")
     if not hasattr(config, "num_attention_heads"):
         raise UnsupportedModelError(f"{name}: config has no num_attention_heads; not a standard attention model")
 

@@ -36,8 +36,10 @@ def prompt(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 
 def kept_positions(state) -> list[torch.Tensor]:
-    """Per layer, the sorted absolute positions held: ``[batch, kv_heads, tokens]``."""
-    return [layer.view()[1].sort(dim=-1).values.clone() for layer in state.cache.layers]
+    """Per layer that caches keys, the sorted absolute positions held: ``[batch, kv_heads, tokens]`` (a recurrent
+    layer's states hold none)."""
+    layers = getattr(state.cache, "kv_layers", state.cache.layers)
+    return [layer.view()[1].sort(dim=-1).values.clone() for layer in layers]
 
 
 def assert_same_run(got, ref, atol: float | None = None, rtol: float = 1e-5) -> None:

@@ -57,14 +57,16 @@ LOGIT_TOLERANCE = {"float32": 1e-5, "bfloat16": 0.03}
 BATCH_EXACT = {"float32": True, "bfloat16": False}
 
 #: Families that fail a check today, each with why (issue 56 item 4); strict: one that passes fails the suite.
-#: families whose checks fail today, with why (strict: the suite fails once they pass); none
-KNOWN_FAILURES: dict[str, str] = {}
+#: (family, dtype) whose checks fail today, with why (strict: the suite fails once they pass)
+KNOWN_FAILURES: dict[tuple[str, str], str] = {
+    ("jamba", "float32"): "transformers' own chunked prefill of Jamba's Mamba layer (a DynamicCache fed 16 tokens at "
+                          "a time) differs from its one pass by 6.5e-4 at 1.70 (position 112), the engine's alike; "
+                          "token by token it agrees to 2e-7",
+}
 
 
 def _param(family):
-    marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_FAILURES[family.key])
-             ] if family.key in KNOWN_FAILURES else []
-    return pytest.param(family, marks=marks, id=family.key)
+    return pytest.param(family, id=family.key)
 
 
 def _prompts(seed: int = 0) -> list[torch.Tensor]:
@@ -155,7 +157,10 @@ def _assert_refused_before_weights(family, status, monkeypatch) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", [_param(f) for f in FAMILIES])
-def test_family(family, dtype, monkeypatch):
+def test_family(family, dtype, monkeypatch, request):
+    if (family.key, dtype) in KNOWN_FAILURES:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError,
+                                              reason=KNOWN_FAILURES[family.key, dtype]))
     status = family_status(family, REGISTERED)
     if not status.runs:
         _assert_refused_before_weights(family, status, monkeypatch)

@@ -5,6 +5,13 @@
   ``sliding_window``: Gemma 2/3, Cohere 2, GPT-OSS, OLMo 3, EXAONE 4, Mistral and Qwen with a window).
 - ``chunked`` (span ``C``): a query sees the keys of its own attention chunk of ``C`` positions up to itself
   (Llama 4's ``chunked_attention`` layers).
+- ``state``: no per-token keys at all. A recurrent layer (``linear_attention``: GatedDeltaNet, KDA, Mamba/Mamba2;
+  ``conv``: LFM2's short convolution) caches a conv and a recurrent state, constant in length; an ``mlp`` or
+  ``moe`` block (Nemotron-H) caches nothing. The engine keeps the state whole and never shows it to a policy.
+
+A layer of attention may also hold a state beside its keys (``holds_state``: transformers' ``hybrid`` layers,
+attention and Mamba side by side: Falcon-H1, Zamba2): its keys are evicted as its attention kind says, its state is
+kept whole.
 
 A windowed layer (sliding or chunked) keeps exactly what the next query can see, never more and never chosen by
 the policy: after a step that leaves ``seen`` tokens processed, the positions from :meth:`LayerKind.first_kept`
@@ -20,21 +27,36 @@ from typing import Any, Literal
 
 import torch
 
-FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
-#: transformers' ``config.layer_types`` names of the kinds the engine runs
-_TYPE_NAMES = {"full_attention": FULL, "sliding_attention": SLIDING, "chunked_attention": CHUNKED}
+FULL, SLIDING, CHUNKED, STATE = "full", "sliding", "chunked", "state"
+#: transformers' ``config.layer_types`` names of the kinds the engine runs: (kind, holds a state beside it)
+_TYPE_NAMES = {"full_attention": (FULL, False), "sliding_attention": (SLIDING, False),
+               "chunked_attention": (CHUNKED, False), "linear_attention": (STATE, True), "conv": (STATE, True),
+               "mlp": (STATE, False), "moe": (STATE, False), "hybrid": (FULL, True),
+               "hybrid_sliding": (SLIDING, True)}
 
 
 @dataclass(frozen=True)
 class LayerKind:
     """One layer's kind (module docstring); ``span``: the window ``W`` or the attention chunk ``C``."""
 
-    kind: Literal["full", "sliding", "chunked"] = FULL
+    kind: Literal["full", "sliding", "chunked", "state"] = FULL
     span: int | None = None
+    #: the layer's cache holds a recurrent or conv state (a ``state`` layer's, or beside a hybrid layer's keys)
+    holds_state: bool = False
 
     @property
     def windowed(self) -> bool:
-        return self.kind != FULL
+        return self.kind in (SLIDING, CHUNKED)
+
+    @property
+    def attends(self) -> bool:
+        """The layer caches per-token keys and values (every kind but ``state``)."""
+        return self.kind != STATE
+
+    @property
+    def evicted(self) -> bool:
+        """A full-attention layer: the one kind the policy evicts, to its budget."""
+        return self.kind == FULL
 
     def most_kept(self) -> int:
         """The most tokens a windowed layer holds between steps (per row and KV head)."""
@@ -62,7 +84,10 @@ class LayerKind:
         return torch.ones_like(key_pos > query_pos)
 
     def label(self) -> str:
-        return FULL if not self.windowed else f"{self.kind} {self.span}"
+        if self.kind == STATE:
+            return "recurrent" if self.holds_state else "no cache"
+        base = FULL if not self.windowed else f"{self.kind} {self.span}"
+        return f"{base} + recurrent" if self.holds_state else base
 
 
 def _context(config: Any) -> int:
@@ -70,7 +95,7 @@ def _context(config: Any) -> int:
 
 
 def unknown_layer_types(config: Any) -> list[str]:
-    """The ``config.layer_types`` names the engine does not run (linear attention, state-space layers, ...)."""
+    """The ``config.layer_types`` names the engine does not run (sparse-attention indexers, ...)."""
     types = getattr(config, "layer_types", None) or []
     return sorted({t for t in types if t not in _TYPE_NAMES})
 
@@ -95,11 +120,11 @@ def layer_kinds(config: Any) -> tuple[LayerKind, ...]:
         raise ValueError(f"layer_types: {len(types)} entries for {n} layers")
     out = []
     for name in types:
-        kind = _TYPE_NAMES[name]
+        kind, state = _TYPE_NAMES[name]
         span = window if kind == SLIDING else chunk if kind == CHUNKED else None
-        if kind != FULL and (not span or (context and span >= context)):
+        if kind in (SLIDING, CHUNKED) and (not span or (context and span >= context)):
             kind, span = FULL, None  # no window, or one the context never reaches: the layer sees everything
-        out.append(LayerKind(kind, span))
+        out.append(LayerKind(kind, span, state))
     return tuple(out)
 
 
@@ -108,5 +133,5 @@ def describe(kinds: tuple[LayerKind, ...]) -> str:
     counts: dict[str, int] = {}
     for k in kinds:
         counts[k.label()] = counts.get(k.label(), 0) + 1
-    parts = [f"{c} {label}" for label, c in sorted(counts.items(), key=lambda kv: (kv[0] != FULL, kv[0]))]
+    parts = [f"{c} {label}" for label, c in sorted(counts.items(), key=lambda kv: (not kv[0].startswith(FULL), kv[0]))]
     return f"{len(kinds)} layers: " + ", ".join(parts)

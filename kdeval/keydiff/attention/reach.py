@@ -18,26 +18,33 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.keydiff.attention.functions import attention_implementation
+from kdeval.keydiff.attention.layer_kinds import layer_kinds
 
 PROBE_IMPL = "kdeval_probe"
 
 
 @dataclass(frozen=True)
 class Reach:
-    """Of a model's ``layers``: those whose attention ran the engine's function (``called``) and those that got the
+    """Of a model's ``layers`` of attention: those whose attention ran the engine's function (``called``) and those that got the
     forward's keywords there too (``keyed``)."""
 
-    layers: int
+    layers: frozenset[int]
     called: frozenset[int]
     keyed: frozenset[int]
 
     @property
     def attention_runs_ours(self) -> bool:
-        return len(self.called) == self.layers
+        return len(self.called) >= len(self.layers)
+
+    @property
+    def layers_named(self) -> bool:
+        """Each attention module carries its own decoder layer's index (not so a block shared across layers,
+        Zamba2's, whose ``layer_idx`` is -1): what the engine captures per layer is that layer's."""
+        return self.called == self.layers
 
     @property
     def keywords_arrive(self) -> bool:
-        return len(self.keyed) == self.layers
+        return len(self.keyed) >= len(self.layers)
 
 
 _TOKEN = object()
@@ -85,4 +92,5 @@ def probe_reach(model: torch.nn.Module) -> Reach:
     finally:
         for m in modules:
             _seen.pop(id(m), None)
-    return Reach(model.config.num_hidden_layers, frozenset(called), frozenset(keyed))
+    attending = frozenset(i for i, k in enumerate(layer_kinds(model.config)) if k.attends)  # none in a recurrent one
+    return Reach(attending, frozenset(called), frozenset(keyed))

@@ -19,6 +19,10 @@ buffer (:class:`~kdeval.keydiff.cache.slot_buffers.SlotBuffers`). Its layers are
   (:meth:`BudgetCache.thawed`).
 - the head-shared pool's (kdeval/keydiff/cache/headpool.py).
 
+A recurrent layer of a hybrid model (linear attention, Mamba, short conv) is a
+:class:`~kdeval.keydiff.cache.state_layer.StateLayer` in the same list: its states kept whole, no tokens, its rows
+moving with the others'.
+
 Under per-layer budgets (PyramidKV) the layers hold different counts and the engine runs attention without a
 mask, lower-right causal over each layer's own keys (kdeval/keydiff/plan/plan.py chooses it). The tests check this
 store against a reference written there (a growing layer whose eviction gathers the kept tokens in position
@@ -34,7 +38,8 @@ from transformers.cache_utils import Cache
 from kdeval.keydiff.quant.store import StoredBytes
 from kdeval.keydiff.attention.queries import QueryWindow
 from kdeval.keydiff.cache.slot_buffers import (EMPTY_POSITION, BufferedLayer, SlotBuffers, clear_past, kept_but,
-                                         state_buffers)
+                                               state_buffers)
+from kdeval.keydiff.cache.state_layer import RecurrentStates, StateLayer
 
 if TYPE_CHECKING:
     from kdeval.keydiff.cache.ragged import RaggedStep
@@ -148,6 +153,22 @@ class RowLayer(BufferedLayer):
         self.base = self.length
 
 
+class StateRowLayer(RowLayer, RecurrentStates):
+    """A hybrid layer's cache (attention and a recurrent block side by side: Falcon-H1, Zamba2): an eager
+    :class:`RowLayer` whose keys the policy evicts, and the recurrent block's states, kept whole."""
+
+    def __init__(self, capacity: int, state_names: tuple[str, ...] = (), limit: int | None = None, rows: int = 0,
+                 number_of_states: int = 1):
+        RowLayer.__init__(self, capacity, state_names, limit, rows)
+        RecurrentStates.__init__(self, number_of_states=number_of_states)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if args and not kwargs:  # the attention's first keys and values
+            RowLayer.lazy_initialization(self, *args)
+        else:  # the recurrent block's first states
+            RecurrentStates.lazy_initialization(self, *args, **kwargs)
+
+
 class StaticLayer(BudgetLayerMixin, BufferedLayer):
     """The graph path's layer (kdeval/keydiff/cache/static.py): ``N + B`` slots allocated once; every chunk lands in the
     tail ``[N, N + t)`` and the step sees all ``N + t`` slots, the empty head slots masked and freed first."""
@@ -202,10 +223,16 @@ def rows_of(sources: Sequence[tuple["BudgetCache", int] | None], capacities: Seq
     what a row holds); ``limits``: as :class:`RowLayer`'s."""
     num_layers = len(capacities)
     limits = limits or [None] * num_layers
-    layers = [RowLayer(max([cap] + [row_length(src[0].layers[i], src[1]) for src in sources if src is not None]),
-                       state_names, lim, len(sources)) for i, (cap, lim) in enumerate(zip(capacities, limits))]
+    known = next(src[0] for src in sources if src is not None) if any(sources) else None
+    layers = [_row_layer_like(known.layers[i] if known is not None else None, sources, i, cap, lim, state_names)
+              for i, (cap, lim) in enumerate(zip(capacities, limits))]
     out = BudgetCache(layers, state_names)
     for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            layer.copy_rows([(src[0].layers[i], src[1]) if src is not None else None for src in sources])
+            continue
+        if isinstance(layer, StateRowLayer):
+            layer.copy_state_rows([(src[0].layers[i], src[1]) if src is not None else None for src in sources])
         held = [(src[0].layers[i], src[1]) for src in sources if src is not None]
         first = next((s for s in held if row_length(*s)), None)
         if first is None:  # only empty rows: the first forward allocates
@@ -228,6 +255,17 @@ def rows_of(sources: Sequence[tuple["BudgetCache", int] | None], capacities: Seq
     return out
 
 
+def _row_layer_like(like, sources, i: int, cap: int, lim: int | None, state_names: tuple[str, ...]):
+    """:func:`rows_of`'s layer ``i``: a recurrent layer's states (``like`` is one) or an eager layer of ``cap``
+    slots, room for what each source row holds."""
+    if isinstance(like, StateLayer):
+        return StateLayer(like.number_of_states, len(sources))
+    held = [row_length(src[0].layers[i], src[1]) for src in sources if src is not None]
+    if isinstance(like, StateRowLayer):
+        return StateRowLayer(max([cap] + held), state_names, lim, len(sources), like.number_of_states)
+    return RowLayer(max([cap] + held), state_names, lim, len(sources))
+
+
 def _move_records(out: "BudgetCache", sources: Sequence[tuple["BudgetCache", int] | None]) -> None:
     """:func:`rows_of`'s quantized records: a row leaving as a state of its own takes its row of the record (and
     its bytes), a one-row state entering a batch its whole record as its row."""
@@ -236,11 +274,13 @@ def _move_records(out: "BudgetCache", sources: Sequence[tuple["BudgetCache", int
         return
     out.kv_store = StoredBytes(len(out.layers))
     for r, cache, s in stores:
-        held = [row_length(layer, s) * layer.keys.shape[1] if layer.is_initialized else 0 for layer in cache.layers]
+        held = [row_length(layer, s) * layer.keys.shape[1] if layer.is_initialized and not isinstance(layer, StateLayer) else 0
+                for layer in cache.layers]
         if len(sources) == 1:
             out.kv_store = cache.kv_store.row(s, held)
         else:
-            rows = cache.layers[0].keys.shape[0] if cache.layers[0].is_initialized else 1
+            first = cache.kv_layers[0]
+            rows = first.keys.shape[0] if first.is_initialized else 1
             out.kv_store.load_row(r, cache.kv_store if rows == 1 else cache.kv_store.row(s, held))
 
 
@@ -265,7 +305,7 @@ class BudgetCache(Cache):
         """``layers``: one per decoder layer (:class:`RowLayer`, :class:`StaticLayer`, a pool's, or a test's
         reference layer), each with its ``capacity``; ``static_base``: the static layout's N (every layer the same
         slots)."""
-        capacities = [layer.capacity for layer in layers]
+        capacities = [layer.capacity for layer in layers if not isinstance(layer, StateLayer)]
         if static_base is not None and len(set(capacities)) > 1:
             raise ValueError("capacity: the static layout gives every layer the same slots")
         self.static_base = static_base
@@ -281,10 +321,20 @@ class BudgetCache(Cache):
         self.kv_store = None  # a quantized store's record and bytes per layer (kdeval/keydiff/quant/store.py)
 
     @property
+    def kv_layers(self) -> list:
+        """The layers that hold keys and values (every layer but a recurrent one's states)."""
+        return [layer for layer in self.layers if not isinstance(layer, StateLayer)]
+
+    @property
+    def state_layers(self) -> list[RecurrentStates]:
+        """The layers that hold recurrent states (none on a model of attention layers only)."""
+        return [layer for layer in self.layers if isinstance(layer, RecurrentStates)]
+
+    @property
     def length(self) -> int:
         """Tokens held per KV head by the fullest layer (every layer's count under a uniform budget)."""
         if self.uniform:
-            return self.layers[0].length
+            return self.kv_layers[0].length
         return max(layer.length for layer in self.layers)
 
     @property
@@ -306,8 +356,13 @@ class BudgetCache(Cache):
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every other row (finished requests), keeping the order of ``rows``: a row selection in place."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.layers[0].keys.device)
+        index = torch.tensor(rows, dtype=torch.long, device=self.kv_layers[0].keys.device)
         for layer in self.layers:
+            if isinstance(layer, StateLayer):
+                layer.keep_rows(index)
+                continue
+            if isinstance(layer, StateRowLayer):
+                layer.keep_state_rows(index)
             layer.slot_buffers.select_rows(index)
             layer.lengths = [layer.lengths[r] for r in rows]
         if self.kv_store is not None:  # its record is keyed by row
@@ -334,7 +389,7 @@ class BudgetCache(Cache):
     @property
     def batch_size(self) -> int | None:
         """Rows of the batch the buffers were allocated for (``None`` before the first forward)."""
-        layer = self.layers[0]
+        layer = self.kv_layers[0]
         return layer.keys.shape[0] if layer.is_initialized else None
 
     def reset(self) -> None:
@@ -361,6 +416,10 @@ class BudgetCache(Cache):
         if self.kv_store is not None:
             return sum(self.kv_store.held)
         return sum(l.nbytes() for l in self.layers)
+
+    def state_nbytes(self) -> int:
+        """Bytes of the recurrent layers' states (constant in length; 0 on a model of attention layers only)."""
+        return sum(layer.state_nbytes() for layer in self.state_layers)
 
     def held_nbytes(self) -> int:
         """Bytes of the key/value tensors allocated during the last forward, all layers: a slot layer's buffers

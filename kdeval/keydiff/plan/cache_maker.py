@@ -13,8 +13,9 @@ from typing import Callable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.cache.budget_cache import BudgetCache, RowLayer, StaticLayer, rows_of
+from kdeval.keydiff.cache.budget_cache import BudgetCache, RowLayer, StateRowLayer, StaticLayer, rows_of
 from kdeval.keydiff.cache.headpool import HeadPoolCache, HeadPoolLayer
+from kdeval.keydiff.cache.state_layer import StateLayer
 from kdeval.keydiff.plan.plan import Plan
 from kdeval.keydiff.loop.state import PrefillState
 
@@ -69,9 +70,20 @@ class CacheMaker:
         plan = self.plan
         pooled = plan.shares_heads
         names = () if pooled else plan.needs.token_state
-        layers = [self.cache_layer(cap, names, static_base, pooled, lim)
-                  for cap, lim in zip(capacities, self._limits())]
+        layers = [self._layer(i, cap, names, static_base, pooled, lim)
+                  for i, (cap, lim) in enumerate(zip(capacities, self._limits()))]
         return self._owned((HeadPoolCache if pooled else BudgetCache)(layers, names, static_base))
+
+    def _layer(self, idx: int, capacity: int, names: tuple[str, ...], static_base: int | None, pooled: bool,
+               limit: int | None) -> DynamicLayer:
+        """Layer ``idx`` of a new cache: the factory's, or a recurrent layer's states (with the eager layer beside
+        them for a hybrid layer's attention)."""
+        kind, plan = self.plan.kind(idx), self.plan
+        if not kind.attends:
+            return StateLayer(plan.states_per_layer)
+        if kind.holds_state:
+            return StateRowLayer(capacity, names, limit, number_of_states=plan.states_per_layer)
+        return self.cache_layer(capacity, names, static_base, pooled, limit)
 
     def row_state_cache(self, cache: BudgetCache, row: int) -> BudgetCache:
         """Row ``row`` of a batch's eager cache as a state of its own (its held tokens, copied by
@@ -87,7 +99,7 @@ class CacheMaker:
         return [None if lim is None else lim + B for lim in map(self.plan.layer_limit, range(self.plan.num_layers))]
 
     def _owned(self, cache: BudgetCache) -> BudgetCache:
-        if self.plan.windowed:  # windowed and full layers hold different counts, whatever their slots
+        if self.plan.windowed or self.plan.recurrent:  # layers that hold different counts, whatever their slots
             cache.uniform = False
         cache.owner = weakref.ref(self)  # a fork's deep copy keeps it (weak references copy as they are)
         cache.rerotated = self.plan.rerotate

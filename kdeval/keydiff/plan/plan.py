@@ -86,16 +86,28 @@ class Plan:
     #: (as the keys) and its shared rotary key (as the values), expanded per head after the cache read; evicting a
     #: token drops both, and a policy scores the latents (its captured rows fold every query head onto that one)
     latent: bool = False
+    #: conv/recurrent states per recurrent layer (transformers' ``number_of_conv_states``)
+    states_per_layer: int = 1
 
     @property
     def windowed(self) -> bool:
         """Some layer is windowed (sliding or chunked attention): a hybrid model."""
         return any(k.windowed for k in self.kinds)
 
+    @property
+    def recurrent(self) -> bool:
+        """Some layer caches a recurrent or conv state (linear attention, Mamba, short conv): a state hybrid."""
+        return any(k.holds_state for k in self.kinds)
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """The indices of the layers that cache keys and values (all of them but the ``state`` layers)."""
+        return [i for i in range(self.num_layers) if self.kind(i).attends]
+
     def layer_kinds_label(self) -> str:
         """The layers by kind in words (``"18 layers: 3 full, 15 sliding 512"``); empty for a model of full layers
         only."""
-        return describe(self.kinds) if self.windowed else ""
+        return describe(self.kinds) if any(k != LayerKind() for k in self.kinds) else ""
 
     def kind(self, idx: int) -> LayerKind:
         return self.kinds[idx] if self.kinds else LayerKind()
@@ -114,6 +126,8 @@ class Plan:
         kind = self.kind(idx)
         if kind.windowed:
             return kind.most_kept()
+        if not kind.attends:
+            return 0
         return self.budgets[idx] if self.evicting else None
 
     def keep(self, idx: int, n: int, t: int, seen_after: int, evict: bool, held: int) -> int:
@@ -124,6 +138,8 @@ class Plan:
         kind = self.kind(idx)
         if kind.windowed:
             return min(n + t, kind.kept_count(seen_after))
+        if not kind.attends:  # a recurrent layer's states: no tokens
+            return 0
         if self.evicting and evict:
             return min(self.budgets[idx] + held, n + t)
         return n + t
@@ -188,7 +204,8 @@ def eager_reasons(needs: PolicyNeeds, per_layer_budgets: bool = False) -> list[s
 
 
 def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attention: str, quantized: bool = False,
-                windowed: bool = False, sinks: bool = False, latent: bool = False) -> str | None:
+                windowed: bool = False, sinks: bool = False, latent: bool = False, recurrent: bool = False
+                ) -> str | None:
     """Why the graph path cannot run this policy, or ``None``."""
     per_layer = not uniform and not windowed and not sinks
     reasons = (["nothing is evicted"] if not evicting else []) + eager_reasons(needs, per_layer)
@@ -198,6 +215,8 @@ def _graphs_off(needs: PolicyNeeds, evicting: bool, uniform: bool, model_attenti
         reasons.append("attention sinks")
     if latent:
         reasons.append("latent (MLA) rows")
+    if recurrent:  # the states are updated by the model's own kernels, outside the static layout
+        reasons.append("recurrent layers")
     if quantized:  # the tokens to quantize each step are found on the host
         reasons.append("a quantized KV store")
     if model_attention not in SDPA_FAMILY:
@@ -215,13 +234,17 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     evicting = policy.evicts and config.budget is not None
     kinds = layer_kinds(cfg)
     windowed = any(k.windowed for k in kinds)
+    recurrent = any(k.holds_state for k in kinds)
     sinks = has_sinks(model)
     latent = caches_latents(model)
     budgets = _layer_budgets(policy, config.budget, kinds) if evicting else None
-    # windowed layers and sinks take the engine's own attention, whose masks go by position
-    uniform = not windowed and not sinks and (budgets is None or len(set(budgets)) == 1)
+    # windowed layers and sinks take the engine's own attention, whose masks go by position; a recurrent layer's
+    # budget (no tokens) is no attention layer's
+    attending = [b for b, k in zip(budgets or (), kinds) if k.attends]
+    uniform = not windowed and not sinks and len(set(attending)) <= 1
     needs = policy.needs() if evicting else PolicyNeeds()
-    for why in (windowed_refusal(needs) if windowed else None, latent_refusal(needs) if latent else None):
+    for why in (windowed_refusal(needs) if windowed else None, latent_refusal(needs) if latent else None,
+                recurrent_refusal(needs) if recurrent else None):
         if why is not None:
             raise ValueError(f"policy: '{policy.name}' {why}")
     if latent and config.kv_quant is not None:
@@ -253,8 +276,8 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
                       else SDPA_IMPL if model_attention in SDPA_FAMILY else None)
     wanted = config.cuda_graphs if config.cuda_graphs is not None else device.type == "cuda"
     quant = config.kv_quant
-    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None, windowed, sinks, latent
-                      ) if wanted else None
+    off = _graphs_off(needs, evicting, uniform, model_attention, quant is not None, windowed, sinks, latent,
+                      recurrent) if wanted else None
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     if latent:  # one latent row a token: every query head reads it
         heads = 1
@@ -265,15 +288,16 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
                 max_context=int(getattr(cfg, "max_position_embeddings", 0) or 0), device=device,
                 model_attention=model_attention, step_attention=step_attention, use_graphs=wanted and off is None,
                 graphs_off=off, kv_quant=quant, kinds=kinds, sinks=sinks,
-                latent=latent)
+                latent=latent, states_per_layer=int(getattr(cfg, "number_of_conv_states", 1) or 1))
 
 
 def _layer_budgets(policy: Policy, n: int, kinds: tuple[LayerKind, ...]) -> tuple[int, ...]:
     """Each layer's keep count under budget ``n``: the policy's allocation of ``n`` over the full-attention
-    layers (``n`` is tokens per full-attention layer and KV head), and each windowed layer's window."""
-    full = [i for i, k in enumerate(kinds) if not k.windowed]
+    layers (``n`` is tokens per full-attention layer and KV head), each windowed layer's window, a recurrent layer
+    0 (it holds no tokens)."""
+    full = [i for i, k in enumerate(kinds) if k.evicted]
     shares = iter(checked_layer_budgets(policy, n, len(full)) if full else [])
-    return tuple(k.most_kept() if k.windowed else next(shares) for k in kinds)
+    return tuple(k.most_kept() if k.windowed else 0 if not k.attends else next(shares) for k in kinds)
 
 
 def _check_reach(model: torch.nn.Module, policy_name: str, why: str) -> None:
@@ -287,6 +311,9 @@ def _check_reach(model: torch.nn.Module, policy_name: str, why: str) -> None:
     if not reach.attention_runs_ours:
         raise ValueError(f"policy: '{policy_name}' {why}; {name} computes attention in its own code, not through "
                          f"transformers' attention interface")
+    if not reach.layers_named:
+        raise ValueError(f"policy: '{policy_name}' {why}; {name}'s attention modules do not carry their decoder "
+                         f"layer's index (a block shared across layers), so what the engine captures is no layer's")
     if not reach.keywords_arrive:
         raise ValueError(f"policy: '{policy_name}' {why}; {name}'s layers drop the forward's keyword arguments "
                          f"before attention, so the engine's attention never gets them")
@@ -325,6 +352,18 @@ def latent_refusal(needs: PolicyNeeds) -> str | None:
             return (f"{what}, which a multi-head latent attention (MLA) cache does not hold (it keeps one compressed "
                     f"latent and one shared rotary key a token)")
     return None
+
+
+def recurrent_refusal(needs: PolicyNeeds) -> str | None:
+    """Why a policy of ``needs`` does not run beside recurrent layers (``None``: it does), as
+    :func:`latent_refusal`."""
+    why = ("shares a layer's slots among its KV heads" if needs.shares_heads
+           else "re-rotates its kept keys to contiguous positions" if needs.rerotates
+           else "scores a repeat pass over the cache, which a recurrent state cannot be rewound for"
+           if needs.repeat is not None else None)
+    if why is None:
+        return None
+    return f"{why}; not supported on a model with recurrent (linear-attention, Mamba or conv) layers"
 
 
 def windowed_refusal(needs: PolicyNeeds) -> str | None:

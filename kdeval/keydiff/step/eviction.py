@@ -102,7 +102,7 @@ class Evictor:
         for the policy. Without eviction (the full cache) every layer keeps its tokens and the policy sees
         nothing."""
         store = self.store
-        for idx in range(layout.num_layers):
+        for idx in self.plan.kv_layers:  # a recurrent layer's states are kept whole
             if store is not None:
                 store.before_commit(layout, idx)
             rewritten = self._evict_layer(layout, idx, reads)
