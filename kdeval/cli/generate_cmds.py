@@ -29,6 +29,7 @@ STAT_LABELS: dict[str, tuple[str, str]] = {
     "peak_kv_bytes": ("peak KV cache", "peak_kv_bytes"), "peak_memory_bytes": ("peak memory", "peak_memory_bytes"),  # labelled by its memory_kind
     "extra_forward_tokens": ("extra forward tokens (in TTFT)", "peak_kv_tokens"),
     "windowed_kv_bytes": ("of which windowed layers", "peak_kv_bytes"), "layer_kinds": ("layers", ""),
+    "state_bytes": ("recurrent states (beside the KV cache)", "peak_kv_bytes"),
     "kv_buffer_bytes": ("KV buffers allocated", "peak_kv_bytes"),
 }
 
@@ -67,9 +68,9 @@ def stats_table(stats: dict[str, Any]) -> Table:
     table = Table(show_header=False)
     for key, value in stats.items():
         if key == "memory_kind" or (key in ("replayed_steps", "extra_forward_tokens", "windowed_kv_bytes",
-                                            "layer_kinds") and not value):
+                                            "layer_kinds", "state_bytes") and not value):
             # one call shares no steps; only a repeat-pass policy (KVzip) runs extra forwards; only a model with
-            # windowed layers has them
+            # windowed layers (recurrent layers) has them
             continue
         label, field = STAT_LABELS.get(key, (key, ""))
         if key == "peak_memory_bytes":

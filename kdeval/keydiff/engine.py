@@ -237,6 +237,7 @@ class Engine:
             stats.kv_buffer_bytes = state.kv_buffer_bytes
             windowed = [state.cache.layers[i] for i in self.plan.windowed_layers]
             stats.windowed_kv_bytes = own_bytes(windowed, [layer.length for layer in windowed])
+            stats.state_bytes = state.cache.state_nbytes() // max(state.cache.batch_size or 1, 1)
             stats.layer_kinds = self.plan.layer_kinds_label()
             results.append(GenerationResult([row.out for row in requests], stats, state))
 

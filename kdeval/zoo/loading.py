@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+import transformers
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
+                          PretrainedConfig, PreTrainedTokenizerBase)
 
 from kdeval.zoo.byte_tokenizer import byte_level_tokenizer
-from kdeval.keydiff.attention.layer_kinds import unknown_layer_types
+from kdeval.keydiff.attention.layer_kinds import decoder_config, unknown_layer_types
 from kdeval.zoo.offline import OFFLINE_MODELS, cache_dir, safetensors_dir  # noqa: F401 (cache_dir: callers')
 from kdeval.zoo.random_models import RANDOM_CONFIGS, random_model_names
 from kdeval.names import RANDOM_PREFIX
@@ -83,12 +85,18 @@ class LoadedModel:
 
 
 def check_supported(config: PretrainedConfig, name: str = "model") -> None:
-    """Raise :class:`UnsupportedModelError` when the engine can't run eviction on ``config``'s attention."""
+    """Raise :class:`UnsupportedModelError` when the engine can't run eviction on ``config``'s attention (a
+    multimodal wrapper's: its text decoder's)."""
+    wrapper = config
+    config = decoder_config(config)
     model_type = getattr(config, "model_type", "?")
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(f"{name}: encoder-decoder models are not supported (decoder-only causal LMs only)")
     if model_type in _UNSUPPORTED_TYPES:
         raise UnsupportedModelError(f"{name}: model_type '{model_type}' is not supported: {_UNSUPPORTED_TYPES[model_type]}")
+    if causal_lm_class(wrapper) is None:
+        raise UnsupportedModelError(f"{name}: model_type '{wrapper.model_type}' has no causal-LM or image-text-to-text "
+                                    f"class in transformers {transformers.__version__}")
     unknown = unknown_layer_types(config)
     if unknown:
         raise UnsupportedModelError(f"{name}: layer types {unknown} are not supported: the engine evicts from "
@@ -99,6 +107,17 @@ def check_supported(config: PretrainedConfig, name: str = "model") -> None:
 
 
 # ---------------------------------------------------------------- tiny random models
+
+def causal_lm_class(config: PretrainedConfig) -> Any:
+    """The transformers class that runs ``config`` as a text generator: its causal LM (a wrapper's own, as
+    Qwen3.5's and Gemma 3's are mapped), else a multimodal wrapper's image-text-to-text model (Mistral 3, whose
+    text decoder may be Mistral 4's), fed text alone; ``None``: neither."""
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        cls = auto._model_mapping.get(type(config), None)
+        if cls is not None and (auto is AutoModelForCausalLM or getattr(config, "text_config", None) is not None):
+            return cls
+    return None
+
 
 def _load_random(kind: str, dtype: torch.dtype, attn: str, seed: int, overrides: dict[str, Any]) -> LoadedModel:
     if kind not in RANDOM_CONFIGS:
@@ -149,7 +168,7 @@ def runnable_attention(config: PretrainedConfig, attn: str) -> str:
     engine's own SDPA-based attention computes: kdeval/keydiff/attention/functions.py)."""
     if attn != "sdpa":
         return attn
-    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    cls = causal_lm_class(config)
     return "eager" if cls is not None and not getattr(cls, "_supports_sdpa", True) else attn
 
 
@@ -204,11 +223,12 @@ def load_model(
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)
         # trust_remote_code stays off: only architectures transformers ships are loaded.
-        model = AutoModelForCausalLM.from_pretrained(
+        model = causal_lm_class(config).from_pretrained(
             source, revision=revision, dtype=torch_dtype, attn_implementation=runnable_attention(config, attn)
         )
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
         model.eval()
-        loaded = LoadedModel(model, tokenizer, name, int(getattr(config, "max_position_embeddings", 0) or 0))
+        context = getattr(decoder_config(config), "max_position_embeddings", 0)
+        loaded = LoadedModel(model, tokenizer, name, int(context or 0))
     loaded.model.to(device)
     return loaded

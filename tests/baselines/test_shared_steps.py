@@ -6,6 +6,7 @@ import torch
 
 import kdeval.keydiff.step.shared as shared_mod
 from kdeval.baselines import get_policy, policy_names
+from kdeval.keydiff.cache.state_layer import RecurrentStates, StateLayer
 from kdeval.keydiff.step.shared import SharedSteps, forward_signature
 
 from ..keydiff.helpers import make_engine, prompt, tiny
@@ -27,6 +28,11 @@ def assert_same(got, ref) -> None:
     assert got.stats.peak_kv_tokens == ref.stats.peak_kv_tokens and got.stats.kept_tokens == ref.stats.kept_tokens
     assert torch.equal(got.state.last_logits, ref.state.last_logits)
     for a, b in zip(got.state.cache.layers, ref.state.cache.layers):
+        if isinstance(a, RecurrentStates):  # a recurrent layer's states: as alone, bit for bit
+            sa, sb = a.states(), b.states()
+            assert sa.keys() == sb.keys() and sa and all(torch.equal(sa[k], sb[k]) for k in sa)
+        if isinstance(a, StateLayer):
+            continue
         ka, pa, sa = a.view()
         kb, pb, sb = b.view()
         assert torch.equal(pa, pb) and torch.equal(ka, kb)
@@ -55,6 +61,21 @@ def test_every_policy_through_a_shared_store_equals_alone(chunk, protect):
     # what shares: SDPA-output policies replay; a head-shared pool (ada) never does
     assert replayed["keydiff", N] > 0 and replayed["snapkv", N] > 0 and replayed["expected-attention", N] > 0
     assert replayed["ada", N] == 0
+
+
+@pytest.mark.parametrize("model", ["random:qwen3.5-tiny", "random:falcon-h1-tiny"])  # linear layers; hybrid ones
+def test_recurrent_states_are_restored_where_a_shared_step_is_replayed(model):
+    """On a recurrent hybrid a replayed step restores the states its recording left (keys alone cannot resume a
+    recurrent layer): every cell through the store equals itself alone, states, keys and tokens, bit for bit."""
+    lm = tiny(model)
+    store = SharedSteps([get_policy(p) for p in ("keydiff", "snapkv", "tova")], max_tokens=2 * N + 16)
+    generate("full", 16, 0, store, model=lm)
+    for policy in ("keydiff", "snapkv", "tova"):
+        before = store.replayed
+        _, got = generate(policy, 16, 0, store, model=lm)
+        _, ref = generate(policy, 16, 0, None, model=lm)
+        assert_same(got, ref)
+        assert store.replayed - before == got.stats.replayed_steps > 0
 
 
 def test_fork_at_the_first_evicting_chunk():

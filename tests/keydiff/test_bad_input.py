@@ -55,7 +55,7 @@ def test_a_sliding_window_model_loads_with_its_windowed_layers():
 @pytest.mark.parametrize("model_type,kwargs,reason", [
     ("mamba", {}, "no KV cache"),
     ("falcon", {}, "attention interface"),
-    ("qwen3_next", {"num_hidden_layers": 4}, r"layer types \['linear_attention'\] are not supported"),
+    ("deepseek_v32", {"num_hidden_layers": 2}, r"layer types \['deepseek_sparse_attention'\] are not supported"),
     ("t5", {}, "encoder-decoder"),
 ])
 def test_unsupported_architectures(model_type, kwargs, reason):
@@ -69,5 +69,6 @@ def test_supported_architectures_pass():
         check_supported(AutoConfig.for_model(model_type), model_type)
     check_supported(AutoConfig.for_model("mistral", sliding_window=None), "mistral")
     for model_type in ("mistral", "gemma2", "gemma3_text", "cohere2", "gpt_oss", "llama4_text",  # windowed layers
-                       "deepseek_v2", "deepseek_v3"):  # latent attention
+                       "deepseek_v2", "deepseek_v3",  # latent attention
+                       "qwen3_next", "qwen3_5_text", "falcon_h1", "bamba"):  # recurrent layers beside attention
         check_supported(AutoConfig.for_model(model_type, num_hidden_layers=2), model_type)

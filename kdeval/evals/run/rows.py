@@ -43,6 +43,7 @@ class EvalRow(TypedDict):
     peak_kv_bytes: int         # most K/V bytes the request held by its own tokens during the call, all layers
     kv_buffer_bytes: int       # most K/V buffer bytes allocated for the call's batch (padding, slots ahead): how it ran
     windowed_kv_bytes: int     # K/V bytes the windowed layers (sliding/chunked: not the policy's) keep at the end
+    state_bytes: int           # recurrent layers' state bytes (not K/V, not the policy's; constant in length)
     layer_kinds: str           # the model's layers by kind ("18 layers: 3 full, 15 sliding 512"; "": all full)
     model_weight_bytes: int    # bytes of the model's parameters and buffers (the same in every row of a run)
     kept_tokens: int           # tokens in the cache at the end
@@ -88,6 +89,7 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "peak_kv_bytes": int(stats.get("peak_kv_bytes", 0)),
         "kv_buffer_bytes": int(stats.get("kv_buffer_bytes", 0)),
         "windowed_kv_bytes": int(stats.get("windowed_kv_bytes", 0)),
+        "state_bytes": int(stats.get("state_bytes", 0)),
         "layer_kinds": str(stats.get("layer_kinds", "")),
         "model_weight_bytes": int(weight_bytes),
         "kept_tokens": int(stats.get("kept_tokens", 0)),

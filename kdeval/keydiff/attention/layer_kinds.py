@@ -90,6 +90,14 @@ class LayerKind:
         return f"{base} + recurrent" if self.holds_state else base
 
 
+def decoder_config(config: Any) -> Any:
+    """The config of a model's text decoder: ``config`` itself, or a multimodal wrapper's ``text_config`` (Qwen3.5,
+    Gemma 3/4 and Mistral 3 checkpoints are saved as wrappers; their layers, heads and windows are the decoder's)."""
+    if getattr(config, "text_config", None) is not None and callable(getattr(config, "get_text_config", None)):
+        return config.get_text_config(decoder=True)
+    return config
+
+
 def _context(config: Any) -> int:
     return int(getattr(config, "max_position_embeddings", 0) or 0)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+from kdeval.keydiff.attention.layer_kinds import decoder_config
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def query_sources(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
     one: Qwen3 and Gemma normalise the projected queries before RoPE; else ``q_proj``) and the head size."""
     out = []
     for idx, attn in enumerate(attention_modules(model)):
-        head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        head_dim = getattr(attn, "head_dim", None) or _head_dim(decoder_config(model.config))
         source = getattr(attn, "q_norm", None) or getattr(attn, "q_proj", None)
         if source is None:
             raise ValueError(f"model: layer {idx}'s attention has no q_proj to read the queries from")
@@ -205,3 +206,7 @@ def record_step(model: torch.nn.Module, need: QueryNeed, cache, captured: dict[i
     cache.query_window.push(captured, admit)
     cos, sin = rope_ahead(model, first, seen_after, need.ahead)
     return StepQueries(cache.query_window, cos, sin)
+
+
+def _head_dim(config) -> int:
+    return config.hidden_size // config.num_attention_heads

@@ -21,6 +21,7 @@ import torch
 
 from kdeval.keydiff.attention.capture import AttentionCapture
 from kdeval.keydiff.attention.queries import StepQueries, attention_modules
+from kdeval.keydiff.attention.layer_kinds import decoder_config
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def layer_projections(model: torch.nn.Module) -> list[LayerProjections]:
         mods = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         if any(m is None for m in mods):
             raise ValueError(f"model: layer {idx}'s attention lacks q_proj/k_proj/v_proj/o_proj, which the policy reads")
-        head_dim = getattr(attn, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+        head_dim = getattr(attn, "head_dim", None) or _head_dim(decoder_config(model.config))
         out.append(LayerProjections(*mods, head_dim=head_dim, rotary=rotary))
     return out
 
@@ -123,3 +124,7 @@ class StepReads:
         """Drop the step's captured rows (the capture is reused by the next step's forward)."""
         if self.capture is not None:
             self.capture.clear()
+
+
+def _head_dim(config) -> int:
+    return config.hidden_size // config.num_attention_heads

@@ -56,6 +56,9 @@ class RunStats:
     #: of ``kv_cache_bytes``, the windowed layers' (sliding or chunked attention: kept as the model sees them,
     #: not by the policy; 0 on a model without them)
     windowed_kv_bytes: int = 0
+    #: bytes of the recurrent layers' conv and recurrent states (linear attention, Mamba, short conv): constant in
+    #: the prompt's length, never the policy's, and not part of the K/V bytes (0 on a model without them)
+    state_bytes: int = 0
     #: the model's layers by kind (``"18 layers: 3 full, 15 sliding 512"``): the budget is per full layer
     layer_kinds: str = ""
 

@@ -13,7 +13,7 @@ import torch
 
 from kdeval.keydiff.attention.capture import CAPTURE_IMPL, POOL_IMPL, RAGGED_IMPL, SDPA_IMPL, STATIC_IMPL, has_sinks
 from kdeval.keydiff.config import EngineConfig
-from kdeval.keydiff.attention.layer_kinds import LayerKind, describe, layer_kinds
+from kdeval.keydiff.attention.layer_kinds import LayerKind, decoder_config, describe, layer_kinds
 from kdeval.keydiff.policy.interface import Policy, PolicyNeeds
 from kdeval.keydiff.quant.rule import KVQuant
 from kdeval.keydiff.attention.queries import query_sources, rotary_embedding
@@ -229,7 +229,7 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     """The plan for ``policy`` on ``model`` under ``config``; ``ValueError`` naming the setting for what cannot run
     (graphs asked for without CUDA and without a graph runner of the caller's, a budget the policy cannot split, an
     attention implementation the policy cannot run beside)."""
-    cfg = model.config
+    cfg = decoder_config(model.config)
     num_layers = cfg.num_hidden_layers
     evicting = policy.evicts and config.budget is not None
     kinds = layer_kinds(cfg)

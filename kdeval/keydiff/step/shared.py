@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import torch
 
 from kdeval.keydiff.attention.capture import CAPTURE_IMPL, SDPA_IMPL, AttentionCapture, AttentionNeed
-from kdeval.keydiff.cache.budget_cache import BudgetCache, RowLayer
+from kdeval.keydiff.cache.budget_cache import BudgetCache, RowLayer, StateRowLayer
+from kdeval.keydiff.cache.state_layer import RecurrentStates, StateLayer, States
 from kdeval.keydiff.policy.interface import Policy
 
 if TYPE_CHECKING:
@@ -89,11 +90,13 @@ class MultiCapture:
 class StepRecord:
     """One recorded prompt step: what the forward wrote and returned, and what the member policies read."""
 
-    keys: list[torch.Tensor]  # per layer [batch, kv_heads, t, head_dim], rotated as the cache holds them
-    values: list[torch.Tensor]  # per layer [batch, kv_heads, t, value_dim]
+    keys: list[torch.Tensor | None]  # per layer [batch, kv_heads, t, head_dim], rotated as the cache holds them
+    values: list[torch.Tensor | None]  # per layer [batch, kv_heads, t, value_dim] (None: a recurrent layer's)
     logits: torch.Tensor  # [batch, t or 1, vocab]
     attention: dict[CaptureKey, dict[int, torch.Tensor]] = field(default_factory=dict)  # need -> layer -> rows
     queries: dict[int, torch.Tensor] | None = None  # layer -> [batch, q_heads, t, head_dim] before RoPE
+    #: layer -> its recurrent states after the step: a state cannot be resumed from keys, so a replay restores it
+    states: dict[int, States] = field(default_factory=dict)
 
     def serves(self, plan: "Plan") -> bool:
         """Whether the record holds everything this plan's policy reads from a step."""
@@ -200,14 +203,20 @@ def record_of(cache: BudgetCache, logits: torch.Tensor, captures: dict, queries:
     """Copies of what the step just run on ``cache`` wrote (its chunk still pending) and what the member policies
     read, of every batch row (``row``: of that one only, as a batch-1 step would have recorded it)."""
     pick = (lambda x: x.clone()) if row is None else (lambda x: x[row : row + 1].clone())  # noqa: E731
-    keys, values = [], []
-    for layer in cache.layers:
+    keys, values, states = [], [], {}
+    for idx, layer in enumerate(cache.layers):
+        if isinstance(layer, RecurrentStates):
+            states[idx] = {key: pick(t) for key, t in layer.states().items()}
+        if isinstance(layer, StateLayer):
+            keys.append(None)
+            values.append(None)
+            continue
         lo, hi = layer.length, layer.length + layer.pending
         keys.append(pick(layer.keys[:, :, lo:hi]))
         values.append(pick(layer.values[:, :, lo:hi]))
     rows = {k: {i: pick(r) for i, r in cap.by_layer.items()} for k, cap in captures.items()}
     copies = lambda d: {i: pick(x) for i, x in d.items()} if d is not None else None  # noqa: E731
-    return StepRecord(keys, values, pick(logits), rows, copies(queries))
+    return StepRecord(keys, values, pick(logits), rows, copies(queries), states)
 
 
 def undiverged(state: "PrefillState", plan: "Plan") -> bool:
@@ -216,8 +225,9 @@ def undiverged(state: "PrefillState", plan: "Plan") -> bool:
     cache = state.cache
     if not isinstance(cache, BudgetCache) or cache.static_base is not None:
         return False
-    return all(type(layer) is RowLayer and not layer.pending and layer.length == (
-        plan.kind(i).kept_count(state.seen) if plan.trims(i) else state.seen) for i, layer in enumerate(cache.layers))
+    return all(isinstance(layer, StateLayer) or type(layer) in (RowLayer, StateRowLayer) and not layer.pending
+               and layer.length == (plan.kind(i).kept_count(state.seen) if plan.trims(i) else state.seen)
+               for i, layer in enumerate(cache.layers))
 
 
 def member_capture(record: StepRecord, plan: "Plan") -> AttentionCapture | None:

@@ -151,7 +151,10 @@ class Step:
                              protected)
         layout.begin()
         for idx, (keys, values) in enumerate(zip(record.keys, record.values)):
-            cache.update(keys, values, idx)
+            if keys is not None:
+                cache.update(keys, values, idx)
+            if idx in record.states:  # the recurrent states after the step, as the forward left them
+                cache.layers[idx].load(record.states[idx])
         self._evict(layout, member_capture(record, self.plan), record.queries, repeat)
         return record.logits.clone()
 
