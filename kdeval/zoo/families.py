@@ -153,6 +153,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("Zamba2", "zamba2", "zamba2", dict(
         n_mamba_heads=4, mamba_d_state=16, chunk_size=16, use_mamba_kernels=False, head_dim=DROP, num_hidden_layers=2,
         layers_block_type=["mamba", "hybrid"])),
+    # ---- the last layers read an earlier layer's keys and values (KV sharing)
+    Family("Gemma 4", "gemma4", "gemma4_text", dict(
+        sliding_window=WINDOW, num_hidden_layers=4, layer_types=[_SLIDING, _FULL, _SLIDING, _FULL],
+        num_kv_shared_layers=2, hidden_size_per_layer_input=16)),
+    Family("Gemma 3n", "gemma3n", "gemma3n_text", dict(
+        sliding_window=WINDOW, num_hidden_layers=4, layer_types=[_SLIDING, _FULL, _SLIDING, _FULL],
+        num_kv_shared_layers=2, hidden_size_per_layer_input=16, intermediate_size=[128] * 4,
+        activation_sparsity_pattern=[0.0] * 4, laurel_rank=8)),
     # ---- multi-head latent attention
     Family("DeepSeek-V3", "deepseek-v3", "deepseek_v3", dict(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,

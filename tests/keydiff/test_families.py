@@ -62,6 +62,10 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("jamba", "float32"): "transformers' own chunked prefill of Jamba's Mamba layer (a DynamicCache fed 16 tokens at "
                           "a time) differs from its one pass by 6.5e-4 at 1.70 (position 112), the engine's alike; "
                           "token by token it agrees to 2e-7",
+    ("gemma4", "float32"): "transformers' own chunked prefill of Gemma 4 (a DynamicCache fed 16 tokens at a time) "
+                           "differs from its one pass by 6.1e-6 at 0.66, above the 1e-5 share; the engine's by 7.3e-6",
+    ("gemma4", "bfloat16"): "transformers' own chunked prefill of Gemma 4 differs from its one pass by 0.084 at "
+                            "0.64 in bfloat16 (13%), the engine's alike",
 }
 
 

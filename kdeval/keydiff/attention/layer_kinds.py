@@ -9,6 +9,10 @@
   ``conv``: LFM2's short convolution) caches a conv and a recurrent state, constant in length; an ``mlp`` or
   ``moe`` block (Nemotron-H) caches nothing. The engine keeps the state whole and never shows it to a policy.
 
+A layer may read another layer's keys instead of caching its own (``reads_layer``: Gemma 3n's and Gemma 4's last
+``num_kv_shared_layers`` layers read the last earlier layer of their kind and never write the cache): it sees
+exactly its source's kept set, holds nothing, and its budget and bytes are its source's.
+
 A layer of attention may also hold a state beside its keys (``holds_state``: transformers' ``hybrid`` layers,
 attention and Mamba side by side: Falcon-H1, Zamba2): its keys are evicted as its attention kind says, its state is
 kept whole.
@@ -43,6 +47,8 @@ class LayerKind:
     span: int | None = None
     #: the layer's cache holds a recurrent or conv state (a ``state`` layer's, or beside a hybrid layer's keys)
     holds_state: bool = False
+    #: the earlier layer whose keys and values this one reads (KV sharing); ``None``: its own
+    reads_layer: int | None = None
 
     @property
     def windowed(self) -> bool:
@@ -50,13 +56,14 @@ class LayerKind:
 
     @property
     def attends(self) -> bool:
-        """The layer caches per-token keys and values (every kind but ``state``)."""
-        return self.kind != STATE
+        """The layer caches per-token keys and values of its own (every kind but ``state``, and not a layer that
+        reads another's)."""
+        return self.kind != STATE and self.reads_layer is None
 
     @property
     def evicted(self) -> bool:
-        """A full-attention layer: the one kind the policy evicts, to its budget."""
-        return self.kind == FULL
+        """A full-attention layer with keys of its own: the one kind the policy evicts, to its budget."""
+        return self.kind == FULL and self.reads_layer is None
 
     def most_kept(self) -> int:
         """The most tokens a windowed layer holds between steps (per row and KV head)."""
@@ -84,6 +91,8 @@ class LayerKind:
         return torch.ones_like(key_pos > query_pos)
 
     def label(self) -> str:
+        if self.reads_layer is not None:
+            return "shared KV"
         if self.kind == STATE:
             return "recurrent" if self.holds_state else "no cache"
         base = FULL if not self.windowed else f"{self.kind} {self.span}"
@@ -133,6 +142,12 @@ def layer_kinds(config: Any) -> tuple[LayerKind, ...]:
         if kind in (SLIDING, CHUNKED) and (not span or (context and span >= context)):
             kind, span = FULL, None  # no window, or one the context never reaches: the layer sees everything
         out.append(LayerKind(kind, span, state))
+    shared = int(getattr(config, "num_kv_shared_layers", 0) or 0)
+    if 0 < shared < n:  # the last layers read the last earlier layer of their type (transformers' Gemma 3n/4)
+        first = n - shared
+        for idx in range(first, n):
+            source = max(i for i in range(first) if types[i] == types[idx])
+            out[idx] = LayerKind(out[idx].kind, out[idx].span, out[idx].holds_state, source)
     return tuple(out)
 
 

@@ -18,7 +18,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.keydiff.attention.functions import attention_implementation
-from kdeval.keydiff.attention.layer_kinds import decoder_config, layer_kinds
+from kdeval.keydiff.attention.layer_kinds import STATE, decoder_config, layer_kinds
 
 PROBE_IMPL = "kdeval_probe"
 
@@ -92,5 +92,6 @@ def probe_reach(model: torch.nn.Module) -> Reach:
     finally:
         for m in modules:
             _seen.pop(id(m), None)
-    attending = frozenset(i for i, k in enumerate(layer_kinds(decoder_config(model.config))) if k.attends)  # none in a recurrent one
+    # every layer but a recurrent one runs attention (one that reads another layer's keys too)
+    attending = frozenset(i for i, k in enumerate(layer_kinds(decoder_config(model.config))) if k.kind != STATE)
     return Reach(attending, frozenset(called), frozenset(keyed))

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from transformers.cache_utils import Cache
 
+from kdeval.keydiff.attention.layer_kinds import LayerKind
 from kdeval.keydiff.quant.store import StoredBytes
 from kdeval.keydiff.attention.queries import QueryWindow
 from kdeval.keydiff.cache.slot_buffers import (EMPTY_POSITION, BufferedLayer, SlotBuffers, clear_past, kept_but,
@@ -214,18 +215,19 @@ def row_length(layer, row: int) -> int:
 
 def rows_of(sources: Sequence[tuple["BudgetCache", int] | None], capacities: Sequence[int],
             state_names: tuple[str, ...], limits: Sequence[int | None] | None = None,
-            query_window: int | None = None) -> "BudgetCache":
+            query_window: int | None = None, kinds: Sequence[LayerKind] | None = None) -> "BudgetCache":
     """How a state moves between batches: a cache of eager layers whose row ``r`` holds copies of row
     ``sources[r][1]``'s kept tokens of cache ``sources[r][0]`` (``None``: an empty row): its keys, values,
     positions, per-token state, quantized record and recent queries (``query_window``: the window a policy keeps,
     made for a batch even where its sources have none yet). A start state enters a batch's row so, a finished
     row leaves as a state of its own, a static cache is thawed. ``capacities[l]``: slots of layer ``l`` (at least
-    what a row holds); ``limits``: as :class:`RowLayer`'s."""
+    what a row holds); ``limits``: as :class:`RowLayer`'s; ``kinds``: the layers' kinds, which say where a layer
+    holds recurrent states or nothing of its own (default: as the first source's layers)."""
     num_layers = len(capacities)
     limits = limits or [None] * num_layers
     known = next(src[0] for src in sources if src is not None) if any(sources) else None
-    layers = [_row_layer_like(known.layers[i] if known is not None else None, sources, i, cap, lim, state_names)
-              for i, (cap, lim) in enumerate(zip(capacities, limits))]
+    layers = [_row_layer_like(known.layers[i] if known is not None else None, kinds[i] if kinds else None, sources,
+                              i, cap, lim, state_names) for i, (cap, lim) in enumerate(zip(capacities, limits))]
     out = BudgetCache(layers, state_names)
     for i, layer in enumerate(layers):
         if isinstance(layer, StateLayer):
@@ -255,14 +257,17 @@ def rows_of(sources: Sequence[tuple["BudgetCache", int] | None], capacities: Seq
     return out
 
 
-def _row_layer_like(like, sources, i: int, cap: int, lim: int | None, state_names: tuple[str, ...]):
-    """:func:`rows_of`'s layer ``i``: a recurrent layer's states (``like`` is one) or an eager layer of ``cap``
-    slots, room for what each source row holds."""
-    if isinstance(like, StateLayer):
-        return StateLayer(like.number_of_states, len(sources))
+def _row_layer_like(like, kind: LayerKind | None, sources, i: int, cap: int, lim: int | None,
+                    state_names: tuple[str, ...]):
+    """:func:`rows_of`'s layer ``i``: a recurrent layer's states, or nothing of its own (``like`` is a
+    :class:`StateLayer`, or ``kind`` says so), or an eager layer of ``cap`` slots, room for what each source row
+    holds (beside a hybrid layer's states)."""
+    states = like.number_of_states if isinstance(like, RecurrentStates) else 1
+    if isinstance(like, StateLayer) or (kind is not None and not kind.attends):
+        return StateLayer(states, len(sources))
     held = [row_length(src[0].layers[i], src[1]) for src in sources if src is not None]
-    if isinstance(like, StateRowLayer):
-        return StateRowLayer(max([cap] + held), state_names, lim, len(sources), like.number_of_states)
+    if isinstance(like, StateRowLayer) or (kind is not None and kind.holds_state):
+        return StateRowLayer(max([cap] + held), state_names, lim, len(sources), states)
     return RowLayer(max([cap] + held), state_names, lim, len(sources))
 
 

@@ -65,6 +65,9 @@ def window_masks(plan: "Plan", cache: BudgetCache, positions: torch.Tensor) -> l
         if not kind.windowed:
             out.append(None)
             continue
+        if kind.reads_layer is not None:  # it attends over its source's keys: its source's mask
+            out.append(out[kind.reads_layer])
+            continue
         if (kind, layer.length) not in made:
             cached = layer.positions[0, 0, : layer.length] if layer.length else positions[:0]
             k = torch.cat([cached, positions]).view(1, -1)
@@ -302,8 +305,13 @@ class RaggedLayout:
             for idx, s in enumerate(self.layer_steps):
                 if self.plan.trims(idx) and (self.plan.kind(idx), id(s)) not in windows:
                     windows[self.plan.kind(idx), id(s)] = self._window_mask(idx, masks[id(s)])
-            out["kdeval_layer_masks"] = [windows[self.plan.kind(idx), id(s)] if self.plan.trims(idx)
-                                         else masks[id(s)] for idx, s in enumerate(self.layer_steps)]
+            per_layer = [windows[self.plan.kind(idx), id(s)] if self.plan.trims(idx)
+                         else masks[id(s)] for idx, s in enumerate(self.layer_steps)]
+            for idx in range(len(per_layer)):  # a layer reading another's keys takes its source's mask
+                source = self.plan.kind(idx).reads_layer
+                if source is not None:
+                    per_layer[idx] = per_layer[source]
+            out["kdeval_layer_masks"] = per_layer
         return out
 
     def _window_mask(self, idx: int, mask: torch.Tensor) -> torch.Tensor:

@@ -69,4 +69,5 @@ def batch_cache(plan: Plan, rows: list, starts: list[PrefillState | None], decod
     window = plan.needs.queries.window if plan.needs.queries is not None else None
     sources = [(s.cache, 0) if s is not None else None for s in starts]
     return rows_of(sources, capacities, plan.needs.token_state,
-                   query_window=window if any(s is not None for s in starts) else None)
+                   query_window=window if any(s is not None for s in starts) else None,
+                   kinds=[plan.kind(i) for i in range(plan.num_layers)])

@@ -114,20 +114,20 @@ class Plan:
 
     @property
     def windowed_layers(self) -> list[int]:
-        """The indices of the windowed layers (empty on a model of full layers only)."""
-        return [i for i, k in enumerate(self.kinds) if k.windowed]
+        """The indices of the windowed layers with keys of their own (empty on a model of full layers only)."""
+        return [i for i, k in enumerate(self.kinds) if k.windowed and k.attends]
 
     def trims(self, idx: int) -> bool:
         """Layer ``idx`` is windowed: cut to what the model sees after every step, whatever the policy."""
-        return self.kind(idx).windowed
+        return self.kind(idx).windowed and self.kind(idx).attends
 
     def layer_limit(self, idx: int) -> int | None:
         """The most tokens layer ``idx`` holds between evicting steps (``None``: it grows)."""
         kind = self.kind(idx)
-        if kind.windowed:
-            return kind.most_kept()
         if not kind.attends:
             return 0
+        if kind.windowed:
+            return kind.most_kept()
         return self.budgets[idx] if self.evicting else None
 
     def keep(self, idx: int, n: int, t: int, seen_after: int, evict: bool, held: int) -> int:
@@ -136,10 +136,10 @@ class Plan:
         the budget. A windowed layer keeps what the next query sees, whatever the step; a full layer its budget
         plus ``held`` when the policy evicts, else everything."""
         kind = self.kind(idx)
+        if not kind.attends:  # a recurrent layer's states, a layer reading another's keys: no tokens
+            return 0
         if kind.windowed:
             return min(n + t, kind.kept_count(seen_after))
-        if not kind.attends:  # a recurrent layer's states: no tokens
-            return 0
         if self.evicting and evict:
             return min(self.budgets[idx] + held, n + t)
         return n + t
@@ -155,6 +155,9 @@ class Plan:
         by_counts: dict = {}
         out = []
         for idx, n in enumerate(lengths):
+            if self.kind(idx).reads_layer is not None:  # it attends over its source's slots, as its source does
+                out.append(out[self.kind(idx).reads_layer])
+                continue
             keep = [self.keep(idx, a, b, s + b, e, h) for a, b, s, e, h in zip(n, t, seen, evicts, held)]
             key = (tuple(n), tuple(keep))
             if key not in by_counts:
@@ -244,7 +247,7 @@ def make_plan(model: torch.nn.Module, policy: Policy, config: EngineConfig, grap
     uniform = not windowed and not sinks and len(set(attending)) <= 1
     needs = policy.needs() if evicting else PolicyNeeds()
     for why in (windowed_refusal(needs) if windowed else None, latent_refusal(needs) if latent else None,
-                recurrent_refusal(needs) if recurrent else None):
+                recurrent_refusal(needs) if recurrent else None, partial_rotary_refusal(needs, cfg)):
         if why is not None:
             raise ValueError(f"policy: '{policy.name}' {why}")
     if latent and config.kv_quant is not None:
@@ -297,7 +300,7 @@ def _layer_budgets(policy: Policy, n: int, kinds: tuple[LayerKind, ...]) -> tupl
     0 (it holds no tokens)."""
     full = [i for i, k in enumerate(kinds) if k.evicted]
     shares = iter(checked_layer_budgets(policy, n, len(full)) if full else [])
-    return tuple(k.most_kept() if k.windowed else 0 if not k.attends else next(shares) for k in kinds)
+    return tuple(0 if not k.attends else k.most_kept() if k.windowed else next(shares) for k in kinds)
 
 
 def _check_reach(model: torch.nn.Module, policy_name: str, why: str) -> None:
@@ -360,10 +363,24 @@ def recurrent_refusal(needs: PolicyNeeds) -> str | None:
     why = ("shares a layer's slots among its KV heads" if needs.shares_heads
            else "re-rotates its kept keys to contiguous positions" if needs.rerotates
            else "scores a repeat pass over the cache, which a recurrent state cannot be rewound for"
-           if needs.repeat is not None else None)
+           if needs.repeat is not None
+           else "reads every decoder layer's attention queries" if needs.queries is not None
+           else "reads every decoder layer's attention projections" if needs.projections else None)
     if why is None:
         return None
     return f"{why}; not supported on a model with recurrent (linear-attention, Mamba or conv) layers"
+
+
+def partial_rotary_refusal(needs: PolicyNeeds, config) -> str | None:
+    """Why a policy of ``needs`` does not run on a model whose RoPE turns only part of each head (Qwen3.5's and
+    Qwen3-Next's ``partial_rotary_factor`` 0.25), as :func:`latent_refusal`; ``None``: it runs."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    factor = factor if factor is not None else getattr(config, "partial_rotary_factor", 1.0)
+    if factor is None or factor >= 1 or (needs.queries is None and not needs.rerotates):
+        return None
+    what = "rotates queries ahead" if needs.queries is not None else "re-rotates its kept keys"
+    return f"{what} over whole heads; the model's RoPE turns {factor:g} of each head (partial_rotary_factor)"
 
 
 def windowed_refusal(needs: PolicyNeeds) -> str | None:
