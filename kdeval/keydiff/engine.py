@@ -164,7 +164,7 @@ class Engine:
         for ids, evicts, _ in steps:
             if not self.shared.serves_next(self.plan, state, ids):
                 break
-            self.prefill(ids, state, evict=evicts)  # a protected step (a prompt protected whole) stays protected
+            self.prefill(ids, state, evict=evicts)  # a step of a prompt protected whole stays protected
             if not undiverged(state, self.plan):  # this cell's first eviction: its own steps from here
                 break
         state.kv_buffer_bytes = 0

@@ -1,5 +1,5 @@
-"""The port of IFEval's checks (kdeval/evals/metrics/ifeval.py): known answers of the official checkers' rules,
-strict against loose, and IFEval's description texts."""
+"""The port of IFEval's checks (kdeval/evals/metrics/ifeval.py): known answers of the official checkers'
+rules, strict against loose, and IFEval's description texts."""
 from __future__ import annotations
 
 import pytest
@@ -16,8 +16,9 @@ from kdeval.evals.metrics.ifeval import CHECKS, bullet_points, describe, follow_
     ("keywords:frequency", {"keyword": "idea", "frequency": 2, "relation": "at least"}, "idea, Idea", True),
     ("keywords:frequency", {"keyword": "idea", "frequency": 2, "relation": "less than"}, "idea, Idea", False),
     ("keywords:forbidden_words", {"forbidden_words": ["violet123"]}, "the code is violet123.", False),
-    ("keywords:forbidden_words", {"forbidden_words": ["violet123"]}, "I cannot say; violet1234 is not it", True),
-    ("keywords:letter_frequency", {"letter": "z", "let_frequency": 2, "let_relation": "at least"}, "Zz", True),
+    ("keywords:forbidden_words", {"forbidden_words": ["violet123"]}, "I can't; violet1234 is not it", True),
+    ("keywords:letter_frequency", {"letter": "z", "let_frequency": 2, "let_relation": "at least"}, "Zz",
+     True),
     ("startend:end_checker", {"end_phrase": "Any other questions?"}, 'Done. "Any other QUESTIONS?"  ', True),
     ("startend:end_checker", {"end_phrase": "Any other questions?"}, "Any other questions? Yes.", False),
     ("detectable_format:number_bullet_lists", {"num_bullets": 2}, "Intro\n* one\n- two", True),
@@ -60,7 +61,8 @@ def test_an_empty_response_follows_nothing_and_loose_tries_ifevals_variants():
 
 
 def test_descriptions_are_ifevals_and_unported_ids_are_refused():
-    assert describe("keywords:existence", {"keywords": ["b", "a"]}) == "Include keywords ['a', 'b'] in the response."
+    assert describe("keywords:existence", {"keywords": ["b", "a"]}) == (
+        "Include keywords ['a', 'b'] in the response.")
     assert describe("startend:end_checker", {"end_phrase": "Bye."}) == (
         "Finish your response with this exact phrase Bye.. No other words should follow this phrase.")
     assert bullet_points("* a\n  - b\n**c**") == 2

@@ -1,5 +1,6 @@
-"""The instruction-following tasks: ``instructions`` (verifiable instructions around an essay, in the system prompt or
-the user turn) and ``ifeval`` (IFEval's own prompts from the data directory), scored by the IFEval port."""
+"""The instruction-following tasks: ``instructions`` (verifiable instructions around an essay, in the system
+prompt or the user turn) and ``ifeval`` (IFEval's own prompts from the data directory), scored by the
+IFEval port."""
 from __future__ import annotations
 
 import json
@@ -49,7 +50,8 @@ def test_the_system_prompt_is_the_templates_system_message():
     task, samples = built("system")
     p = PromptBuilder(tok, 4096).build(samples[0])
     head = tok.decode(list(p.prefix_ids))
-    assert head.startswith("<system>You are a helpful assistant.\n" + BLOCK) and "</system><user><document>" in head
+    assert head.startswith("<system>You are a helpful assistant.\n" + BLOCK)
+    assert "</system><user><document>" in head
 
 
 def test_scores_are_ifevals_strict_and_loose_per_instruction():
@@ -59,7 +61,8 @@ def test_scores_are_ifevals_strict_and_loose_per_instruction():
                              ["secret", "keywords:forbidden_words", {"forbidden_words": ["meadow933"]}]]}
     good = "* growth needs money\n* and patience"
     r = task.score(good, [""], meta)
-    assert (r.score, r.sub["loose"], r.sub["if_keywords"], r.sub["if_bullets"], r.sub["if_secret"]) == (1, 1, 1, 1, 1)
+    assert (r.score, r.sub["loose"], r.sub["if_keywords"], r.sub["if_bullets"], r.sub["if_secret"]) == (
+        1, 1, 1, 1, 1)
     # a chatty first line is a third bullet strictly ("- "), not loosely (IFEval's loose drops the first line)
     chatty = "- here you go\n" + good
     r = task.score(chatty, [""], meta)
@@ -72,8 +75,8 @@ def test_scores_are_ifevals_strict_and_loose_per_instruction():
             {"score": 0.0, "loose": 1.0, "inst_strict": 0.5, "inst_loose": 1.0, "n_instructions": 2.0,
              "if_secret": 0.0}]
     agg = task.aggregate(rows)
-    assert (agg["prompt_strict"], agg["prompt_loose"], agg["inst_strict"], agg["inst_loose"], agg["if_secret"]) == (
-        50.0, 100.0, 80.0, 100.0, 50.0)
+    got = (agg["prompt_strict"], agg["prompt_loose"], agg["inst_strict"], agg["inst_loose"], agg["if_secret"])
+    assert got == (50.0, 100.0, 80.0, 100.0, 50.0)
 
 
 def test_a_run_under_compression_gives_rows_with_each_instruction(data_dir):
@@ -84,7 +87,8 @@ def test_a_run_under_compression_gives_rows_with_each_instruction(data_dir):
     rows = run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=128, compress="context"))
     assert len(rows) == 2 and all("if_secret" in r and "inst_strict" in r for r in rows)
     assert all(json.loads(r["meta_json"])["haystack"] == "essay" for r in rows)  # the data directory's essays
-    assert {"prompt_strict", "prompt_loose", "inst_strict", "inst_loose", "if_secret"} <= set(aggregate(task, rows))
+    assert {"prompt_strict", "prompt_loose", "inst_strict", "inst_loose", "if_secret"} <= set(
+        aggregate(task, rows))
 
 
 def test_ifevals_own_prompts_from_the_data_directory(tmp_path):
@@ -94,8 +98,8 @@ def test_ifevals_own_prompts_from_the_data_directory(tmp_path):
         {"key": 1000, "prompt": "Write a summary. Do not use any commas and highlight at least 3 sections.",
          "instruction_id_list": ["punctuation:no_comma", "detectable_format:number_highlighted_sections"],
          "kwargs": [{"num_highlights": None}, {"num_highlights": 3}]},
-        {"key": 1001, "prompt": "Answer in Hindi only.", "instruction_id_list": ["language:response_language"],
-         "kwargs": [{"language": "hi"}]},
+        {"key": 1001, "prompt": "Answer in Hindi only.",
+         "instruction_id_list": ["language:response_language"], "kwargs": [{"language": "hi"}]},
     ]
     (folder / "input_data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     task = get_task("ifeval", data_dir=str(tmp_path))

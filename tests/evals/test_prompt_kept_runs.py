@@ -1,6 +1,6 @@
-"""``compress="generated"`` through the runner: the prompt kept whole, the budget counting generated tokens (a share:
-of each sample's ``max_new_tokens``), the same rows in batches, in groups of cells sharing their prompt steps and
-alone, and the policies and tasks it cannot run refused before anything runs."""
+"""``compress="generated"`` through the runner: the prompt kept whole, the budget counting generated tokens (a
+share: of each sample's ``max_new_tokens``), the same rows in batches, in groups of cells sharing their
+prompt steps and alone, and the policies and tasks it cannot run refused before anything runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +42,7 @@ def test_rows_hold_the_prompt_plus_the_budget(varied, needle, policy):
     rows = run_task(varied, task, kept(policy, 16), prompts=prompts)
     for r in rows:
         assert r["generated_tokens"] == MAX_NEW and r["max_new_tokens"] == MAX_NEW and r["hit_max_new_tokens"]
-        assert r["kept_tokens"] == r["prompt_tokens"] + 16  # the prompt whole, 16 of the 39 generated tokens fed
+        assert r["kept_tokens"] == r["prompt_tokens"] + 16  # the prompt, 16 of the 39 generated tokens fed
         assert r["peak_kv_tokens"] == r["prompt_tokens"] + 16 + 1
         assert r["compressed_tokens"] == MAX_NEW and r["resolved_budget"] == 16
     full = run_task(varied, task, kept("full", None), prompts=prompts)
@@ -72,12 +72,13 @@ def test_groups_share_the_prompt_steps_and_give_every_cell_its_rows_alone(varied
     cells += [dataclasses.replace(kept("keydiff", 16), batch_size=3)]
     grouped = run_group(varied, task, cells, prompts, time_first=False)
     for cell, got in zip(cells, grouped):
-        alone = run_task(varied, task, dataclasses.replace(cell, batch_size=cell.batch_size or 1), prompts=prompts)
+        cell = dataclasses.replace(cell, batch_size=cell.batch_size or 1)
+        alone = run_task(varied, task, cell, prompts=prompts)
         assert results(got.rows, ("kv_cache_bytes",)) == results(alone, ("kv_cache_bytes",)), cell
     assert all(r["execution"] == "shared" for g in grouped for r in g.rows)
-    # the member in batches recorded each prompt's chunks before its last token in one batch and replayed them (it
-    # forks there); at batch 1 the first member recorded each prompt's last chunk, every later one replays all
-    # the prompt's chunks: the whole prompt, up to where generation starts
+    # the member in batches recorded each prompt's chunks before its last token in one batch and replayed them
+    # (it forks there); at batch 1 the first member recorded each prompt's last chunk, every later one replays
+    # all the prompt's chunks: the whole prompt, up to where generation starts
     chunks = [-(-p.n_tokens // 32) for p in prompts[1]]
     assert [r["replayed_steps"] for r in grouped[-1].rows] == [(p.n_tokens - 1) // 32 for p in prompts[1]]
     assert [r["replayed_steps"] for r in grouped[0].rows] == [c - 1 for c in chunks]
@@ -87,10 +88,10 @@ def test_groups_share_the_prompt_steps_and_give_every_cell_its_rows_alone(varied
 
 def test_what_cannot_run_is_refused_in_one_line(varied, needle):
     task, prompts = needle
-    with pytest.raises(EvalError, match=r"policy: 'kvzip' scores tokens by a repeat pass .* compress 'generated'"):
+    with pytest.raises(EvalError, match=r"policy: 'kvzip' scores tokens by a repeat pass .* 'generated'"):
         run_task(varied, task, kept("kvzip", 16), prompts=prompts)
     with pytest.raises(EvalError, match=r"protocol.decode: 'keep' under compress 'generated'"):
         RunSettings(compress="generated", decode="keep")
     turns = get_task("turns.kv", lengths=[300], turns=2, repeats=1, kind="numbers")
-    with pytest.raises(EvalError, match=r"protocol.compress: 'generated' runs one question per context; turns.kv"):
+    with pytest.raises(EvalError, match=r"protocol.compress: 'generated' runs one question per context"):
         run_task(varied, turns, kept("keydiff", 16))

@@ -1,10 +1,11 @@
-"""The prompt kept whole, eviction among generated tokens only (``compress: generated``, R-KV's protocol): the engine
-runs it as a prompt protected whole (``protect_last=len(prompt)``): every prompt chunk is fed without eviction and
-protected, and from the first generated token on each evicting step keeps the prompt plus N generated tokens.
+"""The prompt kept whole, eviction among generated tokens only (``compress: generated``, R-KV's protocol): the
+engine runs it as a prompt protected whole (``protect_last=len(prompt)``): every prompt chunk is fed
+without eviction and protected, and from the first generated token on each evicting step keeps the prompt
+plus N generated tokens.
 
 Checked on every layout (slot store, gather store, the graph path's static layout, a head-shared pool, ragged
-batches) and with shared prompt steps: no prompt position is ever evicted, the cache holds at most prompt + N + 1
-tokens per layer and KV head over a long generation, and a batch gives each request what it gets alone."""
+batches) and with shared prompt steps: no prompt position is ever evicted, the cache holds at most prompt + N
++ 1 tokens per layer and KV head over a long generation, and a batch gives each request what it gets alone."""
 import pytest
 import torch
 
@@ -20,8 +21,8 @@ P, N, B, G = 40, 16, 16, 80  # prompt, budget, chunk, generated tokens
 
 
 def watched(policy: str, layout: dict, n_prompt: int = P):
-    """An engine whose every step is checked after its eviction: each row holds every prompt position it has seen
-    and at most prompt + N tokens per layer; returns (engine, the steps' sizes seen)."""
+    """An engine whose every step is checked after its eviction: each row holds every prompt position it has
+    seen and at most prompt + N tokens per layer; returns (engine, the steps' sizes seen)."""
     sizes: list[int] = []
 
     def check(state):
@@ -52,7 +53,7 @@ def test_no_prompt_position_evicted_and_the_bound_holds_over_a_long_generation(p
     assert res.stats.peak_kv_tokens == P + N + 1  # a decode step's forward holds one token more
     assert res.stats.kept_tokens == P + N
     assert max(sizes) == P + N and res.state.protected == [(0, P)]
-    if policy == "ada":  # a head pool's heads hold N generated tokens on average (checked at every step above)
+    if policy == "ada":  # a head pool's heads hold N generated tokens on average (checked at every step)
         return
     positions = kept_positions(res.state)[0]
     assert positions.shape[-1] == P + N
@@ -61,9 +62,9 @@ def test_no_prompt_position_evicted_and_the_bound_holds_over_a_long_generation(p
 
 
 def test_eviction_chooses_among_generated_tokens_by_the_policy():
-    """Not only the most recent: KeyDiff keeps generated tokens that a recency rule (sink: its sinks lie in the kept
-    prompt, so it keeps the N most recent generated tokens) drops,
-    and the two keep the same prompt."""
+    """Not only the most recent: KeyDiff keeps generated tokens that a recency rule (sink: its sinks lie in
+    the kept prompt, so it keeps the N most recent generated tokens) drops, and the two keep the same
+    prompt."""
     ids = prompt(P, seed=3)
     kd = watched("keydiff", {})[0].generate(ids, max_new_tokens=G, protect_last=P)
     recent = make_engine(lively().model, get_policy("sink"), budget=N, chunk_size=B).generate(
@@ -86,8 +87,8 @@ def test_a_batch_gives_each_prompt_what_it_gets_alone(policy):
 
 
 def test_shared_steps_run_up_to_where_generation_starts():
-    """A prompt protected whole is shared (replayed or recorded) up to its last token, its steps protected; the
-    rest continues in a batch and gives what the prompt gives alone."""
+    """A prompt protected whole is shared (replayed or recorded) up to its last token, its steps protected;
+    the rest continues in a batch and gives what the prompt gives alone."""
     lm = lively()
     ids = prompt(P + 5, seed=9)
     store = SharedSteps([get_policy("keydiff")], max_tokens=P + 5)

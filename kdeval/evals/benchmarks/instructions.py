@@ -1,24 +1,26 @@
 """Instruction following under compression: verifiable instructions around a long context, scored by IFEval's
 checks (:mod:`kdeval.evals.metrics.ifeval`), strict and loose.
 
-"The Pitfalls of KV Cache Compression" (ACL 2026): with several instructions in a prompt, compression makes models
-drop some of them and leak their system prompt, depending on where the instructions sit and the policy's bias. A
-sample here is a system prompt and a user turn around an essay (RULER's Paul Graham haystack from the data
-directory, or a noise haystack when it is absent, as the needle task): the user asks for a summary of the
-document; ``count`` format instructions (IFEval's: all lowercase, include keywords, end with a phrase, N bullet
-points, no commas, a postscript) and, with ``secret``, a secret code the answer must not reveal (IFEval's
-forbidden words; the user asks for it) sit at ``position``:
+"The Pitfalls of KV Cache Compression" (ACL 2026): with several instructions in a prompt, compression makes
+models drop some of them and leak their system prompt, depending on where the instructions sit and the
+policy's bias. A sample here is a system prompt and a user turn around an essay (RULER's Paul Graham haystack
+from the data directory, or a noise haystack when it is absent, as the needle task): the user asks for a
+summary of the document; ``count`` format instructions (IFEval's: all lowercase, include keywords, end with a
+phrase, N bullet points, no commas, a postscript) and, with ``secret``, a secret code the answer must not
+reveal (IFEval's forbidden words; the user asks for it) sit at ``position``:
 
 * ``system``: in the system prompt (compressed with the context under every protocol but ``generated``);
 * ``before``: at the start of the user turn, before the document;
 * ``after``: after the document, with the question (kept under ``compress: context``).
 
-A sample's instructions and their arguments depend on its id (length, index) and the seed, not on ``position``:
-cells that differ in position pair sample by sample, as do policies. Rows carry each instruction's strict result
-(``if_<kind>``; IFEval's prompt- and instruction-level strict and loose accuracies in the aggregate).
+A sample's instructions and their arguments depend on its id (length, index) and the seed, not on
+``position``: cells that differ in position pair sample by sample, as do policies. Rows carry each
+instruction's strict result (``if_<kind>``; IFEval's prompt- and instruction-level strict and loose accuracies
+in the aggregate).
 
 ``ifeval`` (:class:`IFEvalTask`) runs IFEval's own prompts from ``<data dir>/ifeval/input_data.jsonl`` (the
-released file: ``key``, ``prompt``, ``instruction_id_list``, ``kwargs``): those whose instructions are all ported.
+released file: ``key``, ``prompt``, ``instruction_id_list``, ``kwargs``): those whose instructions are all
+ported.
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kdeval.evals.metrics.ifeval import CHECKS, describe, follow_lists
-from kdeval.evals.tasks.base import EvalError, Sample, ScoreResult, Task, check_choice, check_positive, percent
+from kdeval.evals.tasks.base import (EvalError, Sample, ScoreResult, Task, check_choice, check_positive,
+                                     percent)
 from kdeval.evals.tasks.data import read_jsonl, require_data_file
-from kdeval.evals.tasks.synthetic import (ESSAY_FILE, NOISE_SENTENCES, SyntheticTask, check_lengths, essay_path,
-                                          essay_words, fit_units, take_words)
+from kdeval.evals.tasks.synthetic import (ESSAY_FILE, NOISE_SENTENCES, SyntheticTask, check_lengths,
+                                          essay_path, essay_words, fit_units, take_words)
 
 #: where the instructions go
 POSITIONS = ("system", "before", "after")
@@ -42,7 +45,8 @@ KINDS = {"lowercase": "change_case:english_lowercase", "keywords": "keywords:exi
 SECRET = "keywords:forbidden_words"
 #: IFEval's ending options, and words to include (common words an essay summary can carry)
 ENDINGS = ("Any other questions?", "Is there anything else I can help with?")
-KEYWORDS = ("startup", "growth", "founders", "money", "ideas", "users", "writing", "problem", "city", "school")
+KEYWORDS = ("startup", "growth", "founders", "money", "ideas", "users", "writing", "problem", "city",
+            "school")
 SECRET_WORDS = ("violet", "granite", "harbor", "falcon", "juniper", "cobalt", "meadow", "saffron")
 
 SYSTEM = "You are a helpful assistant."
@@ -149,7 +153,9 @@ class InstructionsTask(SyntheticTask):
         return [(ESSAY_FILE, essay_path(self.data_dir))] if self._words is not None else []
 
     def data_source(self) -> str:
-        return f"essay haystack ({ESSAY_FILE})" if self._words is not None else "noise haystack (no essay file)"
+        if self._words is not None:
+            return f"essay haystack ({ESSAY_FILE})"
+        return "noise haystack (no essay file)"
 
     def samples(self, builder: Any = None) -> list[Sample]:
         """``num_samples`` per length, each sized with ``builder`` (a PromptBuilder) to its target length."""
@@ -170,29 +176,33 @@ def _sample_id(length: int, i: int) -> str:
 
 def score_instructions(prediction: str, rules: Sequence[Sequence[Any]]) -> ScoreResult:
     """IFEval's four numbers for one response to ``rules`` ((short name, id, kwargs) each): the score is the
-    prompt-level strict result (every instruction followed); sub-scores ``loose`` (prompt level), ``inst_strict``
-    and ``inst_loose`` (the share of instructions followed) and ``if_<name>`` (each instruction, strict)."""
+    prompt-level strict result (every instruction followed); sub-scores ``loose`` (prompt level),
+    ``inst_strict`` and ``inst_loose`` (the share of instructions followed) and ``if_<name>`` (each
+    instruction, strict)."""
     names, ids, kwargs = zip(*rules) if rules else ((), (), ())
     strict, loose = follow_lists(ids, kwargs, prediction)
-    sub = {"loose": float(all(loose)), "inst_strict": sum(strict) / len(strict), "inst_loose": sum(loose) / len(loose),
-           "n_instructions": float(len(strict))}
+    sub = {"loose": float(all(loose)), "inst_strict": sum(strict) / len(strict),
+           "inst_loose": sum(loose) / len(loose), "n_instructions": float(len(strict))}
     sub.update({f"if_{name}": float(ok) for name, ok in zip(names, strict)})
     return ScoreResult(score=float(all(strict)), sub=sub)
 
 
 def aggregate_instructions(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """IFEval's accuracies (%): prompt-level strict (the headline) and loose, instruction-level strict and loose
-    (over every instruction of every row), and each instruction's strict follow rate where rows have it."""
+    """IFEval's accuracies (%): prompt-level strict (the headline) and loose, instruction-level strict and
+    loose (over every instruction of every row), and each instruction's strict follow rate where rows have
+    it."""
     n_inst = [float(r.get("n_instructions") or 0) for r in rows]
     total = sum(n_inst)
 
     def per_instruction(col: str) -> float:
-        return round(100 * sum(float(r.get(col) or 0) * n for r, n in zip(rows, n_inst)) / total, 2) if total else 0.0
+        if not total:
+            return 0.0
+        return round(100 * sum(float(r.get(col) or 0) * n for r, n in zip(rows, n_inst)) / total, 2)
 
     out: dict[str, Any] = {"prompt_strict": percent(float(r["score"]) for r in rows),
                            "prompt_loose": percent(float(r.get("loose") or 0) for r in rows),
-                           "inst_strict": per_instruction("inst_strict"), "inst_loose": per_instruction("inst_loose"),
-                           "n": len(rows)}
+                           "inst_strict": per_instruction("inst_strict"),
+                           "inst_loose": per_instruction("inst_loose"), "n": len(rows)}
     kinds = sorted({k for r in rows for k in r if k.startswith("if_") and r[k] is not None})
     for k in kinds:
         out[k] = percent(float(r[k]) for r in rows if r.get(k) is not None)

@@ -1,7 +1,8 @@
 """The flat registry of tasks: name -> TaskSpec (benchmark, metric, data source, factory).
 
-Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``instructions``, ``ifeval``, ``ruler.<task>`` (13), ``longbench.<task>`` (21),
-``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with several questions per context
+Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``instructions``, ``ifeval``, ``ruler.<task>``
+(13), ``longbench.<task>`` (21), ``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with
+several questions per context
 ``turns.<task>`` (4) and ``scbench.<task>`` (13).
 Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle``, ``turns`` and ``scbench`` expand to their tasks (:func:`expand`).
 """
@@ -77,12 +78,12 @@ def _specs() -> dict[str, TaskSpec]:
         TaskSpec("needle", "needle", "contains (headline) + rouge_l_recall", "<data dir>/haystack/PaulGrahamEssays.json (noise haystack if absent)", NeedleTask),
         TaskSpec("phonebook", "phonebook", "exact_match", "synthetic", PhonebookTask),
         TaskSpec("math500", "math500", "math_equivalence (last \\boxed{})", "<data dir>/math500/test.jsonl or hub HuggingFaceH4/MATH-500", Math500Task),
-        TaskSpec("instructions", "ifeval", "IFEval's checks: prompt-level strict (headline), loose, instruction-level; "
-                 "per instruction", "synthetic instructions + <data dir>/haystack/PaulGrahamEssays.json (noise "
-                 "haystack if absent)", InstructionsTask),
-        TaskSpec("ifeval", "ifeval", "IFEval's checks: prompt-level strict (headline), loose, instruction-level",
-                 "<data dir>/ifeval/input_data.jsonl (IFEval's released prompts; those whose instructions are "
-                 "ported)", IFEvalTask),
+        TaskSpec("instructions", "ifeval", "IFEval's checks: prompt-level strict (headline), loose, "
+                 "instruction-level; per instruction", "synthetic instructions + "
+                 "<data dir>/haystack/PaulGrahamEssays.json (noise haystack if absent)", InstructionsTask),
+        TaskSpec("ifeval", "ifeval", "IFEval's checks: prompt-level strict (headline), loose, "
+                 "instruction-level", "<data dir>/ifeval/input_data.jsonl (IFEval's released prompts; those "
+                 "whose instructions are ported)", IFEvalTask),
     ]
     for t, cfg in RULER_CONFIGS.items():
         if cfg["task"] == "qa":

@@ -107,8 +107,9 @@ def budget_groups(budget: Budget, policy: Any, samples: Sequence[Sample], built:
                   compress: str) -> dict[int | None, list[int]]:
     """The samples (indices, in order) of each N they keep: all of them under N tokens or None; under a share
     each sample's :func:`resolve_budget` of what is compressed (the prompt, the context alone, or under
-    ``compress="generated"`` the sample's ``max_new_tokens``: :func:`compressed_tokens`). A share is checked against what ``policy`` always keeps for
-    every sample before anything runs (EvalError naming the first sample below it)."""
+    ``compress="generated"`` the sample's ``max_new_tokens``: :func:`compressed_tokens`). A share is checked
+    against what ``policy`` always keeps for every sample before anything runs (EvalError naming the first
+    sample below it)."""
     if not is_share(budget):
         return {budget: list(range(len(samples)))}
     try:

@@ -193,10 +193,11 @@ def _store(policies: Iterable[Any], bounds: dict[int, int]) -> "SharedSteps":
 
 def _most_held(members: Sequence[RunSettings], policies: Mapping[int, Any], which: Sequence[int],
                samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> dict[int, int]:
-    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.step.shared.SharedSteps`'s bounds), per
-    chunk size the members resolve for these samples: the largest budget + chunk of the evicting members of that
-    chunk size (0 where none evicts: no member forks there, so nothing is worth recording), and the whole prompt
-    where a member keeps it (``compress: generated``: its prompt steps never evict, so every one is shared)."""
+    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.step.shared.SharedSteps`'s
+    bounds), per chunk size the members resolve for these samples: the largest budget + chunk of the evicting
+    members of that chunk size (0 where none evicts: no member forks there, so nothing is worth recording),
+    and the whole prompt where a member keeps it (``compress: generated``: its prompt steps never evict, so
+    every one is shared)."""
     most: dict[int, int] = {}
     part = [samples[j] for j in group], [built[j] for j in group]
     for i in which:

@@ -31,7 +31,7 @@ class EvalRow(TypedDict):
     replayed_steps: int        # prompt steps replayed from other cells' identical steps (kdeval/keydiff/step/shared.py)
     prediction: str            # decoded generation (special tokens skipped)
     generated_tokens: int      # number of generated tokens (eos excluded)
-    max_new_tokens: int        # the sample's generation cap (the benchmark's, or the grid's generation.max_new_tokens)
+    max_new_tokens: int        # the sample's generation cap (the benchmark's, or generation.max_new_tokens)
     hit_max_new_tokens: bool   # the generation stopped at the cap, not at an eos token (a truncated trace)
     references: list[str]      # acceptable answers
     score: float               # the task's per-sample score in [0, 1]
@@ -50,8 +50,8 @@ class EvalRow(TypedDict):
     kept_tokens: int           # tokens in the cache at the end
     resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
     resolved_chunk: int        # B this sample was prefilled with (under chunk size "whole": the tokens compressed)
-    compressed_tokens: int     # tokens of what is compressed: the prompt, its context under compress="context",
-                               # the generated tokens under compress="generated" (the prompt is kept whole)
+    compressed_tokens: int     # tokens of what is compressed: the prompt, its context (compress="context"),
+                               # the generated tokens (compress="generated": the prompt is kept whole)
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
     meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)

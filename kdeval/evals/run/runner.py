@@ -5,12 +5,13 @@ Consecutive samples whose prompt prefix (the context) is identical share one pre
 is compressed once and every question continues from a fork of that state.
 
 Two protocols (:data:`~kdeval.evals.run.settings.COMPRESS`, :data:`~kdeval.evals.run.settings.DECODE`):
-``compress="prompt"`` evicts after every chunk of the whole prompt (the KeyDiff paper); ``compress="context"`` evicts
-while prefilling the context only, then feeds the question without eviction and never evicts it (kvpress).
-``decode="evict"`` keeps evicting after every generated token; ``decode="keep"`` lets the cache grow while decoding.
-``compress="generated"`` (reasoning traces) feeds the whole prompt without eviction and never evicts it; from the
-first generated token on, eviction chooses among the generated tokens only, to the budget (a share: of each sample's
-``max_new_tokens``), so the cache holds the prompt plus N (plus the token a decode step adds).
+``compress="prompt"`` evicts after every chunk of the whole prompt (the KeyDiff paper); ``compress="context"``
+evicts while prefilling the context only, then feeds the question without eviction and never evicts it
+(kvpress). ``decode="evict"`` keeps evicting after every generated token; ``decode="keep"`` lets the cache
+grow while decoding. ``compress="generated"`` (reasoning traces) feeds the whole prompt without eviction and
+never evicts it; from the first generated token on, eviction chooses among the generated tokens only, to the
+budget (a share: of each sample's ``max_new_tokens``), so the cache holds the prompt plus N (plus the token a
+decode step adds).
 
 A budget is N tokens or a share of each prompt (``"25%"``, :mod:`kdeval.evals.run.budget`): a sample then keeps
 kvpress's ``N = int(tokens × share)``, tokens being what is compressed (the whole prompt under ``compress="prompt"``, the
@@ -91,8 +92,8 @@ def _check_protocol(task: Task, samples: Sequence[Sample], prompts: Sequence[Bui
     not ``max_new_tokens``, before anything runs."""
     check_positive("max_new_tokens", max_new_tokens, allow_none=True)
     if compress == "generated" and task.multi_question:
-        raise EvalError(f"protocol.compress: 'generated' runs one question per context; {task.name} asks several "
-                        f"(use compress 'prompt' or 'context' for it)")
+        raise EvalError(f"protocol.compress: 'generated' runs one question per context; {task.name} asks "
+                        f"several (use compress 'prompt' or 'context' for it)")
     if compress == "context":
         if not task.separable_question:
             raise EvalError(f"protocol.compress: 'context' needs a task with a separable question; {task.name} has "

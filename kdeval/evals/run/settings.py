@@ -27,8 +27,8 @@ from kdeval.evals.tasks.thinking import THINKING_MODES
 #: own, and each sample sets its generation length.
 NOT_ENGINE_OPTIONS = frozenset({"budget", "chunk_size", "max_new_tokens"})
 
-#: What is compressed: every chunk of the whole prompt, the context only (the question is kept), or the generated
-#: tokens only (the whole prompt is kept: reasoning traces, R-KV's protocol).
+#: What is compressed: every chunk of the whole prompt, the context only (the question is kept), or the
+#: generated tokens only (the whole prompt is kept: reasoning traces, R-KV's protocol).
 COMPRESS = ("prompt", "context", "generated")
 #: Whether eviction continues after every generated token.
 DECODE = ("evict", "keep")
@@ -107,12 +107,12 @@ class RunSettings:
         chunk_size: prefill chunk size B, or ``"whole"``: one chunk per sample holding all that is compressed
             (:mod:`kdeval.evals.run.chunking`; rows record the B in ``resolved_chunk``).
         compress: ``"prompt"`` (every chunk of the whole prompt is evicted to the budget), ``"context"``
-            (the context is; the question is then fed without eviction and never evicted: the cache holds
-            the budget plus the question) or ``"generated"`` (the whole prompt is fed without eviction and never
+            (the context is; the question is then fed without eviction and never evicted: the cache holds the
+            budget plus the question) or ``"generated"`` (the whole prompt is fed without eviction and never
             evicted; from the first generated token on eviction chooses among generated tokens only: the cache
             holds the prompt plus the budget, a share being one of each sample's ``max_new_tokens``). Under
-            ``"context"`` every sample needs a non-empty question; ``"generated"`` needs ``decode="evict"`` and
-            a policy that scores generated tokens (:func:`generated_refusal`).
+            ``"context"`` every sample needs a non-empty question; ``"generated"`` needs ``decode="evict"``
+            and a policy that scores generated tokens (:func:`generated_refusal`).
         decode: ``"evict"`` (after every generated token; under ``"context"`` the question stays) or
             ``"keep"`` (no eviction after the prompt: the cache grows by one token per generated token).
         max_new_tokens: every sample's generation length (the prompts are built for it; prebuilt prompts must
@@ -161,8 +161,8 @@ class RunSettings:
         if not isinstance(self.policy, str) and self.policy_params:
             raise EvalError("policy_params: only allowed with a policy name, not a policy object")
         if self.compress == "generated" and self.decode != "evict":
-            raise EvalError("protocol.decode: 'keep' under compress 'generated' evicts nothing at all (the prompt "
-                            "is kept and so would every generated token be); use decode 'evict'")
+            raise EvalError("protocol.decode: 'keep' under compress 'generated' evicts nothing at all (the "
+                            "prompt is kept and so would every generated token be); use decode 'evict'")
 
     @property
     def context_only(self) -> bool:
@@ -171,7 +171,7 @@ class RunSettings:
 
     @property
     def prompt_kept(self) -> bool:
-        """Whether the whole prompt is kept and only generated tokens are evicted (``compress="generated"``)."""
+        """Whether the whole prompt is kept, only generated tokens evicted (``compress="generated"``)."""
         return self.compress == "generated"
 
     @property
@@ -195,8 +195,8 @@ class RunSettings:
 
 def protected_tokens(compress: str, prompt: Any, fed: int) -> int:
     """How many of the last ``fed`` tokens of ``prompt`` (a ``BuiltPrompt``, its whole ids or, after a shared
-    context, its question) a call feeds without eviction and protects: the question under ``"context"``, all of
-    them under ``"generated"``, none under ``"prompt"``."""
+    context, its question) a call feeds without eviction and protects: the question under ``"context"``, all
+    of them under ``"generated"``, none under ``"prompt"``."""
     if compress == "context":
         return len(prompt.suffix_ids)
     return fed if compress == "generated" else 0
@@ -207,8 +207,8 @@ def generated_refusal(needs: Any) -> str | None:
     policy that scores tokens only by a repeat pass after evicting prompt steps (KVzip) has no score for a
     generated token."""
     if needs.repeat is not None:
-        return ("scores tokens by a repeat pass after evicting prompt steps, which generated tokens never get; "
-                "it cannot run under compress 'generated'")
+        return ("scores tokens by a repeat pass after evicting prompt steps, which generated tokens never "
+                "get; it cannot run under compress 'generated'")
     return None
 
 

@@ -112,7 +112,8 @@ class PromptBuilder:
             raise ValueError("chat='always' but the tokenizer has no chat template")
         self._special_prefix = self._encode_special_prefix()
         self._chat_head, self._chat_tail = self._chat_pieces() if self.has_chat_template else ([], [])
-        self._system_pieces: dict[str, tuple[list[int], list[int]]] = {}  # system prompt -> its template pieces
+        #: a system prompt -> the template's pieces around the user message after it
+        self._system_pieces: dict[str, tuple[list[int], list[int]]] = {}
 
     # -- tokenizer plumbing -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -88,10 +88,11 @@ def share_budget_notes(index: int, name: str, params: dict[str, Any], budgets: l
 def check_protocol(compress: str, tasks: list[str], policies: list[tuple[str, dict[str, Any]]] = ()
                    ) -> list[GridIssue]:
     """``protocol.compress: context`` needs tasks whose question is separate from their context; ``generated``
-    tasks of one question per context and policies that score generated tokens (``policies``: name and params)."""
+    tasks of one question per context and policies that score generated tokens (``policies``: name and
+    params)."""
     if compress == "generated":
-        issues = [GridIssue("protocol.compress", f"generated: tasks[{i}] ({name}) asks several questions per context; "
-                                                 "compress: generated runs one question per context")
+        issues = [GridIssue("protocol.compress", f"generated: tasks[{i}] ({name}) asks several questions per "
+                                                 "context; compress: generated runs one question per context")
                   for i, name in enumerate(tasks) if task_registry.get_spec(name).cls.multi_question]
         for i, (name, params) in enumerate(policies):
             why = catalog.policy_protocol_error(name, params, compress)

@@ -206,8 +206,8 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
         issues += checks.check_protocol(compress, [t.name for t in grid.tasks],
                                         [(p.name, dict(p.params)) for p in grid.policies])
     if any(p.compress == "generated" and p.decode != "evict" for p in grid.protocols):
-        issues.append(GridIssue("protocol.decode", "keep under compress: generated evicts nothing (the prompt is kept, "
-                                                   "and so would every generated token be); use decode: evict"))
+        issues.append(GridIssue("protocol.decode", "keep under compress: generated evicts nothing (the "
+                                "prompt is kept, and so would every generated token be); use decode: evict"))
     issues += checks.check_conversation(grid.conversation, [t.name for t in grid.tasks])
     for m, model in enumerate(grid.models):
         if (grid.generation.batch_size or 1) > 1 and model.attn_implementation != "sdpa":

@@ -82,7 +82,7 @@ def per_solved(samples: Samples) -> float | None:
 
 
 def capped_share(samples: Samples) -> float | None:
-    """The share of ``samples`` whose generation stopped at ``max_new_tokens``; None when their rows do not record
-    it (results written before rows said so)."""
+    """The share of ``samples`` whose generation stopped at ``max_new_tokens``; None when their rows do not
+    record it (results written before rows said so)."""
     known = samples.capped[~np.isnan(samples.capped)]
     return stored(float(known.mean())) if known.size == samples.capped.size and known.size else None

@@ -100,7 +100,7 @@ class Samples:
     prediction: np.ndarray  # the generated text (str)
     gold: np.ndarray       # the first reference answer (str)
     generated: np.ndarray  # generated tokens (float, NaN when not recorded)
-    capped: np.ndarray     # the generation stopped at max_new_tokens: 1.0 / 0.0 (float, NaN when not recorded)
+    capped: np.ndarray     # the generation stopped at max_new_tokens: 1.0 / 0.0 (float, NaN: not recorded)
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -113,9 +113,8 @@ class Samples:
     def concat(parts: list["Samples"]) -> "Samples":
         """All samples of ``parts`` (an empty table for none)."""
         if not parts:
-            return Samples(*(np.array([], dtype=d)
-                             for d in (object, object, float, float, float, object, int, object, object, float,
-                                       float)))
+            kinds = (object, object, float, float, float, object, int, object, object, float, float)
+            return Samples(*(np.array([], dtype=d) for d in kinds))
         return Samples(**{name: np.concatenate([getattr(p, name) for p in parts])
                           for name in Samples.__dataclass_fields__})
 

@@ -165,9 +165,10 @@ def test_the_prompt_kept_protocol_is_part_of_a_cells_identity():
 @pytest.mark.parametrize("grid,message", [
     (GRID.format(protocol="{compress: generated, decode: keep}"),
      "protocol.decode: keep under compress: generated evicts nothing"),
-    (GRID.format(protocol="{compress: generated}").replace("policies: [full, keydiff]", "policies: [full, kvzip]"),
-     "protocol.compress: generated: policies[1] 'kvzip' scores tokens by a repeat pass after evicting prompt steps, "
-     "which generated tokens never get; it cannot run under compress 'generated'"),
+    (GRID.format(protocol="{compress: generated}").replace("policies: [full, keydiff]",
+                                                           "policies: [full, kvzip]"),
+     "protocol.compress: generated: policies[1] 'kvzip' scores tokens by a repeat pass after evicting prompt "
+     "steps, which generated tokens never get; it cannot run under compress 'generated'"),
     (GRID.format(protocol="{compress: generated}").replace(
         "{{name: needle, lengths: [512], samples: 2, params: {{depths: [50]}}}}".format(),
         "{name: turns.kv, lengths: [512], samples: 1}"),

@@ -1,6 +1,6 @@
-"""What a reasoning answer cost against the full cache (paired by sample): the change in generated length, decode
-tokens per solved problem and the share of traces cut at ``max_new_tokens``, in the report's rows and tables, for
-cells of the prompt-kept protocol (``compress: generated``) against the full cache."""
+"""What a reasoning answer cost against the full cache (paired by sample): the change in generated length,
+decode tokens per solved problem and the share of traces cut at ``max_new_tokens``, in the report's rows
+and tables, for cells of the prompt-kept protocol (``compress: generated``) against the full cache."""
 from __future__ import annotations
 
 import pytest

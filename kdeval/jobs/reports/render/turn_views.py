@@ -95,8 +95,8 @@ def length_view(report: Report) -> TableView | None:
                                        _share(r.ref_capped),
                                        "; ".join(x for x in ("" if r.state == State.OK else r.state, r.note) if x)])
     title = (f"answer length vs {_reference(report)}{shared.suffix()} (generated tokens, means over the samples "
-             f"paired by id; Δ = this − reference; tok/solved: decode tokens per solved problem; capped: share of "
-             f"traces cut at max_new_tokens)")
+             f"paired by id; Δ = this − reference; tok/solved: decode tokens per solved problem; capped: "
+             f"share of traces cut at max_new_tokens)")
     return TableView("answer_length", title, cols, body, [r.state for r in rows], list(rows))
 
 
