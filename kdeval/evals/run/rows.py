@@ -80,8 +80,8 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "replayed_steps": int(stats.get("replayed_steps", 0)),
         "prediction": text,
         "generated_tokens": int(n_gen),
-        "max_new_tokens": int(sample.max_new_tokens),
-        "hit_max_new_tokens": int(n_gen) >= sample.max_new_tokens,
+        "max_new_tokens": sample.new_tokens(1),  # a conversation's turn: its own length
+        "hit_max_new_tokens": int(n_gen) >= sample.new_tokens(1),
         "references": list(sample.references),
         "ttft_s": float(stats.get("ttft_s", 0.0)),
         "extra_forward_tokens": int(stats.get("extra_forward_tokens", 0)),
