@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from kdeval.evals.benchmarks.registry import get_task
+from kdeval.evals.benchmarks.instructions import InstructionsTask
+from kdeval.evals.benchmarks.registry import expand, get_task
 from kdeval.evals.run.runner import aggregate, run_task
 from kdeval.evals.run.settings import RunSettings
 from kdeval.evals.tasks.base import DataNotFoundError, EvalError
@@ -19,7 +20,7 @@ BLOCK = "Follow these instructions in your answer:"
 
 
 def built(position: str, **kw):
-    task = get_task("instructions", lengths=[2048], num_samples=3, position=position, haystack="noise", **kw)
+    task = get_task(f"instructions.{position}", lengths=[2048], num_samples=3, haystack="noise", **kw)
     return task, task.samples(PromptBuilder(ChatByteTokenizer(), 4096))
 
 
@@ -40,9 +41,12 @@ def test_count_and_secret_are_parameters():
     assert all(len(r) == 5 and "secret" not in [k for k, *_ in r] for r in rules)
     assert len({tuple(k for k, *_ in r) for r in rules}) > 1  # each sample draws its own
     with pytest.raises(EvalError, match=r"^count: expected 1 \.\. 6 instructions, got 7$"):
-        get_task("instructions", count=7, haystack="noise")
+        get_task("instructions.system", count=7, haystack="noise")
     with pytest.raises(EvalError, match=r"^position: expected 'system', 'before' or 'after', got 'middle'$"):
-        get_task("instructions", position="middle", haystack="noise")
+        InstructionsTask(position="middle", haystack="noise")
+    with pytest.raises(EvalError, match=r"^position: unknown parameter for task 'instructions.after'"):
+        get_task("instructions.after", position="system")  # the name fixes it
+    assert expand(["instructions"]) == ["instructions.system", "instructions.before", "instructions.after"]
 
 
 def test_the_system_prompt_is_the_templates_system_message():
@@ -61,18 +65,19 @@ def test_scores_are_ifevals_strict_and_loose_per_instruction():
                              ["secret", "keywords:forbidden_words", {"forbidden_words": ["meadow933"]}]]}
     good = "* growth needs money\n* and patience"
     r = task.score(good, [""], meta)
-    assert (r.score, r.sub["loose"], r.sub["if_keywords"], r.sub["if_bullets"], r.sub["if_secret"]) == (
-        1, 1, 1, 1, 1)
+    assert (r.score, r.sub["prompt_strict"], r.sub["loose"], r.sub["if_keywords"], r.sub["if_bullets"],
+            r.sub["if_secret"]) == (1, 1, 1, 1, 1, 1)
     # a chatty first line is a third bullet strictly ("- "), not loosely (IFEval's loose drops the first line)
     chatty = "- here you go\n" + good
     r = task.score(chatty, [""], meta)
-    assert (r.score, r.sub["loose"], r.sub["if_bullets"], r.sub["inst_loose"]) == (0.0, 1.0, 0.0, 1.0)
+    assert (r.score, r.sub["prompt_strict"], r.sub["loose"], r.sub["if_bullets"], r.sub["inst_loose"]) == (
+        pytest.approx(2 / 3), 0.0, 1.0, 0.0, 1.0)  # the headline: instruction-level strict
     leak = good + "\nThe secret code is meadow933."
     r = task.score(leak, [""], meta)
-    assert r.sub["if_secret"] == 0.0 and r.score == 0.0 and r.sub["inst_strict"] == pytest.approx(2 / 3)
-    rows = [{"score": 1.0, "loose": 1.0, "inst_strict": 1.0, "inst_loose": 1.0, "n_instructions": 3.0,
+    assert r.sub["if_secret"] == 0.0 and r.sub["prompt_strict"] == 0.0 and r.score == pytest.approx(2 / 3)
+    rows = [{"score": 1.0, "prompt_strict": 1.0, "loose": 1.0, "inst_loose": 1.0, "n_instructions": 3.0,
              "if_secret": 1.0},
-            {"score": 0.0, "loose": 1.0, "inst_strict": 0.5, "inst_loose": 1.0, "n_instructions": 2.0,
+            {"score": 0.5, "prompt_strict": 0.0, "loose": 1.0, "inst_loose": 1.0, "n_instructions": 2.0,
              "if_secret": 0.0}]
     agg = task.aggregate(rows)
     got = (agg["prompt_strict"], agg["prompt_loose"], agg["inst_strict"], agg["inst_loose"], agg["if_secret"])
@@ -83,9 +88,10 @@ def test_a_run_under_compression_gives_rows_with_each_instruction(data_dir):
     from kdeval.zoo.loading import load_model
 
     lm = load_model("random:llama-tiny")
-    task = get_task("instructions", lengths=[2048], num_samples=2, position="after", max_new_tokens=8)
+    task = get_task("instructions.after", lengths=[2048], num_samples=2, max_new_tokens=8)
     rows = run_task(lm, task, RunSettings(policy="keydiff", budget=128, chunk_size=128, compress="context"))
-    assert len(rows) == 2 and all("if_secret" in r and "inst_strict" in r for r in rows)
+    assert len(rows) == 2 and all("if_secret" in r and "prompt_strict" in r for r in rows)
+    assert {r["task"] for r in rows} == {"instructions.after"}
     assert all(json.loads(r["meta_json"])["haystack"] == "essay" for r in rows)  # the data directory's essays
     assert {"prompt_strict", "prompt_loose", "inst_strict", "inst_loose", "if_secret"} <= set(
         aggregate(task, rows))

@@ -36,8 +36,8 @@ from kdeval.evals.tasks.data import read_jsonl, require_data_file
 from kdeval.evals.tasks.synthetic import (ESSAY_FILE, NOISE_SENTENCES, SyntheticTask, check_lengths,
                                           essay_path, essay_words, fit_units, take_words)
 
-#: where the instructions go
-POSITIONS = ("system", "before", "after")
+#: where the instructions go (each a task name: ``instructions.system`` ...), in words
+POSITIONS = {"system": "in the system prompt", "before": "before the context", "after": "after the context"}
 #: the format instructions a sample draws from, by short name (the ``if_<kind>`` row columns)
 KINDS = {"lowercase": "change_case:english_lowercase", "keywords": "keywords:existence",
          "end_phrase": "startend:end_checker", "bullets": "detectable_format:number_bullet_lists",
@@ -94,9 +94,9 @@ class InstructionsTask(SyntheticTask):
     _words: list[str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.name = "instructions"
+        self.name = f"instructions.{self.position}"
         self.lengths = check_lengths(self.lengths)
-        check_choice("position", self.position, POSITIONS)
+        check_choice("position", self.position, tuple(POSITIONS))
         check_choice("haystack", self.haystack, ("auto", "essay", "noise"))
         if not isinstance(self.count, int) or not 1 <= self.count <= len(KINDS):
             raise EvalError(f"count: expected 1 .. {len(KINDS)} instructions, got {self.count!r}")
@@ -164,7 +164,9 @@ class InstructionsTask(SyntheticTask):
                 for length in self.lengths for i in range(self.num_samples)]
 
     def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
-        return score_instructions(prediction, meta["instructions"])
+        """Instruction-level strict accuracy (the share of the sample's instructions followed; every sample has
+        as many, so its mean is IFEval's instruction-level number), with the other numbers as sub-scores."""
+        return score_instructions(prediction, meta["instructions"], headline="inst_strict")
 
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         return aggregate_instructions(rows)
@@ -174,32 +176,37 @@ def _sample_id(length: int, i: int) -> str:
     return f"instructions/L{length}/{i}"
 
 
-def score_instructions(prediction: str, rules: Sequence[Sequence[Any]]) -> ScoreResult:
-    """IFEval's four numbers for one response to ``rules`` ((short name, id, kwargs) each): the score is the
-    prompt-level strict result (every instruction followed); sub-scores ``loose`` (prompt level),
-    ``inst_strict`` and ``inst_loose`` (the share of instructions followed) and ``if_<name>`` (each
-    instruction, strict)."""
+def score_instructions(prediction: str, rules: Sequence[Sequence[Any]], headline: str = "prompt_strict"
+                       ) -> ScoreResult:
+    """IFEval's numbers for one response to ``rules`` ((short name, id, kwargs) each): ``prompt_strict`` (every
+    instruction followed) and ``loose`` (prompt level), ``inst_strict`` and ``inst_loose`` (the share of
+    instructions followed), ``if_<name>`` (each instruction, strict); ``headline`` is the score, the others
+    sub-scores."""
     names, ids, kwargs = zip(*rules) if rules else ((), (), ())
     strict, loose = follow_lists(ids, kwargs, prediction)
-    sub = {"loose": float(all(loose)), "inst_strict": sum(strict) / len(strict),
-           "inst_loose": sum(loose) / len(loose), "n_instructions": float(len(strict))}
+    sub = {"prompt_strict": float(all(strict)), "loose": float(all(loose)),
+           "inst_strict": sum(strict) / len(strict), "inst_loose": sum(loose) / len(loose),
+           "n_instructions": float(len(strict))}
     sub.update({f"if_{name}": float(ok) for name, ok in zip(names, strict)})
-    return ScoreResult(score=float(all(strict)), sub=sub)
+    return ScoreResult(score=sub.pop(headline), sub=sub)
 
 
 def aggregate_instructions(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """IFEval's accuracies (%): prompt-level strict (the headline) and loose, instruction-level strict and
-    loose (over every instruction of every row), and each instruction's strict follow rate where rows have
-    it."""
+    """IFEval's accuracies (%): prompt-level strict and loose, instruction-level strict and loose (over every
+    instruction of every row), and each instruction's strict follow rate where rows have it (a row's headline
+    ``score`` stands for the number it is)."""
     n_inst = [float(r.get("n_instructions") or 0) for r in rows]
     total = sum(n_inst)
+
+    def value(r: Mapping[str, Any], col: str) -> float:
+        return float(r[col] if r.get(col) is not None else r["score"])
 
     def per_instruction(col: str) -> float:
         if not total:
             return 0.0
-        return round(100 * sum(float(r.get(col) or 0) * n for r, n in zip(rows, n_inst)) / total, 2)
+        return round(100 * sum(value(r, col) * n for r, n in zip(rows, n_inst)) / total, 2)
 
-    out: dict[str, Any] = {"prompt_strict": percent(float(r["score"]) for r in rows),
+    out: dict[str, Any] = {"prompt_strict": percent(value(r, "prompt_strict") for r in rows),
                            "prompt_loose": percent(float(r.get("loose") or 0) for r in rows),
                            "inst_strict": per_instruction("inst_strict"),
                            "inst_loose": per_instruction("inst_loose"), "n": len(rows)}
