@@ -164,8 +164,9 @@ class InstructionsTask(SyntheticTask):
                 for length in self.lengths for i in range(self.num_samples)]
 
     def score(self, prediction: str, references: Sequence[str], meta: Mapping[str, Any]) -> ScoreResult:
-        """Instruction-level strict accuracy (the share of the sample's instructions followed; every sample has
-        as many, so its mean is IFEval's instruction-level number), with the other numbers as sub-scores."""
+        """Instruction-level strict accuracy (the share of the sample's instructions followed; every sample
+        has as many, so its mean is IFEval's instruction-level number), with the other numbers as
+        sub-scores."""
         return score_instructions(prediction, meta["instructions"], headline="inst_strict")
 
     def aggregate(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -178,9 +179,9 @@ def _sample_id(length: int, i: int) -> str:
 
 def score_instructions(prediction: str, rules: Sequence[Sequence[Any]], headline: str = "prompt_strict"
                        ) -> ScoreResult:
-    """IFEval's numbers for one response to ``rules`` ((short name, id, kwargs) each): ``prompt_strict`` (every
-    instruction followed) and ``loose`` (prompt level), ``inst_strict`` and ``inst_loose`` (the share of
-    instructions followed), ``if_<name>`` (each instruction, strict); ``headline`` is the score, the others
+    """IFEval's numbers for one response to ``rules`` ((short name, id, kwargs) each): ``prompt_strict``
+    (every instruction followed) and ``loose`` (prompt level), ``inst_strict`` and ``inst_loose`` (the share
+    of instructions followed), ``if_<name>`` (each instruction, strict); ``headline`` is the score, the others
     sub-scores."""
     names, ids, kwargs = zip(*rules) if rules else ((), (), ())
     strict, loose = follow_lists(ids, kwargs, prediction)
