@@ -80,6 +80,16 @@ def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | N
     return (windowed_refusal(needs) if shape.windowed else None) or (latent_refusal(needs) if shape.latent else None)
 
 
+def policy_protocol_error(name: str, params: dict[str, Any], compress: str) -> str | None:
+    """Why policy ``name`` cannot run under ``protocol.compress`` (``generated``: it has no score for a
+    generated token, :func:`kdeval.evals.run.settings.generated_refusal`), else None (as
+    :func:`policy_attention_error`)."""
+    from kdeval.evals.run.settings import generated_refusal
+
+    policy = _evicting_policy(name, params) if compress == "generated" else None
+    return generated_refusal(policy.needs()) if policy is not None else None
+
+
 def engine_setting_error(name: str, value: Any) -> str | None:
     """The engine's own message when ``value`` breaks its rule for setting ``name`` (``chunk_size``: "must be a
     positive number of tokens, got 0", without the name), else None (``kdeval.keydiff.config.RULES``)."""

@@ -50,7 +50,7 @@ class CellTask:
     batch_size: int | None = None  # samples through the engine at once (None: the worker's default)
     thinking: str = "keep"  # generation.thinking: "strip" scores what follows a reasoning model's thinking block
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, score_precision)
-    compress: str = "prompt"  # protocol: "prompt" (paper) or "context" (kvpress)
+    compress: str = "prompt"  # protocol: "prompt" (paper), "context" (kvpress) or "generated" (prompt kept)
     decode: str = "evict"  # protocol: "evict" or "keep" after the prompt
     conversation: dict[str, Any] | None = None  # {mode, answers} of a multi-question task (kdeval.evals.run.settings.Conversation)
     shard: int = 0  # which shard of the cell this is (0 for a cell run whole)

@@ -148,7 +148,9 @@ class Engine:
         serves it or would record it, the first that evicts included. Stops before the prompt's last token and
         before the protected question (``protect_last`` tokens), so the rest is a prompt of its own:
         ``generate_batch([ids[state.seen:]], states=[state], protect_last=...)`` then gives what ``generate``
-        gives the whole prompt (the same chunks, from the same state). Returns the state (``seen``: how far it
+        gives the whole prompt (the same chunks, from the same state). A prompt protected whole
+        (``protect_last=L``) is shared up to its last token, fed unevicted and protected; the rest is then
+        protected whole too (``protect_last=L - state.seen``). Returns the state (``seen``: how far it
         got, 0 when nothing was shared), its ``kv_buffer_bytes`` left at 0: the batch it continues in allocates
         the row's buffers (a batch-1 cache's figure is not the batch's); its ``peak_kv_bytes`` are its own
         tokens', as in the batch."""
@@ -160,10 +162,10 @@ class Engine:
         steps = prompt_steps(input_ids, self.config.chunk_size, protect_last)
         steps = [s for s, e in zip(steps, accumulate(ids.shape[1] for ids, _, _ in steps)) if e <= end]
         state = self._planned_state(1, Request(0, steps, 0))
-        for ids, _, _ in steps:
+        for ids, evicts, _ in steps:
             if not self.shared.serves_next(self.plan, state, ids):
                 break
-            self.prefill(ids, state)
+            self.prefill(ids, state, evict=evicts)  # a step of a prompt protected whole stays protected
             if not undiverged(state, self.plan):  # this cell's first eviction: its own steps from here
                 break
         state.kv_buffer_bytes = 0

@@ -15,7 +15,7 @@ from kdeval.evals.tasks.base import EvalError
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(compress="question"), "compress: expected 'prompt' or 'context', got 'question'"),
+    (dict(compress="question"), "compress: expected 'prompt', 'context' or 'generated', got 'question'"),
     (dict(decode="drop"), "decode: expected 'evict' or 'keep'"),
     (dict(thinking="hide"), "thinking: expected 'keep' or 'strip'"),
     (dict(max_new_tokens=0), "max_new_tokens: expected a positive integer or None"),

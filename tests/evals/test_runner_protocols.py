@@ -113,7 +113,8 @@ class NoQuestion(Task):
 
 def test_protocol_values_and_a_task_without_a_question_refused(tiny, data_dir):
     task = phonebook()
-    with pytest.raises(EvalError, match=r"^compress: expected 'prompt' or 'context', got 'question'$"):
+    with pytest.raises(EvalError,
+                       match=r"^compress: expected 'prompt', 'context' or 'generated', got 'question'$"):
         run_task(tiny, task, RunSettings(policy="keydiff", budget=64, compress="question"))
     with pytest.raises(EvalError, match=r"^decode: expected 'evict' or 'keep', got 'drop'$"):
         run_task(tiny, task, RunSettings(policy="keydiff", budget=64, decode="drop"))

@@ -1,9 +1,10 @@
 """The flat registry of tasks: name -> TaskSpec (benchmark, metric, data source, factory).
 
-Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``ruler.<task>`` (13), ``longbench.<task>`` (21),
-``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with several questions per context
+Names: ``needle``, ``phonebook``, ``math500``, ``aime2025``, ``instructions.<position>`` (3), ``ifeval``, ``ruler.<task>``
+(13), ``longbench.<task>`` (21), ``longbench2``, ``infinitebench.<task>`` (5), ``loogle.<task>`` (2), and with
+several questions per context
 ``turns.<task>`` (4) and ``scbench.<task>`` (13).
-Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle``, ``turns`` and ``scbench`` expand to their tasks (:func:`expand`).
+Suites ``ruler``, ``longbench``, ``infinitebench``, ``loogle``, ``turns``, ``scbench`` and ``instructions`` expand to their tasks (:func:`expand`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.evals.benchmarks.aime2025 import Aime2025Task
+from kdeval.evals.benchmarks.instructions import POSITIONS, IFEvalTask, InstructionsTask
 from kdeval.evals.benchmarks.infinitebench.generated import InfiniteBenchSyntheticTask
 from kdeval.evals.benchmarks.infinitebench.task import InfiniteBenchTask
 from kdeval.evals.benchmarks.longbench import LONGBENCH_TASKS, LongBenchTask
@@ -77,6 +79,16 @@ def _specs() -> dict[str, TaskSpec]:
         TaskSpec("phonebook", "phonebook", "exact_match", "synthetic", PhonebookTask),
         TaskSpec("math500", "math500", "math_equivalence (last \\boxed{})", "<data dir>/math500/test.jsonl or hub HuggingFaceH4/MATH-500", Math500Task),
     ]
+    for pos in POSITIONS:
+        specs.append(TaskSpec(f"instructions.{pos}", "ifeval", f"IFEval's checks, instructions {POSITIONS[pos]}: "
+                              "instruction-level strict (headline), prompt-level strict and loose, per instruction",
+                              "synthetic instructions + <data dir>/haystack/PaulGrahamEssays.json (noise haystack "
+                              "if absent)", InstructionsTask, (("position", pos),)))
+    specs += [
+        TaskSpec("ifeval", "ifeval", "IFEval's checks: prompt-level strict (headline), loose, "
+                 "instruction-level", "<data dir>/ifeval/input_data.jsonl (IFEval's released prompts; those "
+                 "whose instructions are ported)", IFEvalTask),
+    ]
     for t, cfg in RULER_CONFIGS.items():
         if cfg["task"] == "qa":
             src = f"<data dir>/ruler/{cfg['dataset']}.json or hub ({'rajpurkar/squad_v2' if cfg['dataset'] == 'squad' else 'hotpotqa/hotpot_qa'})"
@@ -134,6 +146,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "loogle": tuple(n for n in REGISTRY if n.startswith("loogle.")),
     "turns": tuple(n for n in REGISTRY if n.startswith("turns.")),
     "scbench": tuple(n for n in REGISTRY if n.startswith("scbench.")),
+    "instructions": tuple(n for n in REGISTRY if n.startswith("instructions.")),
 }
 
 

@@ -95,22 +95,31 @@ def budget_order(budget: Budget) -> tuple[int, Fraction]:
     return (1, Fraction(budget))
 
 
+def compressed_tokens(compress: str, prompt: BuiltPrompt, max_new_tokens: int) -> int:
+    """The tokens a share of a budget (``"25%"``) is a share of: the prompt under ``compress="prompt"``, its
+    context under ``"context"``, the sample's ``max_new_tokens`` (the longest trace) under ``"generated"``."""
+    if compress == "context":
+        return len(prompt.prefix_ids)
+    return max_new_tokens if compress == "generated" else prompt.n_tokens
+
+
 def budget_groups(budget: Budget, policy: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
-                  context_only: bool) -> dict[int | None, list[int]]:
+                  compress: str) -> dict[int | None, list[int]]:
     """The samples (indices, in order) of each N they keep: all of them under N tokens or None; under a share
-    each sample's :func:`resolve_budget` of what is compressed (the prompt, or the context alone). A share is
-    checked against what ``policy`` always keeps for every sample before anything runs (EvalError naming the
-    first sample below it)."""
+    each sample's :func:`resolve_budget` of what is compressed (the prompt, the context alone, or under
+    ``compress="generated"`` the sample's ``max_new_tokens``: :func:`compressed_tokens`). A share is checked
+    against what ``policy`` always keeps for every sample before anything runs (EvalError naming the first
+    sample below it)."""
     if not is_share(budget):
         return {budget: list(range(len(samples)))}
     try:
         share = parse_budget(budget)
     except ValueError:
         raise EvalError(f"budget: {BUDGET_EXPECTED}, got {budget!r}") from None
-    what = "context" if context_only else "prompt"
+    what = {"context": "context", "generated": "max_new_tokens"}.get(compress, "prompt")
     groups: dict[int | None, list[int]] = {}
     for i, (s, p) in enumerate(zip(samples, built)):
-        tokens = len(p.prefix_ids) if context_only else p.n_tokens
+        tokens = compressed_tokens(compress, p, s.max_new_tokens)
         n = resolve_budget(share, tokens)
         if policy.evicts:
             try:

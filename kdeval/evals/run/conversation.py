@@ -227,7 +227,7 @@ def _row(task: Task, d: _Dialogue, t: int, feed: tuple[list[int], int], res: Any
     fed = dataclasses.replace(d.prompt, prefix_ids=tuple(before), suffix_ids=tuple(feed[0]))
     row = result_row(task, turn, fed, text, len(gen), res.stats.to_dict(), d.start is not None, d.start_s,
                      weight_bytes, eng.config.budget if eng.plan.evicting else None, eng.config.chunk_size,
-                     context_only, strip, timing_batch=timing)
+                     "context" if context_only else "prompt", strip, timing_batch=timing)
     row["compressed_tokens"] = len(d.prompt.prefix_ids) if context_only else d.prompt.n_tokens
     row.update(turn=t, turns=d.sample.turns, question=turn.suffix.strip(), conversation=conv.label,
                answer_fed=d.answer_text if conv.mode == "multi-turn" else None)

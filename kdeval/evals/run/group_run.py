@@ -193,9 +193,11 @@ def _store(policies: Iterable[Any], bounds: dict[int, int]) -> "SharedSteps":
 
 def _most_held(members: Sequence[RunSettings], policies: Mapping[int, Any], which: Sequence[int],
                samples: Sequence[Sample], built: Sequence[BuiltPrompt], group: Sequence[int]) -> dict[int, int]:
-    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.step.shared.SharedSteps`'s bounds), per
-    chunk size the members resolve for these samples: the largest budget + chunk of the evicting members of that
-    chunk size (0 where none evicts: no member forks there, so nothing is worth recording)."""
+    """The most tokens a shared step may leave held (:class:`~kdeval.keydiff.step.shared.SharedSteps`'s
+    bounds), per chunk size the members resolve for these samples: the largest budget + chunk of the evicting
+    members of that chunk size (0 where none evicts: no member forks there, so nothing is worth recording),
+    and the whole prompt where a member keeps it (``compress: generated``: its prompt steps never evict, so
+    every one is shared)."""
     most: dict[int, int] = {}
     part = [samples[j] for j in group], [built[j] for j in group]
     for i in which:
@@ -204,9 +206,12 @@ def _most_held(members: Sequence[RunSettings], policies: Mapping[int, Any], whic
                   for p in part[1]]
         for b in chunks:
             most.setdefault(b, 0)
+        if m.prompt_kept:  # nothing of the prompt is evicted: every member shares its steps, full included
+            for p, b in zip(part[1], chunks):
+                most[b] = max(most[b], p.n_tokens)
         if not policies[i].evicts or m.budget is None:
             continue
-        for n, idx in budget_groups(m.budget, policies[i], *part, m.context_only).items():
+        for n, idx in budget_groups(m.budget, policies[i], *part, m.compress).items():
             for j in idx:
                 most[chunks[j]] = max(most[chunks[j]], n + chunks[j])
     return most

@@ -12,6 +12,7 @@ import torch
 
 from kdeval.evals.run.generation_jobs import GenerateJob, JobLoop
 from kdeval.evals.run.rows import result_row
+from kdeval.evals.run.settings import protected_tokens
 from kdeval.evals.run.stores import Stores, sharing
 from kdeval.evals.tasks.base import Sample, Task
 from kdeval.evals.tasks.prompting import BuiltPrompt, PromptBuilder
@@ -24,19 +25,21 @@ def context_groups(prompts: Sequence[BuiltPrompt]) -> Iterable[list[int]]:
 
 
 def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
-              builder: PromptBuilder, share_context: bool, context_only: bool, decode_evict: bool, eos: Any,
+              builder: PromptBuilder, share_context: bool, compress: str, decode_evict: bool, eos: Any,
               device: Any, weight_bytes: int, strip: tuple[str, str] | None,
               stores: Stores | None = None) -> JobLoop[list[dict[str, Any]]]:
     """:func:`~kdeval.evals.run.runner.run_task`'s loop one sample at a time (batch 1), in order, on one engine: a
     generator that yields each sample's :class:`~kdeval.evals.run.generation_jobs.GenerateJob` and is sent its
     result (:func:`~kdeval.evals.run.generation_jobs.answer_alone` answers them one by one); returns the rows.
     ``stores``: each sample's id to the store of its context (:mod:`kdeval.evals.run.stores`), whose steps the
-    engine replays or records while it runs that context's samples."""
+    engine replays or records while it runs that context's samples. ``compress``: the protocol's
+    (:data:`~kdeval.evals.run.settings.COMPRESS`), which says what each call protects
+    (:func:`~kdeval.evals.run.settings.protected_tokens`)."""
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
     for group in context_groups(built):
         with sharing(eng, stores, samples[group[0]].id):
-            shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)
+            shared, state, shared_s = shared_prefill(eng, built, group, share_context, device, compress)
             for i in group:
                 s, p = samples[i], built[i]
                 ids = list(p.suffix_ids) if shared else p.ids
@@ -44,11 +47,11 @@ def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[Bu
                 if shared:
                     fork = scratch = state.fork(into=scratch)
                 res = yield GenerateJob(eng, torch.tensor([ids], device=device), s.max_new_tokens, eos, fork,
-                                        len(p.suffix_ids) if context_only else 0, decode_evict, s.id)
+                                        protected_tokens(compress, p, len(ids)), decode_evict, s.id)
                 gen = res.tokens[0]
                 rows.append(result_row(task, s, p, builder.decode(gen), len(gen), res.stats.to_dict(), shared,
                                        shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
-                                       eng.config.chunk_size, context_only, strip, timing_batch=len(rows)))
+                                       eng.config.chunk_size, compress, strip, timing_batch=len(rows)))
                 if not shared:
                     eng.release(res.state)  # its cache (and CUDA graphs) serves the next request
             if shared:
@@ -63,18 +66,20 @@ def shares_context(group: Sequence[int], share_context: bool) -> bool:
 
 
 def shared_prefill(eng: Any, built: Sequence[BuiltPrompt], group: list[int], share_context: bool,
-                    device: Any) -> tuple[bool, Any, float]:
+                    device: Any, compress: str = "prompt") -> tuple[bool, Any, float]:
     """(shared, state, seconds): a group of questions on one context prefills that context once (compressed
-    as the engine's policy says); a lone sample, or ``share_context=False``, prefills nothing here."""
+    as the engine's policy says; under ``compress="generated"`` fed without eviction and protected); a lone
+    sample, or ``share_context=False``, prefills nothing here."""
     if not shares_context(group, share_context):
         return False, None, 0.0
     t0 = time.perf_counter()
-    state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device))
+    state = eng.prefill(torch.tensor([list(built[group[0]].prefix_ids)], device=device),
+                        evict=compress != "generated")
     return True, state, time.perf_counter() - t0
 
 
 def _record_trunks(eng: Any, samples: Sequence[Sample], built: Sequence[BuiltPrompt], share_context: bool,
-                   batch_size: int, context_only: bool, stores: Mapping[str, Any], device: Any) -> None:
+                   batch_size: int, compress: str, stores: Mapping[str, Any], device: Any) -> None:
     """The shared steps of the samples that prefill no shared context (:func:`shares_context`), recorded in their
     stores ``batch_size`` prompts at a time (``Engine.record_shared``), before each sample replays them."""
     todo = [i for group in context_groups(built) if not shares_context(group, share_context) for i in group]
@@ -82,11 +87,11 @@ def _record_trunks(eng: Any, samples: Sequence[Sample], built: Sequence[BuiltPro
         part = todo[at : at + batch_size]
         eng.record_shared([torch.tensor(built[i].ids, device=device) for i in part],
                           [stores[samples[i].id] for i in part],
-                          [len(built[i].suffix_ids) if context_only else 0 for i in part])
+                          [protected_tokens(compress, built[i], built[i].n_tokens) for i in part])
 
 
 def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[BuiltPrompt],
-                 builder: PromptBuilder, batch_size: int, share_context: bool, context_only: bool,
+                 builder: PromptBuilder, batch_size: int, share_context: bool, compress: str,
                  decode_evict: bool, eos: Any, device: Any, weight_bytes: int, strip: tuple[str, str] | None,
                  stores: Stores | None = None) -> list[dict[str, Any]]:
     """:func:`~kdeval.evals.run.runner.run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is
@@ -111,14 +116,14 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
         res = eng.generate_batch(
             [ids for *_, ids in queue], max_new_tokens=[samples[i].max_new_tokens for i, *_ in queue],
             eos_token_id=eos, states=[state for _, state, *_ in queue],
-            protect_last=[len(built[i].suffix_ids) if context_only else 0 for i, *_ in queue],
+            protect_last=[protected_tokens(compress, built[i], len(ids)) for i, _, _, _, ids in queue],
             decode_evict=decode_evict)
         for (i, state, shared, shared_s, _), r in zip(queue, res):
             gen = r.tokens[0]
             stats = {**r.stats.to_dict(), "replayed_steps": state.replayed if state is not None else 0}
             rows[i] = result_row(task, samples[i], built[i], builder.decode(gen), len(gen), stats, shared,
                                  shared_s, weight_bytes, eng.config.budget if eng.plan.evicting else None,
-                                 eng.config.chunk_size, context_only, strip, timing_batch=batches[0])
+                                 eng.config.chunk_size, compress, strip, timing_batch=batches[0])
         batches[0] += 1
         done = queue[-1][0]
         queue.clear()
@@ -126,17 +131,17 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
             eng.release(waiting.pop(0)[1])
 
     if stores:
-        _record_trunks(eng, samples, built, share_context, batch_size, context_only, stores, device)
+        _record_trunks(eng, samples, built, share_context, batch_size, compress, stores, device)
     for group in context_groups(built):
         with sharing(eng, stores, samples[group[0]].id) as store:
-            shared, state, shared_s = shared_prefill(eng, built, group, share_context, device)
+            shared, state, shared_s = shared_prefill(eng, built, group, share_context, device, compress)
             if shared:
                 waiting.append((group[-1], state))
             for i in group:
                 start, ids = state, list(built[i].suffix_ids) if shared else built[i].ids
                 if not shared and store is not None:
                     start = eng.prefill_shared(torch.tensor([ids], device=device),
-                                               len(built[i].suffix_ids) if context_only else 0)
+                                               protected_tokens(compress, built[i], len(ids)))
                     waiting.append((i, start))
                     start, ids = (start, ids[start.seen:]) if start.seen else (None, ids)
                 queue.append((i, start, shared, shared_s, ids))

@@ -31,6 +31,8 @@ class EvalRow(TypedDict):
     replayed_steps: int        # prompt steps replayed from other cells' identical steps (kdeval/keydiff/step/shared.py)
     prediction: str            # decoded generation (special tokens skipped)
     generated_tokens: int      # number of generated tokens (eos excluded)
+    max_new_tokens: int        # the sample's generation cap (the benchmark's, or generation.max_new_tokens)
+    hit_max_new_tokens: bool   # the generation stopped at the cap, not at an eos token (a truncated trace)
     references: list[str]      # acceptable answers
     score: float               # the task's per-sample score in [0, 1]
     ttft_s: float | None       # time to first token of this generate call (None: computed with shared steps)
@@ -49,7 +51,8 @@ class EvalRow(TypedDict):
     kept_tokens: int           # tokens in the cache at the end
     resolved_budget: int | None  # N this sample kept: the budget, or its share of this prompt (None: no budget)
     resolved_chunk: int        # B this sample was prefilled with (under chunk size "whole": the tokens compressed)
-    compressed_tokens: int     # tokens of what is compressed: the prompt, or its context under compress="context"
+    compressed_tokens: int     # tokens of what is compressed: the prompt, its context (compress="context"),
+                               # the generated tokens (compress="generated": the prompt is kept whole)
     length: int | None         # target length (synthetic tasks)
     depth: float | None        # needle depth in percent (needle, phonebook)
     meta_json: str             # the sample's remaining metadata as JSON (all_classes, ...)
@@ -58,11 +61,11 @@ class EvalRow(TypedDict):
 
 def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen: int, stats: Mapping[str, Any],
          shared: bool, shared_s: float, weight_bytes: int = 0, budget: int | None = None,
-         chunk: int = 0, context_only: bool = False, strip: tuple[str, str] | None = None,
+         chunk: int = 0, compress: str = "prompt", strip: tuple[str, str] | None = None,
          timing_batch: int = 0) -> dict[str, Any]:
     """The scored row of one sample: what was fed (``prompt``), what came out (``text``, ``n_gen`` tokens), the
-    engine's ``stats``, and the settings it ran under (N = ``budget``, B = ``chunk``; ``strip``: the thinking
-    block's markers when ``thinking="strip"``)."""
+    engine's ``stats``, and the settings it ran under (N = ``budget``, B = ``chunk``, the protocol's
+    ``compress``; ``strip``: the thinking block's markers when ``thinking="strip"``)."""
     meta = dict(sample.meta)
     row: dict[str, Any] = {
         "task": task.name,
@@ -78,6 +81,8 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "replayed_steps": int(stats.get("replayed_steps", 0)),
         "prediction": text,
         "generated_tokens": int(n_gen),
+        "max_new_tokens": sample.new_tokens(1),  # a conversation's turn: its own length
+        "hit_max_new_tokens": int(n_gen) >= sample.new_tokens(1),
         "references": list(sample.references),
         "ttft_s": float(stats.get("ttft_s", 0.0)),
         "extra_forward_tokens": int(stats.get("extra_forward_tokens", 0)),
@@ -95,7 +100,8 @@ def result_row(task: Task, sample: Sample, prompt: BuiltPrompt, text: str, n_gen
         "kept_tokens": int(stats.get("kept_tokens", 0)),
         "resolved_budget": budget,
         "resolved_chunk": int(chunk),
-        "compressed_tokens": len(prompt.prefix_ids) if context_only else prompt.n_tokens,
+        "compressed_tokens": (len(prompt.prefix_ids) if compress == "context" else int(n_gen)
+                              if compress == "generated" else prompt.n_tokens),
         "length": meta.pop("length", None),
         "depth": meta.pop("depth", None),
         "meta_json": json.dumps(meta, ensure_ascii=False, sort_keys=True),

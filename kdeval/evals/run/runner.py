@@ -5,9 +5,13 @@ Consecutive samples whose prompt prefix (the context) is identical share one pre
 is compressed once and every question continues from a fork of that state.
 
 Two protocols (:data:`~kdeval.evals.run.settings.COMPRESS`, :data:`~kdeval.evals.run.settings.DECODE`):
-``compress="prompt"`` evicts after every chunk of the whole prompt (the KeyDiff paper); ``compress="context"`` evicts
-while prefilling the context only, then feeds the question without eviction and never evicts it (kvpress).
-``decode="evict"`` keeps evicting after every generated token; ``decode="keep"`` lets the cache grow while decoding.
+``compress="prompt"`` evicts after every chunk of the whole prompt (the KeyDiff paper); ``compress="context"``
+evicts while prefilling the context only, then feeds the question without eviction and never evicts it
+(kvpress). ``decode="evict"`` keeps evicting after every generated token; ``decode="keep"`` lets the cache
+grow while decoding. ``compress="generated"`` (reasoning traces) feeds the whole prompt without eviction and
+never evicts it; from the first generated token on, eviction chooses among the generated tokens only, to the
+budget (a share: of each sample's ``max_new_tokens``), so the cache holds the prompt plus N (plus the token a
+decode step adds).
 
 A budget is N tokens or a share of each prompt (``"25%"``, :mod:`kdeval.evals.run.budget`): a sample then keeps
 kvpress's ``N = int(tokens × share)``, tokens being what is compressed (the whole prompt under ``compress="prompt"``, the
@@ -36,7 +40,7 @@ from kdeval.evals.run.chunking import WHOLE, ChunkSize, resolve_chunk
 from kdeval.evals.run.conversation import conversation_prompts, run_conversations
 from kdeval.evals.run.generation_jobs import JobLoop, answer_alone
 from kdeval.evals.run.question_runs import run_batched, run_each
-from kdeval.evals.run.settings import RunSettings, check_batch_size, resolve_conversation
+from kdeval.evals.run.settings import RunSettings, check_batch_size, generated_refusal, resolve_conversation
 from kdeval.evals.run.stores import Stores
 from kdeval.evals.tasks.base import EvalError, Sample, Task, check_positive
 from kdeval.evals.tasks.prompting import BuiltPrompt, PromptBuilder
@@ -87,6 +91,9 @@ def _check_protocol(task: Task, samples: Sequence[Sample], prompts: Sequence[Bui
     """Refuse a context-only compression without a question and prebuilt prompts whose generation length is
     not ``max_new_tokens``, before anything runs."""
     check_positive("max_new_tokens", max_new_tokens, allow_none=True)
+    if compress == "generated" and task.multi_question:
+        raise EvalError(f"protocol.compress: 'generated' runs one question per context; {task.name} asks "
+                        f"several (use compress 'prompt' or 'context' for it)")
     if compress == "context":
         if not task.separable_question:
             raise EvalError(f"protocol.compress: 'context' needs a task with a separable question; {task.name} has "
@@ -147,14 +154,18 @@ def run_task(lm: Any, task: Task, settings: RunSettings = RunSettings(), *,
         samples, built = [prompts[0][i] for i in keep], [prompts[1][i] for i in keep]
     _check_protocol(task, samples, built, s.compress, s.max_new_tokens)
     context_only = s.context_only
+    compress = s.compress
     builder = PromptBuilder(lm.tokenizer, lm.max_context, chat=s.chat)  # decodes the answers
     # what each sample compresses; a multi-request sample in one chunk ("whole") holds its longest question's
     sizes = [max(len(q.prefix_ids) if context_only else q.n_tokens for q in conversation_prompts(builder, x, p, conv))
              if conv is not None else None for x, p in zip(samples, built)]
     pol = s.policy_object()
+    why = generated_refusal(pol.needs()) if s.prompt_kept and pol.evicts else None
+    if why is not None:
+        raise EvalError(f"policy: '{pol.name}' {why}")
     # a repeat-pass policy's prompt (KVzip): the instruction and chat template of this model's tokenizer
     repeat = RepeatPrompt.from_tokenizer(lm.tokenizer) if pol.evicts and pol.needs().repeat is not None else None
-    groups = _chunk_groups(budget_groups(s.budget, pol, samples, built, context_only), s.chunk_size, built,
+    groups = _chunk_groups(budget_groups(s.budget, pol, samples, built, compress), s.chunk_size, built,
                            context_only, sizes)
     share_context = s.share_context and not (s.chunk_size == WHOLE and not context_only)
     configs = {key: EngineConfig(budget=key[0], chunk_size=key[1], **dict(s.engine or {})) for key in groups}
@@ -177,10 +188,10 @@ def run_task(lm: Any, task: Task, settings: RunSettings = RunSettings(), *,
                                                weight_bytes=weight_bytes, strip=strip, batch_size=batch_size,
                                                stores=shared)
             elif batch_size > 1:
-                done = run_batched(eng, task, *part, builder, batch_size, share_context, context_only,
+                done = run_batched(eng, task, *part, builder, batch_size, share_context, compress,
                                    s.decode_evict, eos, device, weight_bytes, strip, stores=shared)
             else:
-                done = yield from run_each(eng, task, *part, builder, share_context, context_only, s.decode_evict,
+                done = yield from run_each(eng, task, *part, builder, share_context, compress, s.decode_evict,
                                            eos, device, weight_bytes, strip, stores=shared)
             if conv is None:
                 done_turns = [[row] for row in done]

@@ -27,8 +27,9 @@ from kdeval.evals.tasks.thinking import THINKING_MODES
 #: own, and each sample sets its generation length.
 NOT_ENGINE_OPTIONS = frozenset({"budget", "chunk_size", "max_new_tokens"})
 
-#: What is compressed: every chunk of the whole prompt, or the context only (the question is kept).
-COMPRESS = ("prompt", "context")
+#: What is compressed: every chunk of the whole prompt, the context only (the question is kept), or the
+#: generated tokens only (the whole prompt is kept: reasoning traces, R-KV's protocol).
+COMPRESS = ("prompt", "context", "generated")
 #: Whether eviction continues after every generated token.
 DECODE = ("evict", "keep")
 
@@ -105,9 +106,13 @@ class RunSettings:
             :mod:`kdeval.evals.run.budget`; rows record the N in ``resolved_budget``), or None (no eviction).
         chunk_size: prefill chunk size B, or ``"whole"``: one chunk per sample holding all that is compressed
             (:mod:`kdeval.evals.run.chunking`; rows record the B in ``resolved_chunk``).
-        compress: ``"prompt"`` (every chunk of the whole prompt is evicted to the budget) or ``"context"``
-            (the context is; the question is then fed without eviction and never evicted: the cache holds
-            the budget plus the question). Under ``"context"`` every sample needs a non-empty question.
+        compress: ``"prompt"`` (every chunk of the whole prompt is evicted to the budget), ``"context"``
+            (the context is; the question is then fed without eviction and never evicted: the cache holds the
+            budget plus the question) or ``"generated"`` (the whole prompt is fed without eviction and never
+            evicted; from the first generated token on eviction chooses among generated tokens only: the cache
+            holds the prompt plus the budget, a share being one of each sample's ``max_new_tokens``). Under
+            ``"context"`` every sample needs a non-empty question; ``"generated"`` needs ``decode="evict"``
+            and a policy that scores generated tokens (:func:`generated_refusal`).
         decode: ``"evict"`` (after every generated token; under ``"context"`` the question stays) or
             ``"keep"`` (no eviction after the prompt: the cache grows by one token per generated token).
         max_new_tokens: every sample's generation length (the prompts are built for it; prebuilt prompts must
@@ -155,11 +160,19 @@ class RunSettings:
             raise EvalError(f"engine: unknown option {unknown[0]!r}; expected some of {list(engine_options())}")
         if not isinstance(self.policy, str) and self.policy_params:
             raise EvalError("policy_params: only allowed with a policy name, not a policy object")
+        if self.compress == "generated" and self.decode != "evict":
+            raise EvalError("protocol.decode: 'keep' under compress 'generated' evicts nothing at all (the "
+                            "prompt is kept and so would every generated token be); use decode 'evict'")
 
     @property
     def context_only(self) -> bool:
         """Whether only the context is compressed (``compress="context"``)."""
         return self.compress == "context"
+
+    @property
+    def prompt_kept(self) -> bool:
+        """Whether the whole prompt is kept, only generated tokens evicted (``compress="generated"``)."""
+        return self.compress == "generated"
 
     @property
     def decode_evict(self) -> bool:
@@ -178,6 +191,25 @@ class RunSettings:
 
             return get_policy(self.policy, **dict(self.policy_params or {}))
         return self.policy
+
+
+def protected_tokens(compress: str, prompt: Any, fed: int) -> int:
+    """How many of the last ``fed`` tokens of ``prompt`` (a ``BuiltPrompt``, its whole ids or, after a shared
+    context, its question) a call feeds without eviction and protects: the question under ``"context"``, all
+    of them under ``"generated"``, none under ``"prompt"``."""
+    if compress == "context":
+        return len(prompt.suffix_ids)
+    return fed if compress == "generated" else 0
+
+
+def generated_refusal(needs: Any) -> str | None:
+    """Why a policy of ``needs`` (``PolicyNeeds``) cannot run under ``compress="generated"``, or ``None``: a
+    policy that scores tokens only by a repeat pass after evicting prompt steps (KVzip) has no score for a
+    generated token."""
+    if needs.repeat is not None:
+        return ("scores tokens by a repeat pass after evicting prompt steps, which generated tokens never "
+                "get; it cannot run under compress 'generated'")
+    return None
 
 
 def check_batch_size(batch_size: Any) -> None:

@@ -86,6 +86,8 @@ class Sample:
         turn_lengths: each turn's own generation length where a context's turns differ (SCBench's mixed tasks),
             each capped by ``max_new_tokens`` (which the prompt reserves room for); empty: every turn
             ``max_new_tokens``.
+        system: a system prompt (the chat template's system message; without a template, text before the user
+            message); part of the prefix's tokens, never truncated. Empty: the template's own default.
     """
 
     id: str
@@ -98,6 +100,7 @@ class Sample:
     meta: Mapping[str, Any] = field(default_factory=dict)
     followups: tuple[Followup, ...] = ()
     turn_lengths: tuple[int, ...] = ()
+    system: str = ""
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -112,6 +112,8 @@ class PromptBuilder:
             raise ValueError("chat='always' but the tokenizer has no chat template")
         self._special_prefix = self._encode_special_prefix()
         self._chat_head, self._chat_tail = self._chat_pieces() if self.has_chat_template else ([], [])
+        #: a system prompt -> the template's pieces around the user message after it
+        self._system_pieces: dict[str, tuple[list[int], list[int]]] = {}
 
     # -- tokenizer plumbing -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -135,10 +137,11 @@ class PromptBuilder:
             return with_special[: len(with_special) - len(without)]
         return []
 
-    def _chat_pieces(self) -> tuple[list[int], list[int]]:
-        """Token ids the chat template puts before and after the user message."""
+    def _chat_pieces(self, system: str = "") -> tuple[list[int], list[int]]:
+        """Token ids the chat template puts before and after the user message (after ``system``'s message)."""
+        messages = [{"role": "system", "content": system}] if system else []
         rendered = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+            messages + [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
         )
         if _SENTINEL not in rendered:
             raise ValueError("the tokenizer's chat template does not contain the user message verbatim")
@@ -157,6 +160,12 @@ class PromptBuilder:
         """(chat template used, ids before the user message, ids after it, answer prefix ids)."""
         chat = self.uses_chat(sample)
         head, tail = (self._chat_head, self._chat_tail) if chat else (self._special_prefix, [])
+        if sample.system and chat:
+            if sample.system not in self._system_pieces:
+                self._system_pieces[sample.system] = self._chat_pieces(sample.system)
+            head, tail = self._system_pieces[sample.system]
+        elif sample.system:  # no template: the system prompt leads the text
+            head = head + self.encode(sample.system + "\n\n")
         return chat, head, tail, self.encode(sample.answer_prefix)
 
     def overhead(self, sample: Sample) -> int:

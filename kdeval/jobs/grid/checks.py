@@ -85,8 +85,20 @@ def share_budget_notes(index: int, name: str, params: dict[str, Any], budgets: l
     return notes
 
 
-def check_protocol(compress: str, tasks: list[str]) -> list[GridIssue]:
-    """``protocol.compress: context`` needs tasks whose question is separate from their context."""
+def check_protocol(compress: str, tasks: list[str], policies: list[tuple[str, dict[str, Any]]] = ()
+                   ) -> list[GridIssue]:
+    """``protocol.compress: context`` needs tasks whose question is separate from their context; ``generated``
+    tasks of one question per context and policies that score generated tokens (``policies``: name and
+    params)."""
+    if compress == "generated":
+        issues = [GridIssue("protocol.compress", f"generated: tasks[{i}] ({name}) asks several questions per "
+                                                 "context; compress: generated runs one question per context")
+                  for i, name in enumerate(tasks) if task_registry.get_spec(name).cls.multi_question]
+        for i, (name, params) in enumerate(policies):
+            why = catalog.policy_protocol_error(name, params, compress)
+            if why is not None:
+                issues.append(GridIssue("protocol.compress", f"generated: policies[{i}] '{name}' {why}"))
+        return issues
     if compress != "context":
         return []
     return [GridIssue("protocol.compress", f"context: tasks[{i}] ({name}) has no question apart from its context; "

@@ -203,7 +203,11 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
         if p.name not in BUDGET_FREE_POLICIES:
             issues += checks.check_budgets(i, p.name, dict(p.params), grid.budgets)
     for compress in dict.fromkeys(p.compress for p in grid.protocols):
-        issues += checks.check_protocol(compress, [t.name for t in grid.tasks])
+        issues += checks.check_protocol(compress, [t.name for t in grid.tasks],
+                                        [(p.name, dict(p.params)) for p in grid.policies])
+    if any(p.compress == "generated" and p.decode != "evict" for p in grid.protocols):
+        issues.append(GridIssue("protocol.decode", "keep under compress: generated evicts nothing (the "
+                                "prompt is kept, and so would every generated token be); use decode: evict"))
     issues += checks.check_conversation(grid.conversation, [t.name for t in grid.tasks])
     for m, model in enumerate(grid.models):
         if (grid.generation.batch_size or 1) > 1 and model.attn_implementation != "sdpa":

@@ -155,13 +155,16 @@ class ProtocolSpec(_Strict):
     ``compress``: ``prompt`` (the KeyDiff paper: every chunk of the whole prompt, question included, is
     compressed) or ``context`` (kvpress: only the context is compressed, chunk by chunk; the question is then
     processed without evicting it). ``decode``: ``evict`` (eviction continues after every generated token) or
-    ``keep`` (no eviction after the prompt).
+    ``keep`` (no eviction after the prompt). ``compress: generated`` (R-KV's protocol for reasoning traces)
+    keeps the whole prompt and evicts among generated tokens only, to the budget (a share: of
+    ``max_new_tokens``); it needs ``decode: evict``.
     """
 
-    compress: Literal["prompt", "context"] = Field("prompt", description="`prompt` (query-aware): every chunk "
-                                                   "of the whole prompt is compressed; `context` "
-                                                   "(query-agnostic): only the context, the question is never "
-                                                   "evicted.")
+    compress: Literal["prompt", "context", "generated"] = Field(
+        "prompt", description="`prompt` (query-aware): every chunk of the whole prompt is compressed; "
+        "`context` (query-agnostic): only the context, the question is never evicted; `generated` "
+        "(prompt-kept): the whole prompt is kept, eviction chooses among generated tokens only (reasoning "
+        "traces).")
     decode: Literal["evict", "keep"] = Field("evict", description="`evict`: eviction continues after every "
                                              "generated token; `keep`: no eviction after the prompt.")
 
@@ -197,7 +200,7 @@ class ConversationSpec(_Strict):
 
 
 #: The protocols' names in reports: is the question in what gets compressed?
-COMPRESS_NAMES = {"prompt": "query-aware", "context": "query-agnostic"}
+COMPRESS_NAMES = {"prompt": "query-aware", "context": "query-agnostic", "generated": "prompt-kept"}
 
 
 class EngineSpec(_Strict):

@@ -6,7 +6,9 @@
   metric that is "the reference is right, the policy wrong".
 * :func:`answer_length_rows`: per cell, generated tokens against the reference's, paired by sample, with a
   bootstrap CI of the mean difference: a policy whose answers run longer costs decode time the speed table's
-  per-token figures do not show.
+  per-token figures do not show; beside it the decode tokens per solved problem and the share of traces cut at
+  ``max_new_tokens`` on both sides (what a reasoning answer cost, "Hold Onto That Thought": low budgets make
+  traces longer).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kdeval.jobs.reports.report_rows import BrokenRow, LengthRow, State, stored
-from kdeval.jobs.reports.samples import LoadedCell, Slot, pair_samples
+from kdeval.jobs.reports.samples import LoadedCell, Samples, Slot, pair_samples
 from kdeval.jobs.reports.stats import paired_bootstrap
 
 #: The score a sample's answer needs to count as answered.
@@ -54,9 +56,10 @@ def answer_length_rows(own: dict[Slot, LoadedCell], ref_of: Callable[[Slot], Loa
     """Generated tokens of each cell against its reference's, paired by sample, with a CI of the difference."""
     rows = []
     for slot, cell, ref, p in _pairs(own, ref_of, is_reference):
-        a, b = cell.samples.generated[p.own], ref.samples.generated[p.ref]
-        ok = ~(np.isnan(a) | np.isnan(b))
-        a, b = a[ok], b[ok]
+        mine, theirs = cell.samples.take(p.own), ref.samples.take(p.ref)
+        ok = ~(np.isnan(mine.generated) | np.isnan(theirs.generated))
+        mine, theirs = mine.take(ok), theirs.take(ok)
+        a, b = mine.generated, theirs.generated
         base = dict(model=slot.model, policy=slot.policy, budget=slot.budget, chunk=slot.chunk, task=slot.task,
                     n_paired=int(a.size))
         if not a.size:
@@ -65,5 +68,21 @@ def answer_length_rows(own: dict[Slot, LoadedCell], ref_of: Callable[[Slot], Loa
         ci = paired_bootstrap(a - b, None, **boot)
         rows.append(LengthRow(**base, tokens=stored(float(a.mean())), ref_tokens=stored(float(b.mean())),
                               delta=stored(ci.estimate), ci_low=stored(ci.low), ci_high=stored(ci.high),
-                              ratio=stored(float(a.mean() / b.mean())) if b.mean() > 0 else None))
+                              ratio=stored(float(a.mean() / b.mean())) if b.mean() > 0 else None,
+                              per_solved=per_solved(mine), ref_per_solved=per_solved(theirs),
+                              capped=capped_share(mine), ref_capped=capped_share(theirs)))
     return rows
+
+
+def per_solved(samples: Samples) -> float | None:
+    """Decode tokens per solved problem: all of ``samples``' generated tokens over those answered (score >=
+    :data:`PASS`); None when none is (the tokens bought nothing)."""
+    solved = int((samples.score >= PASS).sum())
+    return stored(float(samples.generated.sum() / solved)) if solved else None
+
+
+def capped_share(samples: Samples) -> float | None:
+    """The share of ``samples`` whose generation stopped at ``max_new_tokens``; None when their rows do not
+    record it (results written before rows said so)."""
+    known = samples.capped[~np.isnan(samples.capped)]
+    return stored(float(known.mean())) if known.size == samples.capped.size and known.size else None

@@ -22,8 +22,9 @@ from kdeval.names import suggest
 from kdeval.storage import CellState, CellView, RunIndex, RunView
 
 #: How ``--protocol`` may name the compression side of a protocol (the result rows' ``prompt/evict`` form too).
-PROTOCOL_WORDS = {"prompt": "prompt", "query-aware": "prompt", "context": "context", "query-agnostic": "context"}
-PROTOCOL_LABELS = ("prompt/evict", "prompt/keep", "context/evict", "context/keep")
+PROTOCOL_WORDS = {"prompt": "prompt", "query-aware": "prompt", "context": "context",
+                  "query-agnostic": "context", "generated": "generated", "prompt-kept": "generated"}
+PROTOCOL_LABELS = ("prompt/evict", "prompt/keep", "context/evict", "context/keep", "generated/evict")
 
 
 class LeaderboardInputError(ValueError):

@@ -227,7 +227,9 @@ class BrokenRow:
 
 @dataclass(frozen=True)
 class LengthRow:
-    """Answer length of one cell against the reference's: generated tokens paired by sample (and turn)."""
+    """Answer length of one cell against the reference's: generated tokens paired by sample (and turn), what a
+    solved problem cost in decode tokens, and how many traces hit ``max_new_tokens`` (reasoning under
+    ``compress: generated``: low budgets make traces longer)."""
 
     model: str
     policy: str
@@ -242,6 +244,14 @@ class LengthRow:
     ci_low: float | None = None
     ci_high: float | None = None
     ratio: float | None = None        # tokens / ref_tokens
+    #: decode tokens per solved problem: generated tokens of all paired samples / those answered (score >=
+    #: 0.5); None when none is
+    per_solved: float | None = None
+    ref_per_solved: float | None = None
+    #: share of the paired samples whose generation stopped at max_new_tokens (a cut-off trace); None when the
+    #: rows do not record it
+    capped: float | None = None
+    ref_capped: float | None = None
     note: str = ""
 
 

@@ -100,6 +100,7 @@ class Samples:
     prediction: np.ndarray  # the generated text (str)
     gold: np.ndarray       # the first reference answer (str)
     generated: np.ndarray  # generated tokens (float, NaN when not recorded)
+    capped: np.ndarray     # the generation stopped at max_new_tokens: 1.0 / 0.0 (float, NaN: not recorded)
 
     def __len__(self) -> int:
         return int(self.key.size)
@@ -112,8 +113,8 @@ class Samples:
     def concat(parts: list["Samples"]) -> "Samples":
         """All samples of ``parts`` (an empty table for none)."""
         if not parts:
-            return Samples(*(np.array([], dtype=d)
-                             for d in (object, object, float, float, float, object, int, object, object, float)))
+            kinds = (object, object, float, float, float, object, int, object, object, float, float)
+            return Samples(*(np.array([], dtype=d) for d in kinds))
         return Samples(**{name: np.concatenate([getattr(p, name) for p in parts])
                           for name in Samples.__dataclass_fields__})
 
@@ -234,6 +235,7 @@ def samples_of(table: pa.Table, task: str, instance: str) -> Samples:
                        (table.column("references").to_pylist() if "references" in table.column_names else [None] * n)],
                       dtype=object),
         generated=_column(table, "generated_tokens"),
+        capped=_column(table, "hit_max_new_tokens"),
     )
 
 

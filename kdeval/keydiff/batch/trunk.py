@@ -54,8 +54,12 @@ def batch_signature(plan: "Plan") -> str | None:
 
 
 def trunk_end(length: int, protect_last: int) -> int:
-    """Where the shared steps of a prompt of ``length`` tokens end: before its last token and before its protected
-    question (``protect_last`` tokens), which ``Engine.prefill_shared`` leaves to the batch it continues in."""
+    """Where the shared steps of a prompt of ``length`` tokens end: before its last token and before its
+    protected question (``protect_last`` tokens), which ``Engine.prefill_shared`` leaves to the batch it
+    continues in. A prompt protected whole (``compress: generated``: nothing of it is evicted) shares every
+    step but its last token's."""
+    if protect_last == length:
+        return length - 1
     return min(length - protect_last, length - 1)
 
 

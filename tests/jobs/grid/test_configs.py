@@ -29,7 +29,8 @@ def test_ray_cluster_yaml_matches_rays_schema():
         jsonschema.validate(broken, schema)
 
 
-@pytest.mark.parametrize("name, cells", [("demo.yaml", 8), ("smoke.yaml", 4), ("qwen2.5.yaml", 8)])
+@pytest.mark.parametrize("name, cells", [("demo.yaml", 8), ("smoke.yaml", 4), ("qwen2.5.yaml", 8),
+                                         ("reasoning.yaml", 7), ("instructions.yaml", 14)])
 def test_example_grids_validate(name, cells):
     grid, _ = load_grid(REPO / "examples" / name)
     assert len(expand(grid)) == cells

@@ -144,7 +144,8 @@ def test_protocol_enters_evicting_cells_only(data_dir):
 
 
 @pytest.mark.parametrize("extra, message", [
-    ("protocol: {compress: middle}\n", "protocol.compress: Input should be 'prompt' or 'context'"),
+    ("protocol: {compress: middle}\n",
+     "protocol.compress: Input should be 'prompt', 'context' or 'generated'"),
     ("protocol: {decode: drop}\n", "protocol.decode: Input should be 'evict' or 'keep'"),
     ("protocol: {compress: context}\n", "protocol.compress: context: tasks[1] (math500) has no question apart "
                                         "from its context"),

@@ -37,7 +37,7 @@ def test_a_protocol_list_is_the_union_of_single_protocol_grids():
     ("[]", "protocol: a list of protocols must name at least one, each once"),
     (f"[{AWARE}, {AWARE}]", "protocol: a list of protocols must name at least one, each once"),
     ("[{compres: prompt}]", "protocol[0].compres: unknown field (did you mean 'compress'?)"),
-    ("[{compress: promt}]", "protocol[0].compress: Input should be 'prompt' or 'context'"),
+    ("[{compress: promt}]", "protocol[0].compress: Input should be 'prompt', 'context' or 'generated'"),
     ("7", "protocol: expected a mapping or a list of mappings, got 7"),
 ])
 def test_bad_protocols_name_their_path(protocol, message):
@@ -148,3 +148,33 @@ def test_status_says_a_protocol_every_budgeted_cell_shares_once_under_the_table(
     assert sum(" keydiff " in ln for ln in one) == 4 and max(len(ln) for ln in one) <= 80
     both = printed(f"[{AWARE}, {AGNOSTIC}]")
     assert sum("[query-agnostic]" in ln for ln in both) == 4 and not any("every cell" in ln for ln in both), both
+
+
+def test_the_prompt_kept_protocol_is_part_of_a_cells_identity():
+    kept = ids("{compress: generated}")
+    aware = ids(AWARE)
+    full = [c for c in kept.values() if c.policy == "full"]
+    assert {c.id for c in full} <= set(aware)  # full never evicts: one cell serves every protocol
+    evicting = [c for c in kept.values() if c.policy != "full"]
+    assert evicting and not {c.id for c in evicting} & set(aware)
+    task = evicting[0].to_task()
+    assert (task.compress, task.decode) == ("generated", "evict")
+    assert "prompt-kept" in evicting[0].describe() or "generated" in evicting[0].describe()
+
+
+@pytest.mark.parametrize("grid,message", [
+    (GRID.format(protocol="{compress: generated, decode: keep}"),
+     "protocol.decode: keep under compress: generated evicts nothing"),
+    (GRID.format(protocol="{compress: generated}").replace("policies: [full, keydiff]",
+                                                           "policies: [full, kvzip]"),
+     "protocol.compress: generated: policies[1] 'kvzip' scores tokens by a repeat pass after evicting prompt "
+     "steps, which generated tokens never get; it cannot run under compress 'generated'"),
+    (GRID.format(protocol="{compress: generated}").replace(
+        "{{name: needle, lengths: [512], samples: 2, params: {{depths: [50]}}}}".format(),
+        "{name: turns.kv, lengths: [512], samples: 1}"),
+     "protocol.compress: generated: tasks[0] (turns.kv) asks several questions per context"),
+])
+def test_what_the_prompt_kept_protocol_cannot_run_is_refused_at_submit(grid, message):
+    with pytest.raises(GridError) as e:
+        parse_grid(grid)
+    assert message in str(e.value), str(e.value)

@@ -81,7 +81,9 @@ def length_view(report: Report) -> TableView | None:
     conf = int(report.meta.confidence * 100)
     cols = shared.columns() + [Column("task", key=True), Column("n", numeric=True), Column("tokens", numeric=True),
                                Column("ref tokens", numeric=True), Column(f"Δ tokens [{conf}% CI]", numeric=True),
-                               Column("×", numeric=True), Column("note", fold=True)]
+                               Column("×", numeric=True), Column("tok/solved", numeric=True),
+                               Column("ref tok/solved", numeric=True), Column("capped", numeric=True),
+                               Column("ref capped", numeric=True), Column("note", fold=True)]
     body = []
     for r in rows:
         delta = "" if r.delta is None else (
@@ -89,10 +91,21 @@ def length_view(report: Report) -> TableView | None:
         body.append(shared.cells(r) + [r.task, str(r.n_paired), "" if r.tokens is None else f"{r.tokens:.1f}",
                                        "" if r.ref_tokens is None else f"{r.ref_tokens:.1f}", delta,
                                        "" if r.ratio is None else number(r.ratio),
+                                       _tokens(r.per_solved), _tokens(r.ref_per_solved), _share(r.capped),
+                                       _share(r.ref_capped),
                                        "; ".join(x for x in ("" if r.state == State.OK else r.state, r.note) if x)])
     title = (f"answer length vs {_reference(report)}{shared.suffix()} (generated tokens, means over the samples "
-             f"paired by id; Δ = this − reference)")
+             f"paired by id; Δ = this − reference; tok/solved: decode tokens per solved problem; capped: "
+             f"share of traces cut at max_new_tokens)")
     return TableView("answer_length", title, cols, body, [r.state for r in rows], list(rows))
+
+
+def _tokens(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "" if value is None else f"{value:.0%}"
 
 
 def conversation_views(report: Report) -> list[TableView]:
