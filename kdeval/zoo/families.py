@@ -172,6 +172,16 @@ FAMILIES: tuple[Family, ...] = (
         kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
         n_routed_experts=4, moe_topk=2, zero_expert_num=2, expert_ffn_hidden_size=32, ffn_hidden_size=128,
         num_key_value_heads=4, num_layers=1)),
+    # Kimi Linear: KDA (linear-attention) layers beside MLA full-attention ones
+    Family("Kimi Linear", "kimi-linear", "kimi_linear", dict(
+        num_hidden_layers=2, layer_types=[_LINEAR_T, _FULL], linear_head_dim=16, linear_num_heads=4, kv_lora_rank=32,
+        q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, head_dim=DROP, num_key_value_heads=4,
+        first_k_dense_replace=1)),
+    # ---- sparse attention: an indexer key per token beside the K/V (or the MLA latent)
+    Family("DeepSeek-V3.2", "deepseek-v3.2", "deepseek_v32", dict(num_hidden_layers=2)),
+    Family("GLM-5", "glm5", "glm_moe_dsa", dict(num_hidden_layers=2)),
+    Family("Qwen4-Exp", "qwen4-exp", "qwen4_exp_text", dict(num_hidden_layers=4)),
     Family("DeepSeek-V2", "deepseek-v2", "deepseek_v2", dict(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,

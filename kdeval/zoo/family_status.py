@@ -133,8 +133,13 @@ def family_status(family: Family, policies: Mapping[str, Policy]) -> FamilyStatu
         return FamilyStatus(family, REFUSED, unread, None)
     model = load_model(RANDOM_PREFIX + family.random_kind, device="cpu").model
     refused = policy_refusals(model, policies)
-    windowed = [k for k in kinds if k.windowed]
+    windowed = [k for k in kinds if k.windowed and k.attends]
     parts, briefs = [], []
+    shared = [(i, k.reads_layer) for i, k in enumerate(kinds) if k.reads_layer is not None]
+    if shared:
+        pairs = ", ".join(f"{i} reads {j}" for i, j in shared)
+        parts.append(f"KV-shared layers ({pairs}) see their source's kept set")
+        briefs.append("shared KV")
     if any(k.holds_state for k in kinds):
         parts.append("recurrent layers' states kept whole, apart from N; a batch runs one request at a time "
                      "(padding would enter the states)")
@@ -143,7 +148,7 @@ def family_status(family: Family, policies: Mapping[str, Policy]) -> FamilyStatu
         parts.append("latent (MLA) rows: a token's latent and rotary key evicted together")
         briefs.append("latent rows")
     if windowed:
-        spans = ", ".join(sorted({k.kind if k.holds_state else k.label() for k in windowed}))
+        spans = ", ".join(sorted({f"{k.kind} {k.span}" for k in windowed}))
         parts.append(f"windowed layers ({spans}) kept whole")
         briefs.append("windows kept whole")
     return FamilyStatus(family, RUNS, "; ".join(parts), kinds, refused, brief=", ".join(briefs))

@@ -98,6 +98,11 @@ def check_supported(config: PretrainedConfig, name: str = "model") -> None:
         raise UnsupportedModelError(f"{name}: model_type '{wrapper.model_type}' has no causal-LM or image-text-to-text "
                                     f"class in transformers {transformers.__version__}")
     unknown = unknown_layer_types(config)
+    indexed = [t for t in unknown if t.endswith("sparse_attention")]
+    if indexed:
+        raise UnsupportedModelError(f"{name}: its sparse-attention layers ({', '.join(indexed)}) cache an indexer key "
+                                    "per token beside the keys and values, which the engine does not yet evict in "
+                                    "step with them")
     if unknown:
         raise UnsupportedModelError(f"{name}: layer types {unknown} are not supported: the engine evicts from "
                                     "attention layers (full, sliding-window or chunked) and keeps recurrent and "

@@ -55,7 +55,8 @@ def test_a_sliding_window_model_loads_with_its_windowed_layers():
 @pytest.mark.parametrize("model_type,kwargs,reason", [
     ("mamba", {}, "no KV cache"),
     ("falcon", {}, "attention interface"),
-    ("deepseek_v32", {"num_hidden_layers": 2}, r"layer types \['deepseek_sparse_attention'\] are not supported"),
+    ("deepseek_v32", {"num_hidden_layers": 2}, r"sparse-attention layers \(deepseek_sparse_attention\) cache an "
+                                               r"indexer key"),
     ("t5", {}, "encoder-decoder"),
 ])
 def test_unsupported_architectures(model_type, kwargs, reason):

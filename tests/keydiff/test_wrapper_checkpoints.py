@@ -61,5 +61,5 @@ def test_a_wrapper_whose_decoder_is_refused_names_the_decoder(tmp_path):
     cls, config = WRAPPERS["qwen3_5"]()
     config.text_config.layer_types = ["linear_attention", "deepseek_sparse_attention", "full_attention"]
     config.save_pretrained(tmp_path / "w")
-    with pytest.raises(UnsupportedModelError, match="deepseek_sparse_attention"):
+    with pytest.raises(UnsupportedModelError, match=r"sparse-attention layers \(deepseek_sparse_attention\)"):
         load_model(str(tmp_path / "w"), device="cpu")
