@@ -71,7 +71,7 @@ def policy_attention_error(name: str, params: dict[str, Any], attn_implementatio
 def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | None:
     """Why policy ``name`` cannot run on a model of ``shape`` (:func:`model_shape`): beside windowed layers, or on an
     MLA cache, in the engine's own words (``kdeval.keydiff.plan.plan``), else None (as :func:`policy_attention_error`)."""
-    from kdeval.keydiff.plan.plan import latent_refusal, windowed_refusal
+    from kdeval.keydiff.plan.refusals import latent_refusal, windowed_refusal
 
     policy = _evicting_policy(name, params) if shape.windowed or shape.latent else None
     if policy is None:

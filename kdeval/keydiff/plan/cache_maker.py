@@ -13,7 +13,8 @@ from typing import Callable
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from kdeval.keydiff.cache.budget_cache import BudgetCache, RowLayer, StateRowLayer, StaticLayer, rows_of
+from kdeval.keydiff.cache.budget_cache import BudgetCache, RowLayer, StateRowLayer, StaticLayer
+from kdeval.keydiff.cache.row_moves import rows_of, thawed
 from kdeval.keydiff.cache.headpool import HeadPoolCache, HeadPoolLayer
 from kdeval.keydiff.cache.state_layer import StateLayer
 from kdeval.keydiff.plan.plan import Plan
@@ -87,7 +88,7 @@ class CacheMaker:
 
     def row_state_cache(self, cache: BudgetCache, row: int) -> BudgetCache:
         """Row ``row`` of a batch's eager cache as a state of its own (its held tokens, copied by
-        :func:`~kdeval.keydiff.cache.budget_cache.rows_of`), which this plan's steps continue."""
+        :func:`~kdeval.keydiff.cache.row_moves.rows_of`), which this plan's steps continue."""
         out = self._owned(rows_of([(cache, row)], [lengths[row] for lengths in cache.lengths],
                                   self.plan.needs.token_state, self._limits()))
         out.thawed_from = self.plan.config.budget if self.plan.use_graphs else None
@@ -122,7 +123,7 @@ class CacheMaker:
         buffers and graphs go back to the pool), a slot cache grows its buffers once."""
         cache = state.cache
         if cache.static_base is not None:
-            state.cache = cache.thawed(cache.length + tokens)
+            state.cache = thawed(cache, cache.length + tokens)
             if cache.graphs or cache.batch_size not in self._spare:  # keep a pooled cache with graphs
                 self._pool(cache)
         else:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kdeval.keydiff.cache.budget_cache import BudgetCache, row_length, rows_of
+from kdeval.keydiff.cache.budget_cache import BudgetCache
+from kdeval.keydiff.cache.row_moves import row_length, rows_of
 from kdeval.keydiff.loop.decoding import Request
 from kdeval.keydiff.plan.plan import Plan
 from kdeval.keydiff.loop.state import PrefillState
@@ -61,7 +62,7 @@ def planned(plan: Plan, rows: Sequence[list[tuple[int, bool, bool]]], lengths: S
 
 def batch_cache(plan: Plan, rows: list, starts: list[PrefillState | None], decode_evict: bool) -> BudgetCache:
     """A batch's cache (``rows``: its :class:`~kdeval.keydiff.batch.requests.Row`): each layer's capacity planned
-    for all of the batch's steps, each start state's tokens in its row (:func:`~kdeval.keydiff.cache.budget_cache.rows_of`)."""
+    for all of the batch's steps, each start state's tokens in its row (:func:`~kdeval.keydiff.cache.row_moves.rows_of`)."""
     lengths = [[row_length(s.cache.layers[idx], 0) if s is not None else 0 for s in starts]
                for idx in range(plan.num_layers)]
     capacities = planned(plan, [forwards(row, decode_evict) for row in rows], lengths,
