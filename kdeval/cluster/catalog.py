@@ -143,18 +143,23 @@ def random_model_names() -> list[str]:
 
 def model_shape(model_id: str, revision: str | None = None) -> Any:
     """The model's shape without its weights (``head_dim``, ``context``; :mod:`kdeval.zoo.model_config`), or
-    None when it cannot be known offline."""
+    None when it cannot be known offline or its config is refused (which :func:`model_id_problem` says)."""
+    from kdeval.zoo.config_check import ModelConfigError
     from kdeval.zoo.model_config import model_shape as shape
 
-    return shape(model_id, revision)
+    try:
+        return shape(model_id, revision)
+    except ModelConfigError:
+        return None
 
 
-def model_id_problem(model_id: str) -> str | None:
-    """Why ``model_id`` names no model that can be loaded (a path without config.json, a URL, a malformed hub
-    id), else None (:func:`kdeval.zoo.model_config.model_id_problem`)."""
+def model_id_problem(model_id: str, revision: str | None = None) -> str | None:
+    """Why ``model_id`` names no model that can be loaded (a path without config.json, a hostile config, tokenizer
+    file or truncated weights, custom code, a URL, a malformed hub id), else None
+    (:func:`kdeval.zoo.model_config.model_id_problem`)."""
     from kdeval.zoo.model_config import model_id_problem as problem
 
-    return problem(model_id)
+    return problem(model_id, revision)
 
 
 def model_tokenizer(model_id: str, revision: str | None = None) -> Any:

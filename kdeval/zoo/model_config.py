@@ -10,17 +10,20 @@ submit (``kv_quant`` groups against ``head_dim``, lengths, budgets and chunk siz
 - a hub id: its ``config.json`` in the local hub cache, when it is there (nothing is downloaded; None otherwise).
 
 :func:`model_id_problem` says why an id is none of these (a path that is not a model directory, a URL, a
-malformed hub id) before anything tries to load it.
+malformed hub id) before anything tries to load it, and why a local model directory's files cannot build a model
+(:func:`kdeval.zoo.config_check.check_model_directory`: a hostile ``config.json``, tokenizer file or truncated
+weights). A config read here is untrusted input (:mod:`kdeval.zoo.config_check`): a hostile one raises
+:class:`~kdeval.zoo.config_check.ModelConfigError`, one line naming the file and the field.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from kdeval.zoo.config_check import ModelConfigError, check_model_directory, read_config
 from kdeval.zoo.random_models import RANDOM_CONFIGS
 from kdeval.names import RANDOM_PREFIX
 
@@ -84,14 +87,6 @@ def _windowed(config: dict[str, Any]) -> bool:
         return False
 
 
-def _read_config(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _cached_hub_config(model_id: str, revision: str | None) -> Path | None:
     """The hub cache's ``config.json`` of ``model_id`` (None when it is not cached, or the hub client is absent)."""
     try:
@@ -115,9 +110,11 @@ def _local(model_id: str) -> tuple[Path, bool, bool]:
         return path, False, False
 
 
-def model_id_problem(model_id: str) -> str | None:
+def model_id_problem(model_id: str, revision: str | None = None) -> str | None:
     """Why ``model_id`` (not a ``random:`` or ``stub:`` one) names no model kdeval can load, else None: a local
-    path that is not a model directory with a ``config.json``, a URL, or neither a path nor a hub id."""
+    path that is not a model directory with a ``config.json`` whose files build a model
+    (:func:`~kdeval.zoo.config_check.check_model_directory`), a URL, neither a path nor a hub id, or a hub id whose
+    cached ``config.json`` is refused."""
     if model_id in OFFLINE_CONFIGS:
         return None
     if "://" in model_id:
@@ -126,20 +123,29 @@ def model_id_problem(model_id: str) -> str | None:
     if exists:
         if not is_dir:
             return f"{model_id} is a file; expected a model directory holding config.json (or a hub id)"
-        if not (path / "config.json").is_file():
+        if not ((path / "config.json").exists() or (path / "config.json").is_symlink()):
             return f"{model_id} is a directory without config.json; expected a model saved by save_pretrained"
+        try:
+            check_model_directory(path)
+        except ModelConfigError as e:
+            return str(e)
         return None
     if model_id.startswith(("/", ".", "~")) or "\\" in model_id:
         return f"no model directory at {model_id}"
     if not _HUB_ID.match(model_id) or "--" in model_id or ".." in model_id:
         return (f"expected a known name, a local model directory or a hub id (owner/name: letters, digits, "
                 f"'-', '_', '.'), got '{model_id}'")
+    try:
+        model_shape(model_id, revision)  # a cached config.json is read as any local one
+    except ModelConfigError as e:
+        return str(e)
     return None
 
 
 def model_shape(model_id: str, revision: str | None = None) -> ModelShape | None:
     """``model_id``'s shape read without weights (module docstring), or None when it cannot be known offline
-    (a hub id not in the local cache, a config without attention heads, a ``stub:`` model)."""
+    (a hub id not in the local cache, a config without attention heads, a ``stub:`` model);
+    :class:`~kdeval.zoo.config_check.ModelConfigError` when its config is refused."""
     if model_id.startswith(RANDOM_PREFIX):
         params = RANDOM_CONFIGS.get(model_id[len(RANDOM_PREFIX):])
         return None if params is None else shape_of(params, f"{model_id}'s built-in config")
@@ -149,11 +155,12 @@ def model_shape(model_id: str, revision: str | None = None) -> ModelShape | None
         return None
     path, _, is_dir = _local(model_id)
     if is_dir:
-        config = _read_config(path / "config.json")
-        return None if config is None else shape_of(config, f"{model_id}/config.json")
+        return shape_of(read_config(path / "config.json"), f"{model_id}/config.json")
     cached = _cached_hub_config(model_id, revision) if _HUB_ID.match(model_id) else None
-    config = _read_config(cached) if cached is not None else None
-    return None if config is None else shape_of(config, f"{model_id}'s config.json (hub cache)")
+    if cached is None:
+        return None
+    return shape_of(read_config(cached, f"{model_id}'s config.json (hub cache)"),
+                    f"{model_id}'s config.json (hub cache)")
 
 
 def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
@@ -181,7 +188,8 @@ def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
     try:
         from transformers import AutoTokenizer
 
+        # custom tokenizer code never runs, and no prompt asks (kdeval.zoo.config_check refused it at submit)
         return AutoTokenizer.from_pretrained(str(source) if local else model_id, revision=revision,
-                                             local_files_only=True)
+                                             local_files_only=True, trust_remote_code=False)
     except Exception:  # not cached, no tokenizer files: checked when the model loads
         return None

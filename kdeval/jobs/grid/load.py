@@ -160,7 +160,9 @@ def _registry_issues(raw: dict) -> list[GridIssue]:
     reported even when other fields fail schema validation)."""
     issues: list[GridIssue] = []
     for i, name, _ in _names(raw, "models", "id"):
-        issues += checks.check_model(i, name)
+        entry = raw["models"][i]
+        revision = entry.get("revision") if isinstance(entry, dict) else None
+        issues += checks.check_model(i, name, revision if isinstance(revision, str) else None)
     for i, name, params in _names(raw, "policies", "name"):
         issues += checks.check_policy(i, name, params)
     for i, name, params in _names(raw, "tasks", "name"):
