@@ -45,20 +45,20 @@ def read_head(path: str | Path, max_bytes: int, head: int | None = None) -> tupl
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
-        raise UntrustedFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise UntrustedFileError(f"{path} cannot be read ({e.strerror or e})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UntrustedFileError(f"{path}: is {_kind(info.st_mode)}; expected a regular file")
+            raise UntrustedFileError(f"{path} is {_kind(info.st_mode)}; expected a regular file")
         if info.st_size > max_bytes:
-            raise UntrustedFileError(f"{path}: is {info.st_size} bytes; at most {max_bytes} are read")
+            raise UntrustedFileError(f"{path} is {info.st_size} bytes; at most {max_bytes} are read")
         data = os.pread(fd, max_bytes + 1 if head is None else head, 0)
     except OSError as e:
-        raise UntrustedFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise UntrustedFileError(f"{path} cannot be read ({e.strerror or e})") from None
     finally:
         os.close(fd)
     if len(data) > max_bytes:  # it grew while being read
-        raise UntrustedFileError(f"{path}: is more than {max_bytes} bytes; at most {max_bytes} are read")
+        raise UntrustedFileError(f"{path} is more than {max_bytes} bytes; at most {max_bytes} are read")
     return data, info.st_size
 
 
@@ -73,7 +73,7 @@ def read_text(path: str | Path, max_bytes: int) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UntrustedFileError(f"{path}: is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+        raise UntrustedFileError(f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
 
 
 def join(path: tuple[Any, ...]) -> str:
@@ -100,7 +100,7 @@ def check_depth(value: Any, source: str | Path, max_depth: int = MAX_DEPTH) -> N
     """:class:`UntrustedFileError` when ``value`` nests deeper than ``max_depth`` (walked without recursion)."""
     for path, v in walk(value):
         if len(path) > max_depth:
-            raise UntrustedFileError(f"{source}: {join(path[:3])}…: nested deeper than {max_depth} levels")
+            raise UntrustedFileError(f"{source} is nested deeper than {max_depth} levels")
 
 
 def non_finite(value: Any) -> tuple[str, float] | None:
@@ -118,9 +118,9 @@ def load_json(path: str | Path, max_bytes: int, max_depth: int = MAX_DEPTH) -> A
     try:
         value = json.loads(text)
     except RecursionError:
-        raise UntrustedFileError(f"{path}: nested deeper than {max_depth} levels") from None
+        raise UntrustedFileError(f"{path} is nested deeper than {max_depth} levels") from None
     except ValueError as e:
-        raise UntrustedFileError(f"{path}: is not valid JSON ({e})") from None
+        raise UntrustedFileError(f"{path} is not valid JSON ({e})") from None
     check_depth(value, path, max_depth)
     return value
 
@@ -153,6 +153,6 @@ def load_yaml(path: str | Path, max_bytes: int) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise UntrustedFileError(f"{path}: is not readable YAML: {where}{getattr(e, 'problem', None) or e}") from None
+        raise UntrustedFileError(f"{path} is not readable YAML: {where}{getattr(e, 'problem', None) or e}") from None
     except RecursionError:
-        raise UntrustedFileError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+        raise UntrustedFileError(f"{path} is nested deeper than {MAX_DEPTH} levels") from None

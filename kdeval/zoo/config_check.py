@@ -225,7 +225,7 @@ def check_tokenizer_files(directory: Path) -> None:
         except UntrustedFileError as e:
             raise ModelConfigError(str(e)) from None
         if not isinstance(value, dict):
-            raise ModelConfigError(f"{path}: expected a JSON object, got a JSON {type(value).__name__}")
+            raise ModelConfigError(f"{path} is not a JSON object: got a JSON {type(value).__name__}")
         if "auto_map" in value:
             raise ModelConfigError(f"{path}: auto_map: the tokenizer needs code of its own "
                                    f"({_custom_code(value['auto_map'])}), which kdeval never runs "
@@ -279,15 +279,15 @@ def check_weights(directory: Path) -> None:
     elif any((directory / name).exists() for name in WEIGHTS):
         return  # PyTorch weights: transformers reads them with weights_only
     else:
-        raise ModelConfigError(f"{directory}: holds no weights; expected model.safetensors (or its index) beside "
+        raise ModelConfigError(f"{directory} holds no weights; expected model.safetensors (or its index) beside "
                                "config.json, as save_pretrained writes them")
     for name in files:
         path = directory / name
         if not path.exists():
-            raise ModelConfigError(f"{path}: missing (named by model.safetensors.index.json)")
+            raise ModelConfigError(f"{path} is missing (named by model.safetensors.index.json)")
         why = _safetensors_problem(path)
         if why is not None:
-            raise ModelConfigError(f"{path}: {why}")
+            raise ModelConfigError(f"{path} {why}")
 
 
 def check_model_directory(directory: Path) -> None:

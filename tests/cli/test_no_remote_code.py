@@ -81,4 +81,4 @@ def test_generate_on_custom_code_or_a_fifo_prompt_is_one_line(tmp_path):
     os.mkfifo(fifo)
     r = runner.invoke(app, ["generate", "--model", "random:llama-tiny", "--prompt-file", str(fifo)])
     assert r.exit_code == 2, r.output
-    assert r.output.strip() == f"error: --prompt-file: {fifo}: is a FIFO; expected a regular file", r.output
+    assert r.output.strip() == f"error: --prompt-file: {fifo} is a FIFO; expected a regular file", r.output

@@ -45,7 +45,7 @@ def _json(text: str) -> bytes:
     return text.encode()
 
 
-#: case: (config.json's bytes, or a function making the directory) -> the message after "<dir>/config.json: "
+#: case: (config.json's bytes or mapping, the message after "<dir>/config.json"; a leading "is" is its own)
 CASES: dict[str, tuple[object, str]] = {
     "layers-1e12": (_json(json.dumps(GOOD)[:-1] + ', "num_hidden_layers": 1e12}'),
                     "num_hidden_layers: expected a positive integer (at most 1024), got 1000000000000.0"),
@@ -55,7 +55,8 @@ CASES: dict[str, tuple[object, str]] = {
                           "num_key_value_heads: expected a finite number, got inf"),
     "kv-heads-string": (_with(num_key_value_heads="2"),
                         "num_key_value_heads: expected a positive integer (at most 1024) or null, got '2'"),
-    "deep-nesting": (_json('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"), "nested deeper than 64 levels"),
+    "nesting-100": (_json('{"a": ' + "[" * 100 + "]" * 100 + "}"), "is nested deeper than 64 levels"),
+    "deep-nesting": (_json('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"), "is nested deeper than 64 levels"),
     "heads-0": (_with(num_attention_heads=0), "num_attention_heads: expected a positive integer (at most 1024), got 0"),
     "heads-negative": (_with(num_attention_heads=-4),
                        "num_attention_heads: expected a positive integer (at most 1024), got -4"),
@@ -107,35 +108,35 @@ CASES: dict[str, tuple[object, str]] = {
 def _fifo(d: Path) -> str:
     (d / "config.json").unlink()
     os.mkfifo(d / "config.json")
-    return "config.json: is a FIFO; expected a regular file"
+    return "config.json is a FIFO; expected a regular file"
 
 
 def _device(d: Path) -> str:
     (d / "config.json").unlink()
     (d / "config.json").symlink_to("/dev/zero")
-    return "config.json: is a character device; expected a regular file"
+    return "config.json is a character device; expected a regular file"
 
 
 def _huge(d: Path) -> str:
     with open(d / "config.json", "wb") as f:  # 50 MB (sparse: written in no time), refused before it is read
         f.truncate(50 << 20)
-    return f"config.json: is {50 << 20} bytes; at most {4 << 20} are read"
+    return f"config.json is {50 << 20} bytes; at most {4 << 20} are read"
 
 
 def _truncated(d: Path) -> str:
     safetensors(d / "model.safetensors", cut=8)
-    return "model.safetensors: is 78 bytes, but its header describes 86: truncated"
+    return "model.safetensors is 78 bytes, but its header describes 86: truncated"
 
 
 def _no_weights(d: Path) -> str:
     (d / "model.safetensors").unlink()
-    return ": holds no weights; expected model.safetensors (or its index) beside config.json, as save_pretrained " \
+    return " holds no weights; expected model.safetensors (or its index) beside config.json, as save_pretrained " \
            "writes them"
 
 
 def _tokenizer_fifo(d: Path) -> str:
     os.mkfifo(d / "tokenizer.json")
-    return "tokenizer.json: is a FIFO; expected a regular file"
+    return "tokenizer.json is a FIFO; expected a regular file"
 
 
 def _tokenizer_code(d: Path) -> str:
@@ -146,7 +147,7 @@ def _tokenizer_code(d: Path) -> str:
 
 def _tokenizer_deep(d: Path) -> str:
     (d / "special_tokens_map.json").write_text('{"a": ' + "[" * 5000 + "]" * 5000 + "}")
-    return "special_tokens_map.json: nested deeper than 64 levels"
+    return "special_tokens_map.json is nested deeper than 64 levels"
 
 
 MADE = {"fifo": _fifo, "device": _device, "50mb": _huge, "truncated-weights": _truncated, "no-weights": _no_weights,
@@ -158,10 +159,11 @@ def _make(tmp_path: Path, case: str) -> tuple[Path, str]:
     if case in MADE:
         d = model_dir(tmp_path)
         tail = MADE[case](d)
-        return d, (f"{d}/{tail}" if not tail.startswith(":") else f"{d}{tail}")
+        return d, (f"{d}/{tail}" if not tail.startswith(" ") else f"{d}{tail}")
     content, tail = CASES[case]
+    tail = f" {tail}" if tail.startswith("is ") else f": {tail}"
     d = model_dir(tmp_path, raw=content) if isinstance(content, bytes) else model_dir(tmp_path, content)
-    return d, f"{d}/config.json: {tail}"
+    return d, f"{d}/config.json{tail}"
 
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "submit"])
