@@ -80,6 +80,24 @@ def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | N
     return (windowed_refusal(needs) if shape.windowed else None) or (latent_refusal(needs) if shape.latent else None)
 
 
+def policy_keeps_budget_per_head(name: str, params: dict[str, Any]) -> bool:
+    """Whether policy ``name`` evicts to exactly N tokens in every layer and KV head (no per-layer budgets, no
+    head-shared pool): what a setting is checked against when it depends on N (False for an unknown policy or
+    bad parameters, which :func:`policy_param_error` reports)."""
+    policy = _evicting_policy(name, params)
+    if policy is None:
+        return False
+    return len(set(policy.layer_budgets(1024, 32))) == 1 and not policy.needs().shares_heads
+
+
+def kv_quant_frontier(fields: dict[str, Any], seen: int) -> int:
+    """The positions below which a store of ``fields`` (``bits``, ``group_size``, ``window``, ``scheme``) holds
+    tokens quantized once ``seen`` tokens were fed (``kdeval.keydiff.quant.rule.KVQuant.frontier``)."""
+    from kdeval.keydiff.quant.rule import KVQuant
+
+    return int(KVQuant.of(fields).frontier(seen))
+
+
 def engine_setting_error(name: str, value: Any) -> str | None:
     """The engine's own message when ``value`` breaks its rule for setting ``name`` (``chunk_size``: "must be a
     positive number of tokens, got 0", without the name), else None (``kdeval.keydiff.config.RULES``)."""
