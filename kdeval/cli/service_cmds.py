@@ -80,6 +80,8 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     from kdeval.jobs.run.outcomes import ResultsDirError  # pyarrow: imported when a run executes, not for `ls`
 
     out, err = stdout(markup=False), stderr(markup=False)
+    started = index.get_run(run_id)
+    results_dir = started.results_dir if started is not None else None
     display = (RichProgress if err.is_terminal else PlainProgress)(err, run_id, describe)
     last: list[RunProgress] = []
 
@@ -113,6 +115,12 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
             index.recover_orphans(run_id)  # this process was the run's driver (not one it waited for)
             index.set_run_state(run_id, RunState.CANCELLED, "interrupted (Ctrl-C)")
             err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
+        return EXIT_FAILED
+    lost = index.storage_problem()  # truncated or replaced while the run held it open: its answers are not the run's
+    if lost is not None:
+        err.print(f"error: {lost}; the run is not reported done: its results are kept in {results_dir}, and "
+                  f"`kdeval index rebuild --results-dir {results_dir}` makes an index again from them",
+                  markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILED
     if outcome.message:
         err.print(Text(outcome.message, style="yellow"))
