@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from kdeval.jobs.interop.csv_safe import safe_cell
-from kdeval.jobs.interop.out_paths import check_file_target, file_mode
+from kdeval.jobs.interop.out_paths import check_file_target, clean_stale_staging, file_mode, staging_prefix
 from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell
 
 #: Export formats and the file suffix each implies.
@@ -165,7 +165,8 @@ WRITERS: dict[str, Callable[[pa.Table, Any], None]] = {
 def write_table(table: pa.Table, fmt: str, out: Path) -> Path:
     """Write ``table`` as ``fmt`` to ``out`` (checked by :func:`check_out`) atomically: a temp file beside it,
     fsync, ``os.replace``; the file gets the mode the umask gives a new file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    clean_stale_staging(out)  # what an export killed mid-write left here
+    fd, tmp = tempfile.mkstemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             WRITERS[fmt](table, fh)
