@@ -55,12 +55,12 @@ class LazyGroup(TyperGroup):
         return TyperCommand(cmd_name, help=short, short_help=short)  # a listing entry; never invoked
 
     def invoke(self, ctx: Any) -> Any:
-        """Run the command; an index that fails in use (its disk full, its file corrupt or locked, its server gone:
-        ``IndexStorageError``, raised by any command that reads it) is one line on stderr and exit 1."""
+        """Run the command; an index that fails in use (its disk full, its file corrupt or locked, its server
+        gone: ``IndexStorageError``, raised by any command that reads it) is one line on stderr and exit 1."""
         try:
             return super().invoke(ctx)
         except RuntimeError as e:
-            from kdeval.storage import IndexStorageError  # here: only once a command failed (--help stays light)
+            from kdeval.storage import IndexStorageError  # only once a command failed: --help stays light
 
             if not isinstance(e, IndexStorageError):
                 raise

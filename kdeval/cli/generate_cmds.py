@@ -26,8 +26,8 @@ MAX_PROMPT_BYTES = 256 << 20
 
 
 def _prompt_text(path: Path) -> str:
-    """The prompt file's text: a regular file of at most :data:`MAX_PROMPT_BYTES` (a FIFO or a device is refused,
-    not waited on), one line naming it otherwise."""
+    """The prompt file's text: a regular file of at most :data:`MAX_PROMPT_BYTES` (a FIFO or a device is
+    refused, not waited on), one line naming it otherwise."""
     try:
         return read_text(path, MAX_PROMPT_BYTES)
     except UntrustedFileError as e:

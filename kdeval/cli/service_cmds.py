@@ -116,7 +116,7 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
             index.set_run_state(run_id, RunState.CANCELLED, "interrupted (Ctrl-C)")
             err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
         return EXIT_FAILED
-    lost = index.storage_problem()  # truncated or replaced while the run held it open: its answers are not the run's
+    lost = index.storage_problem()  # emptied or replaced while the run held it open: not the run's answers
     if lost is not None:
         err.print(f"error: {lost}; the run is not reported done: its results are kept in {results_dir}, and "
                   f"`kdeval index rebuild --results-dir {results_dir}` makes an index again from them",

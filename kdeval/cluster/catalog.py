@@ -91,8 +91,8 @@ def policy_keeps_budget_per_head(name: str, params: dict[str, Any]) -> bool:
 
 
 def kv_quant_frontier(fields: dict[str, Any], seen: int) -> int:
-    """The positions below which a store of ``fields`` (``bits``, ``group_size``, ``window``, ``scheme``) holds
-    tokens quantized once ``seen`` tokens were fed (``kdeval.keydiff.quant.rule.KVQuant.frontier``)."""
+    """The positions below which a store of ``fields`` (``bits``, ``group_size``, ``window``, ``scheme``)
+    holds tokens quantized once ``seen`` tokens were fed (``kdeval.keydiff.quant.rule.KVQuant.frontier``)."""
     from kdeval.keydiff.quant.rule import KVQuant
 
     return int(KVQuant.of(fields).frontier(seen))
@@ -172,8 +172,8 @@ def model_shape(model_id: str, revision: str | None = None) -> Any:
 
 
 def model_id_problem(model_id: str, revision: str | None = None) -> str | None:
-    """Why ``model_id`` names no model that can be loaded (a path without config.json, a hostile config, tokenizer
-    file or truncated weights, custom code, a URL, a malformed hub id), else None
+    """Why ``model_id`` names no model that can be loaded (a path without config.json, a hostile config,
+    tokenizer file or truncated weights, custom code, a URL, a malformed hub id), else None
     (:func:`kdeval.zoo.model_config.model_id_problem`)."""
     from kdeval.zoo.model_config import model_id_problem as problem
 

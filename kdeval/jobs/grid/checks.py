@@ -127,5 +127,6 @@ def check_model(index: int, model_id: str, revision: str | None = None) -> list[
             return [GridIssue(path, f"unknown random model '{model_id}'{suggest(model_id, names)}; "
                                     f"expected one of {', '.join(names)}")]
         return []
-    problem = catalog.model_id_problem(model_id, revision) if len(model_id) <= 300 else None  # too long: the schema says it
+    # too long: the schema says it
+    problem = catalog.model_id_problem(model_id, revision) if len(model_id) <= 300 else None
     return [] if problem is None else [GridIssue(path, problem)]

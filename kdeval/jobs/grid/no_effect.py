@@ -1,16 +1,17 @@
-"""Settings of a grid that would take no effect, found at submit (``--dry-run`` included), one line each naming
-the field:
+"""Settings of a grid that would take no effect, found at submit (``--dry-run`` included), one line each
+naming the field:
 
-- (said in a note: the store still quantizes the kept tokens that later fall out of the window, which changes the
-  answers and the cache after its peak, but not the peak a budgeted run is compared by) a ``kv_quant`` window that covers a budget (at some chunk size of the grid): the cache peaks (N kept tokens and a chunk of B incoming) at the
-  first chunk after the budget fills, at ``s = ceil(N / B) * B`` tokens fed; when nothing is older than the window
-  then (:func:`kdeval.cluster.catalog.kv_quant_frontier` of ``s`` is 0), the quantized cell's ``peak_kv_bytes`` are
-  the unquantized one's. Checked for the policies that keep N tokens in every layer and KV head, fixed budgets and
-  chunk sizes in tokens (a ``whole`` chunk peaks at its full prefill, quantized or not);
-- (refused: its cells would repeat others while claiming to measure something else) a chunk size that holds every
-  prompt of the grid in one chunk beside ``whole``, which does the same: a synthetic
-  task's prompt and generation fit its target length (:func:`kdeval.evals.tasks.synthetic.fit_units`), so a chunk
-  of at least the longest length is one chunk for every cell. Checked only when every task has target lengths.
+- said in a note: a ``kv_quant`` window that covers a budget (at some chunk size of the grid). The cache peaks
+  (N kept tokens and a chunk of B incoming) at the first chunk after the budget fills, ``s = ceil(N / B) * B``
+  tokens in; when nothing is older than the window then (:func:`kdeval.cluster.catalog.kv_quant_frontier` of
+  ``s`` is 0), the quantized cell's ``peak_kv_bytes`` are the unquantized one's. Not refused: the store still
+  quantizes the kept tokens that later leave the window, which changes the answers and the cache after its peak.
+  Checked for the policies that keep N tokens in every layer and KV head, fixed budgets and chunk sizes in
+  tokens (a ``whole`` chunk peaks at its full prefill, quantized or not);
+- refused (its cells would repeat others while claiming to measure something else): a chunk size that holds
+  every prompt of the grid in one chunk beside ``whole``, which does the same. A synthetic task's prompt and
+  generation fit its target length (:func:`kdeval.evals.tasks.synthetic.fit_units`), so a chunk of at least the
+  longest length is one chunk for every cell. Checked only when every task has target lengths.
 """
 from __future__ import annotations
 
