@@ -1,15 +1,17 @@
-"""Files from users read as untrusted input: a model's ``config.json``, its tokenizer files, a kvpress result's
-``config.yaml`` and ``metrics.json``. A leaf helper any layer may import (the standard library and PyYAML only).
+"""Files from users read as untrusted input: a model's ``config.json``, its tokenizer files, a kvpress
+result's ``config.yaml`` and ``metrics.json``. A leaf helper any layer may import (the standard library and
+PyYAML only).
 
 Every reader here:
 
-- refuses what is not a regular file (a FIFO, a device, a socket, a directory) before reading a byte: the file is
-  opened without blocking and the open descriptor's own status is checked, so a FIFO never hangs the reader;
+- refuses what is not a regular file (a FIFO, a device, a socket, a directory) before reading a byte: the file
+  is opened without blocking and the open descriptor's own status is checked, so a FIFO never hangs the
+  reader;
 - refuses a file beyond a size (checked on the descriptor, then the read itself is cut one byte past it);
-- parses with bounded nesting (JSON and YAML alike) and, for YAML, no aliases (``*name``: an alias bomb of a few
-  hundred bytes expands to billions of values as soon as anything walks it);
-- raises :class:`UntrustedFileError`, a ``ValueError`` whose message is one line naming the file (and the field,
-  where one is at fault) and what was expected.
+- parses with bounded nesting (JSON and YAML alike) and, for YAML, no aliases (``*name``: an alias bomb of a
+  few hundred bytes expands to billions of values as soon as anything walks it);
+- raises :class:`UntrustedFileError`, a ``ValueError`` whose message is one line naming the file (and the
+  field, where one is at fault) and what was expected.
 """
 from __future__ import annotations
 
@@ -32,16 +34,17 @@ class UntrustedFileError(ValueError):
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
         if test(mode):
             return name
     return "not a regular file"
 
 
 def read_head(path: str | Path, max_bytes: int, head: int | None = None) -> tuple[bytes, int]:
-    """(the first ``head`` bytes of ``path``, or all of them when ``head`` is None; its size) when it is a regular
-    file of at most ``max_bytes``; :class:`UntrustedFileError` otherwise (also when it cannot be opened: the OS's
-    reason)."""
+    """(the first ``head`` bytes of ``path``, or all of them when ``head`` is None; its size) when it is a
+    regular file of at most ``max_bytes``; :class:`UntrustedFileError` otherwise (also when it cannot be
+    opened: the OS's reason)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
@@ -73,7 +76,8 @@ def read_text(path: str | Path, max_bytes: int) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UntrustedFileError(f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+        raise UntrustedFileError(f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                                 f"{e.start})") from None
 
 
 def join(path: tuple[Any, ...]) -> str:
@@ -97,7 +101,7 @@ def walk(value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
 
 
 def check_depth(value: Any, source: str | Path, max_depth: int = MAX_DEPTH) -> None:
-    """:class:`UntrustedFileError` when ``value`` nests deeper than ``max_depth`` (walked without recursion)."""
+    """:class:`UntrustedFileError` when ``value`` nests deeper than ``max_depth`` (walked, not recursed)."""
     for path, v in walk(value):
         if len(path) > max_depth:
             raise UntrustedFileError(f"{source} is nested deeper than {max_depth} levels")
@@ -112,8 +116,8 @@ def non_finite(value: Any) -> tuple[str, float] | None:
 
 
 def load_json(path: str | Path, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
-    """A JSON file read with :func:`read_text` and parsed with bounded nesting (``NaN`` and ``Infinity`` parse as
-    floats: the caller names the field they are in, :func:`non_finite`)."""
+    """A JSON file read with :func:`read_text` and parsed with bounded nesting (``NaN`` and ``Infinity`` parse
+    as floats: the caller names the field they are in, :func:`non_finite`)."""
     text = read_text(path, max_bytes)
     try:
         value = json.loads(text)
@@ -133,7 +137,8 @@ class _BoundedLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted", event.start_mark)
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted",
+                                              event.start_mark)
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
@@ -145,14 +150,15 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def load_yaml(path: str | Path, max_bytes: int) -> Any:
-    """A YAML file read with :func:`read_text` and parsed safely: no tags beyond ``yaml.safe_load``'s, no aliases,
-    nesting of at most :data:`MAX_DEPTH`."""
+    """A YAML file read with :func:`read_text` and parsed safely: no tags beyond ``yaml.safe_load``'s, no
+    aliases, nesting of at most :data:`MAX_DEPTH`."""
     text = read_text(path, max_bytes)
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise UntrustedFileError(f"{path} is not readable YAML: {where}{getattr(e, 'problem', None) or e}") from None
+        why = getattr(e, "problem", None) or e
+        raise UntrustedFileError(f"{path} is not readable YAML: {where}{why}") from None
     except RecursionError:
         raise UntrustedFileError(f"{path} is nested deeper than {MAX_DEPTH} levels") from None

@@ -49,8 +49,8 @@ from kdeval.storage.rows import IDENTITY_SCHEMA, conform_identity, rows_to_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
 
 __all__ = [
-    "DB_ENV", "DEFAULT_DB_PATH", "IndexAccessError", "IndexLockedError", "IndexStorageError", "db_text", "db_url",
-    "make_engine", "sqlite_path", "RunIndex",
+    "DB_ENV", "DEFAULT_DB_PATH", "IndexAccessError", "IndexLockedError", "IndexStorageError", "db_text",
+    "db_url", "make_engine", "sqlite_path", "RunIndex",
     "age_seconds",
     "AttemptState", "CellState", "RunState", "TERMINAL_RUN_STATES", "clean_temp_files", "list_result_files",
     "list_temp_files", "read_cell_rows", "read_cell_table", "rows_to_table", "write_cell_rows", "AttemptView",

@@ -53,10 +53,11 @@ class RunIndex(ShardLeases):
         return cls(make_engine(db, write=write, on_wait=on_wait))
 
     def storage_problem(self) -> str | None:
-        """Why this index cannot be trusted now, for a SQLite file (:func:`~kdeval.storage.sqlite_lock.sqlite_problem`:
-        gone, emptied, corrupt), as a line naming it; None when intact (and for server databases)."""
+        """Why this index cannot be trusted now, for a SQLite file
+        (:func:`~kdeval.storage.sqlite_lock.sqlite_problem`: gone, emptied, corrupt), as a line naming it;
+        None when intact (and for server databases)."""
         path = sqlite_path(str(self.engine.url))
-        read_only = path is not None and str(path).startswith("file:")  # a reader's mode=ro URI: it wrote nothing
+        read_only = path is not None and str(path).startswith("file:")  # a reader's mode=ro URI: no writes
         why = sqlite_problem(path) if path is not None and not read_only else None
         return None if why is None else f"the index at {path} was lost or damaged: {why}"
 

@@ -1,9 +1,9 @@
-"""A SQLite index's file checked before it is trusted: waiting for one another process holds locked (a ``BEGIN EXCLUSIVE`` of a tool, a writer that
-hangs): before a writer starts, the lock is probed in a moment; when it is held, the caller is told so in one line
-(``on_wait``) and the writer waits up to the busy timeout for it, then gives up with :class:`IndexLockedError`,
-one line naming the index, having written nothing. :func:`sqlite_problem` says whether the file is still an
-intact index (a run's driver asks it before it reports success: the file may have been truncated or replaced while
-the run held it open).
+"""A SQLite index's file checked before it is trusted: waiting for one another process holds locked (a ``BEGIN
+EXCLUSIVE`` of a tool, a writer that hangs): before a writer starts, the lock is probed in a moment; when it
+is held, the caller is told so in one line (``on_wait``) and the writer waits up to the busy timeout for it,
+then gives up with :class:`IndexLockedError`, one line naming the index, having written nothing.
+:func:`sqlite_problem` says whether the file is still an intact index (a run's driver asks it before it
+reports success: the file may have been truncated or replaced while the run held it open).
 """
 from __future__ import annotations
 
@@ -49,15 +49,17 @@ def wait_for_write_lock(path: Path, where: str, timeout_s: float,
             if not _locked(e):
                 return
         if on_wait is not None:
-            on_wait(f"the index at {where} is locked by another process; waiting up to {timeout_s:g} s for it")
+            on_wait(f"the index at {where} is locked by another process; waiting up to {timeout_s:g} s "
+                    "for it")
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         try:
             _try_write_lock(conn)
         except sqlite3.OperationalError as e:
             if not _locked(e):
                 return
-            raise IndexLockedError(f"the index at {where} stayed locked by another process for {timeout_s:g} s; "
-                                   "nothing was written: try again once it is free") from None
+            raise IndexLockedError(f"the index at {where} stayed locked by another process for "
+                                   f"{timeout_s:g} s; nothing was written: try again once it is "
+                                   "free") from None
     finally:
         conn.close()
 

@@ -1,11 +1,12 @@
-"""A local model directory read as untrusted input at submit, before any weight loads: its ``config.json``, its
-tokenizer files and its safetensors headers (:mod:`kdeval.untrusted` reads them: regular files only, bounded in
-size and nesting).
+"""A local model directory read as untrusted input at submit, before any weight loads: its ``config.json``,
+its tokenizer files and its safetensors headers (:mod:`kdeval.untrusted` reads them: regular files only,
+bounded in size and nesting).
 
-:func:`check_config` checks every field the engine reads (sizes, layers, heads, windows, latent widths) for type and
-range, heads that divide, finite numbers anywhere, a ``model_type`` of a family kdeval runs (or the reason it
-does not), and no custom code: a config whose ``auto_map`` names code of its own and whose ``model_type``
-transformers does not ship is refused (kdeval never passes ``trust_remote_code=True``). Each refusal is one
+:func:`check_config` checks every field the engine reads (sizes, layers, heads, windows, latent widths) for
+type and range, heads that divide, finite numbers anywhere, a ``model_type`` of a family kdeval runs (or the
+reason it does not), and no custom code: a config whose ``auto_map`` names code of its own and whose
+``model_type`` transformers does not ship is refused (kdeval never passes ``trust_remote_code=True``). Each
+refusal is one
 :class:`ModelConfigError` line naming the file and the field (``m/config.json: num_attention_heads: expected a
 positive integer (at most 1024), got 0``).
 
@@ -27,7 +28,8 @@ MAX_CONFIG_BYTES = 4 << 20
 MAX_TOKENIZER_BYTES = 256 << 20
 #: The largest safetensors header read (the format's own limit is 100 MB).
 MAX_SAFETENSORS_HEADER = 100 << 20
-#: The most layers a config may name: far beyond any released model, so ``num_hidden_layers: 1e12`` builds no list.
+# : The most layers a config may name: far beyond any released model, so ``num_hidden_layers: 1e12`` builds no
+# list.
 MAX_LAYERS = 1024
 #: The most attention heads (query or KV) a config may name.
 MAX_HEADS = 1024
@@ -60,8 +62,8 @@ INT_FIELDS: dict[str, tuple[int, int, bool]] = {
 POSITIVE_FIELDS = ("rope_theta", "rms_norm_eps", "layer_norm_eps")
 BOOL_FIELDS = ("use_sliding_window", "tie_word_embeddings", "is_encoder_decoder", "attention_bias")
 
-#: Architectures whose cache is not a per-layer cache of attention keys, and why (also refused when a model loads:
-#: :func:`kdeval.zoo.loading.check_supported`).
+# : Architectures whose cache is not a per-layer cache of attention keys, and why (also refused when a model
+# loads: : :func:`kdeval.zoo.loading.check_supported`).
 UNSUPPORTED_TYPES = {
     "mamba": "a state-space model has no KV cache",
     "mamba2": "a state-space model has no KV cache",
@@ -72,18 +74,22 @@ UNSUPPORTED_TYPES = {
     "zamba": "hybrid Mamba/attention layers",
     "zamba2": "hybrid Mamba/attention layers",
     "bamba": "hybrid Mamba/attention layers",
-    # FalconAttention computes attention in its own code (its own SDPA call, or eager code that adds the mask to the
-    # scores), never through transformers' attention interface: the engine's masks and attention rows never reach it
-    "falcon": "its attention never runs through transformers' attention interface, so the engine can neither mask "
-              "a batch's rows nor read attention",
+    # FalconAttention computes attention in its own code (its own SDPA call, or eager code that adds the mask
+    # to the scores), never through transformers' attention interface: the engine's masks and attention rows
+    # never reach it
+    "falcon": "its attention never runs through transformers' attention interface, so the engine can neither "
+              "mask a batch's rows nor read attention",
 }
-#: The ``model_type`` values of the families the engine is proven on (kdeval/zoo/families.py), less the refused.
+# : The ``model_type`` values of the families the engine is proven on (kdeval/zoo/families.py), less the
+# refused.
 KNOWN_TYPES = frozenset(f.model_type for f in FAMILIES) - set(UNSUPPORTED_TYPES)
 
 #: Tokenizer files transformers may read from a model directory: small JSON ones (parsed here) and the rest.
-TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "added_tokens.json")
+TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                  "added_tokens.json")
 TOKENIZER_OTHER = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "vocab.txt")
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+           "pytorch_model.bin.index.json")
 
 
 class ModelConfigError(UntrustedFileError):
@@ -116,11 +122,12 @@ def _type_problem(config: dict[str, Any]) -> tuple[str, str] | None:
     """(field, message) when the config names custom code, no model type, or one kdeval does not run."""
     model_type = config.get("model_type")
     if "auto_map" in config and model_type not in KNOWN_TYPES:
-        return "auto_map", (f"the model needs code of its own ({_custom_code(config['auto_map'])}), which kdeval "
-                            "never runs (trust_remote_code stays off); use a model whose architecture transformers "
-                            "ships (`kdeval models` lists the families)")
+        return "auto_map", (f"the model needs code of its own ({_custom_code(config['auto_map'])}), which "
+                            "kdeval never runs (trust_remote_code stays off); use a model whose architecture "
+                            "transformers ships (`kdeval models` lists the families)")
     if not isinstance(model_type, str):
-        return "model_type", f"expected the name of a model family (llama, qwen2, ...), got {_shown(model_type)}"
+        return "model_type", ("expected the name of a model family (llama, qwen2, ...), got "
+                              f"{_shown(model_type)}")
     if model_type in UNSUPPORTED_TYPES:
         return "model_type", f"'{model_type}' is not supported: {UNSUPPORTED_TYPES[model_type]}"
     if model_type not in KNOWN_TYPES:
@@ -157,13 +164,14 @@ def _problem(config: Any) -> tuple[str, str] | None:
 
 
 def _shape_problem(config: dict[str, Any]) -> tuple[str, str] | None:
-    """Heads that do not divide, a head width that does not follow from the hidden size, layer types that are not
-    one per layer or not attention layers."""
+    """Heads that do not divide, a head width that does not follow from the hidden size, layer types that are
+    not one per layer or not attention layers."""
     heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
         return "num_key_value_heads", f"expected a divisor of num_attention_heads {heads}, got {kv}"
     hidden = config.get("hidden_size")
-    if config.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+    derived = config.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int)
+    if derived and hidden % heads:
         return "hidden_size", (f"expected a multiple of num_attention_heads {heads} (head_dim is not given), "
                                f"got {hidden}")
     types = config.get("layer_types")
@@ -184,8 +192,8 @@ def _shape_problem(config: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def check_config(config: Any, source: str) -> dict[str, Any]:
-    """``config`` (a parsed ``config.json``) when the engine can build a model from it; :class:`ModelConfigError`
-    naming ``source`` and the field otherwise."""
+    """``config`` (a parsed ``config.json``) when the engine can build a model from it;
+    :class:`ModelConfigError` naming ``source`` and the field otherwise."""
     found = _problem(config)
     if found is not None:
         field, why = found
@@ -194,7 +202,8 @@ def check_config(config: Any, source: str) -> dict[str, Any]:
 
 
 def read_config(path: Path, source: str | None = None) -> dict[str, Any]:
-    """The checked config of ``path`` (:func:`check_config`); ``source`` names it in messages (default: path)."""
+    """The checked config of ``path`` (:func:`check_config`); ``source`` names it in messages (default:
+    the path)."""
     try:
         value = load_json(path, MAX_CONFIG_BYTES)
     except UntrustedFileError as e:
@@ -211,8 +220,8 @@ def read_head(path: Path, max_bytes: int, head: int | None = None) -> tuple[byte
 
 
 def check_tokenizer_files(directory: Path) -> None:
-    """The tokenizer files of a model directory: regular files of bounded size, the small JSON ones parsed with
-    bounded nesting, no custom tokenizer code (``auto_map``) and no NaN."""
+    """The tokenizer files of a model directory: regular files of bounded size, the small JSON ones parsed
+    with bounded nesting, no custom tokenizer code (``auto_map``) and no NaN."""
     for name in TOKENIZER_JSON + TOKENIZER_OTHER:
         path = directory / name
         if not (path.exists() or path.is_symlink()):
@@ -236,7 +245,7 @@ def check_tokenizer_files(directory: Path) -> None:
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why the safetensors file ``path`` cannot load (truncated, a header that is not the format's), or None."""
+    """Why the safetensors file ``path`` cannot load (truncated, a header not the format's), or None."""
     import json
     import struct
 
@@ -279,8 +288,8 @@ def check_weights(directory: Path) -> None:
     elif any((directory / name).exists() for name in WEIGHTS):
         return  # PyTorch weights: transformers reads them with weights_only
     else:
-        raise ModelConfigError(f"{directory} holds no weights; expected model.safetensors (or its index) beside "
-                               "config.json, as save_pretrained writes them")
+        raise ModelConfigError(f"{directory} holds no weights; expected model.safetensors (or its index) "
+                               "beside config.json, as save_pretrained writes them")
     for name in files:
         path = directory / name
         if not path.exists():
@@ -291,8 +300,8 @@ def check_weights(directory: Path) -> None:
 
 
 def check_model_directory(directory: Path) -> None:
-    """Everything :mod:`kdeval.zoo.config_check` checks of a model directory (config, tokenizer files, weights),
-    raising the first :class:`ModelConfigError`."""
+    """Everything :mod:`kdeval.zoo.config_check` checks of a model directory (config, tokenizer files,
+    weights), raising the first :class:`ModelConfigError`."""
     read_config(directory / "config.json")
     check_tokenizer_files(directory)
     check_weights(directory)

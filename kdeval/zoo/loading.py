@@ -189,15 +189,15 @@ def load_model(
     else:
         source = str(safetensors_dir(name)) if name in OFFLINE_MODELS else name
         if name not in OFFLINE_MODELS and Path(name).is_dir():
-            check_model_directory(Path(name))  # untrusted input, checked before transformers reads a byte of it
-        # trust_remote_code=False, said each time: only architectures transformers ships are loaded, a model's own
-        # code never runs, and transformers never asks on stdin whether to run it.
+            check_model_directory(Path(name))  # untrusted input, checked before transformers reads it
+        # trust_remote_code=False, said each time: only architectures transformers ships are loaded, a model's
+        # own code never runs, and transformers never asks on stdin whether to run it.
         config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False)
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)
         model = AutoModelForCausalLM.from_pretrained(
-            source, revision=revision, dtype=torch_dtype, attn_implementation=runnable_attention(config, attn),
-            trust_remote_code=False,
+            source, revision=revision, dtype=torch_dtype,
+            attn_implementation=runnable_attention(config, attn), trust_remote_code=False,
         )
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=False)
         model.eval()

@@ -10,10 +10,10 @@ submit (``kv_quant`` groups against ``head_dim``, lengths, budgets and chunk siz
 - a hub id: its ``config.json`` in the local hub cache, when it is there (nothing is downloaded; None otherwise).
 
 :func:`model_id_problem` says why an id is none of these (a path that is not a model directory, a URL, a
-malformed hub id) before anything tries to load it, and why a local model directory's files cannot build a model
-(:func:`kdeval.zoo.config_check.check_model_directory`: a hostile ``config.json``, tokenizer file or truncated
-weights). A config read here is untrusted input (:mod:`kdeval.zoo.config_check`): a hostile one raises
-:class:`~kdeval.zoo.config_check.ModelConfigError`, one line naming the file and the field.
+malformed hub id) before anything tries to load it, and why a local model directory's files cannot build a
+model (:func:`kdeval.zoo.config_check.check_model_directory`: a hostile ``config.json``, tokenizer file or
+truncated weights). A config read here is untrusted input (:mod:`kdeval.zoo.config_check`): a hostile one
+raises :class:`~kdeval.zoo.config_check.ModelConfigError`, one line naming the file and the field.
 """
 from __future__ import annotations
 
@@ -113,8 +113,8 @@ def _local(model_id: str) -> tuple[Path, bool, bool]:
 def model_id_problem(model_id: str, revision: str | None = None) -> str | None:
     """Why ``model_id`` (not a ``random:`` or ``stub:`` one) names no model kdeval can load, else None: a local
     path that is not a model directory with a ``config.json`` whose files build a model
-    (:func:`~kdeval.zoo.config_check.check_model_directory`), a URL, neither a path nor a hub id, or a hub id whose
-    cached ``config.json`` is refused."""
+    (:func:`~kdeval.zoo.config_check.check_model_directory`), a URL, neither a path nor a hub id, or a hub id
+    whose cached ``config.json`` is refused."""
     if model_id in OFFLINE_CONFIGS:
         return None
     if "://" in model_id:

@@ -1,7 +1,8 @@
-"""A model's own code never runs and no kdeval command asks on stdin whether to run it: a config whose ``auto_map``
-names ``configuration_evil.py`` is refused at submit in one line, with ``y`` on stdin and with stdin closed alike,
-and the file never runs (it would write a marker); a model loads with ``trust_remote_code=False``; ``generate`` on
-such a directory, or on a FIFO as its prompt file, is one line."""
+"""A model's own code never runs and no kdeval command asks on stdin whether to run it: a config whose
+``auto_map`` names ``configuration_evil.py`` is refused at submit in one line, with ``y`` on stdin and with
+stdin closed alike, and the file never runs (it would write a marker); a model loads with
+``trust_remote_code=False``; ``generate`` on such a directory, or on a FIFO as its prompt file, is one line.
+"""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,8 @@ EVIL = "from pathlib import Path\nPath({marker!r}).write_text('ran')\n"
 
 
 def evil_model(root: Path, model_type: str = "evil") -> tuple[Path, Path]:
-    """A model directory whose config and tokenizer name custom code that writes a marker; (directory, marker)."""
+    """A model directory whose config and tokenizer name custom code that writes a marker; (directory,
+    marker)."""
     d, marker = root / "m", root / "marker"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({**GOOD, "model_type": model_type, "auto_map": {
@@ -47,7 +49,8 @@ def test_custom_code_is_refused_at_submit_and_never_runs(tmp_path, stdin):
 
 
 def test_a_shipped_architecture_beside_an_auto_map_loads_without_its_code(tmp_path):
-    """``model_type: llama`` with an ``auto_map``: transformers' own Llama classes, the custom files never run."""
+    """``model_type: llama`` with an ``auto_map``: transformers' own Llama classes, the custom files never
+    run."""
     from kdeval.zoo.model_config import model_tokenizer
 
     d, marker = evil_model(tmp_path, "llama")

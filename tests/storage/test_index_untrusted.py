@@ -1,6 +1,7 @@
-"""The index is never trusted blindly: a SQLite index another process holds locked is waited for with a line that
-says so, then one line and exit 1 with nothing written; `status` on a corrupt index is one line; a run whose index
-file was emptied while it ran never reports success (exit 1, its results kept, the index rebuildable)."""
+"""The index is never trusted blindly: a SQLite index another process holds locked is waited for with a line
+that says so, then one line and exit 1 with nothing written; `status` on a corrupt index is one line; a run
+whose index file was emptied while it ran never reports success (exit 1, its results kept, the index
+rebuildable)."""
 from __future__ import annotations
 
 import functools
@@ -36,7 +37,8 @@ def _index(tmp_path):
 
 
 def _hold(path, seconds: float) -> threading.Thread:
-    """Another process's ``BEGIN EXCLUSIVE`` on ``path``, held for ``seconds`` (a thread with its own connection)."""
+    """Another process's ``BEGIN EXCLUSIVE`` on ``path``, held for ``seconds`` (a thread with its own
+    connection)."""
     ready = threading.Event()
 
     def hold() -> None:

@@ -5,13 +5,13 @@ naming the field:
   (N kept tokens and a chunk of B incoming) at the first chunk after the budget fills, ``s = ceil(N / B) * B``
   tokens in; when nothing is older than the window then (:func:`kdeval.cluster.catalog.kv_quant_frontier` of
   ``s`` is 0), the quantized cell's ``peak_kv_bytes`` are the unquantized one's. Not refused: the store still
-  quantizes the kept tokens that later leave the window, which changes the answers and the cache after its peak.
-  Checked for the policies that keep N tokens in every layer and KV head, fixed budgets and chunk sizes in
-  tokens (a ``whole`` chunk peaks at its full prefill, quantized or not);
+  quantizes the kept tokens that later leave the window, which changes the answers and the cache after its
+  peak. Checked for the policies that keep N tokens in every layer and KV head, fixed budgets and chunk sizes
+  in tokens (a ``whole`` chunk peaks at its full prefill, quantized or not);
 - refused (its cells would repeat others while claiming to measure something else): a chunk size that holds
   every prompt of the grid in one chunk beside ``whole``, which does the same. A synthetic task's prompt and
-  generation fit its target length (:func:`kdeval.evals.tasks.synthetic.fit_units`), so a chunk of at least the
-  longest length is one chunk for every cell. Checked only when every task has target lengths.
+  generation fit its target length (:func:`kdeval.evals.tasks.synthetic.fit_units`), so a chunk of at least
+  the longest length is one chunk for every cell. Checked only when every task has target lengths.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from kdeval.jobs.grid.schema import BUDGET_FREE_POLICIES, GridSpec
 
 def _tokens(values: list[Any]) -> list[tuple[int, int]]:
     """(index, value) of the entries that are a number of tokens (not a share, not ``whole``)."""
-    return [(k, v) for k, v in enumerate(values) if isinstance(v, int) and not isinstance(v, bool) and not is_share(v)]
+    return [(k, v) for k, v in enumerate(values)
+            if isinstance(v, int) and not isinstance(v, bool) and not is_share(v)]
 
 
 def _first_full_step(budget: int, chunk: int) -> int:
@@ -36,7 +37,7 @@ def _first_full_step(budget: int, chunk: int) -> int:
 
 
 def window_notes(grid: GridSpec, model_shapes: list[Any]) -> list[str]:
-    """A ``kv_quant`` entry whose full-precision window covers a budget at some chunk size (module docstring)."""
+    """``kv_quant`` entries whose full-precision window covers a budget at some chunk (module docstring)."""
     if not any(catalog.policy_keeps_budget_per_head(p.name, dict(p.params)) for p in grid.policies
                if p.name not in BUDGET_FREE_POLICIES):
         return []
@@ -51,10 +52,12 @@ def window_notes(grid: GridSpec, model_shapes: list[Any]) -> list[str]:
         covered = [(k, b, c) for n, (k, b, c) in enumerate(covered) if all(k != e[0] for e in covered[:n])]
         if covered:
             named = ", ".join(f"budgets[{k}] {b} (at chunk {c})" for k, b, c in covered)
-            notes.append(f"kv_quant[{j}].window: {quant.window} recent tokens in full precision cover {named}: the "
-                         f"cache peaks (N kept + a chunk of B) before any kept token is older than the window, so "
-                         f"those {quant.bits}-bit cells' peak_kv_bytes are the unquantized ones'; a window below "
-                         f"{min(b for _, b, _ in covered)} makes the store smaller at its peak")
+            least = min(b for _, b, _ in covered)
+            notes.append(
+                f"kv_quant[{j}].window: {quant.window} recent tokens in full precision cover {named}: the cache "
+                "peaks (N kept + a chunk of B) before any kept token is older than the window, so those "
+                f"{quant.bits}-bit cells' peak_kv_bytes are the unquantized ones'; a window below {least} makes "
+                "the store smaller at its peak")
     return notes
 
 
@@ -64,9 +67,9 @@ def chunk_issues(grid: GridSpec) -> list[GridIssue]:
         return []
     longest = max(max(t.lengths) for t in grid.tasks)
     whole = grid.chunk_sizes.index(WHOLE)
-    return [GridIssue(f"chunk_sizes[{k}]", f"{c} tokens per chunk hold every prompt of the grid in one chunk (the "
-                                           f"longest task length is {longest}), as 'whole' (chunk_sizes[{whole}]) "
-                                           f"does: its cells would repeat whole's; expected a chunk below {longest}")
+    return [GridIssue(f"chunk_sizes[{k}]", f"{c} tokens per chunk hold every prompt of the grid in one chunk "
+                      f"(the longest task length is {longest}), as 'whole' (chunk_sizes[{whole}]) does: its "
+                      f"cells would repeat whole's; expected a chunk below {longest}")
             for k, c in _tokens(grid.chunk_sizes) if c >= longest]
 
 

@@ -119,9 +119,9 @@ _NAMED = ("dataset", "model", "press_name", "data_dir")
 
 
 def _config(d: Path) -> dict[str, Any]:
-    """``d``'s ``config.yaml``, read as untrusted input (:func:`kdeval.untrusted.load_yaml`: a regular file of at
-    most :data:`MAX_CONFIG_BYTES`, no aliases, bounded nesting) and checked: kvpress's keys, names without hidden
-    characters, a finite ``compression_ratio`` in [0, 1) and ``fraction`` in (0, 1]."""
+    """``d``'s ``config.yaml``, read as untrusted input (:func:`kdeval.untrusted.load_yaml`: a regular file of
+    at most :data:`MAX_CONFIG_BYTES`, no aliases, bounded nesting) and checked: kvpress's keys, names without
+    hidden characters, a finite ``compression_ratio`` in [0, 1) and ``fraction`` in (0, 1]."""
     path = d / "config.yaml"
     try:
         cfg = load_yaml(path, MAX_CONFIG_BYTES)
@@ -140,7 +140,8 @@ def _config(d: Path) -> dict[str, Any]:
     for key, low, high in (("compression_ratio", 0.0, 1.0), ("fraction", 0.0, 1.0)):
         value = cfg.get(key)
         ok = value is None or (type(value) in (int, float) and math.isfinite(value)
-                               and (low <= value < high if key == "compression_ratio" else low < value <= high))
+                               and (low <= value < high if key == "compression_ratio"
+                                    else low < value <= high))
         if not ok:
             span = "from 0 up to (not including) 1" if key == "compression_ratio" else "above 0, at most 1"
             raise ValueError(f"DIR: {path}: {key}: expected a finite number {span}, got {_quoted(value)}")
@@ -153,8 +154,8 @@ def _quoted(value: Any) -> str:
 
 
 def _metrics(d: Path) -> Any:
-    """``d``'s ``metrics.json`` (untrusted: a regular file of at most :data:`MAX_CONFIG_BYTES`, bounded nesting,
-    finite numbers), ValueError naming the file and the field."""
+    """``d``'s ``metrics.json`` (untrusted: a regular file of at most :data:`MAX_CONFIG_BYTES`, bounded
+    nesting, finite numbers), ValueError naming the file and the field."""
     path = d / "metrics.json"
     try:
         metrics = load_json(path, MAX_CONFIG_BYTES)
@@ -217,14 +218,14 @@ def _sample_id(dataset: str, data_dir: str, task: str, task_col: str, length: in
 
 
 def _row_ratio(d: Path, value: Any, row: int) -> float:
-    """A predictions row's ``compression_ratio`` as a finite number in [0, 1); ValueError naming file, row, column."""
+    """A row's ``compression_ratio`` as a finite number in [0, 1); ValueError naming file, row and column."""
     try:
         ratio = float(value or 0.0)
     except (TypeError, ValueError):
         ratio = math.nan
     if not (math.isfinite(ratio) and 0 <= ratio < 1):
-        raise ValueError(f"DIR: {d / 'predictions.csv'}: row {row + 1}: compression_ratio: expected a finite number "
-                         f"from 0 up to (not including) 1, got {_quoted(value)}")
+        raise ValueError(f"DIR: {d / 'predictions.csv'}: row {row + 1}: compression_ratio: expected a finite "
+                         f"number from 0 up to (not including) 1, got {_quoted(value)}")
     return ratio
 
 

@@ -74,7 +74,7 @@ def _host() -> str:
 
 
 def staging_prefix(out: Path) -> str:
-    """The name prefix of what an export to ``out`` stages beside it: hidden, this host's and this process's."""
+    """The name prefix of what an export to ``out`` stages beside it: hidden, of this host and process."""
     return f".{out.name}.kdeval-{_host()}-{os.getpid()}."
 
 
@@ -89,8 +89,9 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale_staging(out: Path) -> list[Path]:
-    """Remove what exports to ``out`` killed on this host left staged beside it (or inside it, for a directory
-    export into an empty ``out``): entries named by :func:`staging_prefix` whose process is gone. Returns them."""
+    """Remove what exports to ``out`` killed on this host left staged beside it (or inside it, for a
+    directory export into an empty ``out``): entries named by :func:`staging_prefix` whose process is gone.
+    Returns them."""
     mine = re.compile(rf"^\.{re.escape(out.name)}\.kdeval-{re.escape(_host())}-(\d+)\.")
     removed = []
     for folder in {out.parent, out} if out.is_dir() else {out.parent}:

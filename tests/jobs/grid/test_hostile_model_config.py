@@ -1,6 +1,7 @@
-"""A local model directory is untrusted input at submit: a hostile ``config.json`` (or tokenizer file, or truncated
-weights) is one line naming the file and the field, exit 2, in well under 5 s, with nothing written, for the dry run
-and the real submit alike; a FIFO or a device named ``config.json`` is refused before a byte is read."""
+"""A local model directory is untrusted input at submit: a hostile ``config.json`` (or tokenizer file, or
+truncated weights) is one line naming the file and the field, exit 2, in well under 5 s, with nothing written,
+for the dry run and the real submit alike; a FIFO or a device named ``config.json`` is refused before a byte
+is read."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ def safetensors(path: Path, cut: int = 0) -> None:
 
 
 def model_dir(root: Path, config: object = None, raw: bytes | None = None) -> Path:
-    """A model directory: ``config`` (default :data:`GOOD`) as its config.json, or ``raw`` bytes; whole weights."""
+    """A model directory: ``config`` (default :data:`GOOD`) as its config.json, or ``raw`` bytes; whole
+    weights."""
     d = root / "m"
     d.mkdir()
     (d / "config.json").write_bytes(raw if raw is not None else json.dumps(GOOD if config is None else config).encode())

@@ -1,6 +1,6 @@
-"""Settings that would take no effect are found at submit: a chunk size that holds every prompt beside ``whole`` is
-refused in one line; a KIVI window that covers a budget is said in one line (the quantized cell peaks as the
-unquantized one does: checked against the engine's own peak bytes)."""
+"""Settings that would take no effect are found at submit: a chunk size that holds every prompt beside
+``whole`` is refused in one line; a KIVI window that covers a budget is said in one line (the quantized cell
+peaks as the unquantized one does: checked against the engine's own peak bytes)."""
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
-"""What an export killed mid-write left staged beside its ``--out`` (a hidden file, or a hidden directory beside or
-inside an empty ``--out``) is removed by the next export to the same place once the process that staged it is gone;
-the staging of a live export is left alone."""
+"""What an export killed mid-write left staged beside its ``--out`` (a hidden file, or a hidden directory
+beside or inside an empty ``--out``) is removed by the next export to the same place once the process that
+staged it is gone; the staging of a live export is left alone."""
 from __future__ import annotations
 
 import subprocess

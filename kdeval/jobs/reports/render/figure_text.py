@@ -1,10 +1,11 @@
 """Text in figures shown as given: names from users (a model path, an imported press name such as
-``$\\frac{1}{$``) are never read as matplotlib mathtext or TeX, which would end a report or a leaderboard page in a
-parse error (one bad name broke every page).
+``$\\frac{1}{$``) are never read as matplotlib mathtext or TeX, which would end a report or a leaderboard page
+in a parse error (one bad name broke every page).
 
-:func:`literal_text` runs a function that builds or draws a figure with ``text.parse_math`` and ``text.usetex``
-off; every ``Text`` matplotlib makes meanwhile (titles, labels, legends, and the tick labels made when the figure is
-drawn) keeps that setting, and nothing outside the call changes (``matplotlib.rc_context``).
+:func:`literal_text` runs a function that builds or draws a figure with ``text.parse_math`` and
+``text.usetex`` off; every ``Text`` matplotlib makes meanwhile (titles, labels, legends, and the tick labels
+made when the figure is drawn) keeps that setting, and nothing outside the call changes
+(``matplotlib.rc_context``).
 """
 from __future__ import annotations
 
