@@ -26,7 +26,7 @@ from kdeval.cli.detach import detach_local, detach_ray_job
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
 from kdeval.cli.progress import PlainProgress, RichProgress
-from kdeval.cli.status_view import runs_table, status_json, status_table
+from kdeval.cli.status_view import MAX_ROWS, runs_table, status_json, status_table
 from kdeval.cluster.raysetup import AddressError, is_job_server
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
 from kdeval.jobs.grid.errors import GridError
@@ -237,6 +237,8 @@ def status(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     watch: bool = typer.Option(False, "--watch", help="Refresh every second until the run ends."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    every: bool = typer.Option(False, "--all", help=f"Every cell of the run, however many (default: at most "
+                               f"{MAX_ROWS}, failed, running and pending ones first)."),
 ) -> None:
     """Per-run and per-state counts; a run's cells with worker/node and failures with their error."""
     index = open_index(db, write=False)
@@ -245,7 +247,9 @@ def status(
         print(status_json(index, run_id))
         raise typer.Exit(EXIT_OK)
     out = stdout(markup=False)
-    render = (lambda: status_table(index, run_id, out.width)) if run_id else (lambda: runs_table(index, out.width))
+    limit = None if every else MAX_ROWS
+    render = (lambda: status_table(index, run_id, out.width, limit)) if run_id else (
+        lambda: runs_table(index, out.width))
     if not watch:
         out.print(render())
         raise typer.Exit(EXIT_OK)

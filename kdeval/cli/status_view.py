@@ -26,6 +26,11 @@ from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, 
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
 LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
+#: the most cells one run's table shows unless asked for all (``status --all``): every failed, running and pending
+#: cell first, then the rest in grid order (a 20,000-cell run is not 20,000 lines, nor a minute of rendering)
+MAX_ROWS = 200
+#: which cells a table cut to :data:`MAX_ROWS` keeps first
+_FIRST = {CellState.FAILED.value: 0, CellState.RUNNING.value: 1, CellState.PENDING.value: 2}
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
 SHORT_COLUMNS = ("cell", "N", "N/B", "state", "s")
 
@@ -165,12 +170,21 @@ def _common_protocol(cells: list) -> str:
     return budgeted.pop() if len(budgeted) == 1 and said <= budgeted | {""} else ""
 
 
-def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
+def _cut(cells: list, limit: int | None) -> list:
+    """At most ``limit`` of ``cells`` (None: all): failed, running and pending ones first, in grid order."""
+    if limit is None or len(cells) <= limit:
+        return cells
+    order = sorted(range(len(cells)), key=lambda i: (_FIRST.get(cells[i].state, 3), i))[:limit]
+    return [cells[i] for i in sorted(order)]
+
+
+def status_table(index: RunIndex, run_id: str, width: int = 120, limit: int | None = MAX_ROWS) -> Group:
     """One run: a heading with per-state counts, one row per cell (worker@node when ``width`` allows, time,
-    score or error), the driver's message. Columns fold instead of cutting what a user types next (ids,
-    policies, tasks) or must read (errors)."""
+    score or error) for at most ``limit`` cells (:data:`MAX_ROWS`; None: every cell), the driver's message.
+    Columns fold instead of cutting what a user types next (ids, policies, tasks) or must read (errors)."""
     run = index.get_run(run_id)
-    cells = index.run_cells(run.id)
+    every = index.run_cells(run.id)
+    cells = _cut(every, limit)
     caption = driver_caption(run) or run.message
     models = sorted({c.model for c in cells})
     one_model = len(models) == 1
@@ -245,6 +259,9 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     if common:
         budgetless = any(not protocol_parts(c.spec) for c in cells)
         said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common}"))
+    if len(cells) < len(every):
+        said.append(Text(f"{len(cells)} of {len(every)} cells shown (failed, running and pending ones first); "
+                         f"`kdeval status {run.id} --all` lists every one, `--json` as JSON"))
     parts = [Text(title, style="bold"), t] + said + errors + ([Text(shown(caption))] if caption else [])
     return Group(*parts)
 

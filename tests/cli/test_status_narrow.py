@@ -97,3 +97,24 @@ def test_the_demos_cells_fit_one_line_each_at_80_columns(tmp_path):
     assert lines[head + 2 + 8:] == ["every task: 1024 tokens, seed 0",
                                     "scores: score (needle), contains (ruler.niah_single_1)",
                                     "every cell: chunks of B=128"], out.output
+
+
+def test_a_large_run_shows_its_failed_cells_first_and_says_how_to_see_all(tmp_path, monkeypatch):
+    from kdeval.cli import service_cmds
+
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    cells = [FakeCell("keydiff", 32 * (i + 1), rows=rows([1, 0])) for i in range(5)]
+    cells.insert(3, FakeCell("snapkv", 64, rows=None, error="OSError: disk full"))
+    store_run(idx, tmp_path / "results", RUN, cells)
+    db = str(idx.engine.url)
+    idx.close()
+    monkeypatch.setattr(service_cmds, "MAX_ROWS", 3)
+    out = runner.invoke(kdeval_app, ["status", RUN, "--db", db], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    shown_rows = [line for line in out.output.splitlines() if re.match(r"^[0-9a-f]{8} ", line)]
+    assert len(shown_rows) == 3 and "disk full" in shown_rows[2], out.output  # grid order: the failure is 4th
+    assert (f"3 of 6 cells shown (failed, running and pending ones first); `kdeval status {RUN} --all` lists every "
+            "one, `--json` as JSON") in out.output
+    every = runner.invoke(kdeval_app, ["status", RUN, "--db", db, "--all"], env={"COLUMNS": "200"})
+    assert len([line for line in every.output.splitlines() if re.match(r"^[0-9a-f]{8} ", line)]) == 6
+    assert "cells shown" not in every.output
