@@ -1,9 +1,9 @@
-"""The index at 20,000 cells: `kdeval status RUN`, `ls`, `leaderboard`, `report` and `export --format csv` on a
-synthetic index, each timed in a fresh process (wall time and peak RSS).
+"""The index at 20,000 cells: `kdeval status RUN`, `ls`, `leaderboard`, `report` and `export --format csv` on
+a synthetic index, each timed in a fresh process (wall time and peak RSS).
 
-The index is one run of ``--cells`` done cells (10 policies × 10 budgets × seeds of ``needle`` at 1024 tokens, 4
-samples a cell, each cell its own Parquet part), made once through the index's own API into ``--dir`` and reused
-by later calls (making 20,000 cells takes a few minutes on 2 cores).
+The index is one run of ``--cells`` done cells (10 policies × 10 budgets × seeds of ``needle`` at 1024 tokens,
+4 samples a cell, each cell its own Parquet part), made once through the index's own API into ``--dir`` and
+reused by later calls (making 20,000 cells takes a few minutes on 2 cores).
 
     python bench/index_scale.py --dir /tmp/kdeval-scale              # 20,000 cells
     python bench/index_scale.py --dir /tmp/kdeval-scale-2k --cells 2000
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ["keydiff", "snapkv", "tova", "h2o", "sink", "knorm", "random", "pyramidkv", "ada-keydiff", "chunkkv"]
+POLICIES = ["keydiff", "snapkv", "tova", "h2o", "sink", "knorm", "random", "pyramidkv", "ada-keydiff",
+            "chunkkv"]
 BUDGETS = [32, 64, 96, 128, 160, 192, 224, 256, 320, 384]
 RUN = "20261207-000000-5ca1e0"
 
@@ -39,8 +40,8 @@ def build(where: Path, cells: int) -> None:
     records = [CellRecord(id=c.cell_id("v1"), spec=c.spec("v1"), model=c.model, policy=c.policy,
                           budget=budget_tokens(c.budget), chunk_size=c.chunk, task=c.label,
                           budget_share=budget_share(c.budget)) for c in fakes]
-    idx.create_run(RUN, name="scale", grid_yaml="name: scale\n", grid_hash="scale", results_dir=str(where / "results"),
-                   kdeval_version="v1", cells=records)
+    idx.create_run(RUN, name="scale", grid_yaml="name: scale\n", grid_hash="scale",
+                   results_dir=str(where / "results"), kdeval_version="v1", cells=records)
     start = time.perf_counter()
     for n, (c, rec) in enumerate(zip(fakes, records)):
         record_done(idx, RUN, rec.id, where / "results", c.rows, summary=c.summary)
@@ -60,7 +61,8 @@ COMMANDS = {
 }
 
 
-#: runs a command and prints its peak RSS (KiB) last on stderr: a fresh parent per command, so the figure is its own
+# : runs a command and prints its peak RSS (KiB) last on stderr: a fresh parent per command, so the figure is
+# its own
 _PEAK = ("import resource, subprocess, sys\n"
          "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
          "sys.stdout.write(r.stdout)\n"
@@ -71,8 +73,9 @@ def timed(args: list[str], db: Path, timeout: float) -> tuple[float, float, int,
     """(wall s, peak RSS MiB, exit code, stdout lines) of ``kdeval ARGS --db db`` in a fresh process."""
     start = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "kdeval.cli.app", *args, "--db",
-                              str(db)], capture_output=True, text=True, timeout=timeout,
+        command = [sys.executable, "-c", _PEAK, sys.executable, "-m", "kdeval.cli.app", *args,
+                   "--db", str(db)]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, "COLUMNS": "120"})
         code, peak = (int(x) for x in out.stderr.split()[-2:])
         lines = len(out.stdout.splitlines())
@@ -100,7 +103,8 @@ def main() -> None:
             f.unlink()
         cmd = [a.format(out=out) for a in COMMANDS[name]]
         wall, rss, code, lines = timed(cmd, args.dir / "index.sqlite", args.timeout)
-        print(f"| `kdeval {' '.join(COMMANDS[name])}` | {wall:.1f} | {rss:.0f} | {code} | {lines} |", flush=True)
+        shown = " ".join(COMMANDS[name])
+        print(f"| `kdeval {shown}` | {wall:.1f} | {rss:.0f} | {code} | {lines} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, 
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
 LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
-#: the most cells one run's table shows unless asked for all (``status --all``): every failed, running and pending
-#: cell first, then the rest in grid order (a 20,000-cell run is not 20,000 lines, nor a minute of rendering)
+#: the most cells one run's table shows unless asked for all (``status --all``): every failed, running and
+#: pending cell first, then the rest in grid order (a 20,000-cell run is not 20,000 lines, nor a minute)
 MAX_ROWS = 200
 #: which cells a table cut to :data:`MAX_ROWS` keeps first
 _FIRST = {CellState.FAILED.value: 0, CellState.RUNNING.value: 1, CellState.PENDING.value: 2}
@@ -260,8 +260,8 @@ def status_table(index: RunIndex, run_id: str, width: int = 120, limit: int | No
         budgetless = any(not protocol_parts(c.spec) for c in cells)
         said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common}"))
     if len(cells) < len(every):
-        said.append(Text(f"{len(cells)} of {len(every)} cells shown (failed, running and pending ones first); "
-                         f"`kdeval status {run.id} --all` lists every one, `--json` as JSON"))
+        said.append(Text(f"{len(cells)} of {len(every)} cells shown (failed, running and pending ones "
+                         f"first); `kdeval status {run.id} --all` lists every one, `--json` as JSON"))
     parts = [Text(title, style="bold"), t] + said + errors + ([Text(shown(caption))] if caption else [])
     return Group(*parts)
 

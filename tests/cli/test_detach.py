@@ -66,15 +66,15 @@ def test_a_background_driver_that_died_before_taking_its_run_reads_failed_with_i
 
 
 def test_detach_to_a_job_server_that_cannot_take_it_is_one_line(tmp_path):
-    """``--detach`` to an ``http://`` job server: Ray's job SDK missing (``ray[default]``) or nothing listening is
-    one line on stderr, exit 1, and nothing recorded (no index, no staging directory left)."""
+    """``--detach`` to an ``http://`` job server: Ray's job SDK missing (``ray[default]``) or nothing
+    listening is one line on stderr, exit 1, and nothing recorded (no index, no staging directory left)."""
     import tempfile
 
     from kdeval.cli.app import app as kdeval_app
 
     grid = tmp_path / "g.yaml"
-    grid.write_text("name: d\nmodels: ['stub:0.01']\npolicies: [full]\ntasks: [{name: needle, lengths: [256], "
-                    "samples: 1}]\nchunk_sizes: [32]\n")
+    grid.write_text("name: d\nmodels: ['stub:0.01']\npolicies: [full]\n"
+                    "tasks: [{name: needle, lengths: [256], samples: 1}]\nchunk_sizes: [32]\n")
     staged = set(Path(tempfile.gettempdir()).glob("kdeval-job-*"))
     r = CliRunner().invoke(kdeval_app, ["submit", str(grid), "--detach", "--address", "http://127.0.0.1:9",
                                         "--db", str(tmp_path / "i.sqlite")], env={"COLUMNS": "400"})

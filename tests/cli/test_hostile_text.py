@@ -144,8 +144,8 @@ MATH = r"$\frac{1}{$"  # mathtext that does not parse: matplotlib raised on it a
 
 @pytest.mark.parametrize("command", ["report", "leaderboard"])
 def test_a_formula_in_a_name_is_drawn_as_text_in_the_html_figures(tmp_path, wide, command):
-    """A model id and policy name holding ``$…$`` (a model path, an imported press name): the page is written with
-    its figures, the name on it as given."""
+    """A model id and policy name holding ``$…$`` (a model path, an imported press name): the page is written
+    with its figures, the name on it as given."""
     idx = RunIndex.open(tmp_path / "index.sqlite")
     store_run(idx, tmp_path / "results", "r1", [
         FakeCell("full", None, model=MATH, rows=rows([1, 1, 0, 1])),
@@ -154,7 +154,8 @@ def test_a_formula_in_a_name_is_drawn_as_text_in_the_html_figures(tmp_path, wide
     db = str(idx.engine.url)
     idx.close()
     out = tmp_path / "out"
-    args = (["report", "r1", "--resamples", "20"] if command == "report" else ["leaderboard", "--resamples", "20"])
+    args = ["report", "r1"] if command == "report" else ["leaderboard"]
+    args += ["--resamples", "20"]
     r = runner.invoke(kdeval_app, args + ["--db", db, "--format", "html", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "Traceback" not in r.output and "ParseException" not in r.output, r.output

@@ -39,11 +39,12 @@ def test_custom_code_is_refused_at_submit_and_never_runs(tmp_path, stdin):
     grid = tmp_path / "g.yaml"
     grid.write_text(GRID.format(model=d))
     out = subprocess.run([sys.executable, "-m", "kdeval.cli.app", "submit", str(grid), "--dry-run", "--db",
-                          str(tmp_path / "i.sqlite")], input=stdin, stdin=subprocess.DEVNULL if stdin is None else None,
+                          str(tmp_path / "i.sqlite")], input=stdin,
+                         stdin=subprocess.DEVNULL if stdin is None else None,
                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
     assert out.returncode == 2, out.stdout + out.stderr
-    assert f"models[0].id: {d}/config.json: auto_map: the model needs code of its own (configuration_evil.py, " \
-           "modeling_evil.py), which kdeval never runs" in out.stderr
+    assert (f"models[0].id: {d}/config.json: auto_map: the model needs code of its own "
+            "(configuration_evil.py, modeling_evil.py), which kdeval never runs") in out.stderr
     assert "[y/N]" not in out.stdout + out.stderr and "custom code" not in out.stdout + out.stderr
     assert not marker.exists()
 
@@ -77,7 +78,8 @@ def test_generate_on_custom_code_or_a_fifo_prompt_is_one_line(tmp_path):
     from kdeval.cli.app import app
 
     d, marker = evil_model(tmp_path)
-    r = runner.invoke(app, ["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "1"], input="y\n")
+    r = runner.invoke(app, ["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "1"],
+                      input="y\n")
     assert r.exit_code == 2 and r.output.strip().startswith(f"error: {d}/config.json: auto_map:"), r.output
     assert len(r.output.strip().splitlines()) == 1 and not marker.exists()
     fifo = tmp_path / "prompt"

@@ -63,14 +63,15 @@ def test_a_locked_index_is_waited_for_then_one_line_and_exit_1(tmp_path, wide, m
     before = db.read_bytes()
     holder = _hold(db, 4)
     start = time.perf_counter()
-    r = runner.invoke(kdeval_app, ["submit", str(grid), "--db", str(db), "--results-dir", str(tmp_path / "results")])
+    r = runner.invoke(kdeval_app, ["submit", str(grid), "--db", str(db),
+                                   "--results-dir", str(tmp_path / "results")])
     took = time.perf_counter() - start
     holder.join()
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 1, r.output
     assert lines == [f"the index at {db} is locked by another process; waiting up to 1 s for it",
-                     f"error: --db: the index at {db} stayed locked by another process for 1 s; nothing was written: "
-                     "try again once it is free"], r.output
+                     f"error: --db: the index at {db} stayed locked by another process for 1 s; nothing was "
+                     "written: try again once it is free"], r.output
     assert took < 3.5
     assert db.read_bytes() == before
 
@@ -107,7 +108,8 @@ def test_status_on_a_corrupt_index_is_one_line(tmp_path, wide, where):
         r = runner.invoke(kdeval_app, args + ["--db", str(db)])
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert r.exit_code in (1, 2) and len(lines) == 1, r.output
-        assert lines[0].startswith("error: ") and str(db) in lines[0] and "Traceback" not in r.output, r.output
+        assert lines[0].startswith("error: ") and str(db) in lines[0], r.output
+        assert "Traceback" not in r.output, r.output
 
 
 class EmptiesTheIndex(StubWorkload):

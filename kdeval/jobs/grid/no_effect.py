@@ -54,10 +54,10 @@ def window_notes(grid: GridSpec, model_shapes: list[Any]) -> list[str]:
             named = ", ".join(f"budgets[{k}] {b} (at chunk {c})" for k, b, c in covered)
             least = min(b for _, b, _ in covered)
             notes.append(
-                f"kv_quant[{j}].window: {quant.window} recent tokens in full precision cover {named}: the cache "
-                "peaks (N kept + a chunk of B) before any kept token is older than the window, so those "
-                f"{quant.bits}-bit cells' peak_kv_bytes are the unquantized ones'; a window below {least} makes "
-                "the store smaller at its peak")
+                f"kv_quant[{j}].window: {quant.window} recent tokens in full precision cover {named}: the "
+                "cache peaks (N kept + a chunk of B) before any kept token is older than the window, so "
+                f"those {quant.bits}-bit cells' peak_kv_bytes are the unquantized ones'; a window below "
+                f"{least} makes the store smaller at its peak")
     return notes
 
 

@@ -34,7 +34,8 @@ def model_dir(root: Path, config: object = None, raw: bytes | None = None) -> Pa
     weights."""
     d = root / "m"
     d.mkdir()
-    (d / "config.json").write_bytes(raw if raw is not None else json.dumps(GOOD if config is None else config).encode())
+    text = raw if raw is not None else json.dumps(GOOD if config is None else config).encode()
+    (d / "config.json").write_bytes(text)
     safetensors(d / "model.safetensors")
     return d
 
@@ -58,8 +59,10 @@ CASES: dict[str, tuple[object, str]] = {
     "kv-heads-string": (_with(num_key_value_heads="2"),
                         "num_key_value_heads: expected a positive integer (at most 1024) or null, got '2'"),
     "nesting-100": (_json('{"a": ' + "[" * 100 + "]" * 100 + "}"), "is nested deeper than 64 levels"),
-    "deep-nesting": (_json('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"), "is nested deeper than 64 levels"),
-    "heads-0": (_with(num_attention_heads=0), "num_attention_heads: expected a positive integer (at most 1024), got 0"),
+    "deep-nesting": (_json('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                     "is nested deeper than 64 levels"),
+    "heads-0": (_with(num_attention_heads=0),
+                "num_attention_heads: expected a positive integer (at most 1024), got 0"),
     "heads-negative": (_with(num_attention_heads=-4),
                        "num_attention_heads: expected a positive integer (at most 1024), got -4"),
     "heads-float": (_with(num_attention_heads=4.0),
@@ -69,12 +72,15 @@ CASES: dict[str, tuple[object, str]] = {
     "kv-heads-not-dividing": (_with(num_key_value_heads=3),
                               "num_key_value_heads: expected a divisor of num_attention_heads 4, got 3"),
     "head-dim-0": (_with(head_dim=0), "head_dim: expected a positive integer (at most 65536) or null, got 0"),
-    "head-dim-negative": (_with(head_dim=-16), "head_dim: expected a positive integer (at most 65536) or null, got -16"),
-    "head-dim-string": (_with(head_dim="x"), "head_dim: expected a positive integer (at most 65536) or null, got 'x'"),
+    "head-dim-negative": (_with(head_dim=-16),
+                          "head_dim: expected a positive integer (at most 65536) or null, got -16"),
+    "head-dim-string": (_with(head_dim="x"),
+                        "head_dim: expected a positive integer (at most 65536) or null, got 'x'"),
     "hidden-1e12": (_json(json.dumps(GOOD).replace('"hidden_size": 64', '"hidden_size": 1e12')),
                     "hidden_size: expected a positive integer (at most 1048576), got 1000000000000.0"),
     "hidden-not-dividing": (_with(hidden_size=66),
-                            "hidden_size: expected a multiple of num_attention_heads 4 (head_dim is not given), got 66"),
+                            "hidden_size: expected a multiple of num_attention_heads 4 (head_dim is not "
+                            "given), got 66"),
     "layers-string": (_with(num_hidden_layers="2"),
                       "num_hidden_layers: expected a positive integer (at most 1024), got '2'"),
     "layers-bool": (_with(num_hidden_layers=True),
@@ -92,17 +98,19 @@ CASES: dict[str, tuple[object, str]] = {
                            "`kdeval models` lists them"),
     "no-model-type": ({k: v for k, v in GOOD.items() if k != "model_type"},
                       "model_type: expected the name of a model family (llama, qwen2, ...), got None"),
-    "mamba": (_with(model_type="mamba"), "model_type: 'mamba' is not supported: a state-space model has no KV cache"),
+    "mamba": (_with(model_type="mamba"),
+              "model_type: 'mamba' is not supported: a state-space model has no KV cache"),
     "encoder-decoder": (_with(is_encoder_decoder=True),
-                        "is_encoder_decoder: encoder-decoder models are not supported (decoder-only causal LMs only)"),
+                        "is_encoder_decoder: encoder-decoder models are not supported (decoder-only "
+                        "causal LMs only)"),
     "linear-layers": (_with(layer_types=["full_attention", "linear_attention"]),
-                      "layer_types: ['linear_attention'] are not attention layers the engine evicts from (full, "
-                      "sliding-window or chunked only)"),
+                      "layer_types: ['linear_attention'] are not attention layers the engine evicts from "
+                      "(full, sliding-window or chunked only)"),
     "layer-types-count": (_with(layer_types=["full_attention"]),
                           "layer_types: expected one entry per layer (num_hidden_layers 2), got 1"),
     "custom-code": (_with(model_type="evil", auto_map={"AutoConfig": "configuration_evil.EvilConfig"}),
-                    "auto_map: the model needs code of its own (configuration_evil.py), which kdeval never runs "
-                    "(trust_remote_code stays off); use a model whose architecture transformers ships "
+                    "auto_map: the model needs code of its own (configuration_evil.py), which kdeval never "
+                    "runs (trust_remote_code stays off); use a model whose architecture transformers ships "
                     "(`kdeval models` lists the families)"),
 }
 
@@ -132,8 +140,8 @@ def _truncated(d: Path) -> str:
 
 def _no_weights(d: Path) -> str:
     (d / "model.safetensors").unlink()
-    return " holds no weights; expected model.safetensors (or its index) beside config.json, as save_pretrained " \
-           "writes them"
+    return (" holds no weights; expected model.safetensors (or its index) beside config.json, as "
+            "save_pretrained writes them")
 
 
 def _tokenizer_fifo(d: Path) -> str:
@@ -142,9 +150,10 @@ def _tokenizer_fifo(d: Path) -> str:
 
 
 def _tokenizer_code(d: Path) -> str:
-    (d / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok_evil.EvilTok", None]}}))
-    return ("tokenizer_config.json: auto_map: the tokenizer needs code of its own (tok_evil.py), which kdeval never "
-            "runs (trust_remote_code stays off)")
+    auto = {"auto_map": {"AutoTokenizer": ["tok_evil.EvilTok", None]}}
+    (d / "tokenizer_config.json").write_text(json.dumps(auto))
+    return ("tokenizer_config.json: auto_map: the tokenizer needs code of its own (tok_evil.py), which "
+            "kdeval never runs (trust_remote_code stays off)")
 
 
 def _tokenizer_deep(d: Path) -> str:
@@ -152,8 +161,9 @@ def _tokenizer_deep(d: Path) -> str:
     return "special_tokens_map.json is nested deeper than 64 levels"
 
 
-MADE = {"fifo": _fifo, "device": _device, "50mb": _huge, "truncated-weights": _truncated, "no-weights": _no_weights,
-        "tokenizer-fifo": _tokenizer_fifo, "tokenizer-custom-code": _tokenizer_code, "tokenizer-deep": _tokenizer_deep}
+MADE = {"fifo": _fifo, "device": _device, "50mb": _huge, "truncated-weights": _truncated,
+        "no-weights": _no_weights, "tokenizer-fifo": _tokenizer_fifo,
+        "tokenizer-custom-code": _tokenizer_code, "tokenizer-deep": _tokenizer_deep}
 
 
 def _make(tmp_path: Path, case: str) -> tuple[Path, str]:
@@ -175,7 +185,8 @@ def test_a_hostile_model_directory_is_one_line_at_submit(tmp_path, case, dry):
     grid = tmp_path / "g.yaml"
     grid.write_text(GRID.format(model=d))
     before = sorted(p.name for p in tmp_path.iterdir())
-    args = ["submit", str(grid), "--db", str(tmp_path / "i.sqlite"), "--results-dir", str(tmp_path / "results")]
+    args = ["submit", str(grid), "--db", str(tmp_path / "i.sqlite"),
+            "--results-dir", str(tmp_path / "results")]
     start = time.perf_counter()
     r = runner.invoke(kdeval_app, args + (["--dry-run"] if dry else []), env={"COLUMNS": "400"})
     took = time.perf_counter() - start

@@ -12,7 +12,8 @@ from kdeval.jobs.grid.cells import expand_grid
 from kdeval.jobs.grid.load import parse_grid
 
 runner = CliRunner()
-GRID = ("name: none\nmodels: [random:llama-tiny]\npolicies: [full, keydiff]\nbudgets: [64, 256]\nchunk_sizes: [64]\n"
+GRID = ("name: none\nmodels: [random:llama-tiny]\npolicies: [full, keydiff]\nbudgets: [64, 256]\n"
+        "chunk_sizes: [64]\n"
         "tasks: [{name: needle, lengths: [512], samples: 1}]\ngeneration: {max_new_tokens: 2}\n")
 
 
@@ -29,9 +30,9 @@ def test_a_chunk_holding_every_prompt_beside_whole_is_refused(tmp_path, chunks):
     lines = [ln.strip() for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2, r.output
     size = chunks.split(", ")[1]
-    assert lines[1:] == [f"chunk_sizes[1]: {size} tokens per chunk hold every prompt of the grid in one chunk (the "
-                         "longest task length is 512), as 'whole' (chunk_sizes[2]) does: its cells would repeat "
-                         "whole's; expected a chunk below 512"], r.output
+    assert lines[1:] == [f"chunk_sizes[1]: {size} tokens per chunk hold every prompt of the grid in one "
+                         "chunk (the longest task length is 512), as 'whole' (chunk_sizes[2]) does: its "
+                         "cells would repeat whole's; expected a chunk below 512"], r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.yaml"]
 
 
@@ -51,9 +52,10 @@ def _notes(text: str) -> list[str]:
 
 def test_a_window_covering_a_budget_is_said_at_submit(tmp_path):
     text = GRID + "kv_quant: [none, {bits: 4, group_size: 16}]\n"
-    line = ("kv_quant[1].window: 128 recent tokens in full precision cover budgets[0] 64 (at chunk 64): the cache "
-            "peaks (N kept + a chunk of B) before any kept token is older than the window, so those 4-bit cells' "
-            "peak_kv_bytes are the unquantized ones'; a window below 64 makes the store smaller at its peak")
+    line = ("kv_quant[1].window: 128 recent tokens in full precision cover budgets[0] 64 (at chunk 64): the "
+            "cache peaks (N kept + a chunk of B) before any kept token is older than the window, so those "
+            "4-bit cells' peak_kv_bytes are the unquantized ones'; a window below 64 makes the store smaller "
+            "at its peak")
     assert _notes(text) == [line]
     r = _dry(tmp_path, text)
     assert r.exit_code == 0 and f"note: {line}" in r.output, r.output

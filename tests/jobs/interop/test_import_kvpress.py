@@ -243,7 +243,8 @@ def _deep_metrics(d: Path) -> str:
 def _nan_ratio(d: Path) -> str:
     text = (d / "config.yaml").read_text().replace("compression_ratio: 0.75", "compression_ratio: .nan")
     (d / "config.yaml").write_text(text)
-    return f"{d / 'config.yaml'}: compression_ratio: expected a finite number from 0 up to (not including) 1, got nan"
+    return (f"{d / 'config.yaml'}: compression_ratio: expected a finite number from 0 up to (not "
+            "including) 1, got nan")
 
 
 def _nan_metric(d: Path) -> str:
@@ -276,8 +277,8 @@ def _fifo_predictions(d: Path) -> str:
     return f"{d / 'predictions.csv'} is a FIFO; expected a regular file"
 
 
-@pytest.mark.parametrize("make", [_bomb, _deep_yaml, _deep_metrics, _nan_ratio, _nan_metric, _nan_row, _fifo_config,
-                                  _fifo_predictions], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("make", [_bomb, _deep_yaml, _deep_metrics, _nan_ratio, _nan_metric, _nan_row,
+                                  _fifo_config, _fifo_predictions], ids=lambda f: f.__name__.strip("_"))
 def test_a_hostile_kvpress_dir_is_one_line_naming_file_and_field(tmp_path, cli, make):
     import time
 
