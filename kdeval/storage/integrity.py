@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kdeval.storage.parquet import concat_parts, part_files
+from kdeval.storage.parquet import concat_parts, part_files, read_file_table
 
 #: The column every stored row carries with the id of the cell that produced it.
 CELL_ID_COLUMN = "cell_id"
@@ -133,7 +133,7 @@ def read_verified_cell(view: Any, results_dir: str | Path | None = None
     parts: list[tuple[Path, pa.Table | str]] = []
     for file in files:
         try:
-            parts.append((file, pq.read_table(file)))
+            parts.append((file, read_file_table(file)))
         except (OSError, pa.ArrowException) as exc:
             parts.append((file, unreadable(exc)))
     why = verify_read_parts(parts, view.id)
