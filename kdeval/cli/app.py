@@ -54,6 +54,22 @@ class LazyGroup(TyperGroup):
         short = COMMANDS[cmd_name][1]
         return TyperCommand(cmd_name, help=short, short_help=short)  # a listing entry; never invoked
 
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; an index that fails in use (its disk full, its file corrupt or locked, its server
+        gone: ``IndexStorageError``, raised by any command that reads it) is one line on stderr and exit 1."""
+        try:
+            return super().invoke(ctx)
+        except RuntimeError as e:
+            from kdeval.storage import IndexStorageError  # only once a command failed: --help stays light
+
+            if not isinstance(e, IndexStorageError):
+                raise
+            from kdeval.cli.consoles import stderr
+            from kdeval.cli.errors import EXIT_FAILED
+
+            stderr(markup=False).print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_FAILED) from None
+
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and args[0] in COMMANDS:
             load(self, args[0])

@@ -17,7 +17,11 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import typer
 from rich.console import Console
+
+from kdeval.cli.consoles import stderr
+from kdeval.cli.errors import EXIT_FAILED
 
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
 from kdeval.jobs.run.drivers import driver_log
@@ -78,11 +82,19 @@ def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]
 
 def detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Path], address: str,
                    out: Console) -> None:
-    from ray.job_submission import JobSubmissionClient
-
+    """Submit the grid as a Ray job to the job server at ``address``; a server that cannot take it (Ray's job
+    SDK missing, nothing listening, a refusal) is one line on stderr and exit 1, nothing recorded."""
     entry, runtime_env = ray_job_spec(grid_file, db, results_dir)
     try:
+        from ray.job_submission import JobSubmissionClient
+
         job = JobSubmissionClient(address).submit_job(entrypoint=entry, runtime_env=runtime_env)
+    except Exception as e:  # Ray's SDK raises RuntimeError, ConnectionError, requests' errors...: one line
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        stderr(markup=False).print(f"error: --address: cannot submit a Ray job to {address}: "
+                                   f"{lines[0] if lines else type(e).__name__}; nothing was recorded",
+                                   markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED) from None
     finally:  # the working_dir is uploaded by submit_job
         shutil.rmtree(runtime_env["working_dir"], ignore_errors=True)
     out.print(f"submitted Ray job {job} to {address}: {entry}\n"

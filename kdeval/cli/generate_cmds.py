@@ -19,6 +19,20 @@ from rich.table import Table
 
 from kdeval.cli.consoles import stdout
 from kdeval.cli.errors import bad_input
+from kdeval.untrusted import UntrustedFileError, read_text
+
+#: The longest --prompt-file read (a million-token prompt is a few MB).
+MAX_PROMPT_BYTES = 256 << 20
+
+
+def _prompt_text(path: Path) -> str:
+    """The prompt file's text: a regular file of at most :data:`MAX_PROMPT_BYTES` (a FIFO or a device is
+    refused, not waited on), one line naming it otherwise."""
+    try:
+        return read_text(path, MAX_PROMPT_BYTES)
+    except UntrustedFileError as e:
+        raise ValueError(f"--prompt-file: {e}") from None
+
 
 #: How the stats of ``generate`` are printed: (label, kind of :mod:`kdeval.jobs.reports.render.units`).
 STAT_LABELS: dict[str, tuple[str, str]] = {
@@ -134,9 +148,9 @@ def register(app: typer.Typer) -> None:
             with bad_input():
                 if (prompt is None) == (prompt_file is None):
                     raise ValueError("prompt: give exactly one of --prompt or --prompt-file")
-                if prompt_file is not None and not prompt_file.is_file():
+                if prompt_file is not None and not (prompt_file.exists() or prompt_file.is_symlink()):
                     raise ValueError(f"--prompt-file: no such file: {prompt_file}")
-                text = prompt if prompt is not None else prompt_file.read_text()
+                text = prompt if prompt is not None else _prompt_text(prompt_file)
                 pol = get_policy(policy, **parse_params(param))
                 config = EngineConfig(budget=budget, chunk_size=chunk, max_new_tokens=max_new_tokens,
                                       cuda_graphs=graphs, score_precision=score_precision)

@@ -13,8 +13,10 @@ from typing import NoReturn, Optional
 import typer
 
 from kdeval.cli.consoles import stderr
-from kdeval.cli.errors import EXIT_BAD_INPUT
-from kdeval.storage import DB_ENV, DEFAULT_DB_PATH, IndexAccessError, RunIndex, db_url, sqlite_path
+from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from kdeval.storage import (
+    DB_ENV, DEFAULT_DB_PATH, IndexAccessError, IndexLockedError, RunIndex, db_url, sqlite_path,
+)
 
 DB_HELP = (f"Index database: a path, a SQLAlchemy URL, or @FILE holding one (keeps a password out of `ps`) "
            f"(default ${DB_ENV}, else {DEFAULT_DB_PATH}).")
@@ -41,12 +43,19 @@ def open_index(db: Optional[str], *, must_exist: bool = True, write: bool = True
 
     ``write=False`` for commands that only read (``status``, ``ls``, ``report``): a SQLite index this user
     cannot write is opened read-only. An unusable ``--db`` (not an index, unreachable, read-only for a
-    command that writes) exits 2 with ``error: --db: <place> <cause>``."""
+    command that writes) exits 2 with ``error: --db: <place> <cause>``; a SQLite index another process holds
+    locked is waited for, said in one line, and after the busy timeout is one line and exit 1."""
     missing = missing_index(db) if must_exist else None
     if missing is not None:
         _fail(f"no index at {missing} (nothing submitted yet?); pass --db to use another one")
+    def waiting(line: str) -> None:
+        stderr().print(line, markup=False, highlight=False, soft_wrap=True)
+
     try:
-        return RunIndex.open(db, write=write)
+        return RunIndex.open(db, write=write, on_wait=waiting)
+    except IndexLockedError as e:  # not bad input: the same command can run once the lock is free
+        stderr().print(f"error: --db: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
     except IndexAccessError as e:
         _fail(f"error: --db: {e}")
 

@@ -26,7 +26,7 @@ from kdeval.cli.detach import detach_local, detach_ray_job
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
 from kdeval.cli.progress import PlainProgress, RichProgress
-from kdeval.cli.status_view import runs_table, status_json, status_table
+from kdeval.cli.status_view import MAX_ROWS, runs_table, status_json, status_table
 from kdeval.cluster.raysetup import AddressError, is_job_server
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
 from kdeval.jobs.grid.errors import GridError
@@ -80,6 +80,8 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
     from kdeval.jobs.run.outcomes import ResultsDirError  # pyarrow: imported when a run executes, not for `ls`
 
     out, err = stdout(markup=False), stderr(markup=False)
+    started = index.get_run(run_id)
+    results_dir = started.results_dir if started is not None else None
     display = (RichProgress if err.is_terminal else PlainProgress)(err, run_id, describe)
     last: list[RunProgress] = []
 
@@ -113,6 +115,12 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
             index.recover_orphans(run_id)  # this process was the run's driver (not one it waited for)
             index.set_run_state(run_id, RunState.CANCELLED, "interrupted (Ctrl-C)")
             err.print(f"interrupted; `kdeval resume {run_id}` continues the run")
+        return EXIT_FAILED
+    lost = index.storage_problem()  # emptied or replaced while the run held it open: not the run's answers
+    if lost is not None:
+        err.print(f"error: {lost}; the run is not reported done: its results are kept in {results_dir}, and "
+                  f"`kdeval index rebuild --results-dir {results_dir}` makes an index again from them",
+                  markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILED
     if outcome.message:
         err.print(Text(outcome.message, style="yellow"))
@@ -229,6 +237,8 @@ def status(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     watch: bool = typer.Option(False, "--watch", help="Refresh every second until the run ends."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    every: bool = typer.Option(False, "--all", help=f"Every cell of the run, however many (default: at most "
+                               f"{MAX_ROWS}, failed, running and pending ones first)."),
 ) -> None:
     """Per-run and per-state counts; a run's cells with worker/node and failures with their error."""
     index = open_index(db, write=False)
@@ -237,7 +247,9 @@ def status(
         print(status_json(index, run_id))
         raise typer.Exit(EXIT_OK)
     out = stdout(markup=False)
-    render = (lambda: status_table(index, run_id, out.width)) if run_id else (lambda: runs_table(index, out.width))
+    limit = None if every else MAX_ROWS
+    render = (lambda: status_table(index, run_id, out.width, limit)) if run_id else (
+        lambda: runs_table(index, out.width))
     if not watch:
         out.print(render())
         raise typer.Exit(EXIT_OK)

@@ -26,8 +26,13 @@ from kdeval.storage import CellState, RunIndex, RunState, RunView, age_seconds, 
 
 #: the widest a status table's policy column insists on (a longer label without spaces folds)
 LABEL_WIDTH = 18  # "[query-agnostic]", "[kivi-4b-g32-w128]" (the default store) stay whole
+#: the most cells one run's table shows unless asked for all (``status --all``): every failed, running and
+#: pending cell first, then the rest in grid order (a 20,000-cell run is not 20,000 lines, nor a minute)
+MAX_ROWS = 200
+#: which cells a table cut to :data:`MAX_ROWS` keeps first
+_FIRST = {CellState.FAILED.value: 0, CellState.RUNNING.value: 1, CellState.PENDING.value: 2}
 #: cell-table columns whose texts are short and never fold ("34906c10", "25%/whole", "done shared (2)", "6.0")
-SHORT_COLUMNS = ("cell", "N/B", "state", "s")
+SHORT_COLUMNS = ("cell", "N", "N/B", "state", "s")
 
 
 def shown_state(run: RunView) -> str:
@@ -80,17 +85,32 @@ def runs_table(index: RunIndex, width: int = 120) -> Table:
     return t
 
 
-def _headline(summary: dict | None, most: int = 3) -> str:
-    """The cell's first ``most`` headline numbers (scalar metrics, not counts, latencies or nested tables): the
-    task's own headline comes first (``score``, ``contains``)."""
+def _headline_parts(summary: dict | None, most: int = 3) -> list[tuple[str, str]]:
+    """The cell's first ``most`` headline numbers as (metric, value) (scalar metrics, not counts, latencies or
+    nested tables): the task's own headline comes first (``score``, ``contains``)."""
     if not summary:
-        return ""
+        return []
     skip = ("n", "grid", "shared_rows")
-    eq = "=" if most > 1 else " "  # alone on its line, "rouge_l_recall 52.50" may fold between name and value
-    vals = [f"{k}{eq}{v:.2f}" if isinstance(v, float) else f"{k}{eq}{v}" for k, v in summary.items()
+    return [(k, f"{v:.2f}" if isinstance(v, float) else f"{v}") for k, v in summary.items()
             if isinstance(v, (int, float)) and k not in skip and not k.startswith(("mean_", "max_"))
-            and not k.endswith("_bytes")]
-    return " ".join(vals[:most])
+            and not k.endswith("_bytes")][:most]
+
+
+def _headline(summary: dict | None, most: int = 3) -> str:
+    """:func:`_headline_parts` as ``score=50.00 contains=100.00``."""
+    return " ".join(f"{k}={v}" for k, v in _headline_parts(summary, most))
+
+
+def _metric_line(named: dict[str, set[str]], one_task: bool) -> Text | None:
+    """What a narrow table's score column holds, said once under it (``score: contains``, or per task
+    ``scores: score (needle), contains (ruler.niah_single_1)``), its rows then holding the values alone."""
+    metrics = sorted({m for ms in named.values() for m in ms})
+    if not metrics:
+        return None
+    if len(metrics) == 1 or one_task:
+        return Text(f"score: {', '.join(metrics)}")
+    per_task = [f"{'/'.join(sorted(ms))} ({task})" for task, ms in sorted(named.items())]
+    return Text("scores: " + ", ".join(per_task))
 
 
 def _common_suffix(tasks: list[str]) -> tuple[str, str]:
@@ -118,7 +138,7 @@ def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) 
     for i, col in enumerate(cols):
         if col in SHORT_COLUMNS:
             least.append(natural[i])
-        elif col == "score / error":
+        elif col.startswith("score"):
             least.append(words(i, metrics))
         else:  # policy, task, model: a word folds past LABEL_WIDTH
             least.append(min(words(i, [r[i] for r in rows]), LABEL_WIDTH))
@@ -132,7 +152,7 @@ def _fit(cols: list[str], rows: list[list[str]], metrics: list[str], room: int) 
             spare += give
     if spare < 0:
         return None
-    for col in ("task", "score / error", "policy", "model"):
+    for col in ("task", "score / error", "score", "policy", "model"):
         if col in cols:
             i = cols.index(col)
             grow = min(spare, natural[i] - widths[i])
@@ -150,12 +170,21 @@ def _common_protocol(cells: list) -> str:
     return budgeted.pop() if len(budgeted) == 1 and said <= budgeted | {""} else ""
 
 
-def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
+def _cut(cells: list, limit: int | None) -> list:
+    """At most ``limit`` of ``cells`` (None: all): failed, running and pending ones first, in grid order."""
+    if limit is None or len(cells) <= limit:
+        return cells
+    order = sorted(range(len(cells)), key=lambda i: (_FIRST.get(cells[i].state, 3), i))[:limit]
+    return [cells[i] for i in sorted(order)]
+
+
+def status_table(index: RunIndex, run_id: str, width: int = 120, limit: int | None = MAX_ROWS) -> Group:
     """One run: a heading with per-state counts, one row per cell (worker@node when ``width`` allows, time,
-    score or error), the driver's message. Columns fold instead of cutting what a user types next (ids,
-    policies, tasks) or must read (errors)."""
+    score or error) for at most ``limit`` cells (:data:`MAX_ROWS`; None: every cell), the driver's message.
+    Columns fold instead of cutting what a user types next (ids, policies, tasks) or must read (errors)."""
     run = index.get_run(run_id)
-    cells = index.run_cells(run.id)
+    every = index.run_cells(run.id)
+    cells = _cut(every, limit)
     caption = driver_caption(run) or run.message
     models = sorted({c.model for c in cells})
     one_model = len(models) == 1
@@ -169,22 +198,37 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
     shared = ", ".join(([tasks[0].removesuffix(seed).removesuffix(length)] if one_task else [])
                        + ([f"{length[1:]} tokens"] if length else []) + ([f"seed {seed[2:]}"] if seed else []))
     wide = width >= 110
-    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N/B"] + ([] if one_task else ["task"]) + [
-        "state"] + (["worker@node"] if wide else []) + ["s", "score / error"]
+    chunks = {chunk_text(c.chunk_size) for c in cells}
+    one_chunk = not wide and len(chunks) == 1  # narrow: one chunk size said under the table, N in the rows
+    cols = ["cell"] + ([] if one_model else ["model"]) + ["policy", "N" if one_chunk else "N/B"] + (
+        [] if one_task else ["task"]) + [
+        "state"] + (["worker@node"] if wide else []) + ["s", "score / error" if any(
+            c.state == CellState.FAILED.value for c in cells) else "score"]
     # the label reports and progress print: two settings of one policy must not read the same
     common = _common_protocol(cells)
     labels = {c.id: policy_label(c.policy, (c.spec or {}).get("policy_params") or {})
               + ("" if common else protocol_tag(c.spec)) for c in cells}
     rows, metrics = [], []
+    named: dict[str, set[str]] = {}  # narrow: each task's headline metric, said once under the table
     for c in cells:
-        # narrow: the task's headline metric only (all of them in `--json` or a wider terminal)
-        detail = c.error_line if c.state == CellState.FAILED.value else _headline(c.summary, 3 if wide else 1)
+        # narrow: the task's headline value only, its metric named under the table (all in `--json` or wide)
+        if c.state == CellState.FAILED.value:
+            detail = c.error_line
+        elif wide:
+            detail = _headline(c.summary, 3)
+        else:
+            parts = _headline_parts(c.summary, 1)
+            detail = parts[0][1] if parts else ""
+            if parts:
+                task = shown(c.task.removesuffix(seed).removesuffix(length))
+                named.setdefault(task, set()).add(parts[0][0])
         if c.state != CellState.FAILED.value:
             metrics.append(detail)
         where = f"{c.worker or ''}@{(c.node or '')[:6]}" if c.worker else ""
         state = c.state if c.n_attempts <= 1 else f"{c.state} ({c.n_attempts})"
         state = " ".join(filter(None, [state, execution_label(c.summary, c.n_rows)]))  # "done shared": in a group
-        nb = f"{'-' if c.grid_budget is None else c.grid_budget}/{chunk_text(c.chunk_size)}"
+        nb = ("-" if c.grid_budget is None else str(c.grid_budget)) + (
+            "" if one_chunk else f"/{chunk_text(c.chunk_size)}")
         rows.append([c.id[:8]] + ([] if one_model else [c.model]) + [labels[c.id], nb] + (
             [] if one_task else [c.task.removesuffix(seed).removesuffix(length)]) + [state] + (
             [where] if wide else []) + [f"{c.duration_s:.1f}" if c.duration_s is not None else "", detail or ""])
@@ -201,14 +245,23 @@ def status_table(index: RunIndex, run_id: str, width: int = 120) -> Group:
         widths = _fit(cols, rows, metrics, room)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for i, col in enumerate(cols):
-        t.add_column(col, overflow="fold", justify="right" if col == "s" else "left", no_wrap=col in SHORT_COLUMNS,
+        t.add_column(col, overflow="fold", justify="right" if col in ("s", "score") else "left",
+                     no_wrap=col in SHORT_COLUMNS,
                      width=widths[i] if widths else None)
     for row in rows:
         t.add_row(*row)
     said = [Text(f"{'task' if one_task else 'every task'}: {shared}")] if shared else []
+    said += [line for line in [_metric_line(named, one_task)] if line is not None]
+    if one_chunk:
+        chunk = chunks.pop()
+        said.append(Text("every cell: whole (one chunk)" if chunk == "whole" else
+                         f"every cell: chunks of B={chunk}"))
     if common:
         budgetless = any(not protocol_parts(c.spec) for c in cells)
         said.append(Text(f"{'every cell with a budget' if budgetless else 'every cell'}: {common}"))
+    if len(cells) < len(every):
+        said.append(Text(f"{len(cells)} of {len(every)} cells shown (failed, running and pending ones "
+                         f"first); `kdeval status {run.id} --all` lists every one, `--json` as JSON"))
     parts = [Text(title, style="bold"), t] + said + errors + ([Text(shown(caption))] if caption else [])
     return Group(*parts)
 

@@ -71,13 +71,14 @@ def policy_attention_error(name: str, params: dict[str, Any], attn_implementatio
 def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | None:
     """Why policy ``name`` cannot run on a model of ``shape`` (:func:`model_shape`): beside windowed layers, or on an
     MLA cache, in the engine's own words (``kdeval.keydiff.plan.plan``), else None (as :func:`policy_attention_error`)."""
-    from kdeval.keydiff.plan.refusals import latent_refusal, windowed_refusal
+    from kdeval.keydiff.plan.refusals import latent_refusal, recurrent_refusal, windowed_refusal
 
     policy = _evicting_policy(name, params) if shape.windowed or shape.latent else None
     if policy is None:
         return None
     needs = policy.needs()
-    return (windowed_refusal(needs) if shape.windowed else None) or (latent_refusal(needs) if shape.latent else None)
+    return ((windowed_refusal(needs) if shape.windowed else None) or (latent_refusal(needs) if shape.latent else None)
+            or (recurrent_refusal(needs) if shape.recurrent else None))
 
 
 def policy_protocol_error(name: str, params: dict[str, Any], compress: str) -> str | None:
@@ -88,6 +89,24 @@ def policy_protocol_error(name: str, params: dict[str, Any], compress: str) -> s
 
     policy = _evicting_policy(name, params) if compress == "generated" else None
     return generated_refusal(policy.needs()) if policy is not None else None
+
+
+def policy_keeps_budget_per_head(name: str, params: dict[str, Any]) -> bool:
+    """Whether policy ``name`` evicts to exactly N tokens in every layer and KV head (no per-layer budgets, no
+    head-shared pool): what a setting is checked against when it depends on N (False for an unknown policy or
+    bad parameters, which :func:`policy_param_error` reports)."""
+    policy = _evicting_policy(name, params)
+    if policy is None:
+        return False
+    return len(set(policy.layer_budgets(1024, 32))) == 1 and not policy.needs().shares_heads
+
+
+def kv_quant_frontier(fields: dict[str, Any], seen: int) -> int:
+    """The positions below which a store of ``fields`` (``bits``, ``group_size``, ``window``, ``scheme``)
+    holds tokens quantized once ``seen`` tokens were fed (``kdeval.keydiff.quant.rule.KVQuant.frontier``)."""
+    from kdeval.keydiff.quant.rule import KVQuant
+
+    return int(KVQuant.of(fields).frontier(seen))
 
 
 def engine_setting_error(name: str, value: Any) -> str | None:
@@ -153,18 +172,23 @@ def random_model_names() -> list[str]:
 
 def model_shape(model_id: str, revision: str | None = None) -> Any:
     """The model's shape without its weights (``head_dim``, ``context``; :mod:`kdeval.zoo.model_config`), or
-    None when it cannot be known offline."""
+    None when it cannot be known offline or its config is refused (which :func:`model_id_problem` says)."""
+    from kdeval.zoo.config_check import ModelConfigError
     from kdeval.zoo.model_config import model_shape as shape
 
-    return shape(model_id, revision)
+    try:
+        return shape(model_id, revision)
+    except ModelConfigError:
+        return None
 
 
-def model_id_problem(model_id: str) -> str | None:
-    """Why ``model_id`` names no model that can be loaded (a path without config.json, a URL, a malformed hub
-    id), else None (:func:`kdeval.zoo.model_config.model_id_problem`)."""
+def model_id_problem(model_id: str, revision: str | None = None) -> str | None:
+    """Why ``model_id`` names no model that can be loaded (a path without config.json, a hostile config,
+    tokenizer file or truncated weights, custom code, a URL, a malformed hub id), else None
+    (:func:`kdeval.zoo.model_config.model_id_problem`)."""
     from kdeval.zoo.model_config import model_id_problem as problem
 
-    return problem(model_id)
+    return problem(model_id, revision)
 
 
 def model_tokenizer(model_id: str, revision: str | None = None) -> Any:

@@ -36,8 +36,11 @@ from kdeval.storage.db import (
     DB_ENV, DEFAULT_DB_PATH, IndexAccessError, IndexStorageError, db_text, db_url, make_engine, sqlite_path,
 )
 from kdeval.storage.index import RunIndex, age_seconds
-from kdeval.storage.integrity import CELL_ID_COLUMN, unreadable, verify_cell, verify_cell_file, verify_read_parts
+from kdeval.storage.integrity import (
+    CELL_ID_COLUMN, read_verified_cell, unreadable, verify_cell, verify_cell_file, verify_read_parts,
+)
 from kdeval.storage.leases import ShardView
+from kdeval.storage.sqlite_lock import IndexLockedError
 from kdeval.storage.models import TERMINAL_RUN_STATES, AttemptState, CellState, RunState
 from kdeval.storage.parquet import (
     RUNS_DIR, cell_dir_relpath, cell_dirs, clean_temp_files, concat_parts, list_result_files, list_temp_files,
@@ -48,8 +51,8 @@ from kdeval.storage.rows import IDENTITY_SCHEMA, conform_identity, rows_to_table
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView, to_jsonable
 
 __all__ = [
-    "DB_ENV", "DEFAULT_DB_PATH", "IndexAccessError", "IndexStorageError", "db_text", "db_url", "make_engine",
-    "sqlite_path", "RunIndex",
+    "DB_ENV", "DEFAULT_DB_PATH", "IndexAccessError", "IndexLockedError", "IndexStorageError", "db_text",
+    "db_url", "make_engine", "sqlite_path", "RunIndex",
     "age_seconds",
     "AttemptState", "CellState", "RunState", "TERMINAL_RUN_STATES", "clean_temp_files", "list_result_files",
     "list_temp_files", "read_cell_rows", "read_cell_table", "rows_to_table", "write_cell_rows", "AttemptView",
@@ -57,5 +60,5 @@ __all__ = [
     "IDENTITY_SCHEMA", "conform_identity", "with_identity", "ShardView", "cell_dir_relpath", "part_files",
     "part_relpath", "remove_parts", "remove_single_file", "temp_file_cell", "write_part", "cell_dirs",
     "read_part_metadata", "read_run_manifests", "write_run_manifest", "RUNS_DIR", "concat_parts", "schema_metadata",
-    "unreadable", "verify_read_parts",
+    "unreadable", "verify_read_parts", "read_verified_cell",
 ]

@@ -12,6 +12,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Callable
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, false, inspect, make_url, update
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kdeval.storage.migrate import add_missing_columns, missing_columns
 from kdeval.storage.models import Base, Run
+from kdeval.storage.sqlite_lock import wait_for_write_lock
 
 #: Default index location, relative to the working directory (``--db`` overrides it).
 DEFAULT_DB_PATH = Path(".kdeval") / "index.sqlite"
@@ -51,6 +53,9 @@ _STORAGE_FAILURES = (
     ("could not extend file", "its disk is full"), ("readonly database", "it became read-only"),
     ("read-only", "it became read-only"), ("disk i/o error", "a disk I/O error"),
     ("unable to open database file", "its file cannot be opened"),
+    ("database is locked", f"another process held it locked for over {SQLITE_BUSY_TIMEOUT_MS // 1000} s"),
+    ("database disk image is malformed", "its file is corrupt (truncated or overwritten)"),
+    ("file is not a database", "its file is corrupt (truncated or overwritten)"),
     ("connection refused", "lost the connection to the database"),
     ("server closed the connection", "lost the connection to the database"),
     ("terminating connection", "lost the connection to the database"),
@@ -215,13 +220,16 @@ def _new_engine(url: str, read_only: bool) -> Engine:
     return engine
 
 
-def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
+def make_engine(db: str | Path | None = None, *, write: bool = True,
+                on_wait: Callable[[str], None] | None = None) -> Engine:
     """Create an engine for ``db`` (URL or path), make the tables if missing and add the columns an index
     created by an older schema lacks (:mod:`kdeval.storage.migrate`).
 
     ``write=True`` (the driver, ``submit``, ``cancel``): an index this process cannot write is refused.
     ``write=False`` (``status``, reports): a SQLite file it cannot write is opened read-only and must already
-    have the current schema. Raises :class:`IndexAccessError` when the place is not usable."""
+    have the current schema. Raises :class:`IndexAccessError` when the place is not usable, and
+    :class:`~kdeval.storage.sqlite_lock.IndexLockedError` when a writer found a SQLite index locked by another
+    process for the whole busy timeout (``on_wait`` got one line when the wait began)."""
     where = str(db if db is not None else DEFAULT_DB_PATH)
     try:
         url = db_url(db, make_dirs=write)
@@ -238,6 +246,8 @@ def make_engine(db: str | Path | None = None, *, write: bool = True) -> Engine:
         raise IndexAccessError(f"no index at {where} (nothing submitted yet?)")  # a reader creates nothing
     if path is not None:
         _refuse_foreign_sqlite(path, where, write)
+    if path is not None and write:
+        wait_for_write_lock(path, where, SQLITE_BUSY_TIMEOUT_MS / 1000, on_wait)
     try:
         engine = _new_engine(url, read_only)
     except (ArgumentError, NoSuchModuleError, ImportError) as e:

@@ -17,18 +17,19 @@ from collections import defaultdict
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
 
-from kdeval.storage.db import make_engine, make_session_factory
+from kdeval.storage.db import make_engine, make_session_factory, sqlite_path
 from kdeval.storage.models import (
     TERMINAL_RUN_STATES, Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, as_utc, utcnow,
 )
 from kdeval.storage.leases import ShardLeases, _chunks
 from kdeval.storage.parquet import read_cell_table
+from kdeval.storage.sqlite_lock import sqlite_problem
 from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
 
 
@@ -41,12 +42,24 @@ class RunIndex(ShardLeases):
         self._sessions = make_session_factory(engine)
 
     @classmethod
-    def open(cls, db: str | Path | None = None, *, write: bool = True) -> "RunIndex":
+    def open(cls, db: str | Path | None = None, *, write: bool = True,
+             on_wait: Callable[[str], None] | None = None) -> "RunIndex":
         """Open (creating tables if needed) the index at ``db``: a path, a URL, or None for the default.
 
         ``write=False`` for readers: a SQLite file this process cannot write is opened read-only. Raises
-        :class:`kdeval.storage.db.IndexAccessError` (a ``ValueError``) when ``db`` is not a usable index."""
-        return cls(make_engine(db, write=write))
+        :class:`kdeval.storage.db.IndexAccessError` (a ``ValueError``) when ``db`` is not a usable index, and
+        :class:`kdeval.storage.sqlite_lock.IndexLockedError` when a writer waited the busy timeout for a lock
+        another process holds (``on_wait`` gets a line when the wait begins)."""
+        return cls(make_engine(db, write=write, on_wait=on_wait))
+
+    def storage_problem(self) -> str | None:
+        """Why this index cannot be trusted now, for a SQLite file
+        (:func:`~kdeval.storage.sqlite_lock.sqlite_problem`: gone, emptied, corrupt), as a line naming it;
+        None when intact (and for server databases)."""
+        path = sqlite_path(str(self.engine.url))
+        read_only = path is not None and str(path).startswith("file:")  # a reader's mode=ro URI: no writes
+        why = sqlite_problem(path) if path is not None and not read_only else None
+        return None if why is None else f"the index at {path} was lost or damaged: {why}"
 
     def session(self) -> Session:
         """A new ORM session (use as a context manager)."""

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kdeval.storage.parquet import part_files
+from kdeval.storage.parquet import concat_parts, part_files, read_file_table
 
 #: The column every stored row carries with the id of the cell that produced it.
 CELL_ID_COLUMN = "cell_id"
@@ -109,6 +109,41 @@ def verify_cell(view: Any, results_dir: str | Path | None = None) -> str | None:
     if view.n_rows is None:
         return "the index records no row count"
     return verify_cell_file(where, view.result_path, view.id, view.n_rows)
+
+
+def read_verified_cell(view: Any, results_dir: str | Path | None = None
+                       ) -> tuple[pa.Table | None, str | None]:
+    """(the done ``CellView``'s rows, None) when its file checks out as :func:`verify_cell` checks it, else
+    (None, why not, in :func:`verify_cell`'s words), each file read once: the check runs on the tables read
+    (:func:`verify_read_parts`), not on a read of its own before them."""
+    where = results_dir if results_dir is not None else view.results_dir
+    if not where or not view.result_path:
+        return None, "the index records no result file"
+    if view.n_rows is None:
+        return None, "the index records no row count"
+    path = Path(where) / view.result_path
+    if path.is_dir():
+        files = part_files(path)
+        if not files:
+            return None, f"no part files in {path}"
+    elif path.is_file():
+        files = [path]
+    else:
+        return None, f"missing file {path}"
+    parts: list[tuple[Path, pa.Table | str]] = []
+    for file in files:
+        try:
+            parts.append((file, read_file_table(file)))
+        except (OSError, pa.ArrowException) as exc:
+            parts.append((file, unreadable(exc)))
+    why = verify_read_parts(parts, view.id)
+    if why is not None:
+        return None, why
+    tables = [table for _, table in parts]
+    rows = sum(table.num_rows for table in tables)
+    if rows != view.n_rows:
+        return None, f"{rows} rows, index says {view.n_rows}"
+    return (concat_parts(tables) if path.is_dir() else tables[0]), None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTex
                           PretrainedConfig, PreTrainedTokenizerBase)
 
 from kdeval.zoo.byte_tokenizer import byte_level_tokenizer
+from kdeval.zoo.config_check import UNSUPPORTED_TYPES, check_model_directory
 from kdeval.keydiff.attention.layer_kinds import decoder_config, unknown_layer_types
 from kdeval.zoo.offline import OFFLINE_MODELS, cache_dir, safetensors_dir  # noqa: F401 (cache_dir: callers')
 from kdeval.zoo.random_models import RANDOM_CONFIGS, random_model_names
@@ -34,20 +35,8 @@ SMOLLM2 = "smollm2-135m"
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# Architectures whose cache is not a per-layer DynamicCache of full-attention keys.
-_UNSUPPORTED_TYPES = {
-    "mamba": "a state-space model has no KV cache",
-    "mamba2": "a state-space model has no KV cache",
-    "falcon_mamba": "a state-space model has no KV cache",
-    "rwkv": "a recurrent model has no KV cache",
-    "recurrent_gemma": "hybrid recurrent layers have no KV cache",
-    "minimax": "its lightning-attention layers keep their state in a cache class of its own (MiniMaxCache), which "
-               "the engine's cache cannot stand in for",
-    # FalconAttention computes attention in its own code (its own SDPA call, or eager code that adds the mask to the
-    # scores), never through transformers' attention interface: the engine's masks and attention rows never reach it
-    "falcon": "its attention never runs through transformers' attention interface, so the engine can neither mask "
-              "a batch's rows nor read attention",
-}
+# Architectures whose cache is not a per-layer DynamicCache of full-attention keys (checked at submit too).
+_UNSUPPORTED_TYPES = UNSUPPORTED_TYPES
 
 
 class UnsupportedModelError(ValueError):
@@ -224,14 +213,18 @@ def load_model(
         loaded = _load_random(name[len(RANDOM_PREFIX):], torch_dtype, attn, seed, overrides or {})
     else:
         source = str(safetensors_dir(name)) if name in OFFLINE_MODELS else name
-        config = AutoConfig.from_pretrained(source, revision=revision)
+        if name not in OFFLINE_MODELS and Path(name).is_dir():
+            check_model_directory(Path(name))  # untrusted input, checked before transformers reads it
+        # trust_remote_code=False, said each time: only architectures transformers ships are loaded, a model's
+        # own code never runs, and transformers never asks on stdin whether to run it.
+        config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False)
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)
-        # trust_remote_code stays off: only architectures transformers ships are loaded.
         model = causal_lm_class(config).from_pretrained(
-            source, revision=revision, dtype=torch_dtype, attn_implementation=runnable_attention(config, attn)
+            source, revision=revision, dtype=torch_dtype,
+            attn_implementation=runnable_attention(config, attn), trust_remote_code=False,
         )
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=False)
         model.eval()
         context = getattr(decoder_config(config), "max_position_embeddings", 0)
         loaded = LoadedModel(model, tokenizer, name, int(context or 0))

@@ -10,17 +10,20 @@ submit (``kv_quant`` groups against ``head_dim``, lengths, budgets and chunk siz
 - a hub id: its ``config.json`` in the local hub cache, when it is there (nothing is downloaded; None otherwise).
 
 :func:`model_id_problem` says why an id is none of these (a path that is not a model directory, a URL, a
-malformed hub id) before anything tries to load it.
+malformed hub id) before anything tries to load it, and why a local model directory's files cannot build a
+model (:func:`kdeval.zoo.config_check.check_model_directory`: a hostile ``config.json``, tokenizer file or
+truncated weights). A config read here is untrusted input (:mod:`kdeval.zoo.config_check`): a hostile one
+raises :class:`~kdeval.zoo.config_check.ModelConfigError`, one line naming the file and the field.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from kdeval.zoo.config_check import ModelConfigError, check_model_directory, read_config
 from kdeval.zoo.random_models import RANDOM_CONFIGS
 from kdeval.names import RANDOM_PREFIX
 
@@ -57,10 +60,15 @@ class ModelShape:
     source: str
     windowed: bool = False
     latent: bool = False
+    #: some layer caches a recurrent or conv state (linear attention, Mamba, short conv)
+    recurrent: bool = False
 
 
 def shape_of(config: dict[str, Any], source: str) -> ModelShape | None:
-    """The shape a transformers config (as a mapping) gives; None when it names no attention heads."""
+    """The shape a transformers config (as a mapping; a multimodal wrapper's: its text decoder's) gives; None when
+    it names no attention heads."""
+    if isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
     heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
     head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
@@ -70,26 +78,19 @@ def shape_of(config: dict[str, Any], source: str) -> ModelShape | None:
     context = config.get("max_position_embeddings")
     return ModelShape(head_dim=head_dim, context=context if isinstance(context, int) and context > 0 else 0,
                       kv_heads=int(config.get("num_key_value_heads") or heads or 0), source=source,
-                      windowed=_windowed(config), latent=config.get("kv_lora_rank") is not None)
+                      windowed=any(k.windowed for k in _kinds(config)),
+                      latent=config.get("kv_lora_rank") is not None,
+                      recurrent=any(k.holds_state for k in _kinds(config)))
 
 
-def _windowed(config: dict[str, Any]) -> bool:
-    """Whether some layer of the config (a mapping) is windowed, by the engine's own rule (:func:`layer_kinds`);
-    False where the config cannot say (a layer type the engine refuses when the model loads)."""
+def _kinds(config: dict[str, Any]) -> tuple:
+    """The config's (a mapping's) layer kinds by the engine's own rule (:func:`layer_kinds`); none where the
+    config cannot say (a layer type the engine refuses when the model loads)."""
     from kdeval.keydiff.attention.layer_kinds import layer_kinds  # here: it imports torch, which reading a shape does not need
-
     try:
-        return any(kind.windowed for kind in layer_kinds(SimpleNamespace(**config)))
+        return layer_kinds(SimpleNamespace(**config))
     except (TypeError, ValueError, AttributeError):
-        return False
-
-
-def _read_config(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+        return ()
 
 
 def _cached_hub_config(model_id: str, revision: str | None) -> Path | None:
@@ -115,9 +116,11 @@ def _local(model_id: str) -> tuple[Path, bool, bool]:
         return path, False, False
 
 
-def model_id_problem(model_id: str) -> str | None:
+def model_id_problem(model_id: str, revision: str | None = None) -> str | None:
     """Why ``model_id`` (not a ``random:`` or ``stub:`` one) names no model kdeval can load, else None: a local
-    path that is not a model directory with a ``config.json``, a URL, or neither a path nor a hub id."""
+    path that is not a model directory with a ``config.json`` whose files build a model
+    (:func:`~kdeval.zoo.config_check.check_model_directory`), a URL, neither a path nor a hub id, or a hub id
+    whose cached ``config.json`` is refused."""
     if model_id in OFFLINE_CONFIGS:
         return None
     if "://" in model_id:
@@ -126,20 +129,29 @@ def model_id_problem(model_id: str) -> str | None:
     if exists:
         if not is_dir:
             return f"{model_id} is a file; expected a model directory holding config.json (or a hub id)"
-        if not (path / "config.json").is_file():
+        if not ((path / "config.json").exists() or (path / "config.json").is_symlink()):
             return f"{model_id} is a directory without config.json; expected a model saved by save_pretrained"
+        try:
+            check_model_directory(path)
+        except ModelConfigError as e:
+            return str(e)
         return None
     if model_id.startswith(("/", ".", "~")) or "\\" in model_id:
         return f"no model directory at {model_id}"
     if not _HUB_ID.match(model_id) or "--" in model_id or ".." in model_id:
         return (f"expected a known name, a local model directory or a hub id (owner/name: letters, digits, "
                 f"'-', '_', '.'), got '{model_id}'")
+    try:
+        model_shape(model_id, revision)  # a cached config.json is read as any local one
+    except ModelConfigError as e:
+        return str(e)
     return None
 
 
 def model_shape(model_id: str, revision: str | None = None) -> ModelShape | None:
     """``model_id``'s shape read without weights (module docstring), or None when it cannot be known offline
-    (a hub id not in the local cache, a config without attention heads, a ``stub:`` model)."""
+    (a hub id not in the local cache, a config without attention heads, a ``stub:`` model);
+    :class:`~kdeval.zoo.config_check.ModelConfigError` when its config is refused."""
     if model_id.startswith(RANDOM_PREFIX):
         params = RANDOM_CONFIGS.get(model_id[len(RANDOM_PREFIX):])
         return None if params is None else shape_of(params, f"{model_id}'s built-in config")
@@ -149,11 +161,12 @@ def model_shape(model_id: str, revision: str | None = None) -> ModelShape | None
         return None
     path, _, is_dir = _local(model_id)
     if is_dir:
-        config = _read_config(path / "config.json")
-        return None if config is None else shape_of(config, f"{model_id}/config.json")
+        return shape_of(read_config(path / "config.json"), f"{model_id}/config.json")
     cached = _cached_hub_config(model_id, revision) if _HUB_ID.match(model_id) else None
-    config = _read_config(cached) if cached is not None else None
-    return None if config is None else shape_of(config, f"{model_id}'s config.json (hub cache)")
+    if cached is None:
+        return None
+    return shape_of(read_config(cached, f"{model_id}'s config.json (hub cache)"),
+                    f"{model_id}'s config.json (hub cache)")
 
 
 def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
@@ -181,7 +194,8 @@ def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
     try:
         from transformers import AutoTokenizer
 
+        # custom tokenizer code never runs, and no prompt asks (kdeval.zoo.config_check refused it at submit)
         return AutoTokenizer.from_pretrained(str(source) if local else model_id, revision=revision,
-                                             local_files_only=True)
+                                             local_files_only=True, trust_remote_code=False)
     except Exception:  # not cached, no tokenizer files: checked when the model loads
         return None

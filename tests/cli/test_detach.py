@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -62,3 +63,25 @@ def test_a_background_driver_that_died_before_taking_its_run_reads_failed_with_i
     assert re.search(rf"{run_id}\s+stub-grid\s+failed \(driver gone\)", ls.output), ls.output
     assert idx.get_run(run_id).state == "pending"  # status only reads the index
     idx.close()
+
+
+def test_detach_to_a_job_server_that_cannot_take_it_is_one_line(tmp_path):
+    """``--detach`` to an ``http://`` job server: Ray's job SDK missing (``ray[default]``) or nothing
+    listening is one line on stderr, exit 1, and nothing recorded (no index, no staging directory left)."""
+    import tempfile
+
+    from kdeval.cli.app import app as kdeval_app
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: d\nmodels: ['stub:0.01']\npolicies: [full]\n"
+                    "tasks: [{name: needle, lengths: [256], samples: 1}]\nchunk_sizes: [32]\n")
+    staged = set(Path(tempfile.gettempdir()).glob("kdeval-job-*"))
+    r = CliRunner().invoke(kdeval_app, ["submit", str(grid), "--detach", "--address", "http://127.0.0.1:9",
+                                        "--db", str(tmp_path / "i.sqlite")], env={"COLUMNS": "400"})
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 1, r.output
+    assert len(lines) == 1 and lines[0].startswith("error: --address: cannot submit a Ray job to "
+                                                   "http://127.0.0.1:9: "), r.output
+    assert lines[0].endswith("; nothing was recorded")
+    assert not (tmp_path / "i.sqlite").exists()
+    assert set(Path(tempfile.gettempdir()).glob("kdeval-job-*")) == staged

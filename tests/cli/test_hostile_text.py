@@ -137,3 +137,27 @@ def test_csv_exports_do_not_hand_spreadsheets_formulas(tmp_path):
     rep = runner.invoke(kdeval_app, ["report", "r1", "--db", db, "--resamples", "20", "--format", "csv"])
     cells = [c for row in csv.reader(io.StringIO(rep.stdout)) for c in row]
     assert "'=cmd|' /C calc'!A0" in cells and "=cmd|' /C calc'!A0" not in cells, rep.stdout
+
+
+MATH = r"$\frac{1}{$"  # mathtext that does not parse: matplotlib raised on it and no page was written
+
+
+@pytest.mark.parametrize("command", ["report", "leaderboard"])
+def test_a_formula_in_a_name_is_drawn_as_text_in_the_html_figures(tmp_path, wide, command):
+    """A model id and policy name holding ``$…$`` (a model path, an imported press name): the page is written
+    with its figures, the name on it as given."""
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    store_run(idx, tmp_path / "results", "r1", [
+        FakeCell("full", None, model=MATH, rows=rows([1, 1, 0, 1])),
+        FakeCell(f"kvpress:{MATH}", 64, model=MATH, rows=rows([1, 0, 0, 1])),
+        FakeCell(f"kvpress:{MATH}", 128, model=MATH, rows=rows([1, 1, 0, 1]))], name=MATH)
+    db = str(idx.engine.url)
+    idx.close()
+    out = tmp_path / "out"
+    args = ["report", "r1"] if command == "report" else ["leaderboard"]
+    args += ["--resamples", "20"]
+    r = runner.invoke(kdeval_app, args + ["--db", db, "--format", "html", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.output and "ParseException" not in r.output, r.output
+    page = (out / f"{command}.html").read_text()
+    assert MATH in page and page.count("data:image/png;base64,") >= 1

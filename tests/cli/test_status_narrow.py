@@ -69,3 +69,53 @@ def test_a_short_error_stays_in_its_column(tmp_path):
     out = runner.invoke(kdeval_app, ["status", "r1", "--db", db], env={"COLUMNS": "80"})
     assert out.exit_code == 0, out.output
     assert "OSError: disk full" in out.output and "error below" not in out.output, out.output
+
+
+def test_the_demos_cells_fit_one_line_each_at_80_columns(tmp_path):
+    """`make demo`'s grid (four policies at N=256, B=128, on needle and ruler.niah_single_1, every cell done
+    in a group): each cell is one line at 80 columns, its task whole and its headline value in the score
+    column; the metric names and the one chunk size are said once under the table."""
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    cells = [FakeCell(pol, budget, task=task, chunk=128, model="smollm2-135m", params=params,
+                      rows=rows([1, 1]), summary={metric: 100.0 if pol != "sink" else 50.0, "n": 2,
+                                                  "shared_rows": 1})
+             for task, metric in (("needle", "score"), ("ruler.niah_single_1", "contains"))
+             for pol, budget, params in (("full", None, {}), ("keydiff", 256, {}), ("sink", 256, {}),
+                                         ("snapkv", 256, {"window": 32}))]
+    store_run(idx, tmp_path / "results", RUN, cells, name="demo")
+    db = str(idx.engine.url)
+    idx.close()
+    out = runner.invoke(kdeval_app, ["status", RUN, "--db", db], env={"COLUMNS": "80"})
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, out.output
+    rows_ = [line for line in lines if re.match(r"^[0-9a-f]{8} ", line)]
+    assert len(rows_) == 8, out.output
+    one_line = r" (needle|ruler\.niah_single_1) +done shared +\d+\.\d +(100|50)\.00$"
+    assert all(re.search(one_line, line.rstrip()) for line in rows_), out.output
+    head = next(i for i, line in enumerate(lines) if line.startswith("cell "))
+    assert lines[head].split() == ["cell", "policy", "N", "task", "state", "s", "score"], out.output
+    assert lines[head + 2 + 8:] == ["every task: 1024 tokens, seed 0",
+                                    "scores: score (needle), contains (ruler.niah_single_1)",
+                                    "every cell: chunks of B=128"], out.output
+
+
+def test_a_large_run_shows_its_failed_cells_first_and_says_how_to_see_all(tmp_path, monkeypatch):
+    from kdeval.cli import service_cmds
+
+    idx = RunIndex.open(tmp_path / "index.sqlite")
+    cells = [FakeCell("keydiff", 32 * (i + 1), rows=rows([1, 0])) for i in range(5)]
+    cells.insert(3, FakeCell("snapkv", 64, rows=None, error="OSError: disk full"))
+    store_run(idx, tmp_path / "results", RUN, cells)
+    db = str(idx.engine.url)
+    idx.close()
+    monkeypatch.setattr(service_cmds, "MAX_ROWS", 3)
+    out = runner.invoke(kdeval_app, ["status", RUN, "--db", db], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    shown_rows = [line for line in out.output.splitlines() if re.match(r"^[0-9a-f]{8} ", line)]
+    assert len(shown_rows) == 3 and "disk full" in shown_rows[2], out.output  # grid order: the failure is 4th
+    assert (f"3 of 6 cells shown (failed, running and pending ones first); `kdeval status {RUN} --all` lists "
+            "every one, `--json` as JSON") in out.output
+    every = runner.invoke(kdeval_app, ["status", RUN, "--db", db, "--all"], env={"COLUMNS": "200"})
+    assert len([line for line in every.output.splitlines() if re.match(r"^[0-9a-f]{8} ", line)]) == 6
+    assert "cells shown" not in every.output

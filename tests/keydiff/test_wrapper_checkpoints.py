@@ -10,6 +10,7 @@ from kdeval.baselines import get_policy
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.zoo import UnsupportedModelError, load_model
 from kdeval.zoo.byte_tokenizer import byte_level_tokenizer
+from kdeval.zoo.config_check import ModelConfigError
 from kdeval.zoo.families import family
 
 N, B, L = 32, 16, 120
@@ -61,5 +62,6 @@ def test_a_wrapper_whose_decoder_is_refused_names_the_decoder(tmp_path):
     cls, config = WRAPPERS["qwen3_5"]()
     config.text_config.layer_types = ["linear_attention", "deepseek_sparse_attention", "full_attention"]
     config.save_pretrained(tmp_path / "w")
-    with pytest.raises(UnsupportedModelError, match=r"sparse-attention layers \(deepseek_sparse_attention\)"):
+    with pytest.raises((UnsupportedModelError, ModelConfigError),
+                       match=r"text_config.layer_types: its sparse-attention layers \(deepseek_sparse_attention\)"):
         load_model(str(tmp_path / "w"), device="cpu")

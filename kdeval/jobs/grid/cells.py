@@ -35,6 +35,7 @@ from kdeval.evals.tasks.identity import task_data
 from kdeval.jobs.grid import fit
 from kdeval.jobs.grid.checks import share_budget_notes
 from kdeval.jobs.grid.errors import GridError, GridIssue
+from kdeval.jobs.grid.no_effect import window_notes
 from kdeval.jobs.grid.quant import KVQuantSpec
 from kdeval.jobs.grid.schema import (
     BUDGET_FREE_POLICIES, COMPRESS_NAMES, ConversationSpec, EngineSpec, ExecutionSpec, GenerationSpec, GridSpec,
@@ -310,7 +311,7 @@ def expand_grid(grid: GridSpec, version: str | None = None, salt: Callable[[Cell
     """
     refs, notes = _task_refs(grid)
     model_shapes = fit.shapes(grid)  # what validation checked the settings against (kdeval.jobs.grid.fit)
-    notes += fit.quant_notes(grid, model_shapes)
+    notes += fit.quant_notes(grid, model_shapes) + window_notes(grid, model_shapes)
     lengths = [(i, t.name, max(t.lengths)) for i, t in enumerate(grid.tasks) if t.lengths]
     for i, pol in enumerate(grid.policies):
         if pol.name not in BUDGET_FREE_POLICIES:

@@ -121,9 +121,10 @@ def check_conversation(conversation: Any, tasks: list[str]) -> list[GridIssue]:
             for i, name in enumerate(tasks) if not task_registry.get_spec(name).cls.multi_question]
 
 
-def check_model(index: int, model_id: str) -> list[GridIssue]:
+def check_model(index: int, model_id: str, revision: str | None = None) -> list[GridIssue]:
     """Issues for ``models[index].id``: unknown random/stub names, and ids that name no loadable model (a path
-    without config.json, a URL, a malformed hub id: :func:`kdeval.cluster.catalog.model_id_problem`)."""
+    without config.json, a URL, a malformed hub id, a config, tokenizer file or weights refused:
+    :func:`kdeval.cluster.catalog.model_id_problem`)."""
     path = f"models[{index}].id"
     bad_stub = [GridIssue(path, f"expected 'stub:<seconds per cell>' such as 'stub:0.1', got '{model_id}'")]
     try:
@@ -138,5 +139,6 @@ def check_model(index: int, model_id: str) -> list[GridIssue]:
             return [GridIssue(path, f"unknown random model '{model_id}'{suggest(model_id, names)}; "
                                     f"expected one of {', '.join(names)}")]
         return []
-    problem = catalog.model_id_problem(model_id) if len(model_id) <= 300 else None  # too long: the schema says it
+    # too long: the schema says it
+    problem = catalog.model_id_problem(model_id, revision) if len(model_id) <= 300 else None
     return [] if problem is None else [GridIssue(path, problem)]

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from kdeval.cluster import catalog
 from kdeval.jobs.grid import checks, fit
 from kdeval.jobs.grid.errors import GridError, GridIssue, join_path
+from kdeval.jobs.grid.no_effect import no_effect_issues
 from kdeval.jobs.grid.quant import kv_quant_issues
 from kdeval.jobs.grid.schema import BUDGET_FREE_POLICIES, GridSpec
 from kdeval.jobs.grid.size import cells_issue, values_issue
@@ -160,7 +161,9 @@ def _registry_issues(raw: dict) -> list[GridIssue]:
     reported even when other fields fail schema validation)."""
     issues: list[GridIssue] = []
     for i, name, _ in _names(raw, "models", "id"):
-        issues += checks.check_model(i, name)
+        entry = raw["models"][i]
+        revision = entry.get("revision") if isinstance(entry, dict) else None
+        issues += checks.check_model(i, name, revision if isinstance(revision, str) else None)
     for i, name, params in _names(raw, "policies", "name"):
         issues += checks.check_policy(i, name, params)
     for i, name, params in _names(raw, "tasks", "name"):
@@ -220,6 +223,7 @@ def _semantic_issues(grid: GridSpec) -> list[GridIssue]:
                 issues.append(GridIssue(f"models[{m}].attn_implementation",
                                         f"policies[{i}] '{p.name}' {why}; use attn_implementation: sdpa for it"))
     issues += fit.fit_issues(grid, fit.shapes(grid))  # what each model's config says it takes (no weights)
+    issues += no_effect_issues(grid)  # settings whose cells would repeat others
     res = grid.resources
     if grid.engine.cuda_graphs and res.gpus_per_worker <= 0:
         issues.append(GridIssue("engine.cuda_graphs", "true needs GPU workers (resources.gpus_per_worker > 0); "

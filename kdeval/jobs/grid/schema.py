@@ -91,7 +91,16 @@ class ModelSpec(_Strict):
     """A model: a known name (``smollm2-135m``, ``random:llama-tiny``), a hub id or a local path.
 
     ``stub:<seconds>`` names a model-free stub workload of that cost per cell (cluster smoke tests and
-    the scheduler benchmark). Remote code is never trusted from a grid file.
+    the scheduler benchmark).
+
+    Remote code never runs: every model, config and tokenizer loads with ``trust_remote_code=False``, and a
+    grid cannot turn it on (a ``trust_remote_code`` key is refused), so only architectures transformers ships
+    run and no command asks on stdin whether to run a model's own code. A local directory is read as untrusted
+    input at submit, before any weight loads: its ``config.json`` (regular file, at most 4 MiB, nesting of 64,
+    every size, layer and head count a positive integer within bounds, heads that divide, finite numbers, a
+    family ``kdeval models`` lists), its tokenizer files and its safetensors headers (weights whole); a config
+    whose ``auto_map`` names code of its own for an architecture transformers does not ship is refused. Each
+    refusal is one line naming the file and the field.
     """
 
     id: Name(300) = Field(description="A known name (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`, "

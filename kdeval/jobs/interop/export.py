@@ -2,7 +2,8 @@
 
 Every stored row carries its cell's identity columns (:mod:`kdeval.jobs.grid.identity`, added by the scheduler
 before it writes a part), so an export only concatenates the stored tables (in grid order), after checking each
-file is the cell's own (``kdeval.storage.verify_cell``): a done cell whose file fails the check is left out and named.
+file is the cell's own (``kdeval.storage.read_verified_cell``, each file read once: the check runs on the
+tables read): a done cell whose file fails the check is left out and named.
 Files are written to a temp file in the target directory, then ``os.replace``-d: nothing half-written.
 """
 from __future__ import annotations
@@ -20,8 +21,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from kdeval.jobs.interop.csv_safe import safe_cell
-from kdeval.jobs.interop.out_paths import check_file_target, file_mode
-from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_cell_table, verify_cell
+from kdeval.jobs.interop.out_paths import check_file_target, clean_stale_staging, file_mode, staging_prefix
+from kdeval.storage import IDENTITY_SCHEMA, CellState, RunIndex, read_verified_cell
 
 #: Export formats and the file suffix each implies.
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
@@ -66,11 +67,11 @@ def done_cells(index: RunIndex, run_ref: str, results_dir: str | Path | None = N
         if view.state != CellState.DONE.value:
             out.not_done += 1
             continue
-        problem = verify_cell(view, results_dir)
+        table, problem = read_verified_cell(view, results_dir)  # each file read once, checked as read
         if problem is not None:
             out.skipped[view.id] = problem
             continue
-        out.cells.append((view, read_cell_table(results_dir or view.results_dir, view.result_path)))
+        out.cells.append((view, table))
     return out
 
 
@@ -165,7 +166,8 @@ WRITERS: dict[str, Callable[[pa.Table, Any], None]] = {
 def write_table(table: pa.Table, fmt: str, out: Path) -> Path:
     """Write ``table`` as ``fmt`` to ``out`` (checked by :func:`check_out`) atomically: a temp file beside it,
     fsync, ``os.replace``; the file gets the mode the umask gives a new file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    clean_stale_staging(out)  # what an export killed mid-write left here
+    fd, tmp = tempfile.mkstemp(prefix=staging_prefix(out), suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             WRITERS[fmt](table, fh)

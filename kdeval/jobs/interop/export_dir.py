@@ -12,7 +12,9 @@ from typing import Any, Callable
 from kdeval.jobs.interop.export import DoneCells, done_cells
 from kdeval.jobs.interop.kvpress_export import kvpress_files
 from kdeval.jobs.interop.lmeval_export import lmeval_files
-from kdeval.jobs.interop.out_paths import check_dir_target, dir_mode
+from kdeval.jobs.interop.out_paths import (
+    check_dir_target, clean_stale_staging, dir_mode, staging_prefix,
+)
 from kdeval.storage import RunIndex
 
 #: Each directory format's (``kdeval.jobs.interop.export.DIR_FORMATS``) files (relative path -> text) from the run's id,
@@ -28,6 +30,8 @@ def check_out_dir(out: str | Path) -> Path:
     ValueError naming ``--out`` otherwise."""
     out = Path(out).expanduser().absolute()
     check_dir_target(out)  # not through a symbolic link
+    if out.parent.is_dir():
+        clean_stale_staging(out)  # an export killed mid-write left its staging (inside an empty out, too)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out: {out} exists and is not an empty directory; expected a new directory")
     if not out.parent.is_dir():
@@ -47,7 +51,7 @@ def write_tree(out: Path, files: dict[str, str]) -> None:
     into a temp directory beside it, then renamed into place; an existing empty ``out`` (a mount point, say,
     which cannot be replaced) gets the temp directory inside it, whose entries are then renamed up."""
     inside = out.is_dir()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out if inside else out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(out), dir=out if inside else out.parent))
     os.chmod(tmp, dir_mode())  # as the umask says, not the temp directory's 0700
     moved: list[Path] = []
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 import re
 import shutil
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from kdeval.jobs.grid.cells import TaskRef
 from kdeval.jobs.interop import kvpress_format as kv
 from kdeval.jobs.run.recovery import imported_metadata, remove_manifest, write_manifest
 from kdeval.shown import first_hidden
+from kdeval.untrusted import UntrustedFileError, load_json, load_yaml, non_finite, read_head
 from kdeval.storage import (
     CellRecord, CellState, RunIndex, RunState, cell_dir_relpath, part_relpath, with_identity, write_part,
 )
@@ -70,7 +72,7 @@ def result_dirs(root: str | Path) -> list[Path]:
         raise ValueError(f"DIR: {root} is not a directory; expected a kvpress result directory (predictions.csv, "
                          f"metrics.json, config.yaml) or a directory of them")
     def holds(d: Path) -> bool:
-        return all((d / f).is_file() for f in kv.FILES)
+        return all((d / f).exists() for f in kv.FILES)  # what is not a regular file: refused when read
     dirs = [root] if holds(root) else sorted(d for d in root.iterdir() if d.is_dir() and holds(d))
     if not dirs:
         raise ValueError(f"DIR: {root} holds no kvpress result: expected predictions.csv, metrics.json and "
@@ -110,27 +112,59 @@ def parse_answer(value: Any) -> list[str]:
 MAX_IMPORT_ROWS = 100_000
 #: The largest ``predictions.csv`` read (checked before it is read): 100,000 rows of long predictions fit.
 MAX_PREDICTIONS_BYTES = 256 << 20
+#: The largest ``config.yaml`` or ``metrics.json`` read (kvpress writes a few kB).
+MAX_CONFIG_BYTES = 1 << 20
 #: The config fields that become names in the index, reports and status (checked for hidden characters).
 _NAMED = ("dataset", "model", "press_name", "data_dir")
 
 
 def _config(d: Path) -> dict[str, Any]:
+    """``d``'s ``config.yaml``, read as untrusted input (:func:`kdeval.untrusted.load_yaml`: a regular file of
+    at most :data:`MAX_CONFIG_BYTES`, no aliases, bounded nesting) and checked: kvpress's keys, names without
+    hidden characters, a finite ``compression_ratio`` in [0, 1) and ``fraction`` in (0, 1]."""
+    path = d / "config.yaml"
     try:
-        cfg = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"DIR: {d / 'config.yaml'} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                         f"{e.start}); expected kvpress's YAML config") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"DIR: {d / 'config.yaml'} is not readable YAML ({type(e).__name__})") from None
+        cfg = load_yaml(path, MAX_CONFIG_BYTES)
+    except UntrustedFileError as e:
+        raise ValueError(f"DIR: {e}") from None
     if not isinstance(cfg, dict) or not all(k in cfg for k in ("dataset", "model", "press_name")):
-        raise ValueError(f"DIR: {d / 'config.yaml'} is not a kvpress evaluation config (expected dataset, model, "
+        raise ValueError(f"DIR: {path} is not a kvpress evaluation config (expected dataset, model, "
                          f"press_name, compression_ratio)")
     for key in _NAMED:
+        if not isinstance(cfg.get(key), (str, int, float, type(None))):
+            raise ValueError(f"DIR: {path}: {key}: expected a name, got a {type(cfg[key]).__name__}")
         bad = first_hidden(str(cfg.get(key) or ""))
         if bad is not None:
-            raise ValueError(f"DIR: {d / 'config.yaml'}: {key} must not contain control, bidi or invisible "
+            raise ValueError(f"DIR: {path}: {key} must not contain control, bidi or invisible "
                              f"characters (found '{bad}')")
+    for key, low, high in (("compression_ratio", 0.0, 1.0), ("fraction", 0.0, 1.0)):
+        value = cfg.get(key)
+        ok = value is None or (type(value) in (int, float) and math.isfinite(value)
+                               and (low <= value < high if key == "compression_ratio"
+                                    else low < value <= high))
+        if not ok:
+            span = "from 0 up to (not including) 1" if key == "compression_ratio" else "above 0, at most 1"
+            raise ValueError(f"DIR: {path}: {key}: expected a finite number {span}, got {_quoted(value)}")
     return cfg
+
+
+def _quoted(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}… ({len(text)} characters)"
+
+
+def _metrics(d: Path) -> Any:
+    """``d``'s ``metrics.json`` (untrusted: a regular file of at most :data:`MAX_CONFIG_BYTES`, bounded
+    nesting, finite numbers), ValueError naming the file and the field."""
+    path = d / "metrics.json"
+    try:
+        metrics = load_json(path, MAX_CONFIG_BYTES)
+    except UntrustedFileError as e:
+        raise ValueError(f"DIR: {e}") from None
+    bad = non_finite(metrics)
+    if bad is not None:
+        raise ValueError(f"DIR: {path}: {bad[0] or 'the value'}: expected a finite number, got {bad[1]}")
+    return metrics
 
 
 class TooLarge(Exception):
@@ -142,7 +176,10 @@ def _predictions(d: Path, room: int) -> pd.DataFrame:
     than :data:`MAX_PREDICTIONS_BYTES` or holds more than ``room`` rows (what :data:`MAX_IMPORT_ROWS` leaves);
     no more than ``room + 1`` rows are ever parsed."""
     path = d / "predictions.csv"
-    size = path.stat().st_size
+    try:
+        _, size = read_head(path, 1 << 62, 0)  # a regular file (a FIFO is refused, not waited on)
+    except UntrustedFileError as e:
+        raise TooLarge(f"DIR: {e}") from None
     if size > MAX_PREDICTIONS_BYTES:
         raise TooLarge(f"DIR: {path} is {size} bytes; at most {MAX_PREDICTIONS_BYTES} bytes "
                          f"({MAX_PREDICTIONS_BYTES >> 20} MiB) are imported")
@@ -180,17 +217,29 @@ def _sample_id(dataset: str, data_dir: str, task: str, task_col: str, length: in
     return f"kvpress/{dataset}/{data_dir}/{task_col}/{i}" + ("" if fraction == 1.0 else f"@fraction{fraction}")
 
 
+def _row_ratio(d: Path, value: Any, row: int) -> float:
+    """A row's ``compression_ratio`` as a finite number in [0, 1); ValueError naming file, row and column."""
+    try:
+        ratio = float(value or 0.0)
+    except (TypeError, ValueError):
+        ratio = math.nan
+    if not (math.isfinite(ratio) and 0 <= ratio < 1):
+        raise ValueError(f"DIR: {d / 'predictions.csv'}: row {row + 1}: compression_ratio: expected a finite "
+                         f"number from 0 up to (not including) 1, got {_quoted(value)}")
+    return ratio
+
+
 def read_result(d: Path, model: str | None, seed: int, room: int = MAX_IMPORT_ROWS) -> list[ImportedCell]:
     """The cells of one kvpress result directory (one per ``task`` value), of at most ``room`` rows; ValueError
     naming the file."""
     cfg = _config(d)
     try:
         df = _predictions(d, room)
-        metrics = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
     except TooLarge as e:
         raise ValueError(str(e)) from None
     except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise ValueError(f"DIR: {d} has an unreadable predictions.csv or metrics.json ({type(e).__name__})") from None
+        raise ValueError(f"DIR: {d} has an unreadable predictions.csv ({type(e).__name__})") from None
+    metrics = _metrics(d)
     answers = "answer" if "answer" in df.columns else "answers"  # RULER's column / LongBench's
     missing = {"predicted_answer", answers} - set(df.columns)
     if missing:
@@ -207,14 +256,14 @@ def read_result(d: Path, model: str | None, seed: int, room: int = MAX_IMPORT_RO
     for task_col, part in groups:
         task = kv.task_of(dataset, str(task_col))
         rows = []
-        for i, (_, r) in enumerate(part.iterrows()):
+        for i, (row_no, r) in enumerate(part.iterrows()):
             refs = parse_answer(r[answers])
             pred = str(r["predicted_answer"])
             sid = _sample_id(dataset, data_dir, task, str(task_col), length, i, r, fraction)
             meta = {"all_classes": parse_answer(r["all_classes"])} if "all_classes" in r and r["all_classes"] else {}
             rows.append({"task": task, "id": sid, "prediction": pred, "references": refs,
-                         "score": _score(task, pred, refs, meta), "compression_ratio": float(r.get("compression_ratio", ratio)
-                                                                                     or 0.0),
+                         "score": _score(task, pred, refs, meta),
+                         "compression_ratio": _row_ratio(d, r.get("compression_ratio", ratio), int(row_no)),
                          "length": length, "meta_json": json.dumps({"kvpress_row": i}),
                          "peak_kv_bytes": None, "ttft_s": None})
         ref = TaskRef(name=task, length=length, samples=len(rows), seed=seed, data_source=f"kvpress {dataset}")

@@ -10,6 +10,9 @@ looks); the user gives the real path instead.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import socket
 import stat
 from pathlib import Path
 
@@ -64,3 +67,45 @@ def check_dir_target(out: Path) -> None:
             raise ValueError(f"--out: {why}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} exists and is not a directory; expected a directory")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+
+
+def staging_prefix(out: Path) -> str:
+    """The name prefix of what an export to ``out`` stages beside it: hidden, of this host and process."""
+    return f".{out.name}.kdeval-{_host()}-{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def clean_stale_staging(out: Path) -> list[Path]:
+    """Remove what exports to ``out`` killed on this host left staged beside it (or inside it, for a
+    directory export into an empty ``out``): entries named by :func:`staging_prefix` whose process is gone.
+    Returns them."""
+    mine = re.compile(rf"^\.{re.escape(out.name)}\.kdeval-{re.escape(_host())}-(\d+)\.")
+    removed = []
+    for folder in {out.parent, out} if out.is_dir() else {out.parent}:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            found = mine.match(entry.name)
+            if found is None or _alive(int(found.group(1))):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed

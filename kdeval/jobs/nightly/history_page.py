@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 
 from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.nightly.attribution import night_changes
+from kdeval.jobs.reports.render.figure_text import literal_text
 
 PAGE = "history.html"
 #: Okabe–Ito: readable with the common colour-vision deficiencies.
@@ -33,6 +34,7 @@ td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}.
 .figs{display:flex;flex-wrap:wrap;gap:8px}.figs img{width:520px}"""
 
 
+@literal_text
 def _uri(fig: Figure) -> str:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -62,6 +64,7 @@ def _drifted(entry: dict[str, Any], key: str) -> bool:
     return any(d.get("key") == key for d in entry.get("drift") or [])
 
 
+@literal_text
 def score_figure(key: str, points: list[tuple[int, dict[str, Any]]], entries: list[dict[str, Any]]) -> str:
     """The time series of one tracked score (a data URI)."""
     fig = Figure(figsize=(6.5, 2.6))
@@ -94,6 +97,7 @@ def score_figure(key: str, points: list[tuple[int, dict[str, Any]]], entries: li
     return _uri(fig)
 
 
+@literal_text
 def perf_figure(entries: list[dict[str, Any]]) -> str | None:
     """TTFT, decode tokens/s and peak KV bytes over nights, per configuration (a data URI; None: no timings)."""
     per: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))

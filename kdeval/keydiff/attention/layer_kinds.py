@@ -36,7 +36,9 @@ FULL, SLIDING, CHUNKED, STATE = "full", "sliding", "chunked", "state"
 _TYPE_NAMES = {"full_attention": (FULL, False), "sliding_attention": (SLIDING, False),
                "chunked_attention": (CHUNKED, False), "linear_attention": (STATE, True), "conv": (STATE, True),
                "mlp": (STATE, False), "moe": (STATE, False), "hybrid": (FULL, True),
-               "hybrid_sliding": (SLIDING, True)}
+               "hybrid_sliding": (SLIDING, True),
+               # the names a checkpoint's config.json may still carry, which transformers' configs rename
+               "mamba": (STATE, True), "attention": (FULL, False)}
 
 
 @dataclass(frozen=True)

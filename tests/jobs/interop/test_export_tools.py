@@ -183,8 +183,9 @@ def test_one_driver_reads_each_cell_once_for_every_directory_format(run, monkeyp
     idx, tmp = run
     assert tuple(FILES) == DIR_FORMATS
     reads = []
-    real = export_job.read_cell_table
-    monkeypatch.setattr(export_job, "read_cell_table", lambda *a: reads.append(a) or real(*a))
+    real = export_job.read_verified_cell  # reads and checks a cell's files, each once
+    monkeypatch.setattr(export_job, "read_verified_cell",
+                        lambda view, *a: reads.append(view.id) or real(view, *a))
     for fmt in DIR_FORMATS:
         reads.clear()
         done, _, _ = export_dir(idx, "r1", fmt, tmp / fmt)

@@ -221,3 +221,74 @@ def test_cli_imports(tmp_path, cli):
                       env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
     assert r.output.startswith("run kvpress-") and "2 cells, 6 predictions imported from kvpress (external)" in r.output
+
+
+def _bomb(d: Path) -> str:
+    """A YAML alias bomb: nine levels of nine aliases, 9⁹ values once walked, in a few hundred bytes."""
+    lines = ['a0: &a0 ["lol"]'] + [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 10)]
+    (d / "config.yaml").write_text("\n".join(lines) + "\ndataset: ruler\nmodel: *a9\npress_name: snapkv\n")
+    return f"{d / 'config.yaml'} is not readable YAML: line 2, column 10: aliases (*name) are not accepted"
+
+
+def _deep_yaml(d: Path) -> str:
+    (d / "config.yaml").write_text("dataset: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    return f"{d / 'config.yaml'} is not readable YAML: line 1, column 73: nested deeper than 64 levels"
+
+
+def _deep_metrics(d: Path) -> str:
+    (d / "metrics.json").write_text('{"vt": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    return f"{d / 'metrics.json'} is nested deeper than 64 levels"
+
+
+def _nan_ratio(d: Path) -> str:
+    text = (d / "config.yaml").read_text().replace("compression_ratio: 0.75", "compression_ratio: .nan")
+    (d / "config.yaml").write_text(text)
+    return (f"{d / 'config.yaml'}: compression_ratio: expected a finite number from 0 up to (not "
+            "including) 1, got nan")
+
+
+def _nan_metric(d: Path) -> str:
+    (d / "metrics.json").write_text('{"vt": {"string_match": NaN}, "cwe": {"string_match": 50.0}}')
+    return f"{d / 'metrics.json'}: vt.string_match: expected a finite number, got nan"
+
+
+def _nan_row(d: Path) -> str:
+    df = pd.read_csv(d / "predictions.csv", keep_default_na=False)
+    df["compression_ratio"] = df["compression_ratio"].astype(str)
+    df.loc[4, "compression_ratio"] = "nan"
+    df.to_csv(d / "predictions.csv", index=False)
+    return (f"{d / 'predictions.csv'}: row 5: compression_ratio: expected a finite number from 0 up to (not "
+            "including) 1, got 'nan'")
+
+
+def _fifo_config(d: Path) -> str:
+    import os
+
+    (d / "config.yaml").unlink()
+    os.mkfifo(d / "config.yaml")
+    return f"{d / 'config.yaml'} is a FIFO; expected a regular file"
+
+
+def _fifo_predictions(d: Path) -> str:
+    import os
+
+    (d / "predictions.csv").unlink()
+    os.mkfifo(d / "predictions.csv")
+    return f"{d / 'predictions.csv'} is a FIFO; expected a regular file"
+
+
+@pytest.mark.parametrize("make", [_bomb, _deep_yaml, _deep_metrics, _nan_ratio, _nan_metric, _nan_row,
+                                  _fifo_config, _fifo_predictions], ids=lambda f: f.__name__.strip("_"))
+def test_a_hostile_kvpress_dir_is_one_line_naming_file_and_field(tmp_path, cli, make):
+    import time
+
+    d = kvpress_dir(tmp_path / "kv")
+    line = f"error: DIR: {make(d)}"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    start = time.perf_counter()
+    r = runner.invoke(cli, ["import", "kvpress", str(tmp_path / "kv"), "--db", str(tmp_path / "index.sqlite"),
+                            "--results-dir", str(tmp_path / "results")], env={"COLUMNS": "300"})
+    assert time.perf_counter() - start < 5
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == line, r.output
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

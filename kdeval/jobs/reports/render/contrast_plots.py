@@ -6,6 +6,7 @@ from matplotlib.figure import Figure
 from kdeval.jobs.reports.report_rows import ContrastRow, Report
 from kdeval.jobs.reports.render.contrast_views import CONTRASTS
 from kdeval.jobs.reports.render.plots import COLORS, Plot, _png, _slug
+from kdeval.jobs.reports.render.figure_text import literal_text
 
 
 def _label(r: ContrastRow) -> str:
@@ -13,6 +14,7 @@ def _label(r: ContrastRow) -> str:
     return f"{r.policy}{budget} · {r.task} · {r.setting}" + (f" · {r.a_label}" if r.a_label.startswith("B=") else "")
 
 
+@literal_text
 def contrast_figure(title: str, rows: list[ContrastRow]) -> Figure:
     """One horizontal bar per row: its Δ (points) as a dot and its CI as a bar, policies by colour."""
     rows = [r for r in rows if r.delta is not None]

@@ -7,6 +7,7 @@ from kdeval.jobs.reports.report_rows import FrontierRow, Report, State
 from kdeval.jobs.reports.render.layout import Column, TableView
 from kdeval.jobs.reports.render.units import bytes_unit, interval, points, text
 from kdeval.jobs.reports.render.views import legend
+from kdeval.jobs.reports.render.figure_text import literal_text
 
 TITLE = "Accuracy per KV byte"
 CAPTION = ("KV = peak bytes of K/V the cache held (a quantized store: codes, scales, zeros and its full-precision "
@@ -41,6 +42,7 @@ def frontier_view(report: Report) -> TableView | None:
                      [r.state for r in rows], list(rows), cap)
 
 
+@literal_text
 def frontier_figure(task: str, rows: list[FrontierRow]):
     """Score (points) against peak KV bytes (log scale) of one task's configurations: the frontier joined as a
     staircase and labelled, dominated ones hollow; colour by bits per stored number."""

@@ -19,6 +19,7 @@ from kdeval.jobs.reports.leaderboard import LeaderboardRow
 from kdeval.jobs.reports.report_rows import FULL, State
 from kdeval.jobs.reports.render.leaderboard_views import short_code
 from kdeval.jobs.reports.render.plots import _png, _style
+from kdeval.jobs.reports.render.figure_text import literal_text
 
 
 def line_label(r: LeaderboardRow, chunks: int, versioned: set[str]) -> str:
@@ -28,6 +29,7 @@ def line_label(r: LeaderboardRow, chunks: int, versioned: set[str]) -> str:
     return label + (f" @{short_code(r.code)}" if r.policy in versioned else "")
 
 
+@literal_text
 def task_figure(title: str, rows: list[LeaderboardRow]) -> bytes:
     """The two panels of one model × task instance (see the module's docstring) as PNG bytes."""
     fig = Figure(figsize=(11, 3.8))

@@ -25,6 +25,7 @@ from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.reports.report_rows import FULL, MetricRow, Report
 from kdeval.jobs.reports.render.views import budget_per, headline_rows, windowed_note
 from kdeval.jobs.reports.samples import task_of_label
+from kdeval.jobs.reports.render.figure_text import literal_text
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Plot:
 NESTED = 5
 
 
+@literal_text
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -70,6 +72,7 @@ def _budget_x(budget: int | str) -> float:
     return float(share_fraction(budget) * 100) if is_share(budget) else float(budget)
 
 
+@literal_text
 def budget_figure(title: str, rows: list[MetricRow], layer_kinds: str = "") -> Figure:
     """Score vs budget of one benchmark's headline ``rows``: a line per policy with the CI of its Δ as error
     bars, dodged sideways a little so equal points stay visible; the full cache as a dashed line. The budgets
@@ -135,6 +138,7 @@ def score_vs_budget(report: Report) -> list[Plot]:
 NeedleGrid = dict[tuple[int, float], tuple[float, int]]
 
 
+@literal_text
 def needle_figure(title: str, panels: list[tuple[str, NeedleGrid]]) -> Figure:
     """One heatmap per (panel title, grid): accuracy by depth × length, each cell printing its value and n."""
     width = min(2.6 * len(panels) + 1.0, 13.0)
@@ -199,6 +203,7 @@ def kv_memory_series(report: Report) -> dict[tuple[str, int], dict[str, list[tup
     return {k: {label: sorted(pts) for label, pts in lines.items()} for k, lines in series.items()}
 
 
+@literal_text
 def memory_figure(title: str, lines: dict[str, list[tuple[float, float]]]) -> Figure:
     """One figure of :func:`kv_memory_series` lines (label -> (prompt tokens, KV MiB)), both axes from 0:
     a colour and dash per policy, a marker per task."""

@@ -9,12 +9,14 @@ from matplotlib.figure import Figure
 from kdeval.evals.run.chunking import chunk_text
 from kdeval.jobs.reports.report_rows import FULL, Report, TurnRow
 from kdeval.jobs.reports.render.plots import Plot, _png, _slug, _style
+from kdeval.jobs.reports.render.figure_text import literal_text
 
 
 def _label(r: TurnRow) -> str:
     return r.policy if r.budget is None else f"{r.policy} N={r.budget}"
 
 
+@literal_text
 def turn_figure(title: str, rows: list[TurnRow]) -> Figure:
     """Score (points) vs turn; the full cache dashed and grey."""
     lines: dict[str, list[TurnRow]] = defaultdict(list)
