@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from kdeval.cluster.group_streams import GroupStreams, shard_result
+from kdeval.cluster.plugins import PluginSpec, ensure
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask, group_span, shared_rows
 
@@ -156,9 +157,11 @@ def run_settings(lm: Any, task: CellTask, *, grouped: bool) -> RunSettings:
 
 @dataclass(frozen=True)
 class EvalWorkload:
-    """Runs cells for real. ``device`` None = CUDA when available, else CPU."""
+    """Runs cells for real. ``device`` None = CUDA when available, else CPU; ``plugins``: the plugins whose
+    policies the cells run, imported on the worker before a cell (:func:`kdeval.cluster.plugins.ensure`)."""
 
     device: str | None = None
+    plugins: tuple[PluginSpec, ...] = ()
 
     def load(self, task: CellTask) -> Any:
         if task.model_id.startswith(STUB_PREFIX):
@@ -172,6 +175,7 @@ class EvalWorkload:
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().run(handle, task)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
+        ensure(self.plugins)
         from kdeval.evals.run import runner  # lazy: heavy imports only on workers that need them
 
         evals_task, prompts = task_and_prompts(handle, task)
@@ -193,6 +197,7 @@ class EvalWorkload:
             return StubWorkload().run_group(handle, tasks, on_samples, on_result)
         cells, span = group_span(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
+        ensure(self.plugins)
         from kdeval.evals.run import group_run
 
         first = tasks[0]

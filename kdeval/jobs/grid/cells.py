@@ -235,13 +235,17 @@ def kdeval_version() -> str:
 def cell_code_version(policy: str, params: dict[str, Any] | None = None, stub: bool = False) -> str:
     """Release + hash of the code that computes a cell of ``policy`` with ``params`` (see ``kdeval.version``);
     ``stub``: the cell's model is a ``stub:`` workload."""
-    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str), stub)
+    plugin = catalog.policy_plugin_digest(policy, params)  # outside the cache: an edited plugin is new code
+    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str), stub, plugin)
 
 
 @lru_cache(maxsize=None)
-def _code_version(policy: str, params_json: str, stub: bool) -> str:
+def _code_version(policy: str, params_json: str, stub: bool, plugin: str = "") -> str:
     files = catalog.policy_source_files(policy, json.loads(params_json))
-    return f"{__version__}+{result_code_hash(files, catalog.every_policy_source_file(), stub=stub)}"
+    code = result_code_hash(files, catalog.every_policy_source_file(), stub=stub)
+    if plugin:  # a plugin policy: its own source and version join the engine's code (kdeval.cluster.plugins)
+        code = hashlib.sha256(f"{code}+{plugin}".encode()).hexdigest()[:12]
+    return f"{__version__}+{code}"
 
 
 @dataclass(frozen=True)
