@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from kdeval.cluster.group_streams import GroupStreams, shard_result
-from kdeval.cluster.plugins import PluginSpec, ensure
 from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask, group_span, shared_rows
 
@@ -157,11 +156,9 @@ def run_settings(lm: Any, task: CellTask, *, grouped: bool) -> RunSettings:
 
 @dataclass(frozen=True)
 class EvalWorkload:
-    """Runs cells for real. ``device`` None = CUDA when available, else CPU; ``plugins``: the plugins whose
-    policies the cells run, imported on the worker before a cell (:func:`kdeval.cluster.plugins.ensure`)."""
+    """Runs cells for real. ``device`` None = CUDA when available, else CPU."""
 
     device: str | None = None
-    plugins: tuple[PluginSpec, ...] = ()
 
     def load(self, task: CellTask) -> Any:
         if task.model_id.startswith(STUB_PREFIX):
@@ -175,7 +172,6 @@ class EvalWorkload:
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().run(handle, task)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        ensure(self.plugins)
         from kdeval.evals.run import runner  # lazy: heavy imports only on workers that need them
 
         evals_task, prompts = task_and_prompts(handle, task)
@@ -197,7 +193,6 @@ class EvalWorkload:
             return StubWorkload().run_group(handle, tasks, on_samples, on_result)
         cells, span = group_span(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        ensure(self.plugins)
         from kdeval.evals.run import group_run
 
         first = tasks[0]

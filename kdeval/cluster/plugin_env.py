@@ -8,6 +8,7 @@ that cannot.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from kdeval.cluster.plugins import PluginError, PluginSpec
@@ -83,3 +84,31 @@ def check_nodes(specs: Sequence[PluginSpec], timeout_s: float = NODE_CHECK_TIMEO
             names = ", ".join(s.ref for s in installed)
             raise PluginError(f"plugin {names}: node {node['NodeID'][:12]} ({node.get('NodeManagerAddress')}) "
                               f"cannot import it: {why}")
+
+
+@dataclass(frozen=True)
+class PluginWorkload:
+    """A workload whose cells run plugin policies: imports ``plugins`` on the worker (:func:`kdeval.cluster.
+    plugins.ensure`: by module name, the digest the driver computed) before it hands each call to ``inner``.
+    Kept apart from the evaluation workload, whose code is hashed into every cell's identity."""
+
+    inner: Any
+    plugins: tuple[PluginSpec, ...]
+
+    def _ready(self) -> Any:
+        from kdeval.cluster.plugins import ensure
+
+        ensure(self.plugins)
+        return self.inner
+
+    def load(self, task: Any) -> Any:
+        return self._ready().load(task)
+
+    def run(self, handle: Any, task: Any) -> Any:
+        return self._ready().run(handle, task)
+
+    def run_group(self, handle: Any, tasks: list, on_samples: Any = None, on_result: Any = None) -> list:
+        return self._ready().run_group(handle, tasks, on_samples, on_result)
+
+    def aggregate(self, task: Any, rows: list) -> dict:
+        return self.inner.aggregate(task, rows)

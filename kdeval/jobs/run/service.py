@@ -138,7 +138,9 @@ def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
 def default_workload(plugins: Sequence[PluginSpec] = ()) -> Workload:
     """The real evaluation workload (stub models handled inside it), importing ``plugins`` on its workers."""
     from kdeval.cluster.execute import EvalWorkload
-    return EvalWorkload(plugins=tuple(plugins))
+    from kdeval.cluster.plugin_env import PluginWorkload
+
+    return PluginWorkload(EvalWorkload(), tuple(plugins)) if plugins else EvalWorkload()
 
 
 def run_plugins(run_id: str, cells: Sequence[CellSpec]) -> list[PluginSpec]:
