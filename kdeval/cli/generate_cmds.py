@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
         columns = [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
                    Column("extra cost (defaults)", fold=True)]
         if any(policy_origin(i.name) != "built-in" for i in infos):  # the built-in listing stays as it was
-            columns.append(Column("from", fold=True))
+            columns.append(Column("from", key=True))
             rows = [row + [policy_origin(i.name)] for row, i in zip(rows, infos)]
         view = TableView("policies", f"{len(infos)} policies (`--policy NAME --param key=value`)", columns, rows)
         console = stdout()

@@ -228,19 +228,17 @@ def deterministic(setup: Setup) -> str | None:
     if policy.needs().exact_ties:
         return None
     ties: list[str] = []
-    score, step = policy.score, [0]
+    score = policy.score
 
     def watched(keys, ctx):
         s = score(keys, ctx)
-        if not ties and ctx.layer_idx == 0:
-            step[0] += 1
         if not ties and ctx.budget and s.shape[-1] > ctx.budget and s.dtype.is_floating_point:
             top = s.float().sort(dim=-1, descending=True)
             edge = top.values[..., ctx.budget - 1] == top.values[..., ctx.budget]
             if bool(edge.any()):
                 b_, h = (int(i) for i in edge.nonzero()[0])
                 pos = ctx.positions[b_, h].gather(-1, top.indices[b_, h, ctx.budget - 1 : ctx.budget + 1])
-                ties.append(f"{setup.where(ctx.layer_idx, step[0])}: positions {pos.tolist()} tie at score "
+                ties.append(f"{setup.where(ctx.layer_idx, int(ctx.step) + 1)}: positions {pos.tolist()} tie at score "
                             f"{float(top.values[b_, h, ctx.budget]):g} at the keep boundary (N={ctx.budget}); "
                             "declare PolicyNeeds(exact_ties=True)")
         return s

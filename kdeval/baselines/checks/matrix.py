@@ -66,12 +66,13 @@ def refusal(policy: Policy, model_id: str) -> str | None:
 
 
 def run_matrix(make_policy: Callable[[], Policy], families: Iterable[str] | None = None,
-               checks: Iterable[str] | None = None,
-               on_finding: Callable[[Finding], None] | None = None) -> list[Finding]:
+               checks: Iterable[str] | None = None, on_finding: Callable[[Finding], None] | None = None,
+               dtypes: Iterable[str] | None = None) -> list[Finding]:
     """Every check of ``checks`` (default :data:`CHECKS`) on every family of ``families`` (default
-    :data:`FAMILIES`) for the policy ``make_policy`` builds (called afresh for every engine); ``on_finding`` is
-    called as each finding is made."""
+    :data:`FAMILIES`), in each of the check's dtypes (only those of ``dtypes`` when given), for the policy
+    ``make_policy`` builds (called afresh for every engine); ``on_finding`` is called as each finding is made."""
     findings: list[Finding] = []
+    dtypes = None if dtypes is None else set(dtypes)
 
     def add(f: Finding) -> None:
         findings.append(f)
@@ -84,8 +85,10 @@ def run_matrix(make_policy: Callable[[], Policy], families: Iterable[str] | None
         model_id = FAMILIES.get(family, family)
         refused = refusal(make_policy(), model_id)
         for check in checks or CHECKS:
-            fn, dtypes = CHECKS[check]
-            for dtype in dtypes:
+            fn, own_dtypes = CHECKS[check]
+            for dtype in own_dtypes:
+                if dtypes is not None and dtype not in dtypes:
+                    continue
                 if refused:
                     add(Finding(check, family, dtype, "refused", " ".join(refused.split())))
                     continue
