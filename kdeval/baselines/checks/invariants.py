@@ -233,7 +233,10 @@ def deterministic(setup: Setup) -> str | None:
     def watched(keys, ctx):
         s = score(keys, ctx)
         if not ties and ctx.budget and s.shape[-1] > ctx.budget and s.dtype.is_floating_point:
-            top = s.float().sort(dim=-1, descending=True)
+            # the tokens the policy always keeps (sinks, recent) are kept whatever they score: not a tie
+            seen = int(ctx.seen)
+            held = (ctx.positions < policy.n_sink()) | (ctx.positions >= seen - policy.n_recent(ctx.budget))
+            top = s.float().masked_fill(held, float("inf")).sort(dim=-1, descending=True)
             edge = top.values[..., ctx.budget - 1] == top.values[..., ctx.budget]
             if bool(edge.any()):
                 b_, h = (int(i) for i in edge.nonzero()[0])
