@@ -104,3 +104,14 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
     with pytest.raises(EvalError, match=r"path: big.jsonl holds 0.0 GiB; expected at most 0 GiB"):
         build(path=str(path))
     assert not reads
+
+
+def test_a_relative_path_is_read_from_the_working_directory_or_else_the_data_directory(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    (data / "mine").mkdir(parents=True)
+    write_jsonl(data / "mine" / "d.jsonl")
+    monkeypatch.setenv("KDEVAL_DATA_DIR", str(data))
+    monkeypatch.chdir(tmp_path)
+    assert len(build(path="mine/d.jsonl").samples()) == 2  # not in the working directory: the data directory's
+    write_jsonl(tmp_path / "mine.jsonl", ROWS[:1])
+    assert len(build(path="mine.jsonl").samples()) == 1

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from kdeval.evals.metrics.registry import get_metric
 from kdeval.evals.tasks.base import EvalError, Sample, ScoreResult, Task, check_positive
+from kdeval.evals.tasks.data import find_data_file
 from kdeval.evals.tasks.prompting import split_at_context
 from kdeval.evals.tasks.table_file import read_rows
 
@@ -33,7 +34,9 @@ DEFAULT_TEMPLATE = "{context}\n\n{question}"  # kvpress's pipeline: the context,
 @dataclass
 class FileTask(Task):
     """Args:
-        path: the data file (``.jsonl``, ``.parquet`` or ``.csv``), relative to the working directory or absolute.
+        path: the data file (``.jsonl``, ``.parquet`` or ``.csv``): absolute, relative to the working directory
+            (a local Ray's workers share the driver's), or else to the data directory (``$KDEVAL_DATA_DIR``); on a
+            cluster, a path every node has.
         fields: column names of the sample's fields that differ from kvpress's (``{context: passage, answers:
             gold}``).
         template: the prompt, from ``{context}`` (once), ``{question}`` and other columns by name.
@@ -96,12 +99,19 @@ class FileTask(Task):
             raise EvalError(f"template: field {{{bad}}}: expected a column name (no attribute or index access)")
 
     @cached_property
+    def _file(self) -> Path:
+        path = Path(self.path).expanduser()
+        if not path.is_absolute() and not path.exists():
+            return find_data_file(None, self.path) or path
+        return path
+
+    @cached_property
     def _rows(self) -> list[dict[str, Any]]:
-        rows = read_rows(Path(self.path).expanduser())
+        rows = read_rows(self._file)
         return rows[: self.limit] if self.limit is not None else rows
 
     def data_files(self) -> list[tuple[str, Any]]:
-        path = Path(self.path).expanduser().resolve()
+        path = self._file.resolve()
         return [(path.name, path)]
 
     def data_source(self) -> str:
