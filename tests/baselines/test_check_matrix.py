@@ -100,8 +100,9 @@ def test_the_checks_catch_what_they_are_for():
     assert inv.deterministic(setup(Tied)).startswith("llama, layer 0, step 3: positions ")
     assert "tie at score 0 at the keep boundary (N=40); declare PolicyNeeds(exact_ties=True)" in inv.deterministic(
         setup(Tied))
-    assert inv.bound(setup(OverBudget)) == ("llama, layer 0: layer budgets [44, 44, 44] sum to 132, more than 3 layers "
-                                            "x N=40 = 120")
+    assert inv.bound(setup(OverBudget)).startswith("llama, layer 0, step 3 (seen 48): the full layers hold [44, 44, "
+                                                   "44] tokens per KV head, 132 in all, more than 3 layers x min(N=40, "
+                                                   "seen) = 120; layer 0 keeps positions")
     why = inv.batch_alone(setup(PeeksAtTheBatch, "float64"))
     assert why.startswith("batch of 2: llama, layer 0, row 0: kept head ") and why.endswith("in the batch, alone")
     assert inv.bound(setup(lambda: get_policy("keydiff"))) is None

@@ -106,8 +106,9 @@ def test_check_policy_gives_the_first_counterexample_of_a_policy_that_breaks_the
     findings = [json.loads(line) for line in res.output.splitlines()]
     bound = [f for f in findings if f["check"] == "N + B bound"]
     assert [f["status"] for f in bound] == ["fails", "fails"]  # float32 and bfloat16
-    assert bound[0]["detail"] == ("llama, layer 0: layer budgets [44, 44, 44] sum to 132, more than 3 layers x N=40 "
-                                  "= 120")
+    assert bound[0]["detail"] == ("llama, layer 0, step 3 (seen 48): the full layers hold [44, 44, 44] tokens per KV "
+                                  "head, 132 in all, more than 3 layers x min(N=40, seen) = 120; layer 0 keeps "
+                                  "positions [0, 1, 2] ... [45, 46, 47]")
 
 
 def test_check_policy_on_a_correct_plugin_holds_and_a_bad_name_is_exit_2(tmp_path):
