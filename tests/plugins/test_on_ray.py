@@ -38,7 +38,8 @@ def _shipped_file(specs):
 def test_a_worker_imports_the_shipped_copy_not_the_local_file(local_ray, tmp_path):
     path = write_newest(tmp_path / "not-on-any-path", module="shipped_newest")
     spec = plugins.load_plugin(str(path)).spec
-    task = local_ray.remote(num_cpus=0, runtime_env={"py_modules": list(upload_modules(shipped_modules([spec])))})(_shipped_file)
+    env = {"py_modules": list(upload_modules(shipped_modules([spec])))}
+    task = local_ray.remote(num_cpus=0, runtime_env=env)(_shipped_file)
     where, registered = local_ray.get(task.remote([spec]), timeout=120)
     assert registered and where != str(path) and where.endswith("shipped_newest.py")
     bare = local_ray.remote(num_cpus=0)(_shipped_file)  # without the runtime environment it is not there

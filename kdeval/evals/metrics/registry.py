@@ -37,5 +37,6 @@ def metric_names() -> list[str]:
 def get_metric(name: str) -> Metric:
     """The metric ``name``; a ``ValueError`` naming the known ones otherwise."""
     if name not in METRICS:
-        raise ValueError(f"metric: unknown {name!r}{suggest(name, metric_names())} (known: {', '.join(metric_names())})")
+        known = ", ".join(metric_names())
+        raise ValueError(f"metric: unknown {name!r}{suggest(name, metric_names())} (known: {known})")
     return METRICS[name][0]
