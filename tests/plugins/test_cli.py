@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -121,3 +123,17 @@ def test_check_policy_on_a_correct_plugin_holds_and_a_bad_name_is_exit_2(tmp_pat
     assert sum(ln.startswith("holds ") for ln in lines) == 7 and lines[-1].startswith("all 7 hold in ")
     res = CliRunner().invoke(app, ["check-policy", "newset", "--plugin", str(path)])
     assert res.exit_code == 2 and "policy: unknown name 'newset'" in res.output and "did you mean" in res.output
+
+
+def test_a_detached_driver_and_a_ray_job_get_the_submit_plugins(tmp_path):
+    from kdeval.cli.detach import detached_driver_command, ray_job_spec
+
+    path = write_newest(tmp_path / "p")
+    entry, _ = detached_driver_command("run-1", None, None, plugins=[str(path), "mypkg.policies"])
+    assert entry[-4:] == ["--plugin", str(path.resolve()), "--plugin", "mypkg.policies"]
+    grid = _grid(tmp_path)
+    cmd, env = ray_job_spec(grid, None, None, plugins=[str(path), "mypkg.policies"])
+    assert cmd.endswith("--address auto --plugin my_newest.py --plugin mypkg.policies")
+    staged = sorted(p.name for p in Path(env["working_dir"]).iterdir())
+    shutil.rmtree(env["working_dir"])
+    assert staged == ["grid.yaml", "my_newest.py"]  # the file travels in the job's working_dir
