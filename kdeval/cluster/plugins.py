@@ -30,8 +30,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Sequence
 
-#: the entry-point group of installed policy plugins
+#: the entry-point groups of installed policy and metric plugins
 POLICY_GROUP = "kdeval.policies"
+METRIC_GROUP = "kdeval.metrics"
 #: a plugin file or package larger than this is refused before it is read (source, not data)
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 
@@ -76,6 +77,7 @@ class Plugin:
 
 _LOADED: dict[str, Plugin] = {}  # module name -> plugin
 _POLICY_OWNER: dict[str, str] = {}  # policy name -> module name of its plugin
+_METRICS: dict[str, PluginSpec] = {}  # metric name -> the entry point's spec
 
 
 def loaded() -> list[Plugin]:
@@ -488,8 +490,53 @@ def _adopt_loaded(module_name: str, ref: str, obj: Any, probe: bool = True) -> P
     return plugin
 
 
+def load_metric_entry_points() -> list[PluginSpec]:
+    """Register every installed metric of entry-point group ``kdeval.metrics``: a function ``(prediction,
+    references) -> score in [0, 1]`` under the entry point's name, checked on a known answer."""
+    from kdeval.evals.metrics.registry import register_metric
+
+    out = []
+    for ep in importlib.metadata.entry_points(group=METRIC_GROUP):
+        spec = _metric_spec(ep)
+        if _METRICS.get(ep.name) == spec:
+            out.append(spec)
+            continue
+        fn = ep.load()
+        try:
+            value = fn("42", ["42"]) if callable(fn) else None
+        except Exception as e:  # noqa: BLE001 - the plugin's own error
+            raise PluginError(f"entry point {spec.ref}: its metric failed on ('42', ['42']): {type(e).__name__}: "
+                              f"{_one_line(e)}") from None
+        if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise PluginError(f"entry point {spec.ref}: expected a function (prediction, references) -> a score in "
+                              f"[0, 1], got {type(fn).__name__} giving {value!r}")
+        try:
+            register_metric(ep.name, fn, spec.origin)
+        except ValueError as e:
+            raise PluginError(f"entry point {spec.ref}: {e}") from None
+        _METRICS[ep.name] = spec
+        out.append(spec)
+    return out
+
+
+def _metric_spec(ep: Any) -> PluginSpec:
+    module = importlib.import_module(ep.module)
+    dist = _distribution(ep.module)
+    version = f"{dist.metadata['Name']} {dist.version}" if dist is not None else None
+    ref = f"{METRIC_GROUP}:{ep.name}"
+    return PluginSpec("entry point", ref, ep.module, _module_digest(module, ref, version), version=version)
+
+
+def metric_plugin(name: str) -> PluginSpec | None:
+    """The entry point of plugin metric ``name``, or None for a built-in (or unknown) one."""
+    return _METRICS.get(name)
+
+
 def load_plugins(refs: Sequence[str] = (), entry_points: bool = True) -> list[Plugin]:
-    """The installed entry-point plugins (``entry_points``) and then ``refs``, each loaded once."""
+    """The installed entry-point plugins (``entry_points``: policies and metrics) and then ``refs``, each loaded
+    once."""
+    if entry_points:
+        load_metric_entry_points()
     out = load_entry_points() if entry_points else []
     out += [load_plugin(str(ref)) for ref in refs]
     return out
@@ -508,6 +555,15 @@ def ensure(specs: Sequence[PluginSpec]) -> None:
             continue
         if have is not None:
             _unload(spec.module)
+        if spec.ref.startswith(f"{METRIC_GROUP}:"):  # a metric: the worker's own installed entry points
+            load_metric_entry_points()
+            name = spec.ref.partition(":")[2]
+            if name not in _METRICS:
+                raise PluginError(f"entry point {spec.ref}: not installed here (expected {spec.version or 'it'})")
+            if _METRICS[name].digest != spec.digest:
+                raise PluginError(f"plugin {spec.ref}: its source here differs from the one the cells were "
+                                  "identified with; submit the grid again")
+            continue
         if spec.kind == "entry point":
             group, _, name = spec.ref.partition(":")
             eps = [ep for ep in importlib.metadata.entry_points(group=group) if ep.name == name]

@@ -30,6 +30,26 @@ METRICS: dict[str, tuple[Metric, str]] = {
 }
 
 
+#: metric name -> where a metric that is not built in came from (``kdeval.cluster.plugins``)
+ORIGINS: dict[str, str] = {}
+
+
+def register_metric(name: str, fn: Metric, origin: str) -> None:
+    """Add a metric of a plugin (entry-point group ``kdeval.metrics``); a taken name is a ``ValueError``."""
+    if name in METRICS and METRICS[name][0] is not fn:
+        raise ValueError(f"metric name '{name}' is already taken by the {ORIGINS.get(name, 'built-in')} metric; "
+                         "rename it")
+    METRICS[name] = (fn, origin)
+    ORIGINS[name] = origin
+
+
+def unregister_metric(name: str) -> None:
+    """Remove a plugin's metric (unknown and built-in names are left alone)."""
+    if name in ORIGINS:
+        METRICS.pop(name, None)
+        ORIGINS.pop(name)
+
+
 def metric_names() -> list[str]:
     return sorted(METRICS)
 

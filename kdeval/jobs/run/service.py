@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from kdeval.cluster.plugins import PluginError, PluginSpec, plugins_for, policy_plugin
+from kdeval.cluster.plugins import PluginError, PluginSpec, metric_plugin, plugins_for, policy_plugin
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
 from kdeval.cluster.workload import Workload
 from kdeval.jobs.grid.cells import CellSpec, cell_code_version, expand_grid, grid_hash, kdeval_version
@@ -156,6 +156,8 @@ def run_plugins(run_id: str, cells: Sequence[CellSpec]) -> list[PluginSpec]:
                           "here; give its plugin with --plugin FILE_OR_MODULE (or install its package)")
     names = {n for c in cells for n in catalog.wrapped_policy_names(c.policy, dict(c.policy_params))}
     specs = plugins_for(sorted(names))
+    metrics = {m for m in (metric_plugin(str(c.task.params.get("metric", ""))) for c in cells) if m is not None}
+    specs += sorted(metrics, key=lambda m: m.ref)  # a plugin's metric scores on the workers too
     for c in cells:
         if policy_plugin(c.policy) is None:
             continue
