@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,6 +99,7 @@ def run_grid(
     results_dir: str | os.PathLike | None = None,
     address: str | None = None,
     on_progress: "Callable[[RunProgress], None] | None" = None,
+    plugins: "Sequence[str | os.PathLike] | None" = None,
 ) -> "pd.DataFrame":
     """Run a grid as ``kdeval submit`` does and return one row per sample of its cells.
 
@@ -108,6 +109,11 @@ def run_grid(
         results_dir: where per-cell Parquet files go (default ``.kdeval/results``).
         address: a Ray cluster (``auto``, ``ray://host:10001``); default a local Ray started once per process.
         on_progress: called with a :class:`~kdeval.jobs.run.progress.RunProgress` as cells finish.
+        plugins: Python files or importable module names whose policies the grid may name, as ``--plugin``
+            (with the installed ``kdeval.policies`` entry points); a plugin edited since an earlier call is
+            loaded again and its cells computed anew. A policy class defined in the calling script can also be
+            registered directly (``kdeval.keydiff.policy.registry.register``): its cells hash its class's source;
+            it runs on a local Ray only when its module is importable by the workers (a plugin file always is).
 
     Returns:
         a pandas DataFrame of every sample of the run's done cells (columns: see the module docstring);
@@ -116,12 +122,15 @@ def run_grid(
 
     Raises:
         GridError (a ValueError): the grid is invalid or names data that is missing; nothing is written.
+        PluginError (a ValueError): a plugin cannot be used (one line naming it); nothing is written.
         ConnectionError: Ray cannot be started, or the cluster at ``address`` not joined within 30 s (one line
             naming the address and the cause; the run is marked failed).
     """
+    from kdeval.cluster.plugins import load_plugins
     from kdeval.jobs.run import service
     from kdeval.storage import RunIndex
 
+    load_plugins([str(p) for p in plugins or ()])  # before the grid: it may name their policies
     grid, text = read_grid(grid_or_path)
     index = RunIndex.open(None if db is None else str(db))
     try:

@@ -2,7 +2,8 @@
 
 A page's blocks run in order, in one temporary directory:
 
-- ```yaml whose first line is a file-name comment (``# grid.yaml``) is written to that file;
+- ```yaml whose first line is a file-name comment (``# grid.yaml``) is written to that file, and so is a
+  ```python block whose first line names a Python file (``# my_policies.py``: a plugin the page's commands load);
 - ```python blocks run in one namespace (one interpreter per page);
 - ```bash blocks run in bash (``set -e -o pipefail``) with ``kdeval`` being ``python -m kdeval.cli.app``;
   ```console blocks run their ``$ `` lines the same way.
@@ -22,6 +23,7 @@ RUN_KINDS = ("python", "bash", "console")
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _MARK = re.compile(r"<!--\s*(not run|slow) in tests:\s*(.*?)\s*-->\s*$", re.S)
 _FILE = re.compile(r"^#\s*([\w.-]+\.(?:ya?ml|txt|jsonl?))\s*$")
+_PY_FILE = re.compile(r"^#\s*(\w+\.py)\s*$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class Block:
     def file_name(self) -> str | None:
         """The file a yaml block defines (its first line's comment), if any."""
         first = self.text.split("\n", 1)[0]
-        m = _FILE.match(first) if self.kind in ("yaml", "yml") else None
+        m = _FILE.match(first) if self.kind in ("yaml", "yml") else _PY_FILE.match(first) if self.kind == "python" \
+            else None
         return m.group(1) if m else None
 
 

@@ -17,6 +17,8 @@ from typer.core import TyperCommand, TyperGroup
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate_cmds", "Run one prompt through the chunked engine and print the answer and the run's stats."),
     "policies": ("generate_cmds", "List every registered eviction policy with its rule, parameters and extra cost."),
+    "check-policy": ("check_cmds", "Run the engine's invariant matrix on one policy (built-in or plugin) on "
+                                   "tiny random models."),
     "models": ("models_cmds", "List every decoder family the engine is tested on, with its layer kinds and status."),
     "tasks": ("evals_cmds", "List every task with its benchmark, metric and data source."),
     "score": ("evals_cmds", "Score stored predictions with the task's metric; print per-sample scores and the aggregate."),

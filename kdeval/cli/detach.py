@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -29,21 +29,24 @@ from kdeval.storage import DB_ENV, RunIndex, db_text, db_url
 
 
 def detached_driver_command(run_id: str, db: Optional[str], address: Optional[str],
-                            connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> tuple[list[str], dict]:
-    """The background driver's command line (``resume`` of the run on the same cluster) and what its
-    environment adds: the index URL, in ``$KDEVAL_DB`` rather than in the arguments every local user can
-    read (``ps``), since it may hold a password."""
+                            connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+                            plugins: Sequence[str] = ()) -> tuple[list[str], dict]:
+    """The background driver's command line (``resume`` of the run on the same cluster, with the submit's
+    ``--plugin``s, a file by its absolute path) and what its environment adds: the index URL, in ``$KDEVAL_DB``
+    rather than in the arguments every local user can read (``ps``), since it may hold a password."""
     entry = [sys.executable, "-m", "kdeval.cli.app", "resume", run_id]
     if address:
         entry += ["--address", address, "--connect-timeout", f"{connect_timeout:g}"]
+    for ref in plugins:
+        entry += ["--plugin", str(Path(ref).resolve()) if Path(ref).is_file() else ref]
     return entry, {DB_ENV: db_url(db)}
 
 
 def detach_local(index: RunIndex, run_id: str, db: Optional[str], address: Optional[str],
-                 connect_timeout: float, out: Console) -> None:
+                 connect_timeout: float, out: Console, plugins: Sequence[str] = ()) -> None:
     """Start this run's driver as a background process on this machine (log next to the results); it joins
     the cluster at ``address`` (None: a local Ray of its own)."""
-    entry, env = detached_driver_command(run_id, db, address, connect_timeout)
+    entry, env = detached_driver_command(run_id, db, address, connect_timeout, plugins)
     log = driver_log(index.get_run(run_id).results_dir, run_id)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
@@ -60,7 +63,8 @@ CLUSTER_DB, CLUSTER_RESULTS = "~/.kdeval/index.sqlite", "~/.kdeval/results"
 JOB_DB_FILE = "index-url"
 
 
-def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]) -> tuple[str, dict]:
+def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path],
+                 plugins: Sequence[str] = ()) -> tuple[str, dict]:
     """Entrypoint and runtime_env of the Ray job that runs ``kdeval submit`` on the cluster.
 
     The grid file travels in the job's working_dir; ``--db``/``--results-dir`` are paths on the head
@@ -75,16 +79,23 @@ def ray_job_spec(grid_file: Path, db: Optional[str], results_dir: Optional[Path]
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(f"{db_text(db)}\n")  # an @FILE given here is read here
         where = f"@{JOB_DB_FILE}"
+    options = []
+    for ref in plugins:  # a plugin file travels in the working_dir too; a module is named as it is
+        if Path(ref).is_file():
+            shutil.copy(ref, staging / Path(ref).name)
+            ref = Path(ref).name
+        options += ["--plugin", shlex.quote(ref)]
     entry = " ".join(["kdeval", "submit", "grid.yaml", "--db", shlex.quote(where),
-                      "--results-dir", shlex.quote(str(results_dir or CLUSTER_RESULTS)), "--address", "auto"])
+                      "--results-dir", shlex.quote(str(results_dir or CLUSTER_RESULTS)), "--address", "auto",
+                      *options])
     return entry, {"working_dir": str(staging)}
 
 
 def detach_ray_job(grid_file: Path, db: Optional[str], results_dir: Optional[Path], address: str,
-                   out: Console) -> None:
+                   out: Console, plugins: Sequence[str] = ()) -> None:
     """Submit the grid as a Ray job to the job server at ``address``; a server that cannot take it (Ray's job
     SDK missing, nothing listening, a refusal) is one line on stderr and exit 1, nothing recorded."""
-    entry, runtime_env = ray_job_spec(grid_file, db, results_dir)
+    entry, runtime_env = ray_job_spec(grid_file, db, results_dir, plugins)
     try:
         from ray.job_submission import JobSubmissionClient
 

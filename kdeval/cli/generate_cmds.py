@@ -19,6 +19,7 @@ from rich.table import Table
 
 from kdeval.cli.consoles import stdout
 from kdeval.cli.errors import bad_input
+from kdeval.cli.plugin_opts import load_cli_plugins, plugin_option
 from kdeval.untrusted import UntrustedFileError, read_text
 
 #: The longest --prompt-file read (a million-token prompt is a few MB).
@@ -137,8 +138,10 @@ def register(app: typer.Typer) -> None:
                                                           "model (its precision) or float32"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         verbose: bool = typer.Option(False, "--verbose", help="let third-party warnings and progress bars through"),
+        plugin: list[str] = plugin_option(),
     ) -> None:
         """Run one prompt through the chunked engine and print the answer and the run's stats."""
+        load_cli_plugins(plugin)
         from kdeval.baselines import get_policy
         from kdeval.keydiff import Engine, EngineConfig
         from kdeval.zoo import load_model
@@ -178,24 +181,30 @@ def register(app: typer.Typer) -> None:
                       "question is kept: kvpress's default). Chunk size `whole` compresses once after a full prefill.")
 
     @app.command()
-    def policies(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    def policies(as_json: bool = typer.Option(False, "--json", help="print JSON"),
+                 plugin: list[str] = plugin_option()) -> None:
         """List every registered eviction policy with its rule, parameters and extra cost.
 
         The extra cost (attention rows, per-token state, no CUDA graphs) comes from what each policy says its
-        scores need, at its default parameters."""
+        scores need, at its default parameters. A policy from a plugin says where it came from."""
         from kdeval.baselines import list_policies
+        from kdeval.cluster.plugins import policy_origin
 
+        load_cli_plugins(plugin)
         infos = list_policies()
         if as_json:
-            print(json.dumps([i.to_dict() for i in infos], indent=2))
+            print(json.dumps([{**i.to_dict(), "origin": policy_origin(i.name)} for i in infos], indent=2))
             return
         from kdeval.jobs.reports.render.layout import Column, TableView, render
 
         rows = [[i.name, i.rule, ", ".join(f"{p.name}={p.default!r}" for p in i.params) or "-", i.cost]
                 for i in infos]
-        view = TableView("policies", f"{len(infos)} policies (`--policy NAME --param key=value`)",
-                         [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
-                          Column("extra cost (defaults)", fold=True)], rows)
+        columns = [Column("policy", key=True), Column("rule", fold=True), Column("parameters (default)"),
+                   Column("extra cost (defaults)", fold=True)]
+        if any(policy_origin(i.name) != "built-in" for i in infos):  # the built-in listing stays as it was
+            columns.append(Column("from", key=True))
+            rows = [row + [policy_origin(i.name)] for row, i in zip(rows, infos)]
+        view = TableView("policies", f"{len(infos)} policies (`--policy NAME --param key=value`)", columns, rows)
         console = stdout()
         console.print(render(view, console.width))
         console.print(PROTOCOLS_NOTE, highlight=False, soft_wrap=True)

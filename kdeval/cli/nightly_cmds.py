@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kdeval.cli.plugin_opts import load_cli_plugins, plugin_option
 from kdeval.cli.consoles import stdout
 from kdeval.cli.errors import EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, open_index
@@ -74,6 +75,7 @@ def nightly(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare with this run (overrides nightly.baseline)."),
     run: Optional[str] = typer.Option(None, "--run", help="Gate this existing run instead of running the grid."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict summary as JSON (nothing else)."),
+    plugin: list[str] = plugin_option(),
 ) -> None:
     """Run (or resume) the grid, compare it with the last passing nightly, exit 1 on a regression."""
     from kdeval.jobs.nightly.run import run_nightly
@@ -87,6 +89,7 @@ def nightly(
                 raise ValueError("expected `kdeval nightly GRID` or `kdeval nightly history GRID --out DIR`")
             history(history_of, out_dir, None, out)
         raise typer.Exit(EXIT_OK)
+    load_cli_plugins(plugin)  # before the grid: it may name their policies
     with bad_input():
         nf = load_nightly(nightly_file)
         index = open_index(db, must_exist=run is not None)  # gating an existing run needs an existing index

@@ -25,8 +25,10 @@ from kdeval.cli.consoles import stderr, stdout
 from kdeval.cli.detach import detach_local, detach_ray_job
 from kdeval.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, bad_input
 from kdeval.cli.index_access import DB_HELP, check_results_dir, missing_index, open_index
+from kdeval.cli.plugin_opts import load_cli_plugins, plugin_option
 from kdeval.cli.progress import PlainProgress, RichProgress
 from kdeval.cli.status_view import MAX_ROWS, runs_table, status_json, status_table
+from kdeval.cluster.plugins import PluginError
 from kdeval.cluster.raysetup import AddressError, is_job_server
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S, check_address
 from kdeval.jobs.grid.errors import GridError
@@ -95,7 +97,7 @@ def _execute(index: RunIndex, run_id: str, address: Optional[str], wait: bool = 
                                           on_wait=lambda msg: err.print(msg, markup=False, highlight=False),
                                           connect_timeout_s=connect_timeout)
             display.close(last[0] if last else None)
-    except (AddressError, service.RunBusyError, service.StaleRunError) as e:
+    except (AddressError, service.RunBusyError, service.StaleRunError, PluginError) as e:
         err.print(f"error: {e}", markup=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     except ConnectionError as e:  # the cluster could not be joined (the run is marked failed, saying why)
@@ -166,11 +168,13 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the cells and which are already done; write nothing."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Cells another live driver is computing: wait for them (default) or leave them (the run ends failed, naming that run)."),
     connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout", min=0.1, help=CONNECT_HELP),
+    plugin: list[str] = plugin_option(),
 ) -> None:
     """Validate a grid, record a run and execute its cells (cells already done are reused)."""
     from kdeval.jobs.grid.prompt_fit import check_prompts  # transformers' tokenizers: only when a grid is submitted
 
     out, err = stdout(markup=False), stderr(markup=False)
+    load_cli_plugins(plugin)  # before the grid: it may name their policies
     try:
         grid, text = load_grid(grid_file)
         index = open_index(db, write=False) if dry_run and missing_index(db) is None else None
@@ -186,7 +190,7 @@ def submit(
         _print_plan(grid.name, p)
         raise typer.Exit(EXIT_OK)
     if detach and is_job_server(address):
-        detach_ray_job(grid_file, db, results_dir, address, out)  # the run is recorded on the cluster
+        detach_ray_job(grid_file, db, results_dir, address, out, plugin)  # the run is recorded on the cluster
         raise typer.Exit(EXIT_OK)
     if is_job_server(address):
         err.print(f"error: --address: {address} is a Ray job server, which only --detach submits to; to run "
@@ -213,7 +217,7 @@ def submit(
     out.print(Text.assemble("run ", (run_id, "bold"),
                             f": {len(p.cells)} cells, {len(p.done)} already done, {len(p.to_run)} to run"))
     if detach:
-        detach_local(index, run_id, db, address, connect_timeout, out)
+        detach_local(index, run_id, db, address, connect_timeout, out, plugin)
         raise typer.Exit(EXIT_OK)
     raise typer.Exit(_execute(index, run_id, address, wait, connect_timeout))
 
@@ -224,9 +228,11 @@ def resume(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to run on: host:port, 'auto' or ray://head:10001 (default: start Ray locally)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="When the run's driver is alive elsewhere, wait for it to finish, then run what is left (default); with --no-wait, refuse. Cells other live drivers compute are waited for likewise."),
     connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout", min=0.1, help=CONNECT_HELP),
+    plugin: list[str] = plugin_option(),
 ) -> None:
     """Finish a run: retry failed and lost cells, never recompute done ones."""
     _check_address(address)
+    load_cli_plugins(plugin)
     index = open_index(db)
     r = _run_or_exit(index, run)
     raise typer.Exit(_execute(index, r.id, address, wait, connect_timeout))  # --no-wait and a live driver: RunBusyError, exit 2

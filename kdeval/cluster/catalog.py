@@ -157,6 +157,34 @@ def policy_source_files(name: str, params: dict[str, Any] | None = None) -> list
     return sorted(set(files))
 
 
+def wrapped_policy_names(name: str, params: dict[str, Any] | None = None) -> list[str]:
+    """Policy ``name`` and the one it wraps (``params["inner"]``, a name or ``{name, params}``, or the
+    default), recursively: every policy whose code computes its cells."""
+    names = [name]
+    field = getattr(_policy_class(name), "__dataclass_fields__", {}).get("inner") if name in policy_names() else None
+    if field is not None:
+        inner, inner_params = (params or {}).get("inner", field.default), {}
+        if isinstance(inner, dict):
+            inner, inner_params = inner.get("name"), inner.get("params") or {}
+        if isinstance(inner, str) and inner != name and inner in policy_names():
+            names += wrapped_policy_names(inner, inner_params)
+    return names
+
+
+def _policy_class(name: str) -> Any:
+    from kdeval.baselines import policy_class
+
+    return policy_class(name)
+
+
+def policy_plugin_digest(name: str, params: dict[str, Any] | None = None) -> str:
+    """The digest of the plugin code of policy ``name`` and the policy it wraps (their source and version,
+    :mod:`kdeval.cluster.plugins`); "" for built-in policies, whose code :mod:`kdeval.version` hashes."""
+    from kdeval.cluster.plugins import policy_plugin_digest as digest
+
+    return digest(wrapped_policy_names(name, params))
+
+
 @lru_cache(maxsize=1)
 def every_policy_source_file() -> tuple[str, ...]:
     """:func:`policy_source_files` of every registered policy."""

@@ -29,6 +29,9 @@ class WorkerResources:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     accelerator_type: str | None = None
+    #: the URIs of the plugin files and folders shipped to the worker (Ray's ``runtime_env`` ``py_modules``,
+    #: :func:`kdeval.cluster.plugin_env.upload_modules`)
+    py_modules: tuple[str, ...] = ()
 
     def actor_options(self) -> dict[str, Any]:
         """Options for ``ActorClass.options(...)``. No Ray-level restarts: the scheduler replaces
@@ -37,6 +40,8 @@ class WorkerResources:
                                 "max_restarts": 0, "max_task_retries": 0}
         if self.accelerator_type:
             opts["accelerator_type"] = self.accelerator_type
+        if self.py_modules:
+            opts["runtime_env"] = {"py_modules": list(self.py_modules)}
         return opts
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kdeval.evals.benchmarks.aime2025 import Aime2025Task
+from kdeval.evals.benchmarks.file_task import FileTask
 from kdeval.evals.benchmarks.instructions import POSITIONS, IFEvalTask, InstructionsTask
 from kdeval.evals.benchmarks.infinitebench.generated import InfiniteBenchSyntheticTask
 from kdeval.evals.benchmarks.infinitebench.task import InfiniteBenchTask
@@ -131,6 +132,9 @@ def _specs() -> dict[str, TaskSpec]:
         specs.append(TaskSpec(f"turns.loogle.{t}", "turns", "rouge_l_recall (LooGLE's), a document's questions as turns",
                               f"<data dir>/loogle/{t}.jsonl or hub bigainlco/LooGLE", LooGLETurnsTask,
                               (("subset", t),)))
+    specs.append(TaskSpec("file", "file", "params.metric (string_match_part by default; kdeval.evals.metrics.registry)",
+                          "a local .jsonl, .parquet or .csv file (params.path; kvpress's dataset columns by default)",
+                          FileTask))
     for t, scb in SCBENCH_TASKS.items():
         specs.append(TaskSpec(f"scbench.{t}", "scbench", f"{scb.metric} (SCBench's), per turn",
                               f"<data dir>/scbench/scbench_{t}.jsonl (SCBench's released file)", SCBenchTask,

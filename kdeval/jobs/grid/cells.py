@@ -23,7 +23,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict
 
 from kdeval import __version__
-from kdeval.cluster import catalog
+from kdeval.cluster import catalog, plugins
 from kdeval.cluster.execute import build_eval_task
 from kdeval.cluster.stub import STUB_PREFIX
 from kdeval.cluster.workload import CellTask, model_key
@@ -236,13 +236,17 @@ def kdeval_version() -> str:
 def cell_code_version(policy: str, params: dict[str, Any] | None = None, stub: bool = False) -> str:
     """Release + hash of the code that computes a cell of ``policy`` with ``params`` (see ``kdeval.version``);
     ``stub``: the cell's model is a ``stub:`` workload."""
-    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str), stub)
+    plugin = catalog.policy_plugin_digest(policy, params)  # outside the cache: an edited plugin is new code
+    return _code_version(policy, json.dumps(params or {}, sort_keys=True, default=str), stub, plugin)
 
 
 @lru_cache(maxsize=None)
-def _code_version(policy: str, params_json: str, stub: bool) -> str:
+def _code_version(policy: str, params_json: str, stub: bool, plugin: str = "") -> str:
     files = catalog.policy_source_files(policy, json.loads(params_json))
-    return f"{__version__}+{result_code_hash(files, catalog.every_policy_source_file(), stub=stub)}"
+    code = result_code_hash(files, catalog.every_policy_source_file(), stub=stub)
+    if plugin:  # a plugin policy: its own source and version join the engine's code (kdeval.cluster.plugins)
+        code = hashlib.sha256(f"{code}+{plugin}".encode()).hexdigest()[:12]
+    return f"{__version__}+{code}"
 
 
 @dataclass(frozen=True)
@@ -275,9 +279,13 @@ def _task_refs(grid: GridSpec) -> tuple[dict[tuple[int, int | None, int], TaskRe
                 notes.append(f"tasks[{i}].samples: {spec.name}{at} has {data.available} samples "
                              f"({_what_samples(spec.name, spec.params)}); the cell runs {n}, not {spec.samples}")
             ids = "hub" if data.sample_ids is None else hashlib.sha256("\n".join(data.sample_ids).encode()).hexdigest()[:16]
+            digest = data.digest
+            metric = plugins.metric_plugin(str(spec.params.get("metric", "")))
+            if metric is not None:  # a plugin's metric scores the cell: its code is part of what the cell computes
+                digest = hashlib.sha256(f"{digest}+{metric.digest}".encode()).hexdigest()[:16]
             refs[(i, length, seed)] = TaskRef(name=spec.name, length=length, samples=n, seed=seed,
                                               params=dict(spec.params), sample_ids_digest=ids,
-                                              data_digest=data.digest, data_source=data.source,
+                                              data_digest=digest, data_source=data.source,
                                               max_new_tokens=data.generation_length)
     if issues:
         raise GridError(issues)

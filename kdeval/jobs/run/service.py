@@ -13,6 +13,7 @@ from it (:mod:`kdeval.jobs.run.drivers`, :mod:`kdeval.jobs.run.scheduler`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -21,11 +22,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from kdeval.cluster.plugins import PluginError, PluginSpec, metric_plugin, plugins_for, policy_plugin
 from kdeval.cluster.reach import DEFAULT_CONNECT_TIMEOUT_S
 from kdeval.cluster.workload import Workload
-from kdeval.jobs.grid.cells import CellSpec, expand_grid, grid_hash, kdeval_version
+from kdeval.jobs.grid.cells import CellSpec, cell_code_version, expand_grid, grid_hash, kdeval_version
 from kdeval.jobs.grid.errors import GridError
 from kdeval.jobs.grid.load import parse_grid
 from kdeval.jobs.grid.schema import GridSpec
@@ -133,10 +135,38 @@ def scheduler_config(grid: GridSpec, **overrides) -> SchedulerConfig:
     return SchedulerConfig(**cfg)
 
 
-def default_workload() -> Workload:
-    """The real evaluation workload (stub models handled inside it)."""
+def default_workload(plugins: Sequence[PluginSpec] = ()) -> Workload:
+    """The real evaluation workload (stub models handled inside it), importing ``plugins`` on its workers."""
     from kdeval.cluster.execute import EvalWorkload
-    return EvalWorkload()
+    from kdeval.cluster.plugin_env import PluginWorkload
+
+    return PluginWorkload(EvalWorkload(), tuple(plugins)) if plugins else EvalWorkload()
+
+
+def run_plugins(run_id: str, cells: Sequence[CellSpec]) -> list[PluginSpec]:
+    """The plugins whose policies ``cells`` run (what their workers import). Raises :class:`PluginError` when a
+    cell's policy is registered by no plugin loaded here, or its plugin's code is not the code the cell was
+    identified with (it would compute the cell with other code under the same id)."""
+    from kdeval.cluster import catalog
+
+    known = set(catalog.policy_names())
+    missing = sorted({c.policy for c in cells if c.policy not in known})
+    if missing:
+        raise PluginError(f"run {run_id}: policy {', '.join(repr(m) for m in missing)} is registered by no plugin "
+                          "here; give its plugin with --plugin FILE_OR_MODULE (or install its package)")
+    names = {n for c in cells for n in catalog.wrapped_policy_names(c.policy, dict(c.policy_params))}
+    specs = plugins_for(sorted(names))
+    metrics = {m for m in (metric_plugin(str(c.task.params.get("metric", ""))) for c in cells) if m is not None}
+    specs += sorted(metrics, key=lambda m: m.ref)  # a plugin's metric scores on the workers too
+    for c in cells:
+        if policy_plugin(c.policy) is None:
+            continue
+        now = cell_code_version(c.policy, dict(c.policy_params), c.model.id.startswith("stub:"))
+        if now != c.kdeval_version:
+            raise PluginError(f"run {run_id}: policy '{c.policy}' ({policy_plugin(c.policy).spec.origin}) "
+                              "changed since the run was submitted; submit the grid again (its unchanged cells "
+                              "are reused, the changed ones computed anew)")
+    return specs
 
 
 class RunBusyError(RuntimeError):
@@ -236,6 +266,7 @@ def execute_run(
     ``connect_timeout_s``: how long joining the cluster at ``address`` may take; a driver that cannot join it
     marks the run failed with the reason (one line) and raises ``ConnectionError``.
     """
+    from kdeval.cluster.plugin_env import check_nodes, shipped_modules, upload_modules
     from kdeval.cluster.raysetup import connect
     from kdeval.jobs.run.run_config import RunOutcome
     from kdeval.jobs.run.scheduler import Scheduler
@@ -265,9 +296,15 @@ def execute_run(
             _take_run(index, run, wait=wait, on_wait=on_wait)
             index.set_run_state(run_id, RunState.DONE)
         return nothing
+    specs = run_plugins(run_id, todo) if workload is None else []
     try:  # before the run is marked running: a bad address changes no cell
         connect(address, num_cpus=num_cpus, timeout_s=connect_timeout_s)
     except ConnectionError as e:
+        _not_started(index, run_id, str(e))
+        raise
+    try:  # an installed plugin every node must import (a shipped one reaches them with each worker)
+        check_nodes(specs)
+    except PluginError as e:
         _not_started(index, run_id, str(e))
         raise
     run = _take_run(index, run, wait=wait, on_wait=on_wait)
@@ -276,8 +313,12 @@ def execute_run(
     clean_temp_files(run.results_dir, skip_cells=_busy_cells(index, run_id))
     index.reset_cells([c.id for c in todo], [CellState.FAILED, CellState.DONE, CellState.RUNNING])
     config_overrides.setdefault("wait_for_held", wait)
-    sched = Scheduler(index, run_id, todo, workload or default_workload(), run.results_dir,
-                      scheduler_config(grid, **config_overrides), on_progress)
+    config = scheduler_config(grid, **config_overrides)
+    if shipped_modules(specs):  # plugin files and folders go with every worker (Ray's runtime environment)
+        config = dataclasses.replace(config, resources=dataclasses.replace(
+            config.resources, py_modules=upload_modules(shipped_modules(specs))))
+    sched = Scheduler(index, run_id, todo, workload or default_workload(specs), run.results_dir, config,
+                      on_progress)
     outcome = sched.run()
     stats = (f"{outcome.done} done, {outcome.failed} failed in {outcome.attempts} attempts; "
              f"{outcome.model_loads} model load(s); {outcome.workers_lost} worker(s) lost")
