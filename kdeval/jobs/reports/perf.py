@@ -64,7 +64,8 @@ def cell_perf(cell: LoadedCell | None) -> dict[str, float | None]:
     ttft = list(ttft_timings(cell).values()) if cell.samples is not None else []
     return {"ttft": float(np.median(ttft)) if ttft else None, "decode": _median(decode_rates(cell)),
             "memory": memory, "kv": _max(p["peak_kv_tokens"]), "kv_bytes": kv_bytes,
-            "weights": _summary_number(cell, "model_weight_bytes"), "prompt_tokens": _median(p["prompt_tokens"])}
+            "weights": _summary_number(cell, "model_weight_bytes"), "prompt_tokens": _median(p["prompt_tokens"]),
+            "states": _max(p["state_bytes"])}
 
 
 def _paired(own: LoadedCell, ref: LoadedCell, own_values: np.ndarray, ref_values: np.ndarray
@@ -145,6 +146,7 @@ def perf_row(slot: Slot, cell: LoadedCell, ref: LoadedCell | None, *, resamples:
         decode_tok_s=stored(mine.get("decode")),
         peak_kv_bytes=_int(mine.get("kv_bytes")), peak_kv_tokens=_int(mine.get("kv")),
         peak_memory_bytes=_int(mine.get("memory")), memory_kind=cell.memory_kind,
+        state_bytes=_int(mine.get("states")),
         model_weight_bytes=_int(mine.get("weights")), n_paired=n_paired,
         ttft_ratio=stored(tt and tt.estimate), ttft_ratio_low=stored(tt and tt.low),
         ttft_ratio_high=stored(tt and tt.high),

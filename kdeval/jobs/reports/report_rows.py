@@ -96,6 +96,8 @@ class PerfRow:
     decode_tok_s: float | None = None   # median over samples of generated tokens / decode seconds
     peak_kv_bytes: int | None = None    # max over samples of the bytes of K/V the cache held (None: old rows)
     peak_kv_tokens: int | None = None
+    #: bytes of the recurrent layers' states (beside the KV cache, not the policy's; None: old rows, 0: none)
+    state_bytes: int | None = None
     peak_memory_bytes: int | None = None  # process/GPU peak, max over samples (the cell's, when rows lack it)
     memory_kind: str = ""               # what peak_memory_bytes measures: MEMORY_KINDS key, "" when unknown
     model_weight_bytes: int | None = None  # the model's weights (included in a cuda_max_allocated peak)

@@ -247,7 +247,7 @@ def _texts(table: pa.Table, name: str) -> list[str]:
 
 
 PERF_COLUMNS = ("ttft_s", "decode_s", "generated_tokens", "peak_memory_bytes", "peak_kv_tokens", "peak_kv_bytes",
-                "prompt_tokens", "timing_batch", "extra_forward_tokens")
+                "prompt_tokens", "timing_batch", "extra_forward_tokens", "state_bytes")
 
 
 def first_recorded(table: pa.Table, name: str) -> str:

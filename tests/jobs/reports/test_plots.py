@@ -103,3 +103,24 @@ def test_on_a_model_with_windowed_layers_the_budget_is_said_per_full_attention_l
     scores_title = views.scores_view(rep).title
     assert f"; N on gemma: tokens per full-attention layer and KV head ({kinds}" in scores_title
     assert "N on llama" not in scores_title
+
+
+def test_a_recurrent_hybrids_states_are_shown_beside_its_kv_cache(store):
+    """Rows of a recurrent hybrid carry ``state_bytes``: the memory table shows the states beside the KV cache and
+    the KV cache's share of the two; its layers' note says what each kind keeps (no window is claimed)."""
+    from kdeval.jobs.reports.render import views
+
+    idx, res = store
+    kinds = "3 layers: 1 full, 2 recurrent"
+    extra = lambda i: {"layer_kinds": kinds, "state_bytes": 3072, "peak_kv_bytes": 1024}  # noqa: E731
+    cells = [FakeCell("full", None, task="ruler.vt", rows=rows([1.0] * 4, task="ruler.vt", extra=extra)),
+             FakeCell("keydiff", 64, task="ruler.vt", rows=rows([1.0, 0.0] * 2, task="ruler.vt", extra=extra))]
+    store_run(idx, res, "r1", cells)
+    rep = build_report(idx, ["r1"], ReportOptions(resamples=50))
+    view = views.memory_view(rep)
+    heads = [c.header for c in view.columns]
+    assert "policy's share" in heads and any(h.startswith("states ") for h in heads)
+    share = view.rows[0][heads.index("policy's share")]
+    assert share == "25%"  # 1024 KV bytes of 1024 + 3072
+    assert "recurrent layers' conv and recurrent states" in view.title
+    assert views.windowed_note(kinds) == f"{kinds}; recurrent layers keep their state whole, beside the KV cache"

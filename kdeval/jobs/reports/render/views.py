@@ -49,8 +49,15 @@ def budget_per(layer_kinds: str = "") -> str:
 
 
 def windowed_note(layer_kinds: str) -> str:
-    """``"18 layers: 3 full, 15 sliding 512; windowed layers keep their window"`` ("" for full layers only)."""
-    return f"{layer_kinds}; windowed layers keep their window" if layer_kinds else ""
+    """``"18 layers: 3 full, 15 sliding 512; windowed layers keep their window"`` ("" for full layers only); what
+    each other kind keeps: a recurrent layer its state (beside the KV cache), a KV-shared layer its source's set."""
+    if not layer_kinds:
+        return ""
+    notes = [("windowed layers keep their window", ("sliding", "chunked")),
+             ("recurrent layers keep their state whole, beside the KV cache", ("recurrent",)),
+             ("KV-shared layers read their source's kept set", ("shared KV",))]
+    kept = [text for text, words in notes if any(w in layer_kinds for w in words)]
+    return "; ".join([layer_kinds, *kept])
 
 
 def budget_note(report: Report, models: list[str]) -> str:
@@ -287,9 +294,13 @@ def memory_view(report: Report) -> TableView:
     kv_unit, kv_div = bytes_unit([p.peak_kv_bytes for p in rows])
     peak_unit, peak_div = bytes_unit([p.peak_memory_bytes for p in rows])
     peak, per_row = _peak_header(rows)
+    states = any(p.state_bytes for p in rows)  # a recurrent hybrid's states, beside the KV cache
+    state_unit, state_div = bytes_unit([p.state_bytes for p in rows]) if states else ("", 1)
     cols = shared.columns() + [Column("task", key=True), Column("prompt tokens", numeric=True),
                                Column("peak KV tokens", numeric=True), Column(f"KV-cache {kv_unit}", numeric=True),
-                               Column("mem ×", numeric=True), Column(f"{peak} {peak_unit}", numeric=True)]
+                               Column("mem ×", numeric=True)] + (
+        [Column(f"states {state_unit}", numeric=True), Column("policy's share", numeric=True)] if states else []
+    ) + [Column(f"{peak} {peak_unit}", numeric=True)]
     body = []
     for p in rows:
         mem = text(p.peak_memory_bytes, "peak_memory_bytes", peak_div)
@@ -297,11 +308,17 @@ def memory_view(report: Report) -> TableView:
             mem += f" ({memory_label(p.memory_kind)})"
         mem_x = "" if _is_reference(report, p) else "-" if p.kv_bytes_ratio is None else text(p.kv_bytes_ratio,
                                                                                              "kv_bytes_ratio")
+        own = [text(p.state_bytes or 0, "peak_kv_bytes", state_div),
+               f"{p.peak_kv_bytes / (p.peak_kv_bytes + (p.state_bytes or 0)):.0%}" if p.peak_kv_bytes else ""
+               ] if states else []
         body.append(shared.cells(p) + [p.task, text(p.prompt_tokens, "prompt_tokens"),
                                        text(p.peak_kv_tokens, "peak_kv_tokens"),
-                                       text(p.peak_kv_bytes, "peak_kv_bytes", kv_div), mem_x, mem])
+                                       text(p.peak_kv_bytes, "peak_kv_bytes", kv_div), mem_x, *own, mem])
     title = (f"memory per cell{shared.suffix()} (mem × = peak KV-cache bytes / {_reference(report)}'s; "
              f"the {peak} includes the weights)")
+    if states:
+        title += ("; states: the recurrent layers' conv and recurrent states, constant in length and kept whole "
+                  "beside the KV cache; policy's share: the KV cache's part of the two")
     if any(is_whole(p.chunk) for p in rows):
         title += "; B=whole: unbounded, the cache holds all that is compressed before its one eviction"
     return TableView("memory", title, cols, body, [p.state for p in rows], list(rows))
