@@ -26,6 +26,7 @@ from kdeval.zoo.byte_tokenizer import byte_level_tokenizer
 from kdeval.keydiff.attention.layer_kinds import unknown_layer_types
 from kdeval.zoo.offline import OFFLINE_MODELS, cache_dir, safetensors_dir  # noqa: F401 (cache_dir: callers')
 from kdeval.zoo.random_models import RANDOM_CONFIGS, random_model_names
+from kdeval.zoo.tokenizer_check import refuse_degenerate
 from kdeval.names import RANDOM_PREFIX
 
 SMOLLM2 = "smollm2-135m"
@@ -204,11 +205,12 @@ def load_model(
         config = AutoConfig.from_pretrained(source, revision=revision)
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+        refuse_degenerate(tokenizer, name)  # one that lost its merges or scores: refused before the weights load
         # trust_remote_code stays off: only architectures transformers ships are loaded.
         model = AutoModelForCausalLM.from_pretrained(
             source, revision=revision, dtype=torch_dtype, attn_implementation=runnable_attention(config, attn)
         )
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
         model.eval()
         loaded = LoadedModel(model, tokenizer, name, int(getattr(config, "max_position_embeddings", 0) or 0))
     loaded.model.to(device)
