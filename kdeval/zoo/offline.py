@@ -125,6 +125,7 @@ class OfflineModel:
     #: the GGUF's metadata names the real end of turn (``tokenizer.ggml.eos_token_id``), which transformers'
     #: conversion replaces with a chat-start or end-of-text token
     eos_from_gguf: bool = False
+    #: builds the tokenizer from the GGUF file (its header only)
     tokenizer: Callable[[Path], PreTrainedTokenizerBase] = _gguf_bpe_tokenizer
 
 
