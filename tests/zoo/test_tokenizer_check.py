@@ -85,3 +85,22 @@ def test_submit_warns_once_about_a_local_model_with_a_character_level_tokenizer(
         assert res.exit_code == 0, res.output
         lines = [line for line in res.stderr.splitlines() if line.startswith("warning: model")]
         assert lines == ([f"warning: {char_level_warning(byte_level_tokenizer(), path)}"] if warned else [])
+
+
+def test_an_offline_model_whose_tokenizer_lost_its_merges_is_refused_before_anything_is_cached(tmp_path,
+                                                                                                   monkeypatch):
+    """What the Gemma GGUF gave before: transformers' GemmaTokenizer over the vocabulary, with no merges."""
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    from kdeval.zoo import offline
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4, "h": 5, "i": 6, "hi": 7, "▁": 8}
+    monkeypatch.setenv("KDEVAL_CACHE_DIR", str(tmp_path))
+    fake = offline.OfflineModel(lambda: tmp_path / "x.gguf", tokenizer=lambda gguf: GemmaTokenizer(vocab=vocab))
+    monkeypatch.setitem(offline.OFFLINE_MODELS, "fake-gemma", fake)
+    with pytest.raises(DegenerateTokenizerError) as refused:
+        offline.safetensors_dir("fake-gemma")
+    assert str(refused.value) == ("fake-gemma: the tokenizer is a BPE tokenizer with no merges: none of its 1 "
+                                  "multi-character pieces is ever produced; it would cut text into single "
+                                  "characters, not the model's own tokens")
+    assert not (tmp_path / "tokenizers").exists() and not (tmp_path / "models").exists()
