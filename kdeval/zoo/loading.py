@@ -206,7 +206,7 @@ def load_model(
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
-        refuse_degenerate(tokenizer, name)  # one that lost its merges or scores: refused before the weights load
+        refuse_degenerate(tokenizer, name)  # lost merges or scores: refused before the weights load
         # trust_remote_code stays off: only architectures transformers ships are loaded.
         model = AutoModelForCausalLM.from_pretrained(
             source, revision=revision, dtype=torch_dtype, attn_implementation=runnable_attention(config, attn)

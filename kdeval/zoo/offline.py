@@ -13,11 +13,12 @@ Each is de-quantized once (``transformers``' GGUF loader, ~25 s, ~80 s and a few
 in the cache directory (``KDEVAL_CACHE_DIR``, default ``~/.cache/kdeval``); later loads read that (well under a
 second). The packages are found with ``importlib.util.find_spec``, never imported.
 
-The tokenizer is built from the GGUF's header alone (no weights) into ``tokenizers/<name>-<build>`` of the cache,
-and copied beside the weights: SmolLM2's and Qwen2.5's carry BPE merges, which transformers' conversion reads;
-Gemma's carries a SentencePiece vocabulary with scores, which kdeval/zoo/sentencepiece_gguf.py turns into Gemma's
-own segmentation (transformers' conversion of it cuts text into characters). :data:`TOKENIZER_BUILD` names the
-build: a cached tokenizer of another build (the character-level Gemma one before it) is never reused.
+The tokenizer is built from the GGUF's header alone (no weights) into ``tokenizers/<name>-<build>`` of the
+cache, and copied beside the weights: SmolLM2's and Qwen2.5's carry BPE merges, which transformers' conversion
+reads; Gemma's carries a SentencePiece vocabulary with scores, which kdeval/zoo/sentencepiece_gguf.py turns
+into Gemma's own segmentation (transformers' conversion of it cuts text into characters).
+:data:`TOKENIZER_BUILD` names the build: a cached tokenizer of another build (the character-level Gemma one
+before it) is never reused.
 """
 from __future__ import annotations
 
@@ -101,14 +102,14 @@ QWEN25_CODER_GGUF = SplitGGUF("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                               "part*.bin")
 
 
-#: the tokenizer build: bumped whenever what a GGUF's tokenizer is turned into changes (2: Gemma's SentencePiece
-#: segmentation; 1, unnamed, cut Gemma's text into characters)
+#: the tokenizer build: bumped whenever what a GGUF's tokenizer is turned into changes (2: Gemma's
+#: SentencePiece segmentation; 1, unnamed, cut Gemma's text into characters)
 TOKENIZER_BUILD = "2"
 #: the file beside converted weights that names the build of the tokenizer files next to it
 TOKENIZER_STAMP = "kdeval-tokenizer-build"
 #: the files a saved tokenizer may consist of (those of another build are removed beside the weights)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt")
 
 
 def _gguf_bpe_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
@@ -118,8 +119,8 @@ def _gguf_bpe_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
 
 @dataclass(frozen=True)
 class OfflineModel:
-    """A short name's GGUF source (``gguf``: finds or assembles the file), how its tokenizer is built from the file
-    and what to fix on it."""
+    """A short name's GGUF source (``gguf``: finds or assembles the file), how its tokenizer is built from
+    the file and what to fix on it."""
 
     gguf: Callable[[], Path]
     #: the GGUF's metadata names the real end of turn (``tokenizer.ggml.eos_token_id``), which transformers'
@@ -142,8 +143,8 @@ def built_tokenizer_dir(name: str) -> Path:
 
 
 def tokenizer_dir(name: str) -> Path:
-    """Build ``name``'s tokenizer from its GGUF's header once (seconds to a minute, no weights read), refusing one
-    that lost its merges or scores (:mod:`kdeval.zoo.tokenizer_check`), and return the directory it is saved in."""
+    """Build ``name``'s tokenizer from its GGUF's header once (seconds to a minute, no weights read), refusing
+    one that lost its merges or scores (:mod:`kdeval.zoo.tokenizer_check`); return the directory it is in."""
     spec = OFFLINE_MODELS[name]
     target = built_tokenizer_dir(name)
     if (target / "tokenizer_config.json").exists():
@@ -169,7 +170,8 @@ def safetensors_dir(name: str) -> Path:
     if not (target / "config.json").exists():
         gguf = spec.gguf()
         with _staged(target) as tmp:
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype=torch.float32)
             # A clean model built from the config: the GGUF-loaded one carries quantization metadata.
             clean = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
             clean.load_state_dict(model.state_dict())
@@ -203,8 +205,8 @@ def _replace(path: Path, data: bytes) -> None:
 
 @contextmanager
 def _staged(target: Path) -> Iterator[Path]:
-    """A temporary directory beside ``target`` that becomes ``target`` when the block ends without an error; when
-    another process made ``target`` first, theirs is kept."""
+    """A temporary directory beside ``target`` that becomes ``target`` when the block ends without an error;
+    when another process made ``target`` first, theirs is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:

@@ -1,11 +1,12 @@
-"""Tokenizers that cut text into characters: refused when a model loads, warned about when a grid is submitted.
+"""Tokenizers that cut text into characters: refused when a model loads, warned about when a grid is
+submitted.
 
-A sub-word tokenizer whose conversion lost its merges (a BPE with none) or its scores (a Unigram whose pieces all
-score alike) still encodes every string, one character a token, and a model runs on it without an error: on
-prompts no user of the model sends, four times as long in tokens as their text. :func:`degenerate_reason` reads the
-tokenizer's own model for that (a byte-level BPE of single symbols, as the tiny random models have, is no such
-loss); :func:`chars_per_token` measures any tokenizer on a fixed English paragraph, where sub-word tokenizers give
-about four characters a token and character-level ones one.
+A sub-word tokenizer whose conversion lost its merges (a BPE with none) or its scores (a Unigram whose pieces
+all score alike) still encodes every string, one character a token, and a model runs on it without an error:
+on prompts no user of the model sends, four times as long in tokens as their text. :func:`degenerate_reason`
+reads the tokenizer's own model for that (a byte-level BPE of single symbols, as the tiny random models have,
+is no such loss); :func:`chars_per_token` measures any tokenizer on a fixed English paragraph, where sub-word
+tokenizers give about four characters a token and character-level ones one.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from typing import Any
 from kdeval.names import RANDOM_PREFIX
 
 #: an English paragraph (ours) that every sub-word tokenizer cuts into words and pieces of words
-PARAGRAPH = ("The committee met on a cold morning in early spring to discuss the new library. Several members "
-             "argued that the building should open later in the evening, so that students and workers could use "
-             "it after their classes and shifts. Others worried about the cost of heating and staff. After a long "
-             "debate, they agreed to try the longer hours for six months and to count the visitors every week.")
+PARAGRAPH = ("The committee met on a cold morning in early spring to discuss the new library. Several "
+             "members argued that the building should open later in the evening, so that students and "
+             "workers could use it after their classes and shifts. Others worried about the cost of "
+             "heating and staff. After a long debate, they agreed to try the longer hours for six months "
+             "and to count the visitors every week.")
 #: below this many characters a token on :data:`PARAGRAPH` a tokenizer is taken for a character-level one
 CHAR_LEVEL_BELOW = 1.5
 
@@ -43,7 +45,8 @@ def degenerate_reason(tokenizer: Any) -> str | None:
         longer = sum(1 for piece in model.get("vocab", {}) if len(piece) > 1 and piece not in added
                      and not _is_byte_piece(piece))
         if longer:
-            return f"a BPE tokenizer with no merges: none of its {longer} multi-character pieces is ever produced"
+            return (f"a BPE tokenizer with no merges: none of its {longer} multi-character pieces is ever "
+                    "produced")
     if kind == "Unigram":
         scores = {score for _, score in model.get("vocab", [])}
         if len(scores) <= 1:
@@ -52,7 +55,7 @@ def degenerate_reason(tokenizer: Any) -> str | None:
 
 
 def refuse_degenerate(tokenizer: Any, name: str) -> None:
-    """Raise :class:`DegenerateTokenizerError` naming ``name`` when :func:`degenerate_reason` finds a reason."""
+    """Raise :class:`DegenerateTokenizerError` naming ``name`` when :func:`degenerate_reason` gives one."""
     reason = degenerate_reason(tokenizer)
     if reason is not None:
         raise DegenerateTokenizerError(f"{name}: the tokenizer is {reason}; it would cut text into single "
@@ -65,13 +68,13 @@ def chars_per_token(tokenizer: Any, text: str = PARAGRAPH) -> float:
 
 
 def char_level_warning(tokenizer: Any, name: str) -> str | None:
-    """One line saying that ``name``'s tokenizer looks character-level (:data:`CHAR_LEVEL_BELOW`), else None."""
+    """One line saying that ``name``'s tokenizer looks character-level (:data:`CHAR_LEVEL_BELOW`), or None."""
     ratio = chars_per_token(tokenizer)
     if ratio >= CHAR_LEVEL_BELOW:
         return None
-    return (f"model {name}: its tokenizer gives {ratio:.2f} characters a token on an English paragraph (sub-word "
-            f"tokenizers give about 4): it looks character-level, so prompts hold a fraction of the text their "
-            f"token lengths say")
+    return (f"model {name}: its tokenizer gives {ratio:.2f} characters a token on an English paragraph "
+            "(sub-word tokenizers give about 4): it looks character-level, so prompts hold a fraction of the "
+            "text their token lengths say")
 
 
 #: the models warned about in this process: a grid is checked more than once on its way to a run
@@ -79,8 +82,8 @@ _warned: set[str] = set()
 
 
 def warn_char_level(tokenizer: Any, name: str) -> None:
-    """Write :func:`char_level_warning` to stderr once per model and process; the ``random:`` test models, whose
-    byte-level tokenizer is character-level by design, are left alone."""
+    """Write :func:`char_level_warning` to stderr once per model and process; the ``random:`` test models,
+    whose byte-level tokenizer is character-level by design, are left alone."""
     if name.startswith(RANDOM_PREFIX) or name in _warned:
         return
     line = char_level_warning(tokenizer, name)

@@ -1,6 +1,7 @@
-"""Every offline model tokenizes as its maker does: reference strings with token ids published for the model's own
-tokenizer, round trips exact, and (Gemma-3-270M) an independent SentencePiece BPE encoder over the GGUF's pieces
-and scores. The tokenizers are built from the GGUF headers alone (no weights), once, into the cache directory.
+"""Every offline model tokenizes as its maker does: reference strings with token ids published for the model's
+own tokenizer, round trips exact, and (Gemma-3-270M) an independent SentencePiece BPE encoder over the GGUF's
+pieces and scores. The tokenizers are built from the GGUF headers alone (no weights), once, into the cache
+directory.
 
 Before TOKENIZER_BUILD 2 the Gemma tokenizer was a BPE with no merges: 32 one-character tokens for the first
 sentence below, where Gemma's own segmentation gives 8; every Gemma test here failed on it."""
@@ -36,29 +37,30 @@ def _pieces(tok, text: str, special: bool = False) -> list[str]:
     return tok.convert_ids_to_tokens(tok(text, add_special_tokens=special).input_ids)
 
 
-# ---------------------------------------------------------------- Gemma-3-270M (SentencePiece BPE from the GGUF)
+# ------------------------------------------------------ Gemma-3-270M (SentencePiece BPE from the GGUF)
 
 
 def test_gemma_segments_the_reference_sentence_into_its_eight_pieces_after_bos(gemma):
     ids = gemma(SENTENCE).input_ids
-    assert gemma.convert_ids_to_tokens(ids) == ["<bos>", "hello", "▁world", ".", "▁The", "▁grass", "▁is", "▁green",
-                                                "."]
+    assert gemma.convert_ids_to_tokens(ids) == ["<bos>", "hello", "▁world", ".", "▁The", "▁grass", "▁is",
+                                                "▁green", "."]
     assert ids == [2, 23391, 1902, 236761, 669, 9917, 563, 3826, 236761]
     assert gemma.decode(ids, skip_special_tokens=True) == SENTENCE
 
 
 def test_gemma_matches_sentencepiece_on_published_segmentations(gemma):
-    """Pieces that Gemma 3's tokenizer.model gives (sentencepiece 0.2, published with the model file's md5)."""
+    """Pieces Gemma 3's tokenizer.model gives (sentencepiece, published beside the model file's md5)."""
     turn = "<start_of_turn>user\nWho are you?<end_of_turn>\n<start_of_turn>model"
-    assert _pieces(gemma, turn) == ["<start_of_turn>", "user", "\n", "Who", "▁are", "▁you", "?", "<end_of_turn>",
-                                    "\n", "<start_of_turn>", "model"]
+    assert _pieces(gemma, turn) == ["<start_of_turn>", "user", "\n", "Who", "▁are", "▁you", "?",
+                                    "<end_of_turn>", "\n", "<start_of_turn>", "model"]
     assert _pieces(gemma, "<unused10> blahblahblah") == ["<unused10>", "▁blah", "blah", "blah"]
     assert _pieces(gemma, "\U0001fae9") == ["<0xF0>", "<0x9F>", "<0xAB>", "<0xA9>"]  # byte fallback
     assert gemma.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"]) == [105, 106]
 
 
 def test_gemma_special_tokens_and_whitespace_runs_are_sentencepieces(gemma):
-    assert (gemma.bos_token, gemma.bos_token_id, gemma.eos_token, gemma.eos_token_id) == ("<bos>", 2, "<eos>", 1)
+    assert (gemma.bos_token, gemma.bos_token_id) == ("<bos>", 2)
+    assert (gemma.eos_token, gemma.eos_token_id) == ("<eos>", 1)
     assert gemma.pad_token_id == 0 and gemma.chat_template is None  # a base model: raw text after <bos>
     assert _pieces(gemma, "Hi  Hello") == ["Hi", "▁▁", "Hello"]  # a user-defined run of spaces, matched whole
     assert _pieces(gemma, "a\n\n\nb\t\tc") == ["a", "\n\n\n", "b", "\t\t", "c"]
@@ -68,10 +70,11 @@ def test_gemma_special_tokens_and_whitespace_runs_are_sentencepieces(gemma):
 
 
 def _sentencepiece_bpe(text: str, vocab: dict) -> list[str]:
-    """SentencePiece's BPE encoding, written from its algorithm: spaces become '▁'; user-defined and control pieces
-    are matched whole (longest first); in between, the adjacent pair whose joined piece scores highest is merged
-    (leftmost on ties) until none joins; a symbol outside the vocabulary falls back to its UTF-8 bytes."""
-    pieces, scores, types = vocab["tokenizer.ggml.tokens"], vocab["tokenizer.ggml.scores"], vocab["tokenizer.ggml.token_type"]
+    """SentencePiece's BPE encoding, written from its algorithm: spaces become '▁'; user-defined and control
+    pieces are matched whole (longest first); in between, the adjacent pair whose joined piece scores highest
+    is merged (leftmost on ties) until none joins; a symbol outside the vocabulary falls back to its UTF-8
+    bytes."""
+    pieces, scores, types = (vocab[f"tokenizer.ggml.{key}"] for key in ("tokens", "scores", "token_type"))
     pieces = ["▁" * len(p) if p and not p.strip(" ") else p for p in pieces]
     normal = {p: s for p, s, t in zip(pieces, scores, types) if t == 1}
     whole = sorted((p for p, t in zip(pieces, types) if t in (CONTROL, USER_DEFINED)), key=len, reverse=True)
@@ -81,8 +84,8 @@ def _sentencepiece_bpe(text: str, vocab: dict) -> list[str]:
     def flush():
         symbols = list(run)
         while True:
-            best = max(((normal[a + b], -k) for k, (a, b) in enumerate(zip(symbols, symbols[1:])) if a + b in normal),
-                       default=None)
+            pairs = enumerate(zip(symbols, symbols[1:]))
+            best = max(((normal[a + b], -k) for k, (a, b) in pairs if a + b in normal), default=None)
             if best is None:
                 break
             k = -best[1]
@@ -114,7 +117,7 @@ def test_gemma_equals_an_independent_sentencepiece_encoder_on_an_essay(gemma, da
 
 
 def test_gemma_gguf_scores_are_sentencepieces():
-    """The merge order comes from the GGUF's scores: they are the tokenizer.model's (published: 'el' -41, ...)."""
+    """The merge order comes from the GGUF's scores: the tokenizer.model's (published: 'el' -41, ...)."""
     if importlib.util.find_spec(PACKAGES["gemma3-270m"]) is None:
         pytest.skip("needs the gemma3-270m GGUF packages")
     vocab = read_vocabulary(offline.GEMMA3_GGUF())
@@ -122,16 +125,17 @@ def test_gemma_gguf_scores_are_sentencepieces():
     assert [score[p] for p in ("He", "el", "ll", "lo")] == [-1715.0, -41.0, -365.0, -350.0]
 
 
-# ---------------------------------------------------------------- SmolLM2 and Qwen2.5-Coder (BPE merges in the GGUF)
+# ------------------------------------------------------ SmolLM2 and Qwen2.5-Coder (BPE merges in the GGUF)
 
 #: ids published for SmolLM2-135M's tokenizer.json (checked by other projects' parity tests against it)
 SMOLLM2_IDS = {
     "Hello, world!": [19556, 28, 905, 17],
     "The capital of France is": [504, 3575, 282, 4649, 314],
-    "The quick brown fox jumps over the lazy dog.": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30],
+    "The quick brown fox jumps over the lazy dog.": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767,
+                                                     30],
     "The year 2026 had 365 days.": [504, 713, 216, 34, 32, 34, 38, 761, 216, 35, 38, 37, 2009, 30],
-    "<|im_start|>user\nHello, world! 2024\n<|im_end|>": [1, 4093, 198, 19556, 28, 905, 17, 216, 34, 32, 34, 36, 198,
-                                                         2],
+    "<|im_start|>user\nHello, world! 2024\n<|im_end|>": [1, 4093, 198, 19556, 28, 905, 17, 216, 34, 32, 34,
+                                                         36, 198, 2],
 }
 #: ids published for the Qwen2 / Qwen2.5 tokenizer (one vocabulary for the family)
 QWEN_IDS = {
@@ -152,7 +156,8 @@ def test_bpe_models_give_their_published_ids(name, table, end):
         assert tok.decode(ids) == text
     assert len(tok(SENTENCE).input_ids) == 8 and chars_per_token(tok) > 3.5
     assert tok.eos_token == end  # the end of turn, not the chat start or end of text the conversion names
-    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                   add_generation_prompt=True)
     assert chat.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert degenerate_reason(tok) is None
 

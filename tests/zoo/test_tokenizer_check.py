@@ -1,5 +1,6 @@
-"""A tokenizer that lost its merges or scores is refused when a model loads (before its weights), and one that
-gives about one character a token on an English paragraph is warned about at submit, once, naming the model."""
+"""A tokenizer that lost its merges or scores is refused when a model loads (before its weights), and one
+that gives about one character a token on an English paragraph is warned about at submit, once, naming the
+model."""
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,8 @@ from typer.testing import CliRunner
 from kdeval.cli.app import app as kdeval_app
 from kdeval.zoo import loading, tokenizer_check
 from kdeval.zoo.byte_tokenizer import byte_level_tokenizer
-from kdeval.zoo.tokenizer_check import (PARAGRAPH, DegenerateTokenizerError, char_level_warning, chars_per_token,
-                                        degenerate_reason)
+from kdeval.zoo.tokenizer_check import (PARAGRAPH, DegenerateTokenizerError, char_level_warning,
+                                        chars_per_token, degenerate_reason)
 
 
 def _fast(model) -> PreTrainedTokenizerFast:
@@ -56,15 +57,16 @@ def test_a_model_load_refuses_a_merge_less_tokenizer_before_its_weights(tmp_path
     monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", no_weights)
     with pytest.raises(DegenerateTokenizerError) as refused:
         loading.load_model(path, device="cpu")
-    assert str(refused.value).startswith(f"{path}: the tokenizer is a BPE tokenizer with no merges: none of its ")
+    assert str(refused.value).startswith(f"{path}: the tokenizer is a BPE tokenizer with no merges: none of ")
     assert str(refused.value).endswith("it would cut text into single characters, not the model's own tokens")
 
 
 def test_characters_per_token_tell_a_character_level_tokenizer():
     assert chars_per_token(byte_level_tokenizer()) == 1.0
     assert char_level_warning(byte_level_tokenizer(), "my/model") == (
-        "model my/model: its tokenizer gives 1.00 characters a token on an English paragraph (sub-word tokenizers "
-        "give about 4): it looks character-level, so prompts hold a fraction of the text their token lengths say")
+        "model my/model: its tokenizer gives 1.00 characters a token on an English paragraph (sub-word "
+        "tokenizers give about 4): it looks character-level, so prompts hold a fraction of the text their "
+        "token lengths say")
     words = _fast(models.WordLevel(vocab=_words(), unk_token="<unk>"))
     assert chars_per_token(words) > 4 and char_level_warning(words, "my/model") is None
 
@@ -80,15 +82,14 @@ def test_submit_warns_once_about_a_local_model_with_a_character_level_tokenizer(
     for model, warned in ((path, True), ("random:llama-tiny", False)):
         grid = tmp_path / "g.yaml"
         grid.write_text(GRID.format(model=model))
-        res = runner.invoke(kdeval_app, ["submit", str(grid), "--dry-run", "--db", str(tmp_path / "no" / "i.sqlite")],
-                            env={"COLUMNS": "200"})
+        args = ["submit", str(grid), "--dry-run", "--db", str(tmp_path / "no" / "i.sqlite")]
+        res = runner.invoke(kdeval_app, args, env={"COLUMNS": "200"})
         assert res.exit_code == 0, res.output
         lines = [line for line in res.stderr.splitlines() if line.startswith("warning: model")]
         assert lines == ([f"warning: {char_level_warning(byte_level_tokenizer(), path)}"] if warned else [])
 
 
-def test_an_offline_model_whose_tokenizer_lost_its_merges_is_refused_before_anything_is_cached(tmp_path,
-                                                                                                   monkeypatch):
+def test_an_offline_model_that_lost_its_merges_is_refused_before_it_is_cached(tmp_path, monkeypatch):
     """What the Gemma GGUF gave before: transformers' GemmaTokenizer over the vocabulary, with no merges."""
     from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
 
@@ -96,11 +97,12 @@ def test_an_offline_model_whose_tokenizer_lost_its_merges_is_refused_before_anyt
 
     vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4, "h": 5, "i": 6, "hi": 7, "▁": 8}
     monkeypatch.setenv("KDEVAL_CACHE_DIR", str(tmp_path))
-    fake = offline.OfflineModel(lambda: tmp_path / "x.gguf", tokenizer=lambda gguf: GemmaTokenizer(vocab=vocab))
+    fake = offline.OfflineModel(lambda: tmp_path / "x.gguf",
+                                tokenizer=lambda gguf: GemmaTokenizer(vocab=vocab))
     monkeypatch.setitem(offline.OFFLINE_MODELS, "fake-gemma", fake)
     with pytest.raises(DegenerateTokenizerError) as refused:
         offline.safetensors_dir("fake-gemma")
-    assert str(refused.value) == ("fake-gemma: the tokenizer is a BPE tokenizer with no merges: none of its 1 "
-                                  "multi-character pieces is ever produced; it would cut text into single "
+    assert str(refused.value) == ("fake-gemma: the tokenizer is a BPE tokenizer with no merges: none of its "
+                                  "1 multi-character pieces is ever produced; it would cut text into single "
                                   "characters, not the model's own tokens")
     assert not (tmp_path / "tokenizers").exists() and not (tmp_path / "models").exists()
