@@ -225,3 +225,11 @@ def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
     from kdeval.zoo.model_config import model_tokenizer as tokenizer
 
     return tokenizer(model_id, revision)
+
+
+def warn_char_level(tokenizer: Any, model_id: str) -> None:
+    """One line on stderr when ``model_id``'s tokenizer looks character-level
+    (:func:`kdeval.zoo.tokenizer_check.warn_char_level`)."""
+    from kdeval.zoo.tokenizer_check import warn_char_level as warn
+
+    warn(tokenizer, model_id)

@@ -29,6 +29,7 @@ from kdeval.zoo.config_check import UNSUPPORTED_TYPES, check_model_directory
 from kdeval.keydiff.attention.layer_kinds import decoder_config, unknown_layer_types
 from kdeval.zoo.offline import OFFLINE_MODELS, cache_dir, safetensors_dir  # noqa: F401 (cache_dir: callers')
 from kdeval.zoo.random_models import RANDOM_CONFIGS, random_model_names
+from kdeval.zoo.tokenizer_check import refuse_degenerate
 from kdeval.names import RANDOM_PREFIX
 
 SMOLLM2 = "smollm2-135m"
@@ -220,11 +221,12 @@ def load_model(
         config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=False)
         check_supported(config, name)
         torch_dtype = resolve_dtype(dtype, config, device)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=False)
+        refuse_degenerate(tokenizer, name)  # lost merges or scores: refused before the weights load
         model = causal_lm_class(config).from_pretrained(
             source, revision=revision, dtype=torch_dtype,
             attn_implementation=runnable_attention(config, attn), trust_remote_code=False,
         )
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=False)
         model.eval()
         context = getattr(decoder_config(config), "max_position_embeddings", 0)
         loaded = LoadedModel(model, tokenizer, name, int(context or 0))

@@ -182,9 +182,9 @@ def model_tokenizer(model_id: str, revision: str | None = None) -> Any:
     if "://" in model_id:
         return None
     if model_id in OFFLINE_CONFIGS:
-        from kdeval.zoo.loading import cache_dir
+        from kdeval.zoo.offline import built_tokenizer_dir  # this build's, never one beside old weights
 
-        source, local = cache_dir() / "models" / model_id, True
+        source, local = built_tokenizer_dir(model_id), True
         if not (source / "tokenizer_config.json").is_file():
             return None  # not converted yet: its first load converts it
     else:

@@ -33,6 +33,7 @@ def prompt_issues(grid: GridSpec) -> list[GridIssue]:
         tokenizer = catalog.model_tokenizer(model.id, model.revision) if shape is not None else None
         if tokenizer is None:
             continue
+        catalog.warn_char_level(tokenizer, model.id)  # a character-level tokenizer: one line on stderr
         builder = PromptBuilder(tokenizer, shape.context or None)
         for i, spec in enumerate(grid.tasks):
             if not spec.lengths:  # natural lengths (LongBench, MATH-500): truncated to fit, and maybe hub data
