@@ -20,7 +20,7 @@ def test_tasks_json_lists_everything():
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     names = {d["name"] for d in data}
-    assert len(data) == 64 and {"needle", "file", "math500", "phonebook", "ruler.vt", "longbench.lsht", "longbench2",
+    assert len(data) == 68 and {"needle", "file", "instructions.system", "ifeval", "math500", "phonebook", "ruler.vt", "longbench.lsht", "longbench2",
                                 "aime2025",
                                 "infinitebench.kv_retrieval", "loogle.longdep_qa", "turns.kv", "turns.needles",
                                 "turns.loogle.longdep_qa", "scbench.kv", "scbench.choice_eng"} <= names
