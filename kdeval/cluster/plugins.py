@@ -18,61 +18,24 @@ Bad plugins are one line naming the plugin and what was expected (:class:`Plugin
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Sequence
 
+from kdeval.cluster.plugin_checks import check_policy_class, probe_policy
+from kdeval.cluster.plugin_digests import MAX_SOURCE_BYTES, distribution as _distribution  # noqa: F401
+from kdeval.cluster.plugin_digests import module_digest as _module_digest, source_digest
+from kdeval.cluster.plugin_types import Plugin, PluginError, PluginSpec, one_line as _one_line  # noqa: F401
+
 #: the entry-point groups of installed policy and metric plugins
 POLICY_GROUP = "kdeval.policies"
 METRIC_GROUP = "kdeval.metrics"
-#: a plugin file or package larger than this is refused before it is read (source, not data)
-MAX_SOURCE_BYTES = 4 * 1024 * 1024
-
-
-class PluginError(ValueError):
-    """A plugin that cannot be used: one line naming it and what was expected."""
-
-
-@dataclass(frozen=True)
-class PluginSpec:
-    """A loaded plugin as a worker needs it (picklable): how to import it and which digest to find.
-
-    ``kind``: ``file``, ``module`` or ``entry point``; ``ref``: what the user named (a path, a module name, or
-    ``group:name`` of an entry point); ``module``: the module name workers import; ``ship``: a local file or
-    package folder Ray ships to workers (None: installed, importable on every node already)."""
-
-    kind: str
-    ref: str
-    module: str
-    digest: str
-    ship: str | None = None
-    version: str | None = None
-
-    @property
-    def origin(self) -> str:
-        """Where its policies came from, as ``kdeval policies`` prints it."""
-        version = f" ({self.version})" if self.version else ""
-        if self.kind == "file":
-            return f"plugin file {Path(self.ref).name}"
-        if self.kind == "module":
-            return f"plugin module {self.ref}{version}"
-        return f"entry point {self.ref}{version}"
-
-
-@dataclass(frozen=True)
-class Plugin:
-    """A plugin loaded into this process and the policy names it registered."""
-
-    spec: PluginSpec
-    policies: tuple[str, ...]
 
 
 _LOADED: dict[str, Plugin] = {}  # module name -> plugin
@@ -131,51 +94,6 @@ def plugins_for(policies: Iterable[str]) -> list[PluginSpec]:
         if plugin is not None:
             out[plugin.spec.module] = plugin.spec
     return list(out.values())
-
-
-# --- digests ---------------------------------------------------------------------------------------------------
-
-
-def _source_files(module: ModuleType) -> tuple[Path, list[Path]]:
-    """The root whose ``.py`` files make a plugin's code (its top-level package folder, or its own file) and
-    those files."""
-    top = sys.modules.get(module.__name__.split(".")[0], module)
-    paths = getattr(top, "__path__", None)
-    if paths:
-        root = Path(list(paths)[0]).resolve()
-        return root, sorted(root.rglob("*.py"))
-    file = Path(inspect.getsourcefile(module) or module.__file__).resolve()
-    return file.parent, [file]
-
-
-def source_digest(root: Path, files: Sequence[Path], version: str | None, ref: str) -> str:
-    """sha256 (16 hex digits) of the files' relative paths and bytes and the distribution ``version``;
-    refuses sources above :data:`MAX_SOURCE_BYTES`."""
-    total = sum(f.stat().st_size for f in files)
-    if total > MAX_SOURCE_BYTES:
-        raise PluginError(f"plugin {ref}: expected Python source of at most {MAX_SOURCE_BYTES // 2**20} MiB, "
-                          f"got {total / 2**20:.1f} MiB in {root}")
-    h = hashlib.sha256(f"version={version or ''}\0".encode())
-    for f in files:
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
-def _distribution(module_name: str) -> importlib.metadata.Distribution | None:
-    """The installed distribution that provides top-level module ``module_name``'s package, if any."""
-    top = module_name.split(".")[0]
-    names = importlib.metadata.packages_distributions().get(top) or []
-    for name in names:
-        try:
-            return importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _module_digest(module: ModuleType, ref: str, version: str | None) -> str:
-    root, files = _source_files(module)
-    return source_digest(root, files, version, ref)
 
 
 # --- loading ---------------------------------------------------------------------------------------------------
@@ -316,10 +234,6 @@ def _load(spec: PluginSpec, do_import, obj: Any = None, probe: bool = True) -> P
     return plugin
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or "(no message)"
-
-
 def _collision(message: str) -> str:
     if "registered twice" in message:
         name = message.split("'")[1] if "'" in message else "?"
@@ -356,82 +270,6 @@ def _register_defined(registry: Any, module: ModuleType, before: dict[str, Any],
         registry.register(cls)
         table[cls.name] = cls
     return sorted(n for n in registry.registered() if n not in before)
-
-
-def check_policy_class(cls: type, ref: str) -> None:
-    """A plugin's policy class must be a dataclass with a name, buildable at its defaults, with a score."""
-    from kdeval.keydiff.policy.interface import Policy
-
-    name = cls.__dict__.get("name")
-    if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
-        raise PluginError(f"plugin {ref}: policy class {cls.__name__}: expected a class attribute `name`, "
-                          f"a non-empty name without spaces, got {name!r}")
-    if not dataclasses.is_dataclass(cls):
-        raise PluginError(f"plugin {ref}: policy '{name}': expected a @dataclass (its parameters are its fields)")
-    if cls.evicts and cls.score is Policy.score:
-        raise PluginError(f"plugin {ref}: policy '{name}': expected a score(keys, ctx) method")
-    try:
-        cls()
-    except Exception as e:  # noqa: BLE001 - the user's validate()
-        raise PluginError(f"plugin {ref}: policy '{name}': cannot be built at its defaults: {_one_line(e)}") from None
-
-
-#: the one-step probe's model, prompt, N and B: the second chunk evicts
-PROBE_MODEL, PROBE_TOKENS, PROBE_BUDGET, PROBE_CHUNK = "random:llama-tiny", 24, 8, 12
-
-
-def probe_policy(cls: type, ref: str) -> None:
-    """Run a plugin policy at its defaults through the engine on a tiny random model for two prompt chunks and one
-    decode step (the second chunk evicts), its scores checked to be ``[batch, kv_heads, tokens]`` floats; what
-    goes wrong is one line naming the plugin (a budget its protected tokens do not fit is left to the grid)."""
-    import torch
-
-    from kdeval.keydiff.config import EngineConfig
-    from kdeval.keydiff.engine import Engine
-
-    policy = cls()
-    if not policy.evicts:
-        return
-    try:
-        policy.check_budget(PROBE_BUDGET)
-    except ValueError:
-        return
-    score = policy.score
-
-    def checked(keys: torch.Tensor, ctx: Any) -> torch.Tensor:
-        out = score(keys, ctx)
-        want = tuple(keys.shape[:3])
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or not out.dtype.is_floating_point:
-            got = (f"{type(out).__name__} of shape {list(out.shape)} {str(out.dtype).replace('torch.', '')}"
-                   if isinstance(out, torch.Tensor) else type(out).__name__)
-            raise PluginError(f"plugin {ref}: policy '{cls.name}': score(keys {list(keys.shape)}, ctx) returned "
-                              f"{got}; expected floats of shape [batch, kv_heads, tokens] = {list(want)}")
-        return out
-
-    policy.score = checked  # this probe's object only
-    lm = _probe_model()
-    ids = torch.arange(3, 3 + PROBE_TOKENS).unsqueeze(0)
-    try:
-        Engine(lm.model, policy, EngineConfig(budget=PROBE_BUDGET, chunk_size=PROBE_CHUNK)).generate(
-            ids, max_new_tokens=1)
-    except PluginError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the policy's own error, in one line
-        raise PluginError(f"plugin {ref}: policy '{cls.name}' failed a one-step probe on {PROBE_MODEL}: "
-                          f"{type(e).__name__}: {_one_line(e)}") from None
-
-
-def _probe_model() -> Any:
-    """The probe's tiny model, built once per process."""
-    from kdeval.zoo.loading import load_model
-
-    global _PROBE_LM
-    if _PROBE_LM is None:
-        _PROBE_LM = load_model(PROBE_MODEL, device="cpu")
-    return _PROBE_LM
-
-
-_PROBE_LM: Any = None
 
 
 def load_entry_points(group: str = POLICY_GROUP) -> list[Plugin]:
