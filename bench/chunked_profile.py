@@ -1,6 +1,6 @@
 """Where a chunked group's time goes: the paper-shaped grid (bench/shared_grid.py's ``paper``: full and six policies
 at three budgets, one chunk size, ``compress: prompt``), or with ``--grid mixed`` the mixed one (one-shot and chunked
-cells at the leaderboard's three shares, ``compress: context``), through ``evals.run.group_run.run_group`` in this
+cells at the leaderboard's three shares, ``compress: context``), through ``evals.task_run.group_run.run_group`` in this
 process, as a CPU worker runs it (batch size unset: a chunked member forks, then batches at 8; a one-shot member
 shares whole steps at batch 1), then every cell alone at batch 8 (what ``execution: {share: false}`` runs on a CPU)
 over the same samples, one after the other.
@@ -72,8 +72,8 @@ class Timers:
 def install(timers: Timers) -> None:
     """Time the timed-alone samples (a group's ``_run_alone``), the steps up to each fork, the batched rest, and
     every forward by kind."""
-    from kdeval.evals.run import group_run
-    from kdeval.evals.run.group_decode import GroupDecoder
+    from kdeval.evals.task_run import group_run
+    from kdeval.evals.task_run.group_decode import GroupDecoder
     from kdeval.keydiff.engine import Engine
     from kdeval.keydiff.step.step import Step
 
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--grid", choices=["paper", "mixed"], default="paper")
     args = ap.parse_args()
 
-    from kdeval.evals.run import group_run
+    from kdeval.evals.task_run import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = (paper_cells if args.grid == "paper" else mixed_cells)(args.length, args.new, args.samples)

@@ -1,4 +1,4 @@
-"""Cells decoded together (kdeval/evals/run/group_decode.py) vs each cell decoding alone, side by side in one run.
+"""Cells decoded together (kdeval/evals/task_run/group_decode.py) vs each cell decoding alone, side by side in one run.
 
 One needle prompt of about ``--length`` tokens on SmolLM2-135M (offline), float32, CPU; ``--cells`` cells that
 keep while decoding (``decode: keep``): KeyDiff at budgets spread from 25% to 75% of the prompt, one-shot.
@@ -25,9 +25,9 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.evals import get_task
-from kdeval.evals.run.generation_jobs import GenerateJob
-from kdeval.evals.run.group_decode import Driven, GroupDecoder
-from kdeval.evals.run.runner import model_prompts
+from kdeval.evals.task_run.generation_jobs import GenerateJob
+from kdeval.evals.task_run.group_decode import Driven, GroupDecoder
+from kdeval.evals.task_run.runner import model_prompts
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.zoo import load_model
 

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=4)
     args = ap.parse_args()
 
-    from kdeval.evals.run import group_run
+    from kdeval.evals.task_run import group_run
     from kdeval.keydiff.step.shared import SharedSteps
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)

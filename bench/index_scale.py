@@ -29,7 +29,7 @@ def build(where: Path, cells: int) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.jobs.reports.helpers import FakeCell, record_done, rows
     from kdeval.storage import CellRecord, RunIndex, RunState
-    from kdeval.evals.run.budget import budget_share, budget_tokens
+    from kdeval.evals.task_run.budget import budget_share, budget_tokens
 
     per_seed = len(POLICIES) * len(BUDGETS)
     seeds = max(1, cells // per_seed)

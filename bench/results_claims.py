@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from kdeval.jobs.reports.leaderboard import Leaderboard, LeaderboardRow
+from kdeval.jobs.reports.leaderboard.build import Leaderboard, LeaderboardRow
 from kdeval.jobs.reports.render.units import MIN_CI_SAMPLES
 from kdeval.jobs.reports.samples import Samples, paired_delta, task_of_label
 

@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results_claims import CLAIMS, Finding, claim_gap_grows, claim_keydiff_vs_baselines, claim_window_helps, overall  # noqa: E402
 
-from kdeval.jobs.reports.leaderboard import LeaderboardOptions, build_leaderboard  # noqa: E402
-from kdeval.jobs.reports.leaderboard_cells import Filters  # noqa: E402
+from kdeval.jobs.reports.leaderboard.build import LeaderboardOptions, build_leaderboard  # noqa: E402
+from kdeval.jobs.reports.leaderboard.cells import Filters  # noqa: E402
 from kdeval.jobs.reports.render.formats import md_table  # noqa: E402
-from kdeval.jobs.reports.render.leaderboard_output import write_files  # noqa: E402
-from kdeval.jobs.reports.render.leaderboard_plots import task_figure  # noqa: E402
-from kdeval.jobs.reports.render.leaderboard_views import caption, groups, table_views  # noqa: E402
+from kdeval.jobs.reports.leaderboard.output import write_files  # noqa: E402
+from kdeval.jobs.reports.leaderboard.plots import task_figure  # noqa: E402
+from kdeval.jobs.reports.leaderboard.views import caption, groups, table_views  # noqa: E402
 from kdeval.jobs.reports.samples import Samples, load_cell  # noqa: E402
 from kdeval.storage import RunIndex  # noqa: E402
 

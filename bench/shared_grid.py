@@ -149,8 +149,8 @@ def sample_texts(length: int, samples: int, new: int) -> list[list[str]]:
 
 
 def members(spec: dict) -> list:
-    """The grid's cells as ``evals.run.group_run.run_group`` members, ``RunSettings`` (``--in-process``)."""
-    from kdeval.evals.run.settings import RunSettings
+    """The grid's cells as ``evals.task_run.group_run.run_group`` members, ``RunSettings`` (``--in-process``)."""
+    from kdeval.evals.task_run.settings import RunSettings
 
     protocols = spec["protocol"] if isinstance(spec["protocol"], list) else [spec["protocol"]]
     out = []
@@ -171,7 +171,7 @@ def in_process(name: str, length: int, samples: int, new: int) -> tuple[float, f
     import torch
 
     from kdeval.evals import get_task
-    from kdeval.evals.run import group_run, runner
+    from kdeval.evals.task_run import group_run, runner
     from kdeval.zoo import load_model
 
     torch.set_num_threads(THREADS)
@@ -238,7 +238,7 @@ def main() -> None:
     ap.add_argument("--untimed", action="store_true",
                     help="add a side: shared with no sample timed alone (execution: {time_first: false}); no kvpress")
     ap.add_argument("--in-process", action="store_true",
-                    help="kdeval only, through evals.run.group_run.run_group in this process (no Ray, no model load timed)")
+                    help="kdeval only, through evals.task_run.group_run.run_group in this process (no Ray, no model load timed)")
     ap.add_argument("--kvpress-side", nargs=2, metavar=("MODEL_DIR", "REQUEST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kvpress_side:

@@ -20,7 +20,7 @@ def needle_group(length: int, samples: int, new: int) -> tuple:
     import torch
 
     from kdeval.evals import get_task
-    from kdeval.evals.run import runner
+    from kdeval.evals.task_run import runner
     from kdeval.zoo import load_model
 
     torch.set_num_threads(THREADS)
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
 
-    from kdeval.evals.run import group_run
+    from kdeval.evals.task_run import group_run
 
     lm, task, prompts = needle_group(args.length, args.samples, args.new)
     cells = members(grid("leaderboard", args.length, args.samples, args.new, True))

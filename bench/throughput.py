@@ -35,7 +35,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.evals import get_task
-from kdeval.evals.run.runner import model_prompts
+from kdeval.evals.task_run.runner import model_prompts
 from kdeval.keydiff import Engine, EngineConfig
 
 #: SmolLM2-135M's dimensions, for ``--smollm2-shape`` (random weights; the byte-level vocabulary stays, so

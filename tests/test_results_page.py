@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from kdeval.cli.app import app
-from kdeval.jobs.reports.leaderboard import LeaderboardOptions, build_leaderboard
-from kdeval.jobs.reports.leaderboard_cells import Filters
+from kdeval.jobs.reports.leaderboard.build import LeaderboardOptions, build_leaderboard
+from kdeval.jobs.reports.leaderboard.cells import Filters
 from kdeval.jobs.reports.samples import load_cell
 from tests.jobs.reports.helpers import FakeCell, rows, store_run
 

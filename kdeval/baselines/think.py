@@ -16,7 +16,7 @@ Where it acts: right after the commit of every eviction (``PolicyNeeds.edits_kep
 kdeval/keydiff/step/eviction.py), in the rows that freed tokens. A step that evicts nothing (the cache not full yet,
 kvpress' protocol's question, decoding with ``decode: keep``) edits nothing, so until its first eviction a ThinK
 cell's cache is the full cache's and shares its steps (kdeval/keydiff/step/shared.py), and a kept prompt is decoded
-like any other (kdeval/evals/run/group_decode.py).
+like any other (kdeval/evals/task_run/group_decode.py).
 
 Chunk by chunk: at every eviction the channel scores are recomputed over the ``N`` keys kept out of the ``N + B``
 cached ones, with the last ``window`` queries (kept per layer across chunks), and that step's lowest channels are

@@ -1,5 +1,5 @@
 """`kdeval leaderboard`: every done cell of the index for some models and tasks, one row per cell id, ranked, with
-Δ against the full cache paired by sample id across runs (:mod:`kdeval.jobs.reports.leaderboard`).
+Δ against the full cache paired by sample id across runs (:mod:`kdeval.jobs.reports.leaderboard.build`).
 
 Exit codes: 0 rows shown; 1 nothing found (said in one line); 2 bad input (an unknown model, task, policy or
 protocol filter, an index without runs, a ``--run`` still in progress: one line).
@@ -70,11 +70,11 @@ def leaderboard(
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
 ) -> None:
     """Every done cell of the index, one row per cell id, ranked, with Δ vs the full cache paired across runs."""
-    from kdeval.jobs.reports.leaderboard import LeaderboardOptions, build_leaderboard
-    from kdeval.jobs.reports.leaderboard_cells import Filters
-    from kdeval.jobs.reports.render import leaderboard_views as views
+    from kdeval.jobs.reports.leaderboard.build import LeaderboardOptions, build_leaderboard
+    from kdeval.jobs.reports.leaderboard.cells import Filters
+    from kdeval.jobs.reports.leaderboard import views
     from kdeval.jobs.reports.render.layout import render
-    from kdeval.jobs.reports.render.leaderboard_output import write_files
+    from kdeval.jobs.reports.leaderboard.output import write_files
 
     with bad_input():
         fmts = parse_formats(fmt)

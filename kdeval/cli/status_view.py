@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.grid.cells import policy_label, protocol_parts, protocol_tag
 from kdeval.jobs.run.drivers import driver_alive, driver_gone, last_log_line, launch_gone
 from kdeval.jobs.run.groups import execution_label

@@ -83,9 +83,9 @@ def policy_model_error(name: str, params: dict[str, Any], shape: Any) -> str | N
 
 def policy_protocol_error(name: str, params: dict[str, Any], compress: str) -> str | None:
     """Why policy ``name`` cannot run under ``protocol.compress`` (``generated``: it has no score for a
-    generated token, :func:`kdeval.evals.run.settings.generated_refusal`), else None (as
+    generated token, :func:`kdeval.evals.task_run.settings.generated_refusal`), else None (as
     :func:`policy_attention_error`)."""
-    from kdeval.evals.run.settings import generated_refusal
+    from kdeval.evals.task_run.settings import generated_refusal
 
     policy = _evicting_policy(name, params) if compress == "generated" else None
     return generated_refusal(policy.needs()) if policy is not None else None

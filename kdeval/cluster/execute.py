@@ -36,7 +36,7 @@ from kdeval.cluster.stub import STUB_PREFIX, StubWorkload
 from kdeval.cluster.workload import CellResult, CellTask, group_span, shared_rows
 
 if TYPE_CHECKING:
-    from kdeval.evals.run.settings import RunSettings
+    from kdeval.evals.task_run.settings import RunSettings
 
 #: Task constructor parameters a cell sets from the grid's own fields (named here for messages), never
 #: from ``tasks[i].params``; see :func:`task_arguments`.
@@ -89,7 +89,7 @@ _PROMPTS_KEPT = 2
 
 def task_and_prompts(lm: Any, task: CellTask) -> tuple[Any, Any]:
     """The cell's evals task and ``runner.model_prompts`` for it on ``lm`` (reused from a recent cell)."""
-    from kdeval.evals.run import runner
+    from kdeval.evals.task_run import runner
 
     def make() -> tuple[Any, Any]:
         evals_task = build_task(task)
@@ -146,7 +146,7 @@ def run_settings(lm: Any, task: CellTask, *, grouped: bool) -> RunSettings:
         batch = task.batch_size
     else:
         batch = default_batch_size(lm, task)
-    from kdeval.evals.run.settings import RunSettings
+    from kdeval.evals.task_run.settings import RunSettings
 
     return RunSettings(policy=task.policy, policy_params=task.policy_params, budget=task.budget,
                        chunk_size=task.chunk_size, engine=task.engine, max_new_tokens=task.max_new_tokens,
@@ -172,7 +172,7 @@ class EvalWorkload:
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().run(handle, task)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        from kdeval.evals.run import runner  # lazy: heavy imports only on workers that need them
+        from kdeval.evals.task_run import runner  # lazy: heavy imports only on workers that need them
 
         evals_task, prompts = task_and_prompts(handle, task)
         prompts = shard_prompts(prompts, task)
@@ -193,7 +193,7 @@ class EvalWorkload:
             return StubWorkload().run_group(handle, tasks, on_samples, on_result)
         cells, span = group_span(tasks)
         import kdeval.baselines  # noqa: F401 - importing it registers every policy with the engine
-        from kdeval.evals.run import group_run
+        from kdeval.evals.task_run import group_run
 
         first = tasks[0]
         whole = dataclasses.replace(first, sample_start=span[0][0], sample_stop=span[-1][1])
@@ -215,7 +215,7 @@ class EvalWorkload:
         (:func:`kdeval.cluster.workload.shared_rows`)."""
         if task.model_id.startswith(STUB_PREFIX):
             return StubWorkload().aggregate(task, rows)
-        from kdeval.evals.run import runner
+        from kdeval.evals.task_run import runner
 
         evals_task = _recent(_TASKS, prompt_key(task), lambda: build_task(task), _TASKS_KEPT)
         return {**runner.aggregate(evals_task, rows), **shared_rows(rows)}

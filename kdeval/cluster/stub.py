@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kdeval.cluster.workload import CellResult, CellTask, check_group, shared_rows
-from kdeval.evals.run.budget import resolve_budget
+from kdeval.evals.task_run.budget import resolve_budget
 
 STUB_PREFIX = "stub:"
 

@@ -40,7 +40,7 @@ class CellTask:
     policy: str
     policy_params: dict[str, Any]
     budget: int | str | None  # N tokens, a share of each prompt ("25%", resolved per sample), None: no eviction
-    chunk_size: int | str  # B tokens, or "whole" (one chunk of all that is compressed, kdeval.evals.run.chunking)
+    chunk_size: int | str  # B tokens, or "whole" (one chunk of all that is compressed, kdeval.evals.task_run.chunking)
     task: str
     length: int | None
     samples: int
@@ -52,7 +52,7 @@ class CellTask:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig options (cuda_graphs, score_precision)
     compress: str = "prompt"  # protocol: "prompt" (paper), "context" (kvpress) or "generated" (prompt kept)
     decode: str = "evict"  # protocol: "evict" or "keep" after the prompt
-    conversation: dict[str, Any] | None = None  # {mode, answers} of a multi-question task (kdeval.evals.run.settings.Conversation)
+    conversation: dict[str, Any] | None = None  # {mode, answers} of a multi-question task (kdeval.evals.task_run.settings.Conversation)
     shard: int = 0  # which shard of the cell this is (0 for a cell run whole)
     sample_start: int = 0  # first sample of the shard (index into the cell's samples)
     sample_stop: int | None = None  # one past its last sample (None: the cell's last)

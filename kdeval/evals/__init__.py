@@ -6,7 +6,7 @@ Three rooms, each importing only the ones below it (README.md has the map):
 - ``tasks/``: what a task is (``Task``, ``Sample``, errors), data files, prompt building, scoring.
 - ``benchmarks/``: one file or folder per benchmark, and ``registry`` naming their tasks; ``metrics/`` holds
   the official metric code they score with.
-- ``run/``: running a task on the engine: :class:`RunSettings`, :func:`run_task`, the loops it drives, rows,
+- ``task_run/``: running a task on the engine: :class:`RunSettings`, :func:`run_task`, the loops it drives, rows,
   groups of cells.
 
 Public API (what the service layer calls):
@@ -41,15 +41,15 @@ __all__ = [
 def __getattr__(name: str):
     """Lazy access to the run side (the runner imports torch)."""
     if name == "EvalRow":
-        from kdeval.evals.run.rows import EvalRow
+        from kdeval.evals.task_run.rows import EvalRow
 
         return EvalRow
     if name == "RunSettings":
-        from kdeval.evals.run.settings import RunSettings
+        from kdeval.evals.task_run.settings import RunSettings
 
         return RunSettings
     if name in ("run_task", "aggregate", "build_prompts"):
-        from kdeval.evals.run import runner
+        from kdeval.evals.task_run import runner
 
         return getattr(runner, name)
     raise AttributeError(name)

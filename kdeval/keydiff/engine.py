@@ -191,7 +191,7 @@ class Engine:
         grows by one token per decode step.
         ``prompt_only``: stop at the first token (none when it is eos or ``max_new_tokens`` is 0), the result's
         state left as this call leaves it before its first decode step (sized and with room for
-        ``max_new_tokens``), so that the rest can be decoded elsewhere (kdeval/evals/run/group_decode.py).
+        ``max_new_tokens``), so that the rest can be decoded elsewhere (kdeval/evals/task_run/group_decode.py).
         """
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         input_ids = check_ids(self.plan, input_ids, state, max_new)

@@ -15,7 +15,7 @@ Public API (used by the CLI and reports)::
     idx.read_cell_rows(cell_id)        # the same as list[dict]
     verify_cell(view)                  # None if a done cell's Parquet file is really its result, else why not
 
-Schema: see :mod:`kdeval.storage.models` (tables ``runs``, ``cells``, ``run_cells``, ``attempts``,
+Schema: see :mod:`kdeval.storage.tables` (tables ``runs``, ``cells``, ``run_cells``, ``attempts``,
 ``cell_shards``); drivers' leases on cells and done shards: :mod:`kdeval.storage.leases`.
 ``CellView.spec`` is the cell's full spec as JSON (``model``, ``policy``, ``policy_params``, ``budget``
 (N, a share's text such as ``"25%"``, or None for ``full``), ``chunk_size``, ``task`` {name, data_version,
@@ -25,7 +25,7 @@ task's aggregate (JSON);
 Per-sample rows: per done cell a directory of parts, one per sample shard
 (``<results_dir>/cells/<id[:2]>/<id>/part-0000.parquet``, ...; older results: one file
 ``<results_dir>/cells/<id[:2]>/<id>.parquet``; :mod:`kdeval.storage.parquet`), whose
-columns are the evals' ``EvalRow`` (``kdeval/evals/run/rows.py``: id, prompt_hash, prompt_tokens,
+columns are the evals' ``EvalRow`` (``kdeval/evals/task_run/rows.py``: id, prompt_hash, prompt_tokens,
 truncated, prediction, references, score, ttft_s, decode_s, peak_memory_bytes, peak_kv_tokens,
 kept_tokens, resolved_budget, length, depth, meta_json, ...) plus the metric's sub-score columns, and the
 identity columns the driver adds to every row (``run_id, cell_id, model, policy, params, budget, budget_share,
@@ -41,7 +41,7 @@ from kdeval.storage.integrity import (
 )
 from kdeval.storage.leases import ShardView
 from kdeval.storage.sqlite_lock import IndexLockedError
-from kdeval.storage.models import TERMINAL_RUN_STATES, AttemptState, CellState, RunState
+from kdeval.storage.tables import TERMINAL_RUN_STATES, AttemptState, CellState, RunState
 from kdeval.storage.parquet import (
     RUNS_DIR, cell_dir_relpath, cell_dirs, clean_temp_files, concat_parts, list_result_files, list_temp_files,
     part_files, part_relpath, read_cell_rows, read_cell_table, read_part_metadata, read_run_manifests, remove_parts,

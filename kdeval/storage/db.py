@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, S
 from sqlalchemy.orm import Session, sessionmaker
 
 from kdeval.storage.migrate import add_missing_columns, missing_columns
-from kdeval.storage.models import Base, Run
+from kdeval.storage.tables import Base, Run
 from kdeval.storage.sqlite_lock import wait_for_write_lock
 
 #: Default index location, relative to the working directory (``--db`` overrides it).

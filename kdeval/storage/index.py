@@ -24,7 +24,7 @@ from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
 
 from kdeval.storage.db import make_engine, make_session_factory, sqlite_path
-from kdeval.storage.models import (
+from kdeval.storage.tables import (
     TERMINAL_RUN_STATES, Attempt, AttemptState, Cell, CellState, Run, RunCell, RunState, as_utc, utcnow,
 )
 from kdeval.storage.leases import ShardLeases, _chunks
@@ -34,7 +34,7 @@ from kdeval.storage.views import AttemptView, CellRecord, CellView, RunView
 
 
 class RunIndex(ShardLeases):
-    """Access to the index database (see :mod:`kdeval.storage.models` for the schema; leases and shards:
+    """Access to the index database (see :mod:`kdeval.storage.tables` for the schema; leases and shards:
     :mod:`kdeval.storage.leases`)."""
 
     def __init__(self, engine) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Collection, Iterator, Sequence
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from kdeval.storage.models import Attempt, AttemptState, Cell, CellShard, CellState, utcnow
+from kdeval.storage.tables import Attempt, AttemptState, Cell, CellShard, CellState, utcnow
 
 
 def _chunks(ids: Sequence[str], size: int = 500) -> Iterator[list[str]]:

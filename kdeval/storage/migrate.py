@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn, DDLElement
 
-from kdeval.storage.models import Base
+from kdeval.storage.tables import Base
 
 
 class AddColumn(DDLElement):

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from kdeval.storage.models import Attempt, Cell, Run, as_utc
+from kdeval.storage.tables import Attempt, Cell, Run, as_utc
 
 
 def to_jsonable(view: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:

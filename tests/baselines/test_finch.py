@@ -6,7 +6,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.finch import Finch
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.zoo import load_model
 
@@ -104,7 +104,7 @@ def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
     """Query-aware the window ends the question; query-agnostic it ends the context and the question is fed
     after the eviction, on top of N (at RoPE positions from N on, the kept keys re-rotated)."""
     from kdeval.evals.benchmarks.registry import get_task
-    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.task_run.runner import build_prompts, run_task
     from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = load_model("random:llama-tiny")

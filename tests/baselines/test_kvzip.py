@@ -10,7 +10,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kdeval.baselines import describe, get_policy
 from kdeval.baselines.kvzip import UNSCORED, KVzip
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.zoo import load_model
 from kdeval.keydiff.attention.repeat_prompt import FIRST, LATER, RepeatPrompt
@@ -189,7 +189,7 @@ def test_a_batch_equals_each_request_alone():
 @pytest.mark.parametrize("compress", ["prompt", "context"])
 def test_rows_count_the_extra_forward_tokens_under_both_protocols(compress):
     from kdeval.evals.benchmarks.registry import get_task
-    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.task_run.runner import build_prompts, run_task
     from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = load_model("random:llama-tiny")
@@ -252,8 +252,8 @@ def test_a_group_of_cells_gives_each_cell_its_alone_rows():
     """run_group: kvzip cells replay the prompt forward other cells recorded, run their own repeat pass, and decode
     (``decode: keep``) in batches with other cells; their rows are their alone rows, extra tokens included."""
     from kdeval.evals.benchmarks.registry import get_task
-    from kdeval.evals.run.group_run import run_group
-    from kdeval.evals.run.runner import model_prompts, run_task
+    from kdeval.evals.task_run.group_run import run_group
+    from kdeval.evals.task_run.runner import model_prompts, run_task
 
     lm = load_model("random:llama-tiny")
     task = get_task("needle", lengths=[600], depths=[20, 60, 80], haystack="noise")

@@ -9,7 +9,7 @@ import torch
 
 from kdeval.baselines import get_policy
 from kdeval.baselines.merging import Merging, merge_values
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
 from kdeval.keydiff.quant.store import QuantizedStore
 from kdeval.keydiff.policy.interface import Freed, ScoreContext
@@ -209,7 +209,7 @@ def assert_runner_holds_the_budget(name, compress):
     """``name`` through the runner on phonebook (N=64, B=32): each row keeps N (and the question under
     ``compress: context``) and decodes its 4 tokens."""
     from kdeval.evals.benchmarks.registry import get_task
-    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.task_run.runner import build_prompts, run_task
     from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = tiny("random:llama-tiny")

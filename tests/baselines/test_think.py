@@ -8,7 +8,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kdeval.baselines import describe, get_policy
 from kdeval.baselines.think import ThinK, channel_scores, lowest_channels
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.keydiff import Engine, EngineConfig
 
 from ..keydiff.helpers import kept_positions, make_engine, prompt, tiny
@@ -161,7 +161,7 @@ def test_a_ragged_batch_edits_each_row_as_alone():
 @pytest.mark.parametrize("compress", ["prompt", "context"])
 def test_both_protocols_run_through_the_runner_and_hold_the_budget(compress):
     from kdeval.evals.benchmarks.registry import get_task
-    from kdeval.evals.run.runner import build_prompts, run_task
+    from kdeval.evals.task_run.runner import build_prompts, run_task
     from kdeval.evals.tasks.prompting import PromptBuilder
 
     lm = tiny("random:llama-tiny")

@@ -17,7 +17,7 @@ from kdeval.cluster.stub import StubWorkload
 from kdeval.cluster.worker import CellWorker
 from kdeval.cluster.workload import CellTask
 from kdeval.storage import CellRecord, RunIndex, migrate, write_cell_rows
-from kdeval.storage.models import Base
+from kdeval.storage.tables import Base
 
 KEYS = {"kdeval_version", "source_hash", "torch", "transformers", "cuda", "device", "dtype",
         "attn_implementation", "host", "python"}

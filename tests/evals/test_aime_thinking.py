@@ -7,7 +7,7 @@ import pytest
 from kdeval.evals.benchmarks.aime2025 import Aime2025Task
 from kdeval.evals.benchmarks.math500 import REASONING_MAX_NEW_TOKENS
 from kdeval.evals.benchmarks.registry import get_scorer, get_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import DataNotFoundError, EvalError, Sample
 from kdeval.evals.tasks.thinking import scored_text, strip_thinking, thinking_markers
 
@@ -81,7 +81,7 @@ def test_markers_come_from_the_tokenizer():
 
 
 def test_row_scores_the_stripped_answer_and_keeps_the_raw_prediction():
-    from kdeval.evals.run.rows import result_row
+    from kdeval.evals.task_run.rows import result_row
     from kdeval.evals.tasks.prompting import BuiltPrompt
 
     task = get_scorer("math500")
@@ -99,7 +99,7 @@ def test_row_scores_the_stripped_answer_and_keeps_the_raw_prediction():
 
 
 def test_run_task_with_thinking_strip_adds_the_answer_column(fixtures_dir):
-    from kdeval.evals.run.runner import run_task
+    from kdeval.evals.task_run.runner import run_task
     from kdeval.zoo.loading import load_model
 
     tiny = load_model("random:llama-tiny")

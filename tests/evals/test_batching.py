@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.runner import run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import EvalError
 
 #: what depends on the batch: wall-clock times, the process memory and the K/V buffers allocated for the batch
@@ -94,7 +94,7 @@ def test_smollm2_batched_tokens_and_kept_sets(smollm2, data_dir):
     import torch
 
     from kdeval.baselines import get_policy
-    from kdeval.evals.run.runner import model_prompts
+    from kdeval.evals.task_run.runner import model_prompts
     from kdeval.keydiff import Engine, EngineConfig
 
     task = get_task("needle", lengths=[512], depths=[10, 40, 70, 100], data_dir=str(data_dir))

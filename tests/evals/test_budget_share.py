@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.budget import (BUDGET_EXPECTED, budget_order, budget_share, budget_tokens, parse_budget,
+from kdeval.evals.task_run.budget import (BUDGET_EXPECTED, budget_order, budget_share, budget_tokens, parse_budget,
                                  resolve_budget)
-from kdeval.evals.run.runner import model_prompts, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import model_prompts, run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import EvalError
 
 #: what depends on the batch or the clock

@@ -1,4 +1,4 @@
-"""Conversations on one compressed context (kdeval/evals/run/conversation.py): a one-turn conversation is today's
+"""Conversations on one compressed context (kdeval/evals/task_run/conversation.py): a one-turn conversation is today's
 single-question run, a multi-request turn is its question asked alone, the full cache's turn t is one pass over
 the whole conversation, and a turn's rows are the same batched or alone and shared or alone."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.group_run import run_group
-from kdeval.evals.run.runner import build_prompts, run_task
-from kdeval.evals.run.settings import Conversation, RunSettings
+from kdeval.evals.task_run.group_run import run_group
+from kdeval.evals.task_run.runner import build_prompts, run_task
+from kdeval.evals.task_run.settings import Conversation, RunSettings
 from kdeval.evals.tasks.base import EvalError, Task
 from kdeval.evals.tasks.prompting import PromptBuilder
 
@@ -163,7 +163,7 @@ def test_each_turn_generates_its_own_length(lively, fixtures_dir, mode, batch):
 def test_a_conversation_longer_than_the_context_is_refused_before_it_runs(lively):
     """The check counts exactly what the turns feed: the last turn's prompt tokens plus its new tokens fit a
     context of that size and not one token less."""
-    from kdeval.evals.run.conversation import TurnFrame, check_fits
+    from kdeval.evals.task_run.conversation import TurnFrame, check_fits
     from kdeval.evals.tasks.base import ContextTooLongError
     from kdeval.zoo.loading import load_model
 

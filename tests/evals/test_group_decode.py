@@ -1,12 +1,12 @@
-"""Cells decoded together (kdeval/evals/run/group_decode.py): every registered policy's request, its prompt run alone and
+"""Cells decoded together (kdeval/evals/task_run/group_decode.py): every registered policy's request, its prompt run alone and
 its later tokens decoded in one ragged batch with the other policies' requests, gives exactly what it gives
 alone — tokens and every KV figure — under both protocols, chunked and one-shot; what cannot be batched is
 answered alone."""
 import pytest
 
 from kdeval.baselines import get_policy, policy_names
-from kdeval.evals.run.generation_jobs import GenerateJob, answer_alone
-from kdeval.evals.run.group_decode import GroupDecoder, batchable
+from kdeval.evals.task_run.generation_jobs import GenerateJob, answer_alone
+from kdeval.evals.task_run.group_decode import GroupDecoder, batchable
 
 from kdeval.zoo.loading import load_model
 

@@ -9,8 +9,8 @@ import pytest
 
 from kdeval.evals.benchmarks.instructions import InstructionsTask
 from kdeval.evals.benchmarks.registry import expand, get_task
-from kdeval.evals.run.runner import aggregate, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import aggregate, run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import DataNotFoundError, EvalError
 from kdeval.evals.tasks.prompting import PromptBuilder
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.runner import aggregate, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import aggregate, run_task
+from kdeval.evals.task_run.settings import RunSettings
 
 TASKS = [
     ("longbench2", {"limit": 2}, "accuracy"),

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.group_run import run_group
-from kdeval.evals.run.runner import model_prompts, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.group_run import run_group
+from kdeval.evals.task_run.runner import model_prompts, run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import EvalError
 
 from .test_run_group import results

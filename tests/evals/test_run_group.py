@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run import group_run
-from kdeval.evals.run.group_run import OWN_FIGURES, run_group
-from kdeval.evals.run.question_runs import context_groups
-from kdeval.evals.run.runner import model_prompts, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run import group_run
+from kdeval.evals.task_run.group_run import OWN_FIGURES, run_group
+from kdeval.evals.task_run.question_runs import context_groups
+from kdeval.evals.task_run.runner import model_prompts, run_task
+from kdeval.evals.task_run.settings import RunSettings
 
 #: what may differ between a cell run in a group and alone: its timings and how it was computed
 NOT_RESULTS = {"ttft_s", "decode_s", "peak_memory_bytes", "timing_batch", "shared_prefill_s", "kv_buffer_bytes", "execution",
@@ -162,7 +162,7 @@ def test_cells_that_keep_while_decoding_decode_together_and_give_their_alone_row
 
 
 def test_windows_end_where_batches_alone_end():
-    from kdeval.evals.run.group_run import _windows
+    from kdeval.evals.task_run.group_run import _windows
 
     assert _windows([[1], [2], [3], [4]], 2, before=1) == [[[1]], [[2], [3]], [[4]]]  # alone: [0 1] [2 3] [4]
     assert _windows([[0, 1], [2, 3], [4, 5]], 3) == [[[0, 1], [2, 3]], [[4, 5]]]  # a context is never split

@@ -8,9 +8,9 @@ import pytest
 
 from kdeval.evals import RunSettings
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.runner import run_task
-from kdeval.evals.run.settings import Conversation
-from kdeval.evals.run.stores import sharing
+from kdeval.evals.task_run.runner import run_task
+from kdeval.evals.task_run.settings import Conversation
+from kdeval.evals.task_run.stores import sharing
 from kdeval.evals.tasks.base import EvalError
 
 

@@ -7,9 +7,9 @@ import typing
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.rows import EvalRow
-from kdeval.evals.run.runner import aggregate, build_prompts, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.rows import EvalRow
+from kdeval.evals.task_run.runner import aggregate, build_prompts, run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import ContextTooLongError, EvalError
 from kdeval.evals.tasks.prompting import PromptBuilder
 

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.runner import aggregate, build_prompts, model_prompts, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import aggregate, build_prompts, model_prompts, run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import EvalError, Sample, ScoreResult, Task
 from kdeval.evals.tasks.prompting import PromptBuilder
 

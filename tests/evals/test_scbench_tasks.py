@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from kdeval.evals.benchmarks.registry import get_task
 from kdeval.evals.benchmarks.scbench.metrics import math_find, qa_f1_chars, rouge_lsum
 from kdeval.evals.benchmarks.scbench.repoqa import best_needle, repoqa_score, sanitize
-from kdeval.evals.run.runner import aggregate, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import aggregate, run_task
+from kdeval.evals.task_run.settings import RunSettings
 from kdeval.evals.tasks.base import DataNotFoundError
 
 ADD = "def add(a, b):\n    return a + b"

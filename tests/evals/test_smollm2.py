@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.runner import aggregate, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.runner import aggregate, run_task
+from kdeval.evals.task_run.settings import RunSettings
 
 
 @pytest.mark.slow

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from kdeval.evals.benchmarks.registry import get_task
-from kdeval.evals.run.chunking import WHOLE, chunk_code, chunk_text, parse_chunk, resolve_chunk
-from kdeval.evals.run.runner import model_prompts, run_task
-from kdeval.evals.run.settings import RunSettings
+from kdeval.evals.task_run.chunking import WHOLE, chunk_code, chunk_text, parse_chunk, resolve_chunk
+from kdeval.evals.task_run.runner import model_prompts, run_task
+from kdeval.evals.task_run.settings import RunSettings
 
 TIMINGS = {"ttft_s", "decode_s", "shared_prefill_s", "kv_buffer_bytes", "peak_memory_bytes", "timing_batch"}
 

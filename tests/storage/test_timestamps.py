@@ -9,7 +9,7 @@ from sqlalchemy import update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from kdeval.storage import RunIndex, age_seconds, to_jsonable
-from kdeval.storage.models import Run, UTCDateTime, as_utc
+from kdeval.storage.tables import Run, UTCDateTime, as_utc
 
 NEW_YORK_WINTER = timezone(timedelta(hours=-5))
 

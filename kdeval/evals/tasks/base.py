@@ -195,7 +195,7 @@ class Task(ABC):
     separable_question: bool = True
 
     #: True for tasks that ask several questions per context (their samples carry ``followups``): they run as
-    #: conversations (:mod:`kdeval.evals.run.conversation`), and only they do.
+    #: conversations (:mod:`kdeval.evals.task_run.conversation`), and only they do.
     multi_question: bool = False
 
     #: generation length for reasoning models (``generation: {thinking: strip}`` without a grid length), where the

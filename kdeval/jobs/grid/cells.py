@@ -28,8 +28,8 @@ from kdeval.cluster.execute import build_eval_task
 from kdeval.cluster.stub import STUB_PREFIX
 from kdeval.cluster.workload import CellTask, model_key
 from kdeval.evals import get_spec
-from kdeval.evals.run.budget import budget_share, budget_tokens
-from kdeval.evals.run.chunking import chunk_code, chunk_text
+from kdeval.evals.task_run.budget import budget_share, budget_tokens
+from kdeval.evals.task_run.chunking import chunk_code, chunk_text
 from kdeval.evals.tasks.base import EvalError
 from kdeval.evals.tasks.identity import task_data
 from kdeval.jobs.grid import fit
@@ -144,8 +144,8 @@ class CellSpec(BaseModel):
     model: ModelSpec
     policy: str
     policy_params: dict[str, Any] = {}
-    budget: int | str | None  # N tokens, a share such as "25%" (kdeval.evals.run.budget), None for ``full``
-    chunk_size: int | str  # B tokens, or "whole" (one chunk: kdeval.evals.run.chunking; the index stores 0)
+    budget: int | str | None  # N tokens, a share such as "25%" (kdeval.evals.task_run.budget), None for ``full``
+    chunk_size: int | str  # B tokens, or "whole" (one chunk: kdeval.evals.task_run.chunking; the index stores 0)
     task: TaskRef
     generation: GenerationSpec
     protocol: ProtocolSpec = ProtocolSpec()

@@ -10,7 +10,7 @@ from kdeval.cluster import catalog
 from kdeval.cluster.execute import GRID_OWNED_TASK_PARAMS
 from kdeval.cluster.stub import stub_seconds
 from kdeval.evals.benchmarks import registry as task_registry
-from kdeval.evals.run.budget import is_share, resolve_budget
+from kdeval.evals.task_run.budget import is_share, resolve_budget
 from kdeval.jobs.grid.errors import GridIssue
 from kdeval.names import RANDOM_PREFIX, suggest  # the built-in tiny random models (``stub:<s>``: see :func:`stub_seconds`)
 
@@ -56,7 +56,7 @@ def check_budgets(index: int, name: str, params: dict[str, Any], budgets: list[i
     """Issues for token budgets smaller than what ``policies[index]`` always keeps (sink and recent tokens).
 
     A share (``"25%"``) resolves per sample once its prompt is tokenized: the runner fails the cell, naming
-    the sample, when a sample's N is below that minimum (``kdeval.evals.run.budget.budget_groups``);
+    the sample, when a sample's N is below that minimum (``kdeval.evals.task_run.budget.budget_groups``);
     :func:`share_budget_notes` warns at submit when a task's target length already says so."""
     issues = []
     for budget in budgets:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from kdeval.evals.run.budget import budget_share, budget_tokens
-from kdeval.evals.run.chunking import chunk_code
+from kdeval.evals.task_run.budget import budget_share, budget_tokens
+from kdeval.evals.task_run.chunking import chunk_code
 from kdeval.jobs.grid.cells import CellSpec
 from kdeval.storage import with_identity
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from kdeval.cluster import catalog
-from kdeval.evals.run.chunking import WHOLE
-from kdeval.evals.run.budget import is_share
+from kdeval.evals.task_run.chunking import WHOLE
+from kdeval.evals.task_run.budget import is_share
 from kdeval.jobs.grid.errors import GridIssue
 from kdeval.jobs.grid.fit import resolved_quant
 from kdeval.jobs.grid.schema import BUDGET_FREE_POLICIES, GridSpec

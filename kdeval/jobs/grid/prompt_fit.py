@@ -16,7 +16,7 @@ from typing import Iterator
 
 from kdeval.cluster import catalog
 from kdeval.cluster.execute import build_eval_task
-from kdeval.evals.run.runner import build_prompts
+from kdeval.evals.task_run.runner import build_prompts
 from kdeval.evals.tasks.base import EvalError
 from kdeval.evals.tasks.prompting import PromptBuilder
 from kdeval.jobs.grid.cells import generation_length

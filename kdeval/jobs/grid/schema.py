@@ -37,8 +37,8 @@ from pydantic import (
     AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationInfo, field_validator,
 )
 
-from kdeval.evals.run.budget import parse_budget
-from kdeval.evals.run.chunking import parse_chunk
+from kdeval.evals.task_run.budget import parse_budget
+from kdeval.evals.task_run.chunking import parse_chunk
 from kdeval.jobs.grid.quant import KVQuantEntry
 from kdeval.shown import first_hidden
 
@@ -71,10 +71,10 @@ def Name(max_length: int) -> Any:
 
 
 #: A grid budget: N tokens, or a share of each sample's prompt as its canonical text (``"25%"``; see
-#: :mod:`kdeval.evals.run.budget`), resolved per sample by the runner.
+#: :mod:`kdeval.evals.task_run.budget`), resolved per sample by the runner.
 BudgetValue = Annotated[int | str, BeforeValidator(_budget_entry)]
 
-#: A grid chunk size: B tokens (the engine's rule checks the range) or ``"whole"`` (:mod:`kdeval.evals.run.chunking`).
+#: A grid chunk size: B tokens (the engine's rule checks the range) or ``"whole"`` (:mod:`kdeval.evals.task_run.chunking`).
 ChunkValue = Annotated[int | str, BeforeValidator(parse_chunk)]
 
 #: Policies whose result does not depend on the budget (one cell serves every budget).
@@ -190,7 +190,7 @@ class ProtocolSpec(_Strict):
 
 
 class ConversationSpec(_Strict):
-    """How a task with several questions per context asks them (``kdeval.evals.run.conversation``; part of its cells'
+    """How a task with several questions per context asks them (``kdeval.evals.task_run.conversation``; part of its cells'
     identity). ``mode``: ``multi-turn`` (SCBench's protocol: the context compressed once, then each turn's
     question fed to the cache the earlier turns left, after the previous answer) or ``multi-request`` (every
     question from the same compressed context, the cache not updated). ``answers``: what a multi-turn turn

@@ -27,8 +27,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from kdeval.evals.run.budget import is_share, kvpress_ratio
-from kdeval.evals.run.chunking import is_whole
+from kdeval.evals.task_run.budget import is_share, kvpress_ratio
+from kdeval.evals.task_run.chunking import is_whole
 from kdeval.jobs.interop import kvpress_format as kv
 
 

@@ -36,8 +36,8 @@ import pandas as pd
 import yaml
 
 from kdeval.evals.benchmarks.ruler.kvpress_set import sample_id
-from kdeval.evals.run.budget import budget_share, budget_tokens, parse_budget
-from kdeval.evals.run.chunking import WHOLE, chunk_code
+from kdeval.evals.task_run.budget import budget_share, budget_tokens, parse_budget
+from kdeval.evals.task_run.chunking import WHOLE, chunk_code
 from kdeval.jobs.grid.cells import TaskRef
 from kdeval.jobs.interop import kvpress_format as kv
 from kdeval.jobs.run.recovery import imported_metadata, remove_manifest, write_manifest

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.reports import MetricRow
 from kdeval.jobs.reports.samples import LoadedCell, benchmark_of
 

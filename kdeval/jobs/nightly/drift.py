@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.reports.samples import LoadedCell
 from kdeval.jobs.reports.stats import Interval, paired_bootstrap
 

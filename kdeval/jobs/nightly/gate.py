@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.nightly.drift import DriftFinding
 from kdeval.jobs.nightly.spec import NightlySpec, TrackedMetric
 from kdeval.jobs.nightly.speed import SpeedFinding

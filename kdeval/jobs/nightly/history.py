@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kdeval.jobs.nightly.history_page import write_history_page
-from kdeval.jobs.reports.render.leaderboard_output import PAGE as LEADERBOARD_PAGE
+from kdeval.jobs.reports.leaderboard.output import PAGE as LEADERBOARD_PAGE
 from kdeval.jobs.nightly.spec import NightlyFile, NightlySpec
 from kdeval.jobs.run.drivers import driver_alive
 from kdeval.storage import RunIndex, RunState

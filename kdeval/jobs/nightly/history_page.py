@@ -20,7 +20,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.nightly.attribution import night_changes
 from kdeval.jobs.reports.render.figure_text import literal_text
 

@@ -1,14 +1,14 @@
 """The leaderboard a nightly keeps beside its history page: every done cell of the index for the nightly grid's
-models and tasks, from any run (:mod:`kdeval.jobs.reports.leaderboard`), rewritten every night as
+models and tasks, from any run (:mod:`kdeval.jobs.reports.leaderboard.build`), rewritten every night as
 ``<report_dir>/leaderboard.html``; the history page links to it."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from kdeval.jobs.nightly.spec import NightlyFile
-from kdeval.jobs.reports.leaderboard import LeaderboardOptions, build_leaderboard
-from kdeval.jobs.reports.leaderboard_cells import Filters, LeaderboardInputError
-from kdeval.jobs.reports.render.leaderboard_output import PAGE, write_files
+from kdeval.jobs.reports.leaderboard.build import LeaderboardOptions, build_leaderboard
+from kdeval.jobs.reports.leaderboard.cells import Filters, LeaderboardInputError
+from kdeval.jobs.reports.leaderboard.output import PAGE, write_files
 from kdeval.storage import RunIndex
 
 __all__ = ["PAGE", "write_leaderboard"]

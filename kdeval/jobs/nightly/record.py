@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.reports import Report
 from kdeval.storage import RunIndex
 

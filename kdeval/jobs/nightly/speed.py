@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.reports import PerfRow, Report
 
 

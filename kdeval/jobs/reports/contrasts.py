@@ -16,8 +16,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from kdeval.evals.run.budget import budget_order
-from kdeval.evals.run.chunking import chunk_text, is_whole
+from kdeval.evals.task_run.budget import budget_order
+from kdeval.evals.task_run.chunking import chunk_text, is_whole
 from kdeval.jobs.grid.cells import policy_label, store_label
 from kdeval.jobs.grid.schema import COMPRESS_NAMES
 from kdeval.jobs.reports.report_rows import ContrastRow, State, stored

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from kdeval.evals.run.budget import budget_order
+from kdeval.evals.task_run.budget import budget_order
 from kdeval.jobs.reports.report_rows import FrontierRow, State, stored
 from kdeval.jobs.reports.samples import LoadedCell, Samples, paired_delta
 

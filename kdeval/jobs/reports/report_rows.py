@@ -24,7 +24,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kdeval.evals.run.budget import Budget, parse_budget
+from kdeval.evals.task_run.budget import Budget, parse_budget
 
 
 def stored(value: Any) -> float | int | None:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kdeval.evals.run.budget import Budget, budget_order
+from kdeval.evals.task_run.budget import Budget, budget_order
 from kdeval.jobs.grid.cells import conversation_tag, policy_label, protocol_tag
 from kdeval.jobs.reports.stats import Interval, paired_bootstrap
 from kdeval.storage import CELL_ID_COLUMN, CellState, CellView, RunIndex, read_cell_table, verify_cell_file
@@ -30,7 +30,7 @@ Config = tuple[str, str, Budget, int]
 
 
 def config_order(config: Config) -> tuple:
-    """Sort key of a :data:`Config`: budgets by :func:`kdeval.evals.run.budget.budget_order` (no budget, then
+    """Sort key of a :data:`Config`: budgets by :func:`kdeval.evals.task_run.budget.budget_order` (no budget, then
     tokens, then shares of the prompt)."""
     model, policy, budget, chunk = config
     return (model, policy, budget_order(budget), chunk)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.grid.schema import COMPRESS_NAMES
 from kdeval.jobs.reports.contrasts import _decode_note, base_policy, group_cells, key_order, protocol_of
 from kdeval.jobs.reports.report_rows import ContrastRow, State, TurnRow, stored

@@ -45,7 +45,7 @@ def _meta(row: dict[str, Any]) -> dict[str, Any]:
 
 def rescore_run(index: RunIndex, run_id: str) -> RescoreReport:
     """Rescore every done cell of ``run_id``; returns counts (cells, rows, changed scores, skipped)."""
-    from kdeval.evals.run.runner import aggregate  # imports torch: only when rescoring
+    from kdeval.evals.task_run.runner import aggregate  # imports torch: only when rescoring
 
     report = RescoreReport()
     for cell in index.run_cells(run_id, states=[CellState.DONE]):

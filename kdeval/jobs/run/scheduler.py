@@ -59,7 +59,7 @@ from ray import exceptions as rex
 from kdeval.cluster.raysetup import WorkerResources, missing_resources
 from kdeval.cluster.worker import worker_actor_class
 from kdeval.cluster.workload import CellOutcome, Workload
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.grid.cells import CellSpec, policy_label, protocol_tag
 from kdeval.jobs.run.affinity import WorkerSlot, pick_model
 from kdeval.jobs.run.group_probe import GroupProbes

@@ -135,7 +135,7 @@ def test_task_and_generation_errors(text, expected):
 def test_every_grid_engine_option_is_one_the_worker_takes():
     """A grid's ``engine:`` options reach ``RunSettings(engine=...)`` on a worker, which refuses unknown ones: a
     field here that EngineConfig lacks would pass validation and fail every cell."""
-    from kdeval.evals.run.settings import engine_options
+    from kdeval.evals.task_run.settings import engine_options
     from kdeval.jobs.grid.schema import EngineSpec
 
     assert set(EngineSpec.model_fields) <= set(engine_options())

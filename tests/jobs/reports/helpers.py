@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kdeval.evals.run.budget import budget_share, budget_tokens
+from kdeval.evals.task_run.budget import budget_share, budget_tokens
 from kdeval.jobs.grid.cells import TaskRef
 from kdeval.storage import AttemptState, CellRecord, RunIndex, RunState, write_cell_rows
 

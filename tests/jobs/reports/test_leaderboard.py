@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kdeval.jobs.reports.leaderboard import LeaderboardOptions, build_leaderboard
-from kdeval.jobs.reports.leaderboard_cells import Filters, LeaderboardInputError
+from kdeval.jobs.reports.leaderboard.build import LeaderboardOptions, build_leaderboard
+from kdeval.jobs.reports.leaderboard.cells import Filters, LeaderboardInputError
 from kdeval.storage import RunState
 from tests.jobs.reports.helpers import FakeCell, provenance, rows, store_run
 
@@ -127,7 +127,7 @@ def test_empty_index_and_running_run_are_bad_input(store, monkeypatch):
         build_leaderboard(idx, Filters(), OPT)
     store_run(idx, res, "r1", [FakeCell("full", None, rows=rows([1.0])), FakeCell("keydiff", 64, pending=True)],
               state=RunState.RUNNING)
-    monkeypatch.setattr("kdeval.jobs.reports.leaderboard_cells.driver_alive", lambda run: run.id == "r1")
+    monkeypatch.setattr("kdeval.jobs.reports.leaderboard.cells.driver_alive", lambda run: run.id == "r1")
     with pytest.raises(LeaderboardInputError, match="r1 is still in progress .1 of 2 cells done"):
         build_leaderboard(idx, Filters(runs=("r1",)), OPT)
     board = build_leaderboard(idx, Filters(), OPT)  # without --run: its done cells, said so

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from kdeval.jobs.reports.leaderboard import LeaderboardOptions, build_leaderboard
-from kdeval.jobs.reports.leaderboard_cells import Filters
-from kdeval.jobs.reports.render.leaderboard_html import render_page
+from kdeval.jobs.reports.leaderboard.build import LeaderboardOptions, build_leaderboard
+from kdeval.jobs.reports.leaderboard.cells import Filters
+from kdeval.jobs.reports.leaderboard.html import render_page
 from tests.jobs.reports.helpers import FakeCell, rows, store_run
 from tests.jobs.reports.test_html_browser import CHROMIUM, _chromium
 

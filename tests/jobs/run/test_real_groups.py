@@ -5,12 +5,12 @@ one by one, and a group of one.
 
 The first grids run at batch 1, where every figure but timings is the same; the last leaves the batch size unset
 (chunked cells fork then batch at the worker's default), where a row's ``kv_cache_bytes`` and ``peak_kv_bytes``
-are its share of its batch's buffers (:func:`kdeval.evals.run.runner.run_task`) and its batch is not always alone's."""
+are its share of its batch's buffers (:func:`kdeval.evals.task_run.runner.run_task`) and its batch is not always alone's."""
 from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("kdeval.evals.run.runner")
+pytest.importorskip("kdeval.evals.task_run.runner")
 
 from kdeval.jobs.run import service  # noqa: E402
 from tests.support.helpers import HOW_COMPUTED, cell_rows, new_run  # noqa: E402

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("kdeval.evals.run.runner")
+pytest.importorskip("kdeval.evals.task_run.runner")
 
 from typer.testing import CliRunner  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("kdeval.evals.run.runner")
+pytest.importorskip("kdeval.evals.task_run.runner")
 
 from kdeval.jobs.run import service  # noqa: E402
 

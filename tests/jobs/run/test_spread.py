@@ -123,7 +123,7 @@ resources: {{workers: {workers}, cpus_per_worker: 0.5}}
 
 
 def test_real_rows_on_1_and_3_workers_are_equal(local_ray, paths):
-    pytest.importorskip("kdeval.evals.run.runner")
+    pytest.importorskip("kdeval.evals.task_run.runner")
     rows = {}
     for workers in (1, 3):
         where = paths["tmp"] / f"w{workers}"

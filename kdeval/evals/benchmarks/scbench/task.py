@@ -15,7 +15,7 @@ Data: ``<data dir>/scbench/scbench_<task>.jsonl``, SCBench's format: one JSON ob
 
 An ``id`` when present names the sample. Each line is a sample whose turns are its questions
 (``Task.multi_question``): they run as conversations (multi-turn or multi-request,
-:mod:`kdeval.evals.run.conversation`).
+:mod:`kdeval.evals.task_run.conversation`).
 
 Offline: SCBench publishes the files as the hub dataset ``microsoft/SCBench``, folder ``data/``, one file per
 task: ``scbench_kv.jsonl``, ``scbench_prefix_suffix.jsonl``, ``scbench_vt.jsonl``, ``scbench_passkey.jsonl``,

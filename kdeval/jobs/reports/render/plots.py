@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kdeval.evals.run.budget import Budget, budget_order, is_share, share_fraction
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.budget import Budget, budget_order, is_share, share_fraction
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.reports.report_rows import FULL, MetricRow, Report
 from kdeval.jobs.reports.render.views import budget_per, headline_rows, windowed_note
 from kdeval.jobs.reports.samples import task_of_label

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from matplotlib.figure import Figure
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.reports.report_rows import FULL, Report, TurnRow
 from kdeval.jobs.reports.render.plots import Plot, _png, _slug, _style
 from kdeval.jobs.reports.render.figure_text import literal_text

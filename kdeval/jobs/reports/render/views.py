@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from kdeval.evals.run.budget import Budget, budget_order
-from kdeval.evals.run.chunking import chunk_text, is_whole
+from kdeval.evals.task_run.budget import Budget, budget_order
+from kdeval.evals.task_run.chunking import chunk_text, is_whole
 from kdeval.jobs.reports.report_rows import FULL, CellRow, MetricRow, PerfRow, Report, State, memory_label
 from kdeval.jobs.reports.provenance import COMBINATION_KEYS, cell_label, combinations
 from kdeval.jobs.reports.render.layout import Column, TableView

@@ -14,10 +14,10 @@ from collections import defaultdict
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from kdeval.evals.run.budget import is_share
-from kdeval.jobs.reports.leaderboard import LeaderboardRow
+from kdeval.evals.task_run.budget import is_share
+from kdeval.jobs.reports.leaderboard.build import LeaderboardRow
 from kdeval.jobs.reports.report_rows import FULL, State
-from kdeval.jobs.reports.render.leaderboard_views import short_code
+from kdeval.jobs.reports.leaderboard.views import short_code
 from kdeval.jobs.reports.render.plots import _png, _style
 from kdeval.jobs.reports.render.figure_text import literal_text
 

@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import torch
 
-from kdeval.evals.run.rows import result_row
-from kdeval.evals.run.settings import Conversation
-from kdeval.evals.run.stores import Stores, sharing
+from kdeval.evals.task_run.rows import result_row
+from kdeval.evals.task_run.settings import Conversation
+from kdeval.evals.task_run.stores import Stores, sharing
 from kdeval.evals.tasks.base import ContextTooLongError, EvalError, Sample, Task
 from kdeval.evals.tasks.prompting import BuiltPrompt, PromptBuilder
 

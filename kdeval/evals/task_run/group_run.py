@@ -1,6 +1,6 @@
 """Running several cells of one task on the same samples as a group: the prompt steps they compute alike are
 computed once (:mod:`kdeval.keydiff.step.shared`), their decoding batched where they do not evict while decoding
-(:mod:`kdeval.evals.run.group_decode`), and every cell's rows are what :func:`~kdeval.evals.run.runner.run_task`
+(:mod:`kdeval.evals.task_run.group_decode`), and every cell's rows are what :func:`~kdeval.evals.task_run.runner.run_task`
 gives it alone (timings aside)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Mapping, Sequence
 
-from kdeval.evals.run.budget import budget_groups
-from kdeval.evals.run.chunking import WHOLE, resolve_chunk
-from kdeval.evals.run.group_decode import BATCHED_FIGURES, GroupDecoder
-from kdeval.evals.run.question_runs import context_groups
-from kdeval.evals.run.runner import run_task
-from kdeval.evals.run.settings import RunSettings, resolve_conversation
+from kdeval.evals.task_run.budget import budget_groups
+from kdeval.evals.task_run.chunking import WHOLE, resolve_chunk
+from kdeval.evals.task_run.group_decode import BATCHED_FIGURES, GroupDecoder
+from kdeval.evals.task_run.question_runs import context_groups
+from kdeval.evals.task_run.runner import run_task
+from kdeval.evals.task_run.settings import RunSettings, resolve_conversation
 from kdeval.evals.tasks.base import Sample, Task
 from kdeval.evals.tasks.prompting import BuiltPrompt
 
@@ -41,17 +41,17 @@ def run_group(lm: Any, task: Task, members: Sequence[RunSettings],
               on_samples: Callable[[int, int], None] | None = None,
               on_rows: Callable[[int, list[dict[str, Any]], float], None] | None = None) -> list[MemberResult]:
     """Run several cells of one task on the same samples, computing once the prompt steps they compute alike
-    (:mod:`kdeval.keydiff.step.shared`): ``members[i]`` are the :class:`~kdeval.evals.run.settings.RunSettings` of cell
+    (:mod:`kdeval.keydiff.step.shared`): ``members[i]`` are the :class:`~kdeval.evals.task_run.settings.RunSettings` of cell
     ``i``. Returns one :class:`MemberResult` per member, in order, with the rows each cell gives run alone.
 
     A member's ``batch_size`` None is chosen here: ``batch_size`` for a chunked member of a task with one question
     per context, else 1. Members at batch 1 run one context group at a time (consecutive samples on one context:
-    :func:`~kdeval.evals.run.question_runs.context_groups`), every member on it before the next. Members in batches
+    :func:`~kdeval.evals.task_run.question_runs.context_groups`), every member on it before the next. Members in batches
     run a window of context groups at a time (as many samples as the largest batch): the first member records the
     window's trunks as rows of one batch (``Engine.record_shared``), each sample's steps up to the member's fork
     are replayed from (or what is left recorded in) its context's store at batch 1, the rest of its prompt
     and its decoding run in the member's batches (fork-then-batch:
-    :func:`~kdeval.evals.run.question_runs.run_batched`). The steps held are those of the window's prompts, per
+    :func:`~kdeval.evals.task_run.question_runs.run_batched`). The steps held are those of the window's prompts, per
     prompt at most the members' largest budget plus a chunk (a batch alone holds as many caches of that size).
     ``time_first``: the first context group runs every member alone, so each cell has samples timed on their
     own; rows say ``execution="alone"`` or ``"shared"``, and shared rows carry no TTFT (a replayed step costs the
@@ -63,7 +63,7 @@ def run_group(lm: Any, task: Task, members: Sequence[RunSettings],
     member neither replayed nor recorded says ``"alone"``.
 
     After the first group, members at batch 1 that do not evict while decoding (``decode="keep"``) decode their
-    tokens after the first in batches with each other (:mod:`kdeval.evals.run.group_decode`): such rows say
+    tokens after the first in batches with each other (:mod:`kdeval.evals.task_run.group_decode`): such rows say
     ``"shared"`` and have no ``decode_s`` of their own either.
 
     ``on_samples(i, n)``: member ``i`` has finished ``n`` more samples (a member running alone on all samples,

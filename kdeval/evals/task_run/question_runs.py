@@ -1,7 +1,7 @@
 """One question per sample through the engine: one sample at a time (batch 1) or in batches, in order, on
 one engine; consecutive questions on one context share its compressed prefill (:func:`context_groups`).
-These are :func:`kdeval.evals.run.runner.run_task`'s loops for tasks with one question per context
-(:mod:`kdeval.evals.run.conversation` runs the others)."""
+These are :func:`kdeval.evals.task_run.runner.run_task`'s loops for tasks with one question per context
+(:mod:`kdeval.evals.task_run.conversation` runs the others)."""
 from __future__ import annotations
 
 import time
@@ -10,10 +10,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from kdeval.evals.run.generation_jobs import GenerateJob, JobLoop
-from kdeval.evals.run.rows import result_row
-from kdeval.evals.run.settings import protected_tokens
-from kdeval.evals.run.stores import Stores, sharing
+from kdeval.evals.task_run.generation_jobs import GenerateJob, JobLoop
+from kdeval.evals.task_run.rows import result_row
+from kdeval.evals.task_run.settings import protected_tokens
+from kdeval.evals.task_run.stores import Stores, sharing
 from kdeval.evals.tasks.base import Sample, Task
 from kdeval.evals.tasks.prompting import BuiltPrompt, PromptBuilder
 
@@ -28,13 +28,13 @@ def run_each(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence[Bu
               builder: PromptBuilder, share_context: bool, compress: str, decode_evict: bool, eos: Any,
               device: Any, weight_bytes: int, strip: tuple[str, str] | None,
               stores: Stores | None = None) -> JobLoop[list[dict[str, Any]]]:
-    """:func:`~kdeval.evals.run.runner.run_task`'s loop one sample at a time (batch 1), in order, on one engine: a
-    generator that yields each sample's :class:`~kdeval.evals.run.generation_jobs.GenerateJob` and is sent its
-    result (:func:`~kdeval.evals.run.generation_jobs.answer_alone` answers them one by one); returns the rows.
-    ``stores``: each sample's id to the store of its context (:mod:`kdeval.evals.run.stores`), whose steps the
+    """:func:`~kdeval.evals.task_run.runner.run_task`'s loop one sample at a time (batch 1), in order, on one engine: a
+    generator that yields each sample's :class:`~kdeval.evals.task_run.generation_jobs.GenerateJob` and is sent its
+    result (:func:`~kdeval.evals.task_run.generation_jobs.answer_alone` answers them one by one); returns the rows.
+    ``stores``: each sample's id to the store of its context (:mod:`kdeval.evals.task_run.stores`), whose steps the
     engine replays or records while it runs that context's samples. ``compress``: the protocol's
-    (:data:`~kdeval.evals.run.settings.COMPRESS`), which says what each call protects
-    (:func:`~kdeval.evals.run.settings.protected_tokens`)."""
+    (:data:`~kdeval.evals.task_run.settings.COMPRESS`), which says what each call protects
+    (:func:`~kdeval.evals.task_run.settings.protected_tokens`)."""
     rows: list[dict[str, Any]] = []
     scratch = None  # the fork each shared-context question continues from, reused (with its CUDA graphs)
     for group in context_groups(built):
@@ -94,12 +94,12 @@ def run_batched(eng: Any, task: Task, samples: Sequence[Sample], built: Sequence
                  builder: PromptBuilder, batch_size: int, share_context: bool, compress: str,
                  decode_evict: bool, eos: Any, device: Any, weight_bytes: int, strip: tuple[str, str] | None,
                  stores: Stores | None = None) -> list[dict[str, Any]]:
-    """:func:`~kdeval.evals.run.runner.run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is
+    """:func:`~kdeval.evals.task_run.runner.run_task`'s loop ``batch_size`` samples at a time, in order. A shared context is
     prefilled once; its questions are rows continuing from that state (read, not forked) and it goes back to the
     engine once the last of them has run.
 
     ``stores``: sample id -> the :class:`~kdeval.keydiff.step.shared.SharedSteps` of its context, filled by the other
-    cells of a group (:func:`kdeval.evals.run.group_run.run_group`). A shared context is then prefilled through its
+    cells of a group (:func:`kdeval.evals.task_run.group_run.run_group`). A shared context is then prefilled through its
     store; the samples of their own have their trunks recorded there ``batch_size`` at a time
     (:func:`_record_trunks`) unless another cell did, then each replays (or records what is left of) its prompt
     steps there up to this cell's fork (``Engine.prefill_shared``, at batch 1) and the rest of its prompt runs in

@@ -2,8 +2,8 @@
 :class:`GenerateJob` and is sent back its :class:`~kdeval.keydiff.loop.state.GenerationResult`.
 
 A cell run on its own answers every job at once with its own ``Engine.generate`` (:func:`answer_alone`); a group
-of cells (:func:`kdeval.evals.run.group_run.run_group`) may collect the jobs of several cells first and decode them
-together (:mod:`kdeval.evals.run.group_decode`). The loop is the same code either way, so a cell's rows are built
+of cells (:func:`kdeval.evals.task_run.group_run.run_group`) may collect the jobs of several cells first and decode them
+together (:mod:`kdeval.evals.task_run.group_decode`). The loop is the same code either way, so a cell's rows are built
 the same way whoever answered its jobs.
 """
 from __future__ import annotations

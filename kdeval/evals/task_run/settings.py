@@ -1,4 +1,4 @@
-"""A cell's run settings as one value: what :func:`~kdeval.evals.run.runner.run_task` runs a task with.
+"""A cell's run settings as one value: what :func:`~kdeval.evals.task_run.runner.run_task` runs a task with.
 
     settings = RunSettings(policy="keydiff", budget=256, chunk_size=64, compress="context")
     rows = run_task(lm, task, settings)
@@ -18,8 +18,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kdeval.evals.run.budget import Budget
-from kdeval.evals.run.chunking import ChunkSize
+from kdeval.evals.task_run.budget import Budget
+from kdeval.evals.task_run.chunking import ChunkSize
 from kdeval.evals.tasks.base import EvalError, Task, check_choice, check_positive
 from kdeval.evals.tasks.thinking import THINKING_MODES
 
@@ -45,7 +45,7 @@ def engine_options() -> tuple[str, ...]:
     ``cuda_graphs``.
 
     Lazy: the engine's settings are read where grids are validated, and the run side is also imported for
-    :func:`~kdeval.evals.run.runner.aggregate` alone.
+    :func:`~kdeval.evals.task_run.runner.aggregate` alone.
     """
     from kdeval.keydiff.config import EngineConfig
 
@@ -55,7 +55,7 @@ def engine_options() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Conversation:
     """How a task's several questions per context run (part of a cell's identity;
-    :mod:`kdeval.evals.run.conversation` runs them)."""
+    :mod:`kdeval.evals.task_run.conversation` runs them)."""
 
     mode: str = "multi-turn"
     answers: str = "golden"
@@ -103,9 +103,9 @@ class RunSettings:
         policy: a policy name for ``kdeval.baselines.get_policy`` or a policy object.
         policy_params: parameters for a policy given by name.
         budget: KV budget: N tokens, a share of each sample's prompt such as ``"25%"`` (resolved per sample,
-            :mod:`kdeval.evals.run.budget`; rows record the N in ``resolved_budget``), or None (no eviction).
+            :mod:`kdeval.evals.task_run.budget`; rows record the N in ``resolved_budget``), or None (no eviction).
         chunk_size: prefill chunk size B, or ``"whole"``: one chunk per sample holding all that is compressed
-            (:mod:`kdeval.evals.run.chunking`; rows record the B in ``resolved_chunk``).
+            (:mod:`kdeval.evals.task_run.chunking`; rows record the B in ``resolved_chunk``).
         compress: ``"prompt"`` (every chunk of the whole prompt is evicted to the budget), ``"context"``
             (the context is; the question is then fed without eviction and never evicted: the cache holds the
             budget plus the question) or ``"generated"`` (the whole prompt is fed without eviction and never
@@ -121,7 +121,7 @@ class RunSettings:
             graphs); the rows are the same as with 1 (tokens and kept sets; timings and memory are the
             batch's, ``kv_buffer_bytes`` too; ``peak_kv_bytes`` the row's own tokens', as at batch 1). A shared
             context is still prefilled once, at batch 1, and its questions are rows continuing from it. None:
-            chosen by :func:`~kdeval.evals.run.group_run.run_group` (``run_task`` needs a number).
+            chosen by :func:`~kdeval.evals.task_run.group_run.run_group` (``run_task`` needs a number).
         thinking: ``"keep"`` (score the whole generation) or ``"strip"`` (score what follows the thinking block,
             markers from the tokenizer; :mod:`kdeval.evals.tasks.thinking`): rows keep the raw ``prediction``
             and add the scored ``answer``.

@@ -24,8 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kdeval.evals.run.budget import Budget, budget_order
-from kdeval.jobs.reports.leaderboard_cells import (Filters, Gathered, gather, is_reference, kv_quant_label,
+from kdeval.evals.task_run.budget import Budget, budget_order
+from kdeval.jobs.reports.leaderboard.cells import (Filters, Gathered, gather, is_reference, kv_quant_label,
                                                    protocol_label)
 from kdeval.jobs.reports.report_rows import State, stored
 from kdeval.jobs.reports.perf import perf_row
@@ -241,7 +241,7 @@ def build_leaderboard(index: Any, filters: Filters = Filters(),
                       options: LeaderboardOptions = LeaderboardOptions()) -> Leaderboard:
     """The leaderboard of ``index`` (a :class:`kdeval.storage.RunIndex`) for ``filters``.
 
-    Raises :class:`~kdeval.jobs.reports.leaderboard_cells.LeaderboardInputError` (a ``ValueError``) on bad
+    Raises :class:`~kdeval.jobs.reports.leaderboard.cells.LeaderboardInputError` (a ``ValueError``) on bad
     input; matching nothing is not an error (no rows)."""
     gathered = gather(index, filters, options.results_dir)
     variants = variant_notes(gathered.cells)

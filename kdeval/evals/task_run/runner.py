@@ -1,10 +1,10 @@
 """Running one task: (model, task, settings, samples) -> per-sample rows.
 
-Rows are flat dicts of JSON-able scalars and lists (:class:`kdeval.evals.run.rows.EvalRow`), ready for Parquet.
+Rows are flat dicts of JSON-able scalars and lists (:class:`kdeval.evals.task_run.rows.EvalRow`), ready for Parquet.
 Consecutive samples whose prompt prefix (the context) is identical share one prefill: the context
 is compressed once and every question continues from a fork of that state.
 
-Two protocols (:data:`~kdeval.evals.run.settings.COMPRESS`, :data:`~kdeval.evals.run.settings.DECODE`):
+Two protocols (:data:`~kdeval.evals.task_run.settings.COMPRESS`, :data:`~kdeval.evals.task_run.settings.DECODE`):
 ``compress="prompt"`` evicts after every chunk of the whole prompt (the KeyDiff paper); ``compress="context"``
 evicts while prefilling the context only, then feeds the question without eviction and never evicts it
 (kvpress). ``decode="evict"`` keeps evicting after every generated token; ``decode="keep"`` lets the cache
@@ -13,14 +13,14 @@ never evicts it; from the first generated token on, eviction chooses among the g
 budget (a share: of each sample's ``max_new_tokens``), so the cache holds the prompt plus N (plus the token a
 decode step adds).
 
-A budget is N tokens or a share of each prompt (``"25%"``, :mod:`kdeval.evals.run.budget`): a sample then keeps
+A budget is N tokens or a share of each prompt (``"25%"``, :mod:`kdeval.evals.task_run.budget`): a sample then keeps
 kvpress's ``N = int(tokens × share)``, tokens being what is compressed (the whole prompt under ``compress="prompt"``, the
 context under ``"context"``, as kvpress's ratio). Samples run on one engine per resolved N, each group in
 sample order, so a batch only holds samples of one N (and equals batch 1). A sample whose N is below what the
 policy always keeps (sinks, recent window) fails the run before anything runs: it is not raised to that
 minimum, which would make the cell something else than the share it names.
 
-A chunk size of ``"whole"`` (:mod:`kdeval.evals.run.chunking`) is one-shot compression: each sample's B is the
+A chunk size of ``"whole"`` (:mod:`kdeval.evals.task_run.chunking`) is one-shot compression: each sample's B is the
 number of tokens compressed (its prompt, or its context under ``"context"``), so the engine prefills that part
 in one chunk and evicts once; under ``"prompt"`` such samples never share a context prefill (that would evict
 after the context and again after the question).
@@ -35,13 +35,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from kdeval.evals.run.budget import budget_groups
-from kdeval.evals.run.chunking import WHOLE, ChunkSize, resolve_chunk
-from kdeval.evals.run.conversation import conversation_prompts, run_conversations
-from kdeval.evals.run.generation_jobs import JobLoop, answer_alone
-from kdeval.evals.run.question_runs import run_batched, run_each
-from kdeval.evals.run.settings import RunSettings, check_batch_size, generated_refusal, resolve_conversation
-from kdeval.evals.run.stores import Stores
+from kdeval.evals.task_run.budget import budget_groups
+from kdeval.evals.task_run.chunking import WHOLE, ChunkSize, resolve_chunk
+from kdeval.evals.task_run.conversation import conversation_prompts, run_conversations
+from kdeval.evals.task_run.generation_jobs import JobLoop, answer_alone
+from kdeval.evals.task_run.question_runs import run_batched, run_each
+from kdeval.evals.task_run.settings import RunSettings, check_batch_size, generated_refusal, resolve_conversation
+from kdeval.evals.task_run.stores import Stores
 from kdeval.evals.tasks.base import EvalError, Sample, Task, check_positive
 from kdeval.evals.tasks.prompting import BuiltPrompt, PromptBuilder
 from kdeval.evals.tasks.thinking import thinking_markers
@@ -115,27 +115,27 @@ def run_task(lm: Any, task: Task, settings: RunSettings = RunSettings(), *,
              prompts: tuple[Sequence[Sample], Sequence[BuiltPrompt]] | None = None, shared: Stores | None = None,
              as_jobs: bool = False) -> list[dict[str, Any]] | JobLoop[list[dict[str, Any]]]:
     """Run ``task`` on ``lm`` (a ``LoadedModel``) as ``settings`` say; one row per sample
-    (:class:`kdeval.evals.run.rows.EvalRow`), or per (sample, turn) for a task with several questions per context
+    (:class:`kdeval.evals.task_run.rows.EvalRow`), or per (sample, turn) for a task with several questions per context
     (then in sample then turn order, with ``turn``, ``turns``, ``question``, ``answer_fed`` and ``conversation``).
 
     Args:
         lm: the loaded model (``model``, ``tokenizer``, ``max_context``).
         task: a task from :func:`kdeval.evals.benchmarks.registry.get_task`.
-        settings: the cell's :class:`~kdeval.evals.run.settings.RunSettings` (policy, budget, chunk size,
+        settings: the cell's :class:`~kdeval.evals.task_run.settings.RunSettings` (policy, budget, chunk size,
             protocol, batch size, ...); its ``batch_size`` must be a number here.
         sample_ids / limit: run a subset (ids from :func:`build_prompts` or earlier rows).
         prompts: the samples and prompts already built for this task and ``lm`` with the same ``chat`` by
             :func:`model_prompts` (or :func:`build_prompts`), e.g. shared by runs that differ only in
             policy, budget, chunk size or engine options; ``sample_ids`` / ``limit`` still select from them.
             None: build them here.
-        shared: prompt steps shared with other cells (:func:`kdeval.evals.run.group_run.run_group`): each sample's
-            id to the store of its context (:mod:`kdeval.evals.run.stores`), at any batch size. At batch 1 a
+        shared: prompt steps shared with other cells (:func:`kdeval.evals.task_run.group_run.run_group`): each sample's
+            id to the store of its context (:mod:`kdeval.evals.task_run.stores`), at any batch size. At batch 1 a
             sample replays or records its steps there; in batches its steps up to the cell's fork come from
-            there and the rest runs in the batch (:func:`kdeval.evals.run.question_runs.run_batched`). The rows
+            there and the rest runs in the batch (:func:`kdeval.evals.task_run.question_runs.run_batched`). The rows
             are the same without it (timings aside). A task of several questions per context shares at batch 1
             only.
         as_jobs: return the run as a loop of the engine calls it makes one sample at a time
-            (:mod:`kdeval.evals.run.generation_jobs`; :func:`kdeval.evals.run.group_run.run_group` answers several
+            (:mod:`kdeval.evals.task_run.generation_jobs`; :func:`kdeval.evals.task_run.group_run.run_group` answers several
             cells' together) instead of running it; the arguments are checked first either way.
     """
     from kdeval.keydiff.engine import Engine, EngineConfig
@@ -207,7 +207,7 @@ def run_task(lm: Any, task: Task, settings: RunSettings = RunSettings(), *,
 def _chunk_groups(groups: Mapping[int | None, list[int]], chunk_size: ChunkSize, built: Sequence[BuiltPrompt],
                   context_only: bool, sizes: Sequence[int | None] = ()) -> dict[tuple[int | None, int], list[int]]:
     """The samples (indices, in order) of each (N, B) they run with: B is ``chunk_size``, or under ``"whole"``
-    each sample's compressed token count (:func:`kdeval.evals.run.chunking.resolve_chunk`; ``sizes[i]``, when
+    each sample's compressed token count (:func:`kdeval.evals.task_run.chunking.resolve_chunk`; ``sizes[i]``, when
     not None, overrides it)."""
     out: dict[tuple[int | None, int], list[int]] = {}
     for n, members in groups.items():

@@ -13,11 +13,11 @@ import dataclasses
 import html
 import json
 
-from kdeval.evals.run.chunking import chunk_text
-from kdeval.jobs.reports.leaderboard import Leaderboard, LeaderboardRow
+from kdeval.evals.task_run.chunking import chunk_text
+from kdeval.jobs.reports.leaderboard.build import Leaderboard, LeaderboardRow
 from kdeval.jobs.reports.render.html import _CSS
-from kdeval.jobs.reports.render.leaderboard_plots import task_figure
-from kdeval.jobs.reports.render.leaderboard_views import (caption, delta_text, groups, note_text, short_code,
+from kdeval.jobs.reports.leaderboard.plots import task_figure
+from kdeval.jobs.reports.leaderboard.views import (caption, delta_text, groups, note_text, short_code,
                                                           summary_line)
 from kdeval.jobs.reports.render.units import bytes_unit, points, text
 from kdeval.jobs.reports.render.views import budget_text

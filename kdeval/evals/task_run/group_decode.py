@@ -1,7 +1,7 @@
 """The cells of a group decoded together: each cell's prompt on its own engine, then the greedy steps of
 several cells (of one sample, and of several) as one batch.
 
-:func:`kdeval.evals.run.group_run.run_group` runs its members' question loops (:mod:`kdeval.evals.run.generation_jobs`)
+:func:`kdeval.evals.task_run.group_run.run_group` runs its members' question loops (:mod:`kdeval.evals.task_run.generation_jobs`)
 side by side through :meth:`GroupDecoder.drive`. A job whose decoding does not depend on its policy (it does not
 evict after the prompt, ``decode: keep``) runs its prompt alone, up to its first token (``Engine.generate``'s
 ``prompt_only``); the rest of its tokens are decoded in a ragged batch with other such jobs
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from kdeval.evals.run.generation_jobs import GenerateJob, JobLoop
+from kdeval.evals.task_run.generation_jobs import GenerateJob, JobLoop
 
 #: row columns a batched decode measures for the batch, not the row: left empty in such a row
 BATCHED_FIGURES = ("decode_s",)

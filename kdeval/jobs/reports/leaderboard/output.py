@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdeval.jobs.reports.leaderboard import Leaderboard
+from kdeval.jobs.reports.leaderboard.build import Leaderboard
 from kdeval.jobs.reports.render.formats import write_text
-from kdeval.jobs.reports.render.leaderboard_views import to_csv, to_json, to_markdown
+from kdeval.jobs.reports.leaderboard.views import to_csv, to_json, to_markdown
 
 #: The page's file name (``kdeval report`` and the nightly history page point at it).
 PAGE = "leaderboard.html"
@@ -17,7 +17,7 @@ def write_files(board: Leaderboard, out_dir: Path, fmts: list[str]) -> dict[str,
     written = {}
     for fmt in fmts:
         if fmt == "html":
-            from kdeval.jobs.reports.render.leaderboard_html import render_page  # matplotlib: only for a page
+            from kdeval.jobs.reports.leaderboard.html import render_page  # matplotlib: only for a page
 
             text = render_page(board)
         else:

@@ -1,6 +1,6 @@
 """The shared-step stores a run is given: ``run_task(shared=...)`` maps each sample's id to the
 :class:`~kdeval.keydiff.step.shared.SharedSteps` of its context, filled by the other cells of a group
-(:func:`kdeval.evals.run.group_run.run_group`), at any batch size.
+(:func:`kdeval.evals.task_run.group_run.run_group`), at any batch size.
 
 The engine replays or records a prompt's steps through the store of an ``Engine.sharing`` block; :func:`sharing`
 is where the run side opens it, for the engine calls of one sample's context.

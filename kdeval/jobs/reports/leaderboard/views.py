@@ -4,7 +4,7 @@ One table per model × task instance, rows in rank order; every number printed b
 :mod:`kdeval.jobs.reports.render.units`, as the report prints it (scores and Δ in points, ``†`` on a CI from
 fewer than 10 pairs, KV bytes in MiB or GiB, seconds and rates to 3 significant digits). A column whose value is
 the same on every row of the whole leaderboard (one protocol, no quantized store) moves into the caption. JSON
-and CSV carry every field of every row, raw (:class:`~kdeval.jobs.reports.leaderboard.LeaderboardRow`).
+and CSV carry every field of every row, raw (:class:`~kdeval.jobs.reports.leaderboard.build.LeaderboardRow`).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import io
 import json
 from collections import defaultdict
 
-from kdeval.evals.run.chunking import chunk_text
+from kdeval.evals.task_run.chunking import chunk_text
 from kdeval.jobs.interop.csv_safe import safe_cell
-from kdeval.jobs.reports.leaderboard import OTHER_CODE, Leaderboard, LeaderboardRow
+from kdeval.jobs.reports.leaderboard.build import OTHER_CODE, Leaderboard, LeaderboardRow
 from kdeval.jobs.reports.report_rows import State, format_value
 from kdeval.jobs.reports.render.formats import _md_cell, md_table
 from kdeval.jobs.reports.render.layout import Column, TableView
