@@ -216,10 +216,12 @@ class BudgetCache(Cache):
         if static_base is not None and len(set(capacities)) > 1:
             raise ValueError("capacity: the static layout gives every layer the same slots")
         self.static_base = static_base
-        #: every layer has the same slots, so every layer holds the same count (``length`` reads layer 0)
+        #: every layer has the same slots, so every layer holds the same count (``length`` reads the first that holds keys)
         self.uniform = len(set(capacities)) == 1
         self.state_names = tuple(state_names)
         super().__init__(layers=layers)
+        #: the first layer that holds keys (a recurrent hybrid may start with a state layer): read per step
+        self.first_kv_layer = next(layer for layer in layers if not isinstance(layer, StateLayer))
         self.graphs: dict = {}  # (batch, t, phase) -> CapturedStep bound to these buffers (static.phase)
         self.owner = None  # a weak reference to the CacheMaker that made it (its pool takes only its own)
         self.thawed_from: int | None = None  # the static base of the cache this one was thawed from
@@ -241,7 +243,7 @@ class BudgetCache(Cache):
     def length(self) -> int:
         """Tokens held per KV head by the fullest layer (every layer's count under a uniform budget)."""
         if self.uniform:
-            return self.kv_layers[0].length
+            return self.first_kv_layer.length
         return max(layer.length for layer in self.layers)
 
     @property
@@ -263,7 +265,7 @@ class BudgetCache(Cache):
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every other row (finished requests), keeping the order of ``rows``: a row selection in place."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.kv_layers[0].keys.device)
+        index = torch.tensor(rows, dtype=torch.long, device=self.first_kv_layer.keys.device)
         for layer in self.layers:
             if isinstance(layer, StateLayer):
                 layer.keep_rows(index)
@@ -296,7 +298,7 @@ class BudgetCache(Cache):
     @property
     def batch_size(self) -> int | None:
         """Rows of the batch the buffers were allocated for (``None`` before the first forward)."""
-        layer = self.kv_layers[0]
+        layer = self.first_kv_layer
         return layer.keys.shape[0] if layer.is_initialized else None
 
     def reset(self) -> None:

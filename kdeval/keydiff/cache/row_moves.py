@@ -92,7 +92,7 @@ def _move_records(out: BudgetCache, sources: Sequence[tuple[BudgetCache, int] | 
         if len(sources) == 1:
             out.kv_store = cache.kv_store.row(s, held)
         else:
-            first = cache.kv_layers[0]
+            first = cache.first_kv_layer
             rows = first.keys.shape[0] if first.is_initialized else 1
             out.kv_store.load_row(r, cache.kv_store if rows == 1 else cache.kv_store.row(s, held))
 

@@ -96,13 +96,14 @@ class Evictor:
         self.model, self.policy, self.plan = model, policy, plan
         self.selector = Selector(policy, plan.needs.exact_ties)
         self.store = QuantizedStore(plan.kv_quant, plan.num_layers) if plan.kv_quant is not None else None
+        self.kv_layers = plan.kv_layers  # the layers that hold keys: a recurrent layer's states are kept whole
 
     def evict(self, layout: "Layout", reads: StepReads) -> None:
         """Score and free slots per layer of ``layout``'s cache after its step; ``reads``: what the step gathered
         for the policy. Without eviction (the full cache) every layer keeps its tokens and the policy sees
         nothing."""
         store = self.store
-        for idx in self.plan.kv_layers:  # a recurrent layer's states are kept whole
+        for idx in self.kv_layers:
             if store is not None:
                 store.before_commit(layout, idx)
             rewritten = self._evict_layer(layout, idx, reads)
