@@ -106,7 +106,8 @@ def budget_figure(title: str, rows: list[MetricRow], layer_kinds: str = "") -> F
     ax.set_ylim(-5, 105)
     per = budget_per(layer_kinds)
     label = (f"KV budget: share of each prompt kept ({per})" if shares == {True} else f"KV budget N (tokens {per})")
-    ax.set_xlabel(label + (f"\n{windowed_note(layer_kinds)}" if layer_kinds else ""))
+    # wrapped: a long note (several layer kinds) would otherwise shrink the whole figure to the label's width
+    ax.set_xlabel(label + (f"\n{textwrap.fill(windowed_note(layer_kinds), 80)}" if layer_kinds else ""))
     ax.set_ylabel(f"{rows[0].metric} (points)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
